@@ -1,0 +1,41 @@
+# The front door. `make run` and `make test` install what they need on first use.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test test-unit lint bench-quality bench-eval clean
+
+install: $(STAMP)
+
+# torch is pinned and installed first: pip then takes the CPU wheel that lies on disk, and never
+# resolves a multi-GB CUDA build for sentence-transformers.
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Sieve needs Python 3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	RAG__EVALUATE__ENABLED=true $(BIN)/sieve serve --host 127.0.0.1 --port 8000
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: install
+	$(BIN)/ruff check app tests scripts
+	$(BIN)/ruff format --check app tests scripts
+
+bench-quality: install
+	$(BIN)/python scripts/bench_quality.py --out docs/benchmarks.md
+
+bench-eval: install
+	$(BIN)/python scripts/bench_eval.py
+
+clean:
+	rm -rf $(VENV) target/chroma target/retrieval-eval target/models

@@ -1,0 +1,151 @@
+"""HTTP routes: retrieval, ingest, health/readiness and evaluations."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.api.deps import require_sieve, sieve_state
+from app.api.schemas import DocumentsRequest, IngestResponse, RetrieveRequest, RetrieveResponse, retrieve_response
+from app.ingest.types import Document
+from app.store import StoreUnavailableError
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, **extra: Any):
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+
+@router.get("/health", tags=["ops"])
+def health() -> dict[str, str]:
+    """Alive: the process answers. Says nothing about models or index (see /ready)."""
+    return {"status": "alive"}
+
+
+@router.get("/ready", tags=["ops"], responses={503: {"description": "still starting, or startup failed"}})
+def ready(request: Request) -> JSONResponse:
+    state = sieve_state(request)
+    if state.ready:
+        return JSONResponse({"status": "ready"})
+    body: dict[str, Any] = {"status": "failed" if state.error else "starting", "reason": state.error or state.phase}
+    if state.evaluation_progress:
+        body["evaluationProgress"] = state.evaluation_progress
+    return JSONResponse(body, status_code=503)
+
+
+@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"])
+def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
+    sieve = require_sieve(request)
+    limit = sieve.settings.rag.retrieval.max_query_chars
+    if len(body.query) > limit:
+        raise ApiError(
+            422,
+            f"query: {len(body.query)} characters, more than rag.retrieval.max_query_chars={limit}",
+            field="query",
+        )
+    top_k = body.topK or sieve.settings.rag.retrieval.top_k
+    result = sieve.retrieve(body.query, top_k, body.knowledgeTag)
+    return retrieve_response(result, debug=body.debug)
+
+
+@router.post("/api/documents", response_model=IngestResponse, tags=["ingest"])
+def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
+    """Add or replace documents (JSON objects with `id`, `title`, `text` and any scalar metadata)."""
+    state = sieve_state(request)
+    sieve = require_sieve(request)
+    docs = []
+    for i, item in enumerate(body.documents):
+        extra = dict(item.model_extra or {})
+        bad = [k for k, v in extra.items() if isinstance(v, dict | list)]
+        if bad:
+            raise ApiError(422, f"documents[{i}] (id {item.id}): metadata field {bad[0]!r} must be a scalar",
+                           field=f"documents.{i}.{bad[0]}")
+        if not item.text.strip():
+            raise ApiError(422, f"documents[{i}] (id {item.id}): text must not be blank", field=f"documents.{i}.text")
+        docs.append(Document(doc_id=item.id, text=item.text, title=item.title, metadata=extra, origin="api"))
+    with state.write_lock:
+        report = sieve.ingest_documents(docs)
+    return IngestResponse(
+        documents=report.documents,
+        chunks=report.chunks,
+        added=report.added,
+        unchanged=report.unchanged,
+        deleted=report.deleted,
+        errors=[str(e) for e in report.errors],
+    )
+
+
+@router.get("/api/evaluations/latest", tags=["evaluation"])
+def latest_evaluation(request: Request) -> JSONResponse:
+    from app.evaluation.startup import latest_report_path
+
+    state = sieve_state(request)
+    path = latest_report_path(state.settings.rag.evaluate)
+    if not path.exists():
+        raise ApiError(404, f"no evaluation report yet ({path} does not exist); run one with POST /api/evaluations "
+                            f"or start with rag.evaluate.enabled=true")
+    return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
+
+
+@router.post("/api/evaluations", tags=["evaluation"])
+def run_evaluation(
+    request: Request,
+    authorization: str | None = Header(None),
+    x_admin_token: str | None = Header(None),
+) -> JSONResponse:
+    """Run an evaluation now; needs `Authorization: Bearer <rag.server.admin_token>` (or `X-Admin-Token`)."""
+    from app.evaluation.startup import run_startup_evaluation
+
+    state = sieve_state(request)
+    expected = state.settings.rag.server.admin_token
+    if not expected:
+        raise ApiError(403, "evaluations over HTTP are disabled: set rag.server.admin_token")
+    given = x_admin_token or (authorization or "").removeprefix("Bearer ").strip()
+    if not given or not secrets.compare_digest(given, expected):
+        raise ApiError(401, "missing or wrong admin token")
+    sieve = require_sieve(request)
+    if not state.write_lock.acquire(blocking=False):
+        raise ApiError(409, "an evaluation or ingest is already running")
+    try:
+        outcome = run_startup_evaluation(sieve, state.settings.rag.evaluate, None)
+    finally:
+        state.write_lock.release()
+    if outcome.report is None:
+        raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
+    return JSONResponse(outcome.report)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+            field = ".".join(loc) or "body"
+            msg = err.get("msg", "invalid")
+            if err.get("type") == "json_invalid":
+                field, msg = "body", f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
+            problems.append({"field": field, "message": msg})
+        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        return JSONResponse({"error": summary, "fields": problems}, status_code=422)
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+        log.error("store unavailable: %s", exc)
+        return JSONResponse({"error": f"vector store unavailable: {exc}"}, status_code=503)

@@ -1,0 +1,398 @@
+"""The golden set: hand-written queries with the documents, chunks or sources that should answer them.
+
+Accepted files (UTF-8):
+
+* a JSON array of cases: `[{...}, {...}]`;
+* a JSON object `{"datasetVersion": "2024-06" | null, "cases": [{...}, ...]}`;
+* JSONL, one case object per line (blank lines ignored). A `.jsonl` suffix means JSONL; any other suffix is
+  decided by content (an array is JSON, an object with "cases" is the wrapped form, several objects one per
+  line are JSONL).
+
+Case fields, camelCase, exactly these names (anything else is an error that names it and suggests the
+closest valid name): see `GoldenCase`. Every problem in a file is collected and raised together as one
+`GoldenSetError` whose lines each name the file, the place (JSONL `file:line`, JSON `cases[i]`), the case id
+when known, and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_REPORTED_ERRORS = 20
+
+RelevanceKey = Literal["doc", "chunk", "source"]
+
+
+class GoldenSetError(ValueError):
+    """An unreadable or invalid golden set; `errors` holds every problem found (file, place, field)."""
+
+    def __init__(self, path: str, errors: list[str]) -> None:
+        self.path = path
+        self.errors = errors
+        shown = errors[:MAX_REPORTED_ERRORS]
+        more = len(errors) - len(shown)
+        lines = [f"invalid golden set {path} ({len(errors)} error{'s' if len(errors) != 1 else ''}):"]
+        lines += [f"  - {error}" for error in shown]
+        if more:
+            lines.append(f"  ... and {more} more")
+        super().__init__("\n".join(lines))
+
+
+class GoldenCase(BaseModel):
+    """One golden query.
+
+    Fields (JSON name → attribute):
+      id (str, required, unique in the set, non-blank) → id
+      query (str, required, non-blank) → query
+      knowledgeTag (str | null) → knowledge_tag
+      expectedDocIds (list[str]: documents that answer it, grade 1) → expected_doc_ids
+      expectedSources (list[str]: source values, e.g. file paths, that answer it) → expected_sources
+      expectedChunkIds (list[str]: chunks that answer it) → expected_chunk_ids
+      topK (int 1..100 | null: this case's K; null means the evaluation's default K) → top_k
+      note (str) → note
+      relevance ({docId: grade}: graded judgements for nDCG; keys count as expected documents, a grade <= 0
+        marks a judged non-relevant document) → relevance
+      forbiddenDocIds (list[str]: must never appear in the top K) → forbidden_doc_ids
+      expectNoAnswer (bool: no document answers it; the right result is empty) → expect_no_answer
+      tags (list[str]) → tags
+
+    Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
+    expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
+    expected and forbidden, nor listed in expectedDocIds with a relevance grade <= 0. Types are strict: "5" is
+    not a topK, 1 is not a bool.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=False)
+
+    id: str
+    query: str
+    knowledge_tag: str | None = Field(default=None, alias="knowledgeTag")
+    expected_doc_ids: list[str] = Field(default_factory=list, alias="expectedDocIds")
+    expected_sources: list[str] = Field(default_factory=list, alias="expectedSources")
+    expected_chunk_ids: list[str] = Field(default_factory=list, alias="expectedChunkIds")
+    top_k: int | None = Field(default=None, alias="topK", ge=1, le=100)
+    note: str = ""
+    relevance: dict[str, float] = Field(default_factory=dict)
+    forbidden_doc_ids: list[str] = Field(default_factory=list, alias="forbiddenDocIds")
+    expect_no_answer: bool = Field(default=False, alias="expectNoAnswer")
+    tags: list[str] = Field(default_factory=list)
+
+    @field_validator("id", "query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("blank", "must not be empty or blank")
+        return value
+
+    @model_validator(mode="after")
+    def _expectations_agree(self) -> GoldenCase:
+        named = [
+            alias
+            for alias, value in (
+                ("expectedDocIds", self.expected_doc_ids),
+                ("expectedSources", self.expected_sources),
+                ("expectedChunkIds", self.expected_chunk_ids),
+                ("relevance", self.relevance),
+            )
+            if value
+        ]
+        if self.expect_no_answer and named:
+            raise PydanticCustomError(
+                "contradiction",
+                "expectNoAnswer is true but the case also names expected results in {fields}; "
+                "remove one or the other",
+                {"fields": ", ".join(named)},
+            )
+        if not self.expect_no_answer and not self.has_expectation():
+            if self.relevance:
+                raise PydanticCustomError(
+                    "no_expectation",
+                    "relevance gives no grade > 0 and no other expectation is named: "
+                    "the case has no relevant result (set expectNoAnswer if that is intended)",
+                )
+            raise PydanticCustomError(
+                "no_expectation",
+                "no expectation: give expectedDocIds, expectedSources, expectedChunkIds or relevance, "
+                "or set expectNoAnswer to true",
+            )
+        conflicting = [
+            doc for doc in self.expected_doc_ids if doc in self.relevance and self.relevance[doc] <= 0
+        ]
+        if conflicting:
+            raise PydanticCustomError(
+                "contradiction",
+                "expectedDocIds lists {docs} but relevance grades them <= 0 (not relevant)",
+                {"docs": ", ".join(repr(doc) for doc in conflicting)},
+            )
+        grades = self.relevance_map()
+        forbidden = [doc for doc in self.forbidden_doc_ids if grades.get(doc, 0) > 0]
+        if forbidden:
+            raise PydanticCustomError(
+                "contradiction",
+                "forbiddenDocIds lists {docs}, which the case also expects",
+                {"docs": ", ".join(repr(doc) for doc in forbidden)},
+            )
+        return self
+
+    def has_expectation(self) -> bool:
+        """True when the case names at least one relevant result (doc, chunk, source or a grade > 0)."""
+        return bool(
+            self.expected_doc_ids
+            or self.expected_sources
+            or self.expected_chunk_ids
+            or any(grade > 0 for grade in self.relevance.values())
+        )
+
+    def relevance_map(self) -> dict[str, float]:
+        """Document-level judgements: every expectedDocIds entry with grade 1.0, then `relevance` on top
+        (its grade wins for a document in both). Grades <= 0 stay in the map as judged non-relevant."""
+        grades = dict.fromkeys(self.expected_doc_ids, 1.0)
+        grades.update({doc: float(grade) for doc, grade in self.relevance.items()})
+        return grades
+
+
+def case_relevance_key(case: GoldenCase) -> RelevanceKey:
+    """What a retrieved chunk is matched on when scoring `case`:
+
+    * "doc"    — the case names documents (expectedDocIds or relevance): a chunk counts for its document,
+                 so two chunks of one expected document are a hit and then a duplicate;
+    * "chunk"  — otherwise, when it names expectedChunkIds: the chunk id itself;
+    * "source" — otherwise (only expectedSources): the chunk's source value.
+
+    Precedence is doc > chunk > source; expectations at a lower level are then not scored. An expectNoAnswer
+    case (which names none) is "doc", the level forbiddenDocIds is checked at.
+    """
+    if case.expected_doc_ids or case.relevance:
+        return "doc"
+    if case.expected_chunk_ids:
+        return "chunk"
+    if case.expected_sources:
+        return "source"
+    return "doc"
+
+
+def case_expected_relevance(case: GoldenCase) -> dict[str, float]:
+    """The judgements to score `case` with, keyed at its `case_relevance_key` level: `relevance_map()` for
+    "doc", {chunkId: 1.0} for "chunk", {source: 1.0} for "source"; empty for an expectNoAnswer case."""
+    key = case_relevance_key(case)
+    if key == "chunk":
+        return dict.fromkeys(case.expected_chunk_ids, 1.0)
+    if key == "source":
+        return dict.fromkeys(case.expected_sources, 1.0)
+    return case.relevance_map()
+
+
+@dataclass(frozen=True)
+class GoldenSet:
+    dataset_version: str | None
+    cases: list[GoldenCase]
+    path: str
+
+
+_FIELD_NAMES = [field.alias or name for name, field in GoldenCase.model_fields.items()]
+_TOP_LEVEL_NAMES = ["datasetVersion", "cases"]
+
+
+def _did_you_mean(name: str, valid: list[str]) -> str:
+    def squash(text: str) -> str:
+        return text.replace("_", "").replace("-", "").lower()
+
+    for candidate in valid:
+        if squash(candidate) == squash(name):
+            return f'; did you mean "{candidate}"?'
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    if close:
+        return f'; did you mean "{close[0]}"?'
+    return f"; valid fields: {', '.join(valid)}"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _loc_text(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _describe(error: Any) -> str:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        name = str(loc[-1])
+        return f'unknown field "{name}"' + _did_you_mean(name, _FIELD_NAMES)
+    if kind == "missing":
+        return f'field "{_loc_text(loc)}": required field is missing'
+    if not loc:
+        return error["msg"]
+    got = "null" if error["input"] is None else f"{_json_type(error['input'])} {_short(error['input'])}"
+    return f'field "{_loc_text(loc)}": {error["msg"]} (got {got})'
+
+
+@dataclass
+class _RawCase:
+    where: str  # "file:line" for JSONL, "file: cases[i]" for JSON
+    value: Any
+    parse_error: str | None = None  # a JSONL line that is not JSON, reported in line order
+
+    def label(self) -> str:
+        case_id = self.value.get("id") if isinstance(self.value, dict) else None
+        return f"{self.where} (id {case_id!r})" if isinstance(case_id, str) else self.where
+
+
+def _json_error(path: str, exc: json.JSONDecodeError, line: int | None = None) -> str:
+    return f"{path}:{line if line is not None else exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"
+
+
+def _split_jsonl(path: str, text: str) -> list[_RawCase]:
+    raw: list[_RawCase] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raw.append(_RawCase(f"{path}:{number}", None, _json_error(path, exc, number)))
+            continue
+        raw.append(_RawCase(f"{path}:{number}", value))
+    return raw
+
+
+def _looks_like_jsonl(text: str) -> bool:
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        return isinstance(json.loads(first), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _split_json(path: str, document: Any, errors: list[str]) -> tuple[str | None, list[_RawCase]]:
+    version: str | None = None
+    if isinstance(document, dict):
+        for key in document:
+            if key not in _TOP_LEVEL_NAMES:
+                errors.append(
+                    f'{path}: unknown top-level field "{key}"' + _did_you_mean(key, _TOP_LEVEL_NAMES)
+                )
+        raw_version = document.get("datasetVersion")
+        if raw_version is not None and not isinstance(raw_version, str):
+            errors.append(
+                f'{path}: field "datasetVersion": must be a string or null '
+                f"(got {_json_type(raw_version)} {_short(raw_version)})"
+            )
+        else:
+            version = raw_version
+        if "cases" not in document:
+            errors.append(
+                f'{path}: field "cases" is missing: expected {{"datasetVersion": ..., "cases": [...]}}'
+            )
+            return version, []
+        document = document["cases"]
+        if not isinstance(document, list):
+            errors.append(
+                f'{path}: field "cases": must be an array of case objects (got {_json_type(document)})'
+            )
+            return version, []
+    elif not isinstance(document, list):
+        errors.append(
+            f'{path}: expected a JSON array of cases or an object with "cases", got {_json_type(document)}'
+        )
+        return None, []
+    return version, [_RawCase(f"{path}: cases[{index}]", value) for index, value in enumerate(document)]
+
+
+def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
+    """Parse golden-set `text`; `path` names the source in messages and picks JSONL by its `.jsonl` suffix.
+
+    Raises `GoldenSetError` with every problem found.
+    """
+    path = str(path)
+    errors: list[str] = []
+    version: str | None = None
+    raw: list[_RawCase]
+    if path.lower().endswith(".jsonl"):
+        raw = _split_jsonl(path, text)
+    elif not text.strip():
+        raw = []
+    else:
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if exc.msg == "Extra data" and _looks_like_jsonl(text):
+                raw = _split_jsonl(path, text)
+            else:
+                raise GoldenSetError(path, [_json_error(path, exc)]) from None
+        else:
+            if (
+                isinstance(document, dict)
+                and "cases" not in document
+                and ("id" in document or "query" in document)
+            ):
+                # A one-line JSONL file: a single case object.
+                raw = [_RawCase(f"{path}:{text[: text.index('{')].count(chr(10)) + 1}", document)]
+            else:
+                version, raw = _split_json(path, document, errors)
+
+    cases: list[GoldenCase] = []
+    first_position: dict[str, str] = {}
+    for item in raw:
+        if item.parse_error is not None:
+            errors.append(item.parse_error)
+            continue
+        if not isinstance(item.value, dict):
+            errors.append(f"{item.where}: expected a case object, got {_json_type(item.value)}")
+            continue
+        case_id = item.value.get("id")
+        if isinstance(case_id, str):
+            if case_id in first_position:
+                errors.append(
+                    f'{item.label()}: field "id": duplicate id {case_id!r}, also at {first_position[case_id]}'
+                )
+            else:
+                first_position[case_id] = item.where
+        try:
+            cases.append(GoldenCase.model_validate(item.value))
+        except ValidationError as exc:
+            errors.extend(f"{item.label()}: {_describe(error)}" for error in exc.errors())
+
+    if not errors and not cases:
+        errors.append(f"{path}: the golden set is empty: it has no cases")
+    if errors:
+        raise GoldenSetError(path, errors)
+    return GoldenSet(dataset_version=version, cases=cases, path=path)
+
+
+def load_golden_set(path: str | Path) -> GoldenSet:
+    """Read and validate the golden set at `path` (JSON array, {"datasetVersion", "cases"} object, or JSONL).
+
+    Raises `GoldenSetError` naming the file for an unreadable file and for every invalid case.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GoldenSetError(str(path), [f"{path}: cannot read the golden set: {exc}"]) from exc
+    return parse_golden_set(text, path)

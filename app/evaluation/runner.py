@@ -1,0 +1,306 @@
+"""Run every golden case through the retrieval chain and score it, stage by stage.
+
+The chain is the very object `/api/retrieve` uses. Queries go in batches (one embedding call and one store
+call per batch, per knowledge tag); each query still sees exactly its own candidates, so batching changes
+no result. A case whose retrieval raises is a failed case, not a crashed run.
+
+Per case this records: the metrics at K (see `metrics.CONVENTIONS`), what each stage removed and how many
+of those removals were relevant, where every expected id that is not in the top K was lost, and the
+Recall/MRR/nDCG of the list after each stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from app.evaluation import metrics
+from app.evaluation.golden_set import GoldenCase, GoldenSet, case_expected_relevance, case_relevance_key
+from app.retrieval.chain import RetrievalChain, RetrievalRequest
+from app.retrieval.types import Candidate, RetrievalResult
+
+log = logging.getLogger("sieve.evaluation")
+
+BATCH_SIZE = 32
+NOT_IN_INDEX = "NOT_IN_INDEX"
+NOT_RETRIEVED = "NOT_RETRIEVED"
+RANKED_OUT = "RANKED_OUT"
+AFTER_STAGE_METRICS = ("recall", "mrr", "ndcg")
+
+
+@dataclass
+class KnownIds:
+    """Every id the index holds at each matching level (to tell NOT_IN_INDEX from NOT_RETRIEVED)."""
+
+    doc: set[str] = field(default_factory=set)
+    chunk: set[str] = field(default_factory=set)
+    source: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_metadata(cls, rows: Iterable[tuple[str, dict[str, Any]]]) -> KnownIds:
+        known = cls()
+        for chunk_id, meta in rows:
+            known.chunk.add(chunk_id)
+            known.doc.add(str(meta.get("doc_id", "")))
+            if meta.get("source"):
+                known.source.add(str(meta["source"]))
+        return known
+
+
+@dataclass
+class CaseResult:
+    case: GoldenCase
+    k: int
+    key: str  # "doc" | "chunk" | "source"
+    relevance: dict[str, float]
+    result: RetrievalResult | None = None
+    error: str | None = None
+    metrics: dict[str, float] | None = None
+    after_stage: dict[str, dict[str, float]] = field(default_factory=dict)
+    stage_stats: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[dict[str, str]] = field(default_factory=list)
+    forbidden_found: list[str] = field(default_factory=list)
+    missing_from_index: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "failed"
+        return "noAnswer" if self.case.expect_no_answer else "ok"
+
+    @property
+    def latency_ms(self) -> float | None:
+        return self.result.latency_ms if self.result else None
+
+    @property
+    def abstained(self) -> bool:
+        return self.result is not None and not self.result.documents
+
+
+@dataclass
+class Evaluation:
+    golden: GoldenSet
+    default_k: int
+    cases: list[CaseResult]
+    stage_names: list[str]
+    started_at: float
+    duration_ms: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def match_key(candidate: Candidate, key: str) -> str:
+    if key == "chunk":
+        return candidate.chunk_id
+    if key == "source":
+        return candidate.source
+    return candidate.doc_id
+
+
+def evaluate(
+    chain: RetrievalChain,
+    golden: GoldenSet,
+    default_k: int,
+    known: KnownIds,
+    progress: Callable[[int, int], None] | None = None,
+    today: date | None = None,
+) -> Evaluation:
+    started = time.time()
+    t0 = time.perf_counter()
+    cases = [_prepare(case, default_k, known) for case in golden.cases]
+    warnings = _stale_warnings(cases)
+    for warning in warnings:
+        log.warning("[RetrievalEval] %s", warning)
+    total = len(cases)
+    done = 0
+    for start in range(0, total, BATCH_SIZE):
+        batch = cases[start : start + BATCH_SIZE]
+        requests = [RetrievalRequest(c.case.query, c.k, c.case.knowledge_tag) for c in batch]
+
+        def finish(i: int, outcome: RetrievalResult | Exception, batch: list[CaseResult] = batch) -> None:
+            nonlocal done
+            _score(batch[i], outcome)
+            done += 1
+            _log_case(batch[i], done, total)
+            if progress:
+                progress(done, total)
+
+        try:
+            chain.retrieve_many(requests, today=today, on_result=finish)
+        except Exception as exc:  # the batch's shared part (embedding, store) failed: every case in it fails
+            for item in batch:
+                if item.result is None and item.error is None:
+                    _score(item, exc)
+                    done += 1
+                    _log_case(item, done, total)
+    return Evaluation(
+        golden=golden,
+        default_k=default_k,
+        cases=cases,
+        stage_names=chain.stage_names,
+        started_at=started,
+        duration_ms=(time.perf_counter() - t0) * 1000,
+        warnings=warnings,
+    )
+
+
+def _prepare(case: GoldenCase, default_k: int, known: KnownIds) -> CaseResult:
+    key = case_relevance_key(case)
+    relevance = case_expected_relevance(case)
+    pool = {"doc": known.doc, "chunk": known.chunk, "source": known.source}[key]
+    missing = sorted(i for i, grade in relevance.items() if grade > 0 and i not in pool)
+    return CaseResult(case, case.top_k or default_k, key, relevance, missing_from_index=missing)
+
+
+def _stale_warnings(cases: list[CaseResult]) -> list[str]:
+    return [
+        f"case {c.case.id}: expected {c.key} id(s) not in the index: {', '.join(c.missing_from_index)} "
+        f"(stale golden set after re-chunking or re-ingest?)"
+        for c in cases
+        if c.missing_from_index
+    ]
+
+
+def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
+    if isinstance(outcome, Exception):
+        item.error = f"{type(outcome).__name__}: {outcome}"
+        return
+    item.result = outcome
+    key, k, relevance = item.key, item.k, item.relevance
+    relevant = metrics.relevant_ids(relevance)
+    ranked = [match_key(c, key) for c in outcome.documents][:k]
+    if metrics.has_relevant(relevance):
+        item.metrics = metrics.case_metrics(ranked, relevance, k)
+    forbidden = set(item.case.forbidden_doc_ids)
+    item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
+
+    by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
+    trace = outcome.trace
+    for stage in trace.stages:
+        removed_relevant = sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant)
+        item.stage_stats.append(
+            {
+                "name": stage.name,
+                "enabled": stage.enabled,
+                "skipped": stage.skipped,
+                "input": stage.input_count,
+                "output": stage.output_count,
+                "removed": len(stage.removed),
+                "removedRelevant": removed_relevant,
+                "added": len(stage.added),
+                "latencyMs": stage.latency_ms,
+                "removedItems": [
+                    {
+                        "chunkId": r.chunk_id,
+                        "docId": r.doc_id,
+                        "reason": r.reason,
+                        "relevant": by_chunk.get(r.chunk_id) in relevant,
+                    }
+                    for r in stage.removed
+                ],
+            }
+        )
+    if metrics.has_relevant(relevance):
+        for name, ids in trace.ranked_after.items():
+            keys = [by_chunk.get(cid, cid) for cid in ids]
+            item.after_stage[name] = {
+                "recall": metrics.recall_at_k(keys, relevance, k),
+                "mrr": metrics.mrr_at_k(keys, relevance, k),
+                "ndcg": metrics.ndcg_at_k(keys, relevance, k),
+            }
+    item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked)
+
+
+def _where_lost(
+    item: CaseResult,
+    outcome: RetrievalResult,
+    by_chunk: dict[str, str],
+    relevant: set[str],
+    top_k: list[str],
+) -> list[dict[str, str]]:
+    """For each relevant id not in the top K: NOT_IN_INDEX, NOT_RETRIEVED, REMOVED_BY_<stage> (with the
+    reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K)."""
+    trace = outcome.trace
+    stage_order = [s.name for s in trace.stages]
+    present_after = {
+        name: {by_chunk.get(cid, cid) for cid in trace.ranked_after.get(name, [])} for name in stage_order
+    }
+    final = present_after[stage_order[-1]] if stage_order else {by_chunk[c] for c in by_chunk}
+    raw = set(by_chunk.values())
+    lost = []
+    for wanted in sorted(relevant - set(top_k)):
+        if wanted in item.missing_from_index:
+            lost.append({"id": wanted, "where": NOT_IN_INDEX, "stage": "", "reason": "not in the index"})
+        elif wanted not in raw:
+            lost.append(
+                {
+                    "id": wanted,
+                    "where": NOT_RETRIEVED,
+                    "stage": "",
+                    "reason": "not among the vector or BM25 candidates",
+                }
+            )
+        elif wanted in final:
+            lost.append(
+                {
+                    "id": wanted,
+                    "where": RANKED_OUT,
+                    "stage": "",
+                    "reason": f"survived every stage but ranked below K={item.k}",
+                }
+            )
+        else:
+            stage, reason = _vanished_at(wanted, trace, by_chunk, present_after, stage_order)
+            lost.append({"id": wanted, "where": f"REMOVED_BY_{stage}", "stage": stage, "reason": reason})
+    return lost
+
+
+def _vanished_at(wanted, trace, by_chunk, present_after, stage_order) -> tuple[str, str]:
+    present = True
+    culprit, reason = stage_order[-1], "removed"
+    for stage in trace.stages:
+        now = wanted in present_after[stage.name]
+        if present and not now:
+            culprit = stage.name
+            reasons = [r.reason for r in stage.removed if by_chunk.get(r.chunk_id) == wanted]
+            reason = reasons[0] if reasons else "removed"
+        present = now
+    return culprit, reason
+
+
+def _log_case(item: CaseResult, done: int, total: int) -> None:
+    if item.error is not None:
+        log.error(
+            "[RetrievalEval] case failed [%d/%d] caseId=%s, error=%s", done, total, item.case.id, item.error
+        )
+        return
+    k = item.k
+    latency = f"{item.latency_ms:.0f}ms"
+    if item.metrics is None:
+        got = len(item.result.documents) if item.result else 0
+        verdict = "abstained" if got == 0 else f"answered {got} docs"
+        log.info(
+            "[RetrievalEval] case done [%d/%d] caseId=%s, noAnswer=%s, latency=%s",
+            done,
+            total,
+            item.case.id,
+            verdict,
+            latency,
+        )
+        return
+    m = item.metrics
+    log.info(
+        "[RetrievalEval] case done [%d/%d] caseId=%s, Recall@%d=%.2f, MRR=%.2f, nDCG@%d=%.2f, latency=%s",
+        done,
+        total,
+        item.case.id,
+        k,
+        m["recall"],
+        m["mrr"],
+        k,
+        m["ndcg"],
+        latency,
+    )

@@ -1,0 +1,92 @@
+"""Stable, content-derived ids for chunks and fingerprints for documents.
+
+An id is a hash over a canonical encoding of its fields, never a counter or a random value, so re-ingesting
+the same corpus gives the same ids (the store can upsert and skip unchanged work), and any change that could
+alter retrieval gives a new one.
+
+Canonical encoding: every field is UTF-8 encoded and written as `<byte length>:<bytes>`; a sequence (the
+heading path) is written as `<count>:` followed by its encoded items. Length prefixes make the encoding
+injective: ("a", "bc") and ("ab", "c") encode differently, whatever characters the fields contain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from typing import Any
+
+from app.ingest.types import Document
+
+CHUNK_ID_PREFIX = "c_"
+CHUNK_ID_HEX_CHARS = 24  # 96 bits: collisions are negligible for any corpus this service will hold
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalise_text(text: str) -> str:
+    """NFKC-normalise, collapse every run of whitespace to one space, strip both ends. Case is kept.
+
+    NFKC folds full-width forms (`ＡＢＣ１２３` -> `ABC123`, the ideographic space -> a space), so text
+    that differs only in such presentation forms, or in line wrapping and indentation, normalises alike.
+    """
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+
+
+def _field(value: str) -> bytes:
+    data = value.encode("utf-8")
+    return str(len(data)).encode("ascii") + b":" + data
+
+
+def _sequence(values: Iterable[str]) -> bytes:
+    items = [_field(v) for v in values]
+    return str(len(items)).encode("ascii") + b":" + b"".join(items)
+
+
+def chunk_id(doc_id: str, chunker_version: str, position: int, heading_path: Iterable[str], text: str) -> str:
+    """`"c_"` + the first 24 hex chars of sha256 over the canonical encoding of the fields.
+
+    `doc_id`, `chunker_version` and `position` are taken as they are; each heading and the text are passed
+    through `normalise_text` first, so whitespace-only reformatting keeps the id.
+    """
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"position must be a non-negative int, got {position!r}")
+    payload = b"".join(
+        [
+            _field("chunk/1"),  # the encoding's own version: changing this layout must change every id
+            _field(doc_id),
+            _field(chunker_version),
+            _field(str(position)),
+            _sequence(normalise_text(h) for h in heading_path),
+            _field(normalise_text(text)),
+        ]
+    )
+    return CHUNK_ID_PREFIX + hashlib.sha256(payload).hexdigest()[:CHUNK_ID_HEX_CHARS]
+
+
+def document_fingerprint(doc: Document) -> str:
+    """Full sha256 hex digest of the document's id, title, normalised text and sorted metadata.
+
+    Two loads of an unchanged document give the same fingerprint; editing its text (beyond whitespace),
+    title or any metadata value gives a different one. `origin` and `line` are not part of it: moving a
+    document within a JSONL file does not change it.
+    """
+    metadata = json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False, default=_json_default)
+    payload = b"".join(
+        [
+            _field("document/1"),
+            _field(doc.doc_id),
+            _field(normalise_text(doc.title)),
+            _field(normalise_text(doc.text)),
+            _field(metadata),
+        ]
+    )
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _json_default(value: Any) -> str:
+    # dates and other non-JSON scalars: their string form is as stable as the value
+    iso = getattr(value, "isoformat", None)
+    return iso() if callable(iso) else str(value)

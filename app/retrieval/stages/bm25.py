@@ -1,0 +1,115 @@
+"""bm25: score every candidate lexically, then fuse that with the dense score into one order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from app.retrieval.stages._common import format_pair, with_score
+from app.retrieval.types import (
+    SCORE_BM25,
+    SCORE_DENSE,
+    SCORE_FUSED,
+    Candidate,
+    QueryContext,
+    Removal,
+    StageOutcome,
+)
+from app.settings import Bm25Settings
+
+
+class LexicalScorer(Protocol):
+    def scores(self, query: str, ids: Sequence[str]) -> dict[str, float]: ...
+
+
+class Bm25Stage:
+    """Writes `bm25` (from the injected index) and `fused` on every candidate and sorts by `fused` descending.
+
+    Order of work: drop candidates whose raw bm25 < `min_score` (`bm25=0.00 < 0.50`), then fuse over the
+    survivors, so a removed candidate never shifts the others' ranks.
+
+    rrf:      fused = dense_weight / (rrf_k + dense_rank) + bm25_weight / (rrf_k + bm25_rank)
+              ranks are 1-based within the candidate list, score descending, ties by chunk_id. Only a
+              candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term occurs in it,
+              which is no lexical evidence, and ranking it anyway (after all the matches) would still add
+              a bonus. Likewise a candidate without a dense score gets no dense term.
+    weighted: fused = dense_weight * minmax(dense) + bm25_weight * minmax(bm25) over the candidate list,
+              minmax(x) = (x - min) / (max - min), and 0.0 for every candidate when max == min (no spread,
+              no information); a missing score counts as 0.0 after normalisation.
+
+    Ties in `fused` are broken by chunk_id, so the order is deterministic.
+    """
+
+    name = "bm25"
+
+    def __init__(self, settings: Bm25Settings, index: LexicalScorer):
+        if not callable(getattr(index, "scores", None)):
+            raise TypeError(f"bm25: the index must have .scores(query, ids), got {type(index).__name__}")
+        if settings.dense_weight == 0 and settings.bm25_weight == 0:
+            raise ValueError("bm25: dense_weight and bm25_weight are both 0, so every fused score would be 0")
+        self.settings = settings
+        self.index = index
+
+    def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        if not candidates:
+            return StageOutcome(kept=[], score_key=SCORE_FUSED)
+        lexical = self.index.scores(query.text, [c.chunk_id for c in candidates])
+        scored = [with_score(c, SCORE_BM25, float(lexical.get(c.chunk_id, 0.0))) for c in candidates]
+
+        kept: list[Candidate] = []
+        removed: list[Removal] = []
+        floor = self.settings.min_score
+        for candidate in scored:
+            value = candidate.scores[SCORE_BM25]
+            if floor is not None and value < floor:
+                shown, bound = format_pair(value, floor)
+                removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"bm25={shown} < {bound}"))
+            else:
+                kept.append(candidate)
+
+        if self.settings.fusion == "rrf":
+            fused = rrf(kept, self.settings.dense_weight, self.settings.bm25_weight, self.settings.rrf_k)
+        else:
+            fused = weighted(kept, self.settings.dense_weight, self.settings.bm25_weight)
+        result = [with_score(c, SCORE_FUSED, fused[c.chunk_id]) for c in kept]
+        result.sort(key=lambda c: (-c.scores[SCORE_FUSED], c.chunk_id))
+        return StageOutcome(kept=result, removed=removed, score_key=SCORE_FUSED)
+
+
+def ranks(candidates: Sequence[Candidate], key: str, positive_only: bool = False) -> dict[str, int]:
+    """1-based rank by `key` descending, ties by chunk_id; candidates without the key (or <= 0) get none."""
+    present = [c for c in candidates if key in c.scores and (not positive_only or c.scores[key] > 0)]
+    present.sort(key=lambda c: (-c.scores[key], c.chunk_id))
+    return {c.chunk_id: i for i, c in enumerate(present, start=1)}
+
+
+def rrf(candidates: Sequence[Candidate], dense_weight: float, bm25_weight: float, k: int) -> dict[str, float]:
+    dense_rank = ranks(candidates, SCORE_DENSE)
+    bm25_rank = ranks(candidates, SCORE_BM25, positive_only=True)
+    out: dict[str, float] = {}
+    for c in candidates:
+        score = 0.0
+        if c.chunk_id in dense_rank:
+            score += dense_weight / (k + dense_rank[c.chunk_id])
+        if c.chunk_id in bm25_rank:
+            score += bm25_weight / (k + bm25_rank[c.chunk_id])
+        out[c.chunk_id] = score
+    return out
+
+
+def minmax(values: dict[str, float]) -> dict[str, float]:
+    if not values:
+        return {}
+    low, high = min(values.values()), max(values.values())
+    if high == low:
+        return dict.fromkeys(values, 0.0)
+    return {key: (value - low) / (high - low) for key, value in values.items()}
+
+
+def weighted(candidates: Sequence[Candidate], dense_weight: float, bm25_weight: float) -> dict[str, float]:
+    dense = minmax({c.chunk_id: c.scores[SCORE_DENSE] for c in candidates if SCORE_DENSE in c.scores})
+    lexical = minmax({c.chunk_id: c.scores[SCORE_BM25] for c in candidates if SCORE_BM25 in c.scores})
+    return {
+        c.chunk_id: dense_weight * dense.get(c.chunk_id, 0.0) + bm25_weight * lexical.get(c.chunk_id, 0.0)
+        for c in candidates
+    }

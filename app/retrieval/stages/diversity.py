@@ -1,0 +1,127 @@
+"""diversity: drop repeats (same text, near-same embedding, too many per source); optionally MMR-order."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+
+from app.retrieval.stages._common import format_pair
+from app.retrieval.types import (
+    SCORE_DENSE,
+    SCORE_FUSED,
+    SCORE_RERANK,
+    Candidate,
+    QueryContext,
+    Removal,
+    StageOutcome,
+)
+from app.settings import DiversitySettings
+
+# The latest score wins: a later stage's order is the one the chain stands behind.
+RELEVANCE_KEYS = (SCORE_RERANK, SCORE_FUSED, SCORE_DENSE)
+_SPACE = re.compile(r"\s+")
+
+
+def normalise_text(text: str) -> str:
+    """NFKC, whitespace runs collapsed to one space, stripped, casefolded: what "the same text" means here."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+class DiversityStage:
+    """Walks the candidates in order and keeps one that is not a repeat of an already kept one.
+
+    Rules per candidate, first failing one is the reason:
+    1. `drop_exact_duplicates`: same `normalise_text` as a kept one (`duplicate of c1 (same text)`);
+    2. `max_cosine`: cosine with a kept one's embedding > max_cosine (`cosine=0.99 > 0.97 with c1`, the
+       most similar kept one); candidates without an embedding skip this rule;
+    3. `max_per_source`: its source already has that many kept (`source=a.md already has 2`); candidates with
+       no source are not capped.
+    Then, if `mmr`, the survivors are reordered (never removed) by maximal marginal relevance:
+    pick next argmax  lambda * rel(c) - (1 - lambda) * max cosine(c, picked)  (0 when nothing is picked yet),
+    rel = the latest score (rerank > fused > dense, the first any survivor has) min-max scaled to [0, 1]
+    over the survivors that have it; survivors without that score (past rerank's top_n) keep their order after
+    the reordered ones, so scores from different models are never compared. Ties keep the earlier candidate.
+    """
+
+    name = "diversity"
+
+    def __init__(self, settings: DiversitySettings):
+        self.settings = settings
+
+    def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        kept: list[Candidate] = []
+        removed: list[Removal] = []
+        seen_text: dict[str, str] = {}
+        kept_vectors: list[tuple[str, np.ndarray]] = []
+        per_source: dict[str, int] = {}
+        cap = self.settings.max_per_source
+
+        for candidate in candidates:
+            why = None
+            text_key = normalise_text(candidate.text)
+            vector = _unit(candidate.embedding)
+            if self.settings.drop_exact_duplicates and text_key in seen_text:
+                why = f"duplicate of {seen_text[text_key]} (same text)"
+            elif self.settings.max_cosine is not None and vector is not None and kept_vectors:
+                sims = np.stack([v for _, v in kept_vectors]) @ vector
+                best = int(np.argmax(sims))
+                if sims[best] > self.settings.max_cosine:
+                    shown, bound = format_pair(float(sims[best]), self.settings.max_cosine)
+                    why = f"cosine={shown} > {bound} with {kept_vectors[best][0]}"
+            if (
+                why is None
+                and cap is not None
+                and candidate.source
+                and per_source.get(candidate.source, 0) >= cap
+            ):
+                why = f"source={candidate.source} already has {per_source[candidate.source]}"
+
+            if why is not None:
+                removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
+                continue
+            kept.append(candidate)
+            seen_text.setdefault(text_key, candidate.chunk_id)
+            if vector is not None:
+                kept_vectors.append((candidate.chunk_id, vector))
+            if candidate.source:
+                per_source[candidate.source] = per_source.get(candidate.source, 0) + 1
+
+        if self.settings.mmr and len(kept) > 1:
+            kept = mmr_order(kept, self.settings.mmr_lambda)
+        return StageOutcome(kept=kept, removed=removed)
+
+
+def mmr_order(candidates: list[Candidate], lam: float) -> list[Candidate]:
+    key = next((k for k in RELEVANCE_KEYS if any(k in c.scores for c in candidates)), None)
+    if key is None:
+        return candidates
+    group = [c for c in candidates if key in c.scores]
+    rest = [c for c in candidates if key not in c.scores]
+    raw = np.array([c.scores[key] for c in group], dtype=float)
+    spread = raw.max() - raw.min()
+    relevance = (raw - raw.min()) / spread if spread > 0 else np.zeros_like(raw)
+    vectors = [_unit(c.embedding) for c in group]
+
+    order: list[int] = []
+    max_sim = np.zeros(len(group))  # max cosine to anything picked so far
+    remaining = list(range(len(group)))
+    while remaining:
+        best = max(remaining, key=lambda i: (lam * relevance[i] - (1 - lam) * max_sim[i], -i))
+        order.append(best)
+        remaining.remove(best)
+        if vectors[best] is not None:
+            for i in remaining:
+                if vectors[i] is not None:
+                    max_sim[i] = max(max_sim[i], float(vectors[i] @ vectors[best]))
+    return [group[i] for i in order] + rest
+
+
+def _unit(vector: np.ndarray | None) -> np.ndarray | None:
+    """The embedding scaled to length 1 (the store's already are; this makes cosine exact for any input)."""
+    if vector is None:
+        return None
+    v = np.asarray(vector, dtype=float).ravel()
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else None

@@ -1,0 +1,105 @@
+"""hard_filter: business rules a candidate must pass whatever its score."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any
+
+from app.retrieval.types import Candidate, QueryContext, Removal, StageOutcome
+from app.settings import HardFilterSettings
+
+
+class HardFilterStage:
+    """Applies the rules in this order; the first one a candidate fails is its removal reason.
+
+    1. knowledge tag: when the query names one, the candidate's tag must equal it (`knowledge=hr != finance`);
+    2. status: not in `excluded_statuses`, compared case-insensitively (`status=retired`);
+    3. effective dates (if `check_effective_dates`): metadata `effectiveFrom` <= today <= `effectiveTo`, both
+       inclusive, either may be absent; an ISO date or datetime, else removed as unparseable
+       (`effectiveTo=2023-12-31 < today=2024-05-01`, `effectiveFrom unparseable: 'soon'`);
+    4. source: not in `denied_sources`, exact match (`source=wiki.md denied`);
+    5. text: at least `min_text_chars` characters once stripped (`text 12 chars < 20`).
+    """
+
+    name = "hard_filter"
+
+    def __init__(self, settings: HardFilterSettings):
+        for key, values in (
+            ("excluded_statuses", settings.excluded_statuses),
+            ("denied_sources", settings.denied_sources),
+        ):
+            blank = [v for v in values if not v.strip()]
+            if blank:
+                raise ValueError(f"hard_filter.{key}: blank entry {blank[0]!r} would match nothing")
+        self.settings = settings
+        self._excluded = {status.strip().casefold() for status in settings.excluded_statuses}
+        self._denied = set(settings.denied_sources)
+
+    def reason(self, query: QueryContext, candidate: Candidate) -> str | None:
+        """Why `candidate` must go, or None when it passes every rule."""
+        if query.knowledge_tag is not None and candidate.knowledge_tag != query.knowledge_tag:
+            shown = candidate.knowledge_tag if candidate.knowledge_tag is not None else "(none)"
+            return f"knowledge={shown} != {query.knowledge_tag}"
+        status = candidate.metadata.get("status")
+        if status not in (None, "") and str(status).strip().casefold() in self._excluded:
+            return f"status={status}"
+        if self.settings.check_effective_dates:
+            why = _date_reason(candidate.metadata, query.today)
+            if why:
+                return why
+        if candidate.source in self._denied:
+            return f"source={candidate.source} denied"
+        length = len(candidate.text.strip())
+        if length < self.settings.min_text_chars:
+            return f"text {length} chars < {self.settings.min_text_chars}"
+        return None
+
+    def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        kept: list[Candidate] = []
+        removed: list[Removal] = []
+        for candidate in candidates:
+            why = self.reason(query, candidate)
+            if why is None:
+                kept.append(candidate)
+            else:
+                removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
+        return StageOutcome(kept=kept, removed=removed)
+
+
+class _Unparseable(ValueError):
+    pass
+
+
+def _date_reason(metadata: dict[str, Any], today: date) -> str | None:
+    bounds: dict[str, date | None] = {}
+    for key in ("effectiveFrom", "effectiveTo"):
+        try:
+            bounds[key] = _parse_date(metadata.get(key))
+        except _Unparseable:
+            return f"{key} unparseable: {metadata.get(key)!r}"
+    start, end = bounds["effectiveFrom"], bounds["effectiveTo"]
+    if start is not None and start > today:
+        return f"effectiveFrom={start.isoformat()} > today={today.isoformat()}"
+    if end is not None and end < today:
+        return f"effectiveTo={end.isoformat()} < today={today.isoformat()}"
+    return None
+
+
+def _parse_date(value: Any) -> date | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return date.fromisoformat(text)
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(text).date()
+        except ValueError:
+            pass
+    raise _Unparseable(value)

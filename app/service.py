@@ -1,0 +1,138 @@
+"""The composition root: one `Sieve` holds the models, the store, the BM25 index and the chain.
+
+The API, the CLI and the evaluation all retrieve through `Sieve.chain`, the one chain object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.ingest.chunker import embedding_text
+from app.ingest.pipeline import Ingestor, IngestReport
+from app.ingest.types import Chunk, Document
+from app.models import Embedder, load_embedder, load_reranker
+from app.retrieval.candidates import CandidateGenerator
+from app.retrieval.chain import ChainStage, RetrievalChain
+from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.stages import (
+    Bm25Stage,
+    DiversityStage,
+    FallbackStage,
+    HardFilterStage,
+    RerankStage,
+    SimilarityThresholdStage,
+)
+from app.retrieval.types import RetrievalResult
+from app.settings import Settings
+from app.store import ChromaStore, StoredChunk, drop_collection
+
+log = logging.getLogger(__name__)
+
+
+class Sieve:
+    def __init__(self, settings: Settings, embedder: Embedder, store: ChromaStore, reranker: object | None):
+        self.settings = settings
+        self.embedder = embedder
+        self.store = store
+        self.reranker = reranker
+        self.analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
+        self.lexical: Bm25Index
+        self.chain: RetrievalChain
+        self.refresh_index()
+
+    @classmethod
+    def open(cls, settings: Settings, rebuild: bool = False) -> Sieve:
+        """Load the models and open the store (the slow part of startup); builds the BM25 index."""
+        rag = settings.rag
+        t0 = time.perf_counter()
+        embedder = load_embedder(rag.models)
+        reranker = load_reranker(rag.chain.rerank) if rag.chain.rerank.enabled else None
+        log.info(
+            "models loaded in %.1fs: embedder=%s (dim %d), reranker=%s",
+            time.perf_counter() - t0,
+            embedder.name,
+            embedder.dimension,
+            getattr(reranker, "name", None) or "none",
+        )
+        if rebuild:
+            drop_collection(rag.store)
+        store = ChromaStore.open(rag.store, embedder.identity())
+        return cls(settings, embedder, store, reranker)
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- ingest ------------------------------------------------------------------------------------
+
+    def ingest(self, paths: Sequence[str | Path], progress: bool = False) -> IngestReport:
+        report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest(paths, progress)
+        if report.added or report.deleted:
+            self.refresh_index()
+        return report
+
+    def ingest_documents(self, documents: Sequence[Document]) -> IngestReport:
+        report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest_documents(documents)
+        if report.added or report.deleted:
+            self.refresh_index()
+        return report
+
+    def refresh_index(self) -> None:
+        """Rebuild the BM25 index over the whole collection and the chain that uses it."""
+        t0 = time.perf_counter()
+        ids, texts = [], []
+        for stored in self.store.iter_all(include_text=True):
+            ids.append(stored.chunk_id)
+            texts.append(_index_text(stored))
+        bm25 = self.settings.rag.chain.bm25
+        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b)
+        self.chain = self._build_chain()
+        log.info("BM25 index over %d chunks built in %.1fs", len(ids), time.perf_counter() - t0)
+
+    # -- retrieval ---------------------------------------------------------------------------------
+
+    def retrieve(self, query: str, top_k: int | None = None, knowledge_tag: str | None = None) -> RetrievalResult:
+        return self.chain.retrieve(query, top_k or self.settings.rag.retrieval.top_k, knowledge_tag)
+
+    def _build_chain(self) -> RetrievalChain:
+        rag = self.settings.rag
+        chain = rag.chain
+        stages = [
+            ChainStage(SimilarityThresholdStage(chain.similarity_threshold), chain.similarity_threshold.enabled),
+            ChainStage(HardFilterStage(chain.hard_filter), chain.hard_filter.enabled),
+            ChainStage(Bm25Stage(chain.bm25, self.lexical), chain.bm25.enabled),
+            ChainStage(RerankStage(chain.rerank, self.reranker), chain.rerank.enabled),
+            ChainStage(DiversityStage(chain.diversity), chain.diversity.enabled),
+            ChainStage(FallbackStage(chain.fallback), chain.fallback.enabled),
+        ]
+        candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical)
+        return RetrievalChain(self.embedder, candidates, stages)
+
+    def describe(self) -> dict[str, object]:
+        """What a report header needs: models, store and the chain's settings."""
+        rag = self.settings.rag
+        return {
+            "embedder": self.embedder.identity(),
+            "reranker": getattr(self.reranker, "name", None),
+            "store": self.store.description,
+            "collection": self.store.name,
+            "chunks": self.store.count(),
+            "retrieval": rag.retrieval.model_dump(),
+            "chain": rag.chain.model_dump(),
+        }
+
+
+def _index_text(stored: StoredChunk) -> str:
+    meta = stored.metadata
+    heading = str(meta.get("heading_path", ""))
+    chunk = Chunk(
+        chunk_id=stored.chunk_id,
+        doc_id=str(meta.get("doc_id", "")),
+        text=stored.text,
+        position=int(meta.get("position", 0)),
+        heading_path=tuple(p for p in heading.split(" > ") if p),
+        metadata=meta,
+    )
+    return embedding_text(chunk, str(meta.get("title", "")))

@@ -1,0 +1,21 @@
+"""The vector store. Only this package imports chromadb."""
+
+from app.store.chroma import (
+    ChromaStore,
+    EmbedderMismatchError,
+    StoreError,
+    StoreLockedError,
+    StoreUnavailableError,
+    StoredChunk,
+    drop_collection,
+)
+
+__all__ = [
+    "ChromaStore",
+    "EmbedderMismatchError",
+    "StoreError",
+    "StoreLockedError",
+    "StoreUnavailableError",
+    "StoredChunk",
+    "drop_collection",
+]

@@ -1,0 +1,319 @@
+"""The vector store: Chroma, embedded (`PersistentClient`) or a server (`HttpClient`), behind one small class.
+
+Facts this module is built around (measured on Chroma 1.5):
+- we always pass our own embeddings; Chroma never embeds anything (it would try to download a model);
+- cosine space and HNSW parameters are fixed when the collection is created (defaults recall poorly);
+- an embedded path must be opened by one process only: two writers silently corrupt it, so we hold an
+  exclusive lock file for as long as the store is open;
+- the embedder that wrote the vectors is recorded in the collection metadata, and opening the collection
+  with a different embedder is an error rather than silently mixed vectors.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import chromadb
+import numpy as np
+from chromadb.config import Settings as ChromaClientSettings
+
+from app.settings import StoreSettings
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "sieve.lock"
+_PAGE = 2000
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as asked; the message says why and what to do."""
+
+
+class StoreUnavailableError(StoreError):
+    """The Chroma server cannot be reached (or the embedded path cannot be opened)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the embedded store path."""
+
+
+class EmbedderMismatchError(StoreError):
+    """The collection was built with another embedder than the one configured."""
+
+
+@dataclass
+class StoredChunk:
+    chunk_id: str
+    text: str
+    metadata: dict[str, Any]
+    embedding: np.ndarray | None = None
+    similarity: float | None = None  # cosine similarity to the query (1 - cosine distance)
+
+
+@dataclass
+class _Identity:
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def as_metadata(self) -> dict[str, Any]:
+        return {f"embedder_{k}": v for k, v in self.fields.items()}
+
+
+class ChromaStore:
+    def __init__(self, client: Any, collection: Any, description: str, lock_fd: int | None = None):
+        self._client = client
+        self._collection = collection
+        self.description = description
+        self._lock_fd = lock_fd
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, settings: StoreSettings, embedder_identity: dict[str, Any]) -> ChromaStore:
+        """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}."""
+        lock_fd = None
+        telemetry_off = ChromaClientSettings(anonymized_telemetry=False, allow_reset=False)
+        try:
+            if settings.mode == "embedded":
+                path = Path(settings.path)
+                path.mkdir(parents=True, exist_ok=True)
+                lock_fd = _lock(path)
+                client = chromadb.PersistentClient(path=str(path), settings=telemetry_off)
+                description = f"embedded Chroma at {path}"
+            else:
+                description = f"Chroma server at http://{settings.host}:{settings.port}"
+                client = chromadb.HttpClient(host=settings.host, port=settings.port, settings=telemetry_off)
+                client.heartbeat()
+            collection = _get_or_create(client, settings, embedder_identity)
+        except StoreError:
+            _unlock(lock_fd)
+            raise
+        except Exception as exc:  # chromadb raises many types; wrap once, here, where we know what we did
+            _unlock(lock_fd)
+            where = (
+                f"embedded Chroma at {settings.path}"
+                if settings.mode == "embedded"
+                else f"Chroma server at http://{settings.host}:{settings.port}"
+            )
+            raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
+        return cls(client, collection, description, lock_fd)
+
+    def close(self) -> None:
+        _unlock(self._lock_fd)
+        self._lock_fd = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return str(self._collection.name)
+
+    def count(self) -> int:
+        return int(self._call(self._collection.count))
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self._collection.metadata or {})
+
+    def query(
+        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None = None
+    ) -> list[list[StoredChunk]]:
+        """Nearest chunks for each query vector (rows of `embeddings`), best first."""
+        if len(embeddings) == 0:
+            return []
+        result = self._call(
+            self._collection.query,
+            query_embeddings=np.asarray(embeddings, dtype=np.float32),
+            n_results=n,
+            where=where,
+            include=["documents", "metadatas", "embeddings", "distances"],
+        )
+        out = []
+        for i in range(len(embeddings)):
+            rows = zip(
+                result["ids"][i],
+                result["documents"][i],
+                result["metadatas"][i],
+                result["embeddings"][i],
+                result["distances"][i],
+                strict=True,
+            )
+            out.append(
+                [
+                    StoredChunk(cid, doc or "", dict(meta or {}), np.asarray(emb, dtype=np.float32), 1.0 - dist)
+                    for cid, doc, meta, emb, dist in rows
+                ]
+            )
+        return out
+
+    def get(self, ids: Sequence[str], include_embeddings: bool = True) -> list[StoredChunk]:
+        """Chunks by id, in the order asked; unknown ids are left out."""
+        if not ids:
+            return []
+        include = ["documents", "metadatas"] + (["embeddings"] if include_embeddings else [])
+        result = self._call(self._collection.get, ids=list(ids), include=include)
+        found = {}
+        for i, cid in enumerate(result["ids"]):
+            emb = result["embeddings"][i] if include_embeddings else None
+            found[cid] = StoredChunk(
+                cid,
+                result["documents"][i] or "",
+                dict(result["metadatas"][i] or {}),
+                None if emb is None else np.asarray(emb, dtype=np.float32),
+            )
+        return [found[cid] for cid in ids if cid in found]
+
+    def iter_all(self, include_text: bool = True) -> Iterator[StoredChunk]:
+        """Every chunk (text and metadata, no vectors), page by page."""
+        include = ["metadatas"] + (["documents"] if include_text else [])
+        offset = 0
+        while True:
+            page = self._call(self._collection.get, include=include, limit=_PAGE, offset=offset)
+            ids = page["ids"]
+            for i, cid in enumerate(ids):
+                text = page["documents"][i] if include_text else ""
+                yield StoredChunk(cid, text or "", dict(page["metadatas"][i] or {}))
+            if len(ids) < _PAGE:
+                return
+            offset += _PAGE
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def upsert(self, chunks: Sequence[StoredChunk], embeddings: np.ndarray) -> None:
+        if len(chunks) != len(embeddings):
+            raise ValueError(f"{len(chunks)} chunks but {len(embeddings)} embeddings")
+        batch = self._max_batch()
+        for start in range(0, len(chunks), batch):
+            part = chunks[start : start + batch]
+            self._call(
+                self._collection.upsert,
+                ids=[c.chunk_id for c in part],
+                embeddings=np.asarray(embeddings[start : start + batch], dtype=np.float32),
+                documents=[c.text for c in part],
+                metadatas=[c.metadata or None for c in part],
+            )
+
+    def delete(self, ids: Sequence[str]) -> None:
+        batch = self._max_batch()
+        for start in range(0, len(ids), batch):
+            self._call(self._collection.delete, ids=list(ids[start : start + batch]))
+
+    def set_metadata(self, values: dict[str, Any]) -> None:
+        merged = {**self.metadata(), **values}
+        merged.pop("hnsw:space", None)  # fixed at creation; modify() refuses to touch it
+        self._call(self._collection.modify, metadata=merged)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _max_batch(self) -> int:
+        try:
+            return max(1, min(5000, int(self._client.get_max_batch_size())))
+        except Exception:
+            return 1000
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if _is_connection_error(exc):
+                raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
+            raise
+
+
+def _get_or_create(client: Any, settings: StoreSettings, identity: dict[str, Any]) -> Any:
+    wanted = _Identity(dict(identity)).as_metadata()
+    existing = {c if isinstance(c, str) else c.name for c in client.list_collections()}
+    if settings.collection in existing:
+        collection = client.get_collection(settings.collection)
+        stored = {k: v for k, v in (collection.metadata or {}).items() if k.startswith("embedder_")}
+        if stored and stored != wanted:
+            raise EmbedderMismatchError(
+                f"collection '{settings.collection}' was built with embedder "
+                f"{stored.get('embedder_name')} (dim {stored.get('embedder_dimension')}, "
+                f"checksum {stored.get('embedder_checksum')}), but rag.models.embedder is "
+                f"{wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, checksum "
+                f"{wanted.get('embedder_checksum')}). Rebuild with `sieve ingest --rebuild PATH...`, or use "
+                f"another rag.store.collection / rag.store.path."
+            )
+        return collection
+    configuration = {
+        "hnsw": {
+            "space": "cosine",
+            "ef_construction": settings.hnsw_construction_ef,
+            "ef_search": settings.hnsw_search_ef,
+            "max_neighbors": settings.hnsw_m,
+        }
+    }
+    log.info("creating Chroma collection '%s' (cosine, %s)", settings.collection, configuration["hnsw"])
+    return client.create_collection(
+        settings.collection, configuration=configuration, metadata=wanted, embedding_function=None
+    )
+
+
+def drop_collection(settings: StoreSettings) -> None:
+    """Delete the configured collection (for `sieve ingest --rebuild`)."""
+    store_client = None
+    lock_fd = None
+    try:
+        if settings.mode == "embedded":
+            path = Path(settings.path)
+            path.mkdir(parents=True, exist_ok=True)
+            lock_fd = _lock(path)
+            store_client = chromadb.PersistentClient(
+                path=str(path), settings=ChromaClientSettings(anonymized_telemetry=False)
+            )
+        else:
+            store_client = chromadb.HttpClient(host=settings.host, port=settings.port)
+        names = {c if isinstance(c, str) else c.name for c in store_client.list_collections()}
+        if settings.collection in names:
+            store_client.delete_collection(settings.collection)
+    finally:
+        _unlock(lock_fd)
+
+
+def _lock(path: Path) -> int:
+    lock_path = path / LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreLockedError(
+            f"the embedded store {path} is already open in another process (pid {holder}). "
+            f"Chroma's embedded mode allows one process per path: stop the other process, or run a "
+            f"Chroma server (rag.store.mode: http) to share the index."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    names = {type(e).__name__ for e in _chain(exc)}
+    return bool(
+        names
+        & {"ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError", "ConnectionError",
+           "ConnectionRefusedError"}
+    ) or "Could not connect" in str(exc)
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__

@@ -1,0 +1,148 @@
+import numpy as np
+import pytest
+from rank_bm25 import BM25Okapi
+
+from app.retrieval.lexical import Analyzer, Bm25Index
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Analyzer:
+    return Analyzer()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # stop words gone, lowercased, Snowball-stemmed
+        (
+            "The employees are running the new reimbursement policies!",
+            ["employe", "run", "new", "reimburs", "polici"],
+        ),
+        # split on non-alphanumerics; "it" is a Lucene stop word, so "IT-Helpdesk" loses it
+        (
+            "Reset your VPN password: see IT-Helpdesk #42.",
+            ["reset", "your", "vpn", "password", "see", "helpdesk", "42"],
+        ),
+        ("foo_bar v2.0", ["foo", "bar", "v2", "0"]),
+        # full-width forms are NFKC-normalised first
+        ("Ｗｉ－Ｆｉ\u3000密码", ["wi", "fi", "密码"]),
+        ("", []),
+        ("  ,.!？。 ", []),
+    ],
+)
+def test_english_and_punctuation(analyzer: Analyzer, text: str, expected: list[str]) -> None:
+    assert analyzer.tokens(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # search mode: the compound and its dictionary sub-words; 的/了/我们/在 dropped
+        (
+            "我们在中华人民共和国的首都北京工作了三年。",
+            [
+                "中华",
+                "华人",
+                "人民",
+                "共和",
+                "共和国",
+                "中华人民共和国",
+                "首都",
+                "北京",
+                "首都北京",
+                "工作",
+                "三年",
+            ],
+        ),
+        # mixed scripts: the latin run is lowercased, the question words 是什么 dropped
+        ("公司的VPN密码重置流程是什么", ["公司", "vpn", "密码", "重置", "流程"]),
+        ("员工如何申请年假？", ["员工", "申请", "年", "假"]),
+    ],
+)
+def test_chinese(analyzer: Analyzer, text: str, expected: list[str]) -> None:
+    assert analyzer.tokens(text) == expected
+
+
+def test_user_dict_is_loaded_into_a_private_tokenizer(tmp_path) -> None:
+    user_dict = tmp_path / "words.txt"
+    user_dict.write_text("年假\n", encoding="utf-8")
+    assert Analyzer(str(user_dict)).tokens("员工如何申请年假？") == ["员工", "申请", "年假"]
+    # the global jieba dictionary (and any other analyzer) is untouched
+    assert Analyzer().tokens("员工如何申请年假？") == ["员工", "申请", "年", "假"]
+
+
+DOCS = {
+    "d1": "How to reset your VPN password",
+    "d2": "VPN setup guide for new laptops; the VPN client needs a password",
+    "d3": "Travel reimbursement policy",
+    "d4": "报销政策：差旅费用需要在三十天内提交",
+    "d5": "VPN 密码 重置 流程",
+    "d6": "Expense reports and reimbursement of travel",
+}
+
+
+@pytest.fixture(scope="module")
+def index(analyzer: Analyzer) -> Bm25Index:
+    return Bm25Index.build(list(DOCS), list(DOCS.values()), analyzer, k1=1.2, b=0.75)
+
+
+@pytest.mark.parametrize(
+    "query", ["reset VPN password", "travel reimbursement", "差旅 报销", "VPN 密码", "nothing"]
+)
+def test_scores_equal_rank_bm25(index: Bm25Index, analyzer: Analyzer, query: str) -> None:
+    reference = BM25Okapi([analyzer.tokens(t) for t in DOCS.values()], k1=1.2, b=0.75, epsilon=0.25)
+    expected = reference.get_scores(analyzer.tokens(query))
+    got = index.scores(query, list(DOCS))
+    assert list(got) == list(DOCS)
+    np.testing.assert_allclose([got[i] for i in DOCS], expected, rtol=1e-12, atol=0)
+
+
+def test_scores_of_a_subset_and_unknown_ids(index: Bm25Index) -> None:
+    full = index.scores("reset VPN password", list(DOCS))
+    subset = index.scores("reset VPN password", ["d5", "d1", "missing"])
+    assert subset == {"d5": full["d5"], "d1": full["d1"], "missing": 0.0}
+
+
+def test_top_orders_by_score_then_id_and_skips_zero(index: Bm25Index) -> None:
+    full = index.scores("VPN password", list(DOCS))
+    expected = sorted(((i, s) for i, s in full.items() if s > 0), key=lambda p: (-p[1], p[0]))
+    assert index.top("VPN password", 10) == expected
+    assert [i for i, _ in expected] and {i for i, _ in expected} <= {"d1", "d2", "d5"}
+    assert index.top("VPN password", 2) == expected[:2]
+    assert index.top("no match at all", 5) == []
+
+
+def test_top_breaks_ties_by_id(analyzer: Analyzer) -> None:
+    others = ["banana split", "cherry tart", "plum cake", "lemon curd", "fig roll"]
+    idx = Bm25Index.build(["b", "a", "c", "v", "w", "x", "y", "z"], ["apple pie"] * 3 + others, analyzer)
+    top = idx.top("pie", 2)
+    assert [i for i, _ in top] == ["a", "b"]
+    assert top[0][1] == top[1][1] > 0
+
+
+def test_negative_idf_uses_rank_bm25_epsilon_floor(analyzer: Analyzer) -> None:
+    # "pie" is in 3 of 4 documents: idf = ln(4 - 3 + 0.5) - ln(3 + 0.5) < 0, replaced by 0.25 * mean idf
+    texts = ["apple pie", "apple pie", "apple pie", "banana"]
+    idx = Bm25Index.build(["a", "b", "c", "d"], texts, analyzer)
+    reference = BM25Okapi([analyzer.tokens(t) for t in texts], k1=1.2, b=0.75, epsilon=0.25)
+    mean_idf = (2 * (np.log(1.5) - np.log(3.5)) + (np.log(3.5) - np.log(1.5))) / 3
+    assert reference.idf["pie"] == pytest.approx(0.25 * mean_idf)
+    assert idx.scores("pie", ["a"])["a"] == pytest.approx(reference.get_scores(["pie"])[0])
+    # here the mean idf is itself negative, so is the score, and top() returns nothing
+    assert idx.scores("pie", ["a"])["a"] < 0
+    assert idx.top("pie", 3) == []
+
+
+def test_empty_collection_and_empty_query(analyzer: Analyzer) -> None:
+    empty = Bm25Index.build([], [], analyzer)
+    assert empty.top("anything", 3) == []
+    assert empty.scores("anything", ["x"]) == {"x": 0.0}
+    idx = Bm25Index.build(["a"], ["text"], analyzer)
+    assert idx.scores("the of", ["a"]) == {"a": 0.0}
+
+
+def test_build_rejects_bad_input(analyzer: Analyzer) -> None:
+    with pytest.raises(ValueError, match="2 ids but 1 texts"):
+        Bm25Index.build(["a", "b"], ["x"], analyzer)
+    with pytest.raises(ValueError, match="duplicate id 'a'"):
+        Bm25Index.build(["a", "a"], ["x", "y"], analyzer)

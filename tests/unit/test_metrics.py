@@ -1,0 +1,206 @@
+"""Reference values for the metrics, each written as the arithmetic of its definition."""
+
+from math import log2
+
+import pytest
+
+from app.evaluation.metrics import (
+    CONVENTIONS,
+    UndefinedMetricError,
+    case_metrics,
+    duplicate_rate_at_k,
+    has_relevant,
+    hit_rate_at_k,
+    latency_summary,
+    mrr_at_k,
+    ndcg_at_k,
+    percentile,
+    precision_at_k,
+    recall_at_k,
+    top1_accuracy,
+)
+
+RANKED = ["d1", "a", "d2", "b", "c", "d3", "d4"]
+FIVE_RELEVANT = {"d1": 1, "d2": 1, "d3": 1, "d4": 1, "d5": 1}
+
+
+def test_recall_at_5_counts_relevant_in_top_5_over_all_relevant():
+    assert recall_at_k(RANKED, FIVE_RELEVANT, 5) == pytest.approx(2 / 5)
+
+
+def test_recall_at_k_larger_than_list_keeps_the_whole_list():
+    assert recall_at_k(RANKED, FIVE_RELEVANT, 100) == pytest.approx(4 / 5)
+
+
+def test_mrr_over_four_queries():
+    queries = [
+        (["r", "x", "y", "z"], {"r": 1}),  # first relevant at rank 1
+        (["x", "r", "y", "z"], {"r": 1}),  # rank 2
+        (["x", "y", "z", "r"], {"r": 1}),  # rank 4
+        (["x", "y", "z", "w"], {"r": 1}),  # none
+    ]
+    mrr = sum(mrr_at_k(ranked, rel, 10) for ranked, rel in queries) / len(queries)
+    assert mrr == pytest.approx((1 + 0.5 + 0.25 + 0) / 4)
+    assert mrr == pytest.approx(0.4375)
+
+
+def test_mrr_ignores_relevant_below_k():
+    assert mrr_at_k(["x", "y", "r"], {"r": 1}, 2) == 0.0
+    assert mrr_at_k(["x", "y", "r"], {"r": 1}, 3) == pytest.approx(1 / 3)
+
+
+def test_ndcg_at_5_binary_relevant_at_ranks_2_and_3_of_3_relevant():
+    ranked = ["x", "r1", "r2", "y", "z"]
+    relevance = {"r1": 1, "r2": 1, "r3": 1}
+    expected = (1 / log2(3) + 1 / log2(4)) / (1 + 1 / log2(3) + 1 / log2(4))
+    assert ndcg_at_k(ranked, relevance, 5) == pytest.approx(expected, abs=1e-12)
+    assert expected == pytest.approx(0.531, abs=5e-4)
+
+
+def test_ndcg_graded_uses_grade_as_gain_and_ideal_from_all_judged():
+    ranked = ["b", "x", "a"]
+    relevance = {"a": 3, "b": 1, "c": 2, "n": 0}
+    dcg = 1 / log2(2) + 0 / log2(3) + 3 / log2(4)
+    idcg = 3 / log2(2) + 2 / log2(3) + 1 / log2(4)  # a, c, b — c is relevant though never retrieved
+    assert ndcg_at_k(ranked, relevance, 3) == pytest.approx(dcg / idcg, abs=1e-12)
+
+
+def test_ndcg_ideal_is_cut_at_k():
+    relevance = {"a": 3, "b": 2, "c": 1}
+    assert ndcg_at_k(["b", "a"], relevance, 2) == pytest.approx(
+        (2 / log2(2) + 3 / log2(3)) / (3 / log2(2) + 2 / log2(3)), abs=1e-12
+    )
+
+
+def test_ndcg_perfect_ranking_is_one():
+    assert ndcg_at_k(["a", "b", "c"], {"a": 2, "b": 1}, 3) == pytest.approx(1.0)
+
+
+def test_precision_divides_by_k_even_when_fewer_results():
+    assert precision_at_k(["r1", "x"], {"r1": 1, "r2": 1}, 5) == pytest.approx(1 / 5)
+
+
+def test_top1_accuracy():
+    assert top1_accuracy(["r", "x"], {"r": 1}) == 1.0
+    assert top1_accuracy(["x", "r"], {"r": 1}) == 0.0
+
+
+def test_grade_zero_or_negative_is_not_relevant():
+    relevance = {"z": 0, "n": -1, "r": 2}
+    assert recall_at_k(["z", "n"], relevance, 2) == 0.0
+    assert mrr_at_k(["z", "n", "r"], relevance, 3) == pytest.approx(1 / 3)
+    assert ndcg_at_k(["z", "n", "r"], relevance, 3) == pytest.approx((2 / log2(4)) / (2 / log2(2)))
+
+
+def test_duplicate_keeps_its_position_and_counts_once():
+    ranked = ["c1", "c1", "c2"]
+    relevance = {"c1": 1, "c2": 1}
+    assert recall_at_k(ranked, relevance, 2) == pytest.approx(1 / 2)  # only c1; c2 is pushed out of the top 2
+    assert precision_at_k(ranked, relevance, 2) == pytest.approx(1 / 2)
+    assert duplicate_rate_at_k(ranked, 2) == pytest.approx(1 / 2)
+    assert recall_at_k(ranked, relevance, 3) == pytest.approx(2 / 2)
+    # c2 gains at rank 3, the duplicate at rank 2 gains nothing.
+    assert ndcg_at_k(ranked, relevance, 3) == pytest.approx(
+        (1 / log2(2) + 1 / log2(4)) / (1 / log2(2) + 1 / log2(3)), abs=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    ("ranked", "k", "expected"),
+    [
+        ([], 5, 0.0),
+        (["a", "b", "c"], 3, 0 / 3),
+        (["a", "a", "a"], 3, 2 / 3),
+        (["a", "b", "a", "b"], 4, 2 / 4),
+        (["a", "b", "a", "b"], 2, 0 / 2),
+        (["a", "a"], 10, 1 / 2),  # denominator is the positions present, min(K, len)
+    ],
+)
+def test_duplicate_rate(ranked, k, expected):
+    assert duplicate_rate_at_k(ranked, k) == pytest.approx(expected)
+
+
+def test_empty_ranking_scores_zero():
+    relevance = {"r": 1}
+    assert case_metrics([], relevance, 5) == {
+        "recall": 0.0,
+        "hitRate": 0.0,
+        "mrr": 0.0,
+        "ndcg": 0.0,
+        "precision": 0.0,
+        "top1Accuracy": 0.0,
+        "duplicateRate": 0.0,
+    }
+
+
+def test_case_metrics_has_every_metric():
+    ranked = ["x", "r1", "r1", "r2"]
+    relevance = {"r1": 2, "r2": 1, "r3": 1}
+    assert case_metrics(ranked, relevance, 3) == pytest.approx(
+        {
+            "recall": 1 / 3,
+            "hitRate": 1.0,
+            "mrr": 1 / 2,
+            "ndcg": (2 / log2(3)) / (2 / log2(2) + 1 / log2(3) + 1 / log2(4)),
+            "precision": 1 / 3,
+            "top1Accuracy": 0.0,
+            "duplicateRate": 1 / 3,
+        }
+    )
+
+
+@pytest.mark.parametrize("relevance", [{}, {"a": 0}, {"a": -1, "b": 0}])
+@pytest.mark.parametrize(
+    "metric", [recall_at_k, hit_rate_at_k, mrr_at_k, ndcg_at_k, precision_at_k, case_metrics]
+)
+def test_no_relevant_document_is_undefined(metric, relevance):
+    assert not has_relevant(relevance)
+    with pytest.raises(UndefinedMetricError, match="no relevant document"):
+        metric(["a", "b"], relevance, 3)
+    with pytest.raises(ValueError):
+        top1_accuracy(["a"], relevance)
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True])
+def test_k_must_be_a_positive_int(k):
+    with pytest.raises(ValueError, match="k must be"):
+        recall_at_k(["a"], {"a": 1}, k)
+    with pytest.raises(ValueError, match="k must be"):
+        duplicate_rate_at_k(["a"], k)
+
+
+@pytest.mark.parametrize(
+    ("values", "p", "expected"),
+    [
+        (list(range(1, 21)), 95, 19),  # ceil(0.95 * 20) = 19th value
+        (list(range(1, 21)), 50, 10),  # ceil(0.50 * 20) = 10th value
+        ([1, 2, 3, 4], 50, 2),
+        ([4, 1, 3, 2], 75, 3),  # unsorted input
+        ([1, 2, 3, 4, 5], 50, 3),
+        ([7.5], 95, 7.5),
+        ([3, 1, 2], 0, 1),
+        ([3, 1, 2], 100, 3),
+        (list(range(1, 101)), 95, 95),
+        (list(range(1, 102)), 95, 96),  # ceil(0.95 * 101) = ceil(95.95) = 96
+    ],
+)
+def test_percentile_nearest_rank(values, p, expected):
+    assert percentile(values, p) == expected
+
+
+@pytest.mark.parametrize(("values", "p"), [([], 50), ([1.0], -1), ([1.0], 101), ([float("nan")], 50)])
+def test_percentile_rejects(values, p):
+    with pytest.raises(ValueError):
+        percentile(values, p)
+
+
+def test_latency_summary():
+    values = [float(v) for v in range(20, 0, -1)]
+    assert latency_summary(values) == {"p50": 10.0, "p95": 19.0, "max": 20.0}
+    with pytest.raises(ValueError):
+        latency_summary([])
+
+
+def test_conventions_text_states_the_rules():
+    for phrase in ["cut at K first", "counts once", "duplicate", "<= 0 is not relevant", "nearest-rank"]:
+        assert phrase in CONVENTIONS

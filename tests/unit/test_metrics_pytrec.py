@@ -1,0 +1,114 @@
+"""Cross-check against trec_eval (through pytrec_eval) on random graded runs without duplicates."""
+
+import pytest
+import pytrec_eval
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.evaluation.metrics import (
+    has_relevant,
+    hit_rate_at_k,
+    mrr_at_k,
+    ndcg_at_k,
+    precision_at_k,
+    recall_at_k,
+)
+from app.evaluation.trec import evaluate_run
+
+DOC_IDS = [f"d{i}" for i in range(12)]
+
+
+@st.composite
+def graded_case(draw):
+    ranked = draw(st.lists(st.sampled_from(DOC_IDS), unique=True, max_size=len(DOC_IDS)))
+    qrels = draw(
+        st.dictionaries(st.sampled_from(DOC_IDS), st.integers(min_value=-1, max_value=3), max_size=10)
+    )
+    k = draw(st.integers(min_value=1, max_value=15))
+    return ranked, qrels, k
+
+
+def trec_scores(ranked):
+    """Distinct, decreasing scores, so that pytrec_eval (which sorts by score) keeps the given order."""
+    return {doc_id: float(len(ranked) - i) for i, doc_id in enumerate(ranked)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(graded_case())
+def test_metrics_equal_trec_eval_on_the_list_cut_at_k(case):
+    ranked, qrels, k = case
+    if not has_relevant(qrels):
+        return  # undefined by design; trec_eval's mean leaves such queries out too
+    cut = ranked[:k]
+    measures = {f"recall.{k}", f"ndcg_cut.{k}", f"P.{k}", f"success.{k}", "recip_rank"}
+    evaluator = pytrec_eval.RelevanceEvaluator({"q": qrels}, measures)
+    # A query with no retrieved document is absent from pytrec_eval's output: every measure is 0 there.
+    expected = evaluator.evaluate({"q": trec_scores(cut)}).get("q", {})
+
+    def trec(name):
+        return expected.get(name, 0.0)
+
+    assert recall_at_k(ranked, qrels, k) == pytest.approx(trec(f"recall_{k}"), abs=1e-9)
+    assert ndcg_at_k(ranked, qrels, k) == pytest.approx(trec(f"ndcg_cut_{k}"), abs=1e-9)
+    assert precision_at_k(ranked, qrels, k) == pytest.approx(trec(f"P_{k}"), abs=1e-9)
+    assert hit_rate_at_k(ranked, qrels, k) == pytest.approx(trec(f"success_{k}"), abs=1e-9)
+    assert mrr_at_k(ranked, qrels, k) == pytest.approx(trec("recip_rank"), abs=1e-9)
+
+
+@st.composite
+def qrels_and_run(draw):
+    qids = [f"q{i}" for i in range(6)]
+    qrels = {
+        qid: draw(
+            st.dictionaries(st.sampled_from(DOC_IDS), st.integers(min_value=0, max_value=3), min_size=1)
+        )
+        for qid in draw(st.lists(st.sampled_from(qids), unique=True, min_size=1))
+    }
+    # Scores from a small set, so that ties occur and trec_eval's tie-break is exercised too.
+    run = {
+        qid: draw(
+            st.dictionaries(st.sampled_from(DOC_IDS), st.sampled_from([0.5, 1.0, 2.0, 3.0]), min_size=1)
+        )
+        for qid in draw(st.lists(st.sampled_from(qids), unique=True))
+    }
+    ks = draw(st.lists(st.integers(min_value=1, max_value=12), unique=True, min_size=1, max_size=3))
+    return qrels, run, ks
+
+
+@settings(max_examples=150, deadline=None)
+@given(qrels_and_run())
+def test_evaluate_run_equals_pytrec_eval_aggregated(data):
+    qrels, run, ks = data
+    ours = evaluate_run(qrels, {qid: list(docs.items()) for qid, docs in run.items()}, ks)
+
+    # trec_eval's default: queries of the run that have judgements; we also leave out queries with no
+    # relevant document, whose measures are undefined.
+    scored = sorted(qid for qid in run if qid in qrels and has_relevant(qrels[qid]))
+    assert sorted(ours["perQuery"]) == scored
+    for k in ks:
+        measures = {f"recall.{k}", f"ndcg_cut.{k}", f"P.{k}", f"success.{k}"}
+        full = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+        # recip_rank has no cut-off in trec_eval: evaluate it on each run cut at K (in trec_eval order).
+        cut_run = {
+            qid: dict(sorted(docs.items(), key=lambda pair: (pair[1], pair[0]), reverse=True)[:k])
+            for qid, docs in run.items()
+        }
+        cut = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(cut_run)
+        for ours_name, trec_name, source in [
+            ("recall", f"recall_{k}", full),
+            ("ndcg", f"ndcg_cut_{k}", full),
+            ("precision", f"P_{k}", full),
+            ("hitRate", f"success_{k}", full),
+            ("mrr", "recip_rank", cut),
+        ]:
+            key = f"{ours_name}@{k}"
+            for qid in scored:
+                assert ours["perQuery"][qid][key] == pytest.approx(source[qid][trec_name], abs=1e-9), (
+                    qid,
+                    key,
+                )
+            if scored:
+                mean = sum(source[qid][trec_name] for qid in scored) / len(scored)
+                assert ours["aggregate"][key] == pytest.approx(mean, abs=1e-9)
+            else:
+                assert ours["aggregate"][key] is None
