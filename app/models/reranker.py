@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from app.models.embedder import ModelLoadError, configure_torch_threads
+from app.models.embedder import ModelLoadError, load_named_model
 from app.settings import RerankSettings
 
 # A query may use at most this share of the model's length; the rest is for the passage window.
@@ -76,7 +76,9 @@ class CrossEncoderScorer:
         self.window_tokens = window_tokens
         self.window_stride = window_stride
         self.max_windows = max_windows
-        self.model = cross_encoder if cross_encoder is not None else _load_cross_encoder(model, device)
+        if cross_encoder is None:
+            cross_encoder = load_named_model("CrossEncoder", model, "reranker", device)
+        self.model = cross_encoder
         self.tokenizer = self.model.tokenizer
         if not getattr(self.tokenizer, "is_fast", False):
             raise ModelLoadError(f"reranker {model!r}: windows need a fast tokenizer (with offsets)")
@@ -145,19 +147,6 @@ def _max_length(model: Any) -> int:
         if isinstance(value, int) and 0 < value < _UNKNOWN_LENGTH:
             return value
     return _FALLBACK_MAX_LENGTH
-
-
-def _load_cross_encoder(model: str, device: str) -> Any:
-    configure_torch_threads()
-    try:
-        from sentence_transformers import CrossEncoder
-
-        return CrossEncoder(model, device=device)
-    except Exception as exc:  # the library raises many types (OSError, ValueError, HF errors)
-        raise ModelLoadError(
-            f"cannot load reranker {model!r}: tried it as a local CrossEncoder folder and as a hub id "
-            f"(no hub reachable?): {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 def load_reranker(settings: RerankSettings, device: str = "cpu") -> CrossEncoderScorer | None:

@@ -37,7 +37,9 @@ class DiversityStage:
     2. `max_cosine`: cosine with a kept one's embedding > max_cosine (`cosine=0.99 > 0.97 with c1`, the
        most similar kept one); candidates without an embedding skip this rule;
     3. `max_per_source`: its source already has that many kept (`source=a.md already has 2`); candidates with
-       no source are not capped.
+       no source are not capped;
+    4. `max_per_document`: its document already has that many chunks kept (`doc=d1 already has 1`), so a
+       long document cannot fill the whole top K with its own chunks.
     Then, if `mmr`, the survivors are reordered (never removed) by maximal marginal relevance:
     pick next argmax  lambda * rel(c) - (1 - lambda) * max cosine(c, picked)  (0 when nothing is picked yet),
     rel = the latest score (rerank > fused > dense, the first any survivor has) min-max scaled to [0, 1]
@@ -56,7 +58,9 @@ class DiversityStage:
         seen_text: dict[str, str] = {}
         kept_vectors: list[tuple[str, np.ndarray]] = []
         per_source: dict[str, int] = {}
+        per_doc: dict[str, int] = {}
         cap = self.settings.max_per_source
+        doc_cap = self.settings.max_per_document
 
         for candidate in candidates:
             why = None
@@ -77,6 +81,8 @@ class DiversityStage:
                 and per_source.get(candidate.source, 0) >= cap
             ):
                 why = f"source={candidate.source} already has {per_source[candidate.source]}"
+            if why is None and doc_cap is not None and per_doc.get(candidate.doc_id, 0) >= doc_cap:
+                why = f"doc={candidate.doc_id} already has {per_doc[candidate.doc_id]}"
 
             if why is not None:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
@@ -87,6 +93,7 @@ class DiversityStage:
                 kept_vectors.append((candidate.chunk_id, vector))
             if candidate.source:
                 per_source[candidate.source] = per_source.get(candidate.source, 0) + 1
+            per_doc[candidate.doc_id] = per_doc.get(candidate.doc_id, 0) + 1
 
         if self.settings.mmr and len(kept) > 1:
             kept = mmr_order(kept, self.settings.mmr_lambda)
