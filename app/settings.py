@@ -121,7 +121,7 @@ class DiversitySettings(_Strict):
     drop_exact_duplicates: bool = True
     max_cosine: float | None = Field(0.97, ge=-1.0, le=1.0)
     max_per_source: int | None = Field(None, ge=1)
-    max_per_document: int | None = Field(None, ge=1)
+    max_per_document: int | None = Field(1, ge=1)
     mmr: bool = False
     mmr_lambda: float = Field(0.7, ge=0.0, le=1.0)
 

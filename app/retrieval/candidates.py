@@ -64,7 +64,7 @@ class CandidateGenerator:
                 continue
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             by_id[hit.chunk_id] = _candidate(hit, float(np.dot(vec, embedding)), {"bm25"})
-        ordered = sorted(by_id.values(), key=lambda c: (-c.scores[SCORE_DENSE], c.chunk_id))
+        ordered = sorted(by_id.values(), key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))
         origins = {"dense": 0, "bm25": 0, "both": 0}
         for c in ordered:
             origins["both" if len(c.origin) == 2 else next(iter(c.origin))] += 1

@@ -29,7 +29,7 @@ class Bm25Stage:
     survivors, so a removed candidate never shifts the others' ranks.
 
     rrf:      fused = dense_weight / (rrf_k + dense_rank) + bm25_weight / (rrf_k + bm25_rank)
-              ranks are 1-based within the candidate list, score descending, ties by chunk_id. Only a
+              ranks are 1-based within the candidate list, score descending, ties by doc_id, then chunk_id. Only a
               candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term occurs in it,
               which is no lexical evidence, and ranking it anyway (after all the matches) would still add
               a bonus. Likewise a candidate without a dense score gets no dense term.
@@ -37,7 +37,8 @@ class Bm25Stage:
               minmax(x) = (x - min) / (max - min), and 0.0 for every candidate when max == min (no spread,
               no information); a missing score counts as 0.0 after normalisation.
 
-    Ties in `fused` are broken by chunk_id, so the order is deterministic.
+    Ties in `fused` are broken by doc_id, then chunk_id, so the order is deterministic (and of two
+    identical copies, the document with the smaller id wins).
     """
 
     name = "bm25"
@@ -72,14 +73,14 @@ class Bm25Stage:
         else:
             fused = weighted(kept, self.settings.dense_weight, self.settings.bm25_weight)
         result = [with_score(c, SCORE_FUSED, fused[c.chunk_id]) for c in kept]
-        result.sort(key=lambda c: (-c.scores[SCORE_FUSED], c.chunk_id))
+        result.sort(key=lambda c: (-c.scores[SCORE_FUSED], c.doc_id, c.chunk_id))
         return StageOutcome(kept=result, removed=removed, score_key=SCORE_FUSED)
 
 
 def ranks(candidates: Sequence[Candidate], key: str, positive_only: bool = False) -> dict[str, int]:
-    """1-based rank by `key` descending, ties by chunk_id; candidates without the key (or <= 0) get none."""
+    """1-based rank by `key` descending, ties by doc_id then chunk_id; candidates without the key (or <= 0) get none."""
     present = [c for c in candidates if key in c.scores and (not positive_only or c.scores[key] > 0)]
-    present.sort(key=lambda c: (-c.scores[key], c.chunk_id))
+    present.sort(key=lambda c: (-c.scores[key], c.doc_id, c.chunk_id))
     return {c.chunk_id: i for i, c in enumerate(present, start=1)}
 
 
