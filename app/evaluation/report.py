@@ -320,9 +320,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [
         "## Per-stage filter statistics",
         "",
-        "Removed = candidates the stage dropped over all cases; relevant = how many of those were expected "
-        "(a filter removing relevant documents is a bug to look at). Recall/MRR/nDCG are of the list after "
-        "the stage, cut at K.",
+        "Removed = candidates (chunks) the stage dropped over all cases; removed relevant = expected ids the "
+        "stage made disappear from the list (a filter removing relevant documents is a bug to look at; "
+        "dropping a second chunk of a document that stays is not counted). Recall/MRR/nDCG are of the list "
+        "after the stage, cut at K.",
         "",
         f"| Stage | Removed | Removed relevant | Avg ms | Recall@{k} | MRR@{k} | nDCG@{k} | Note |",
         "|---|---|---|---|---|---|---|---|",

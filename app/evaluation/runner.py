@@ -179,8 +179,12 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
 
     by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
     trace = outcome.trace
+    before = {by_chunk.get(cid, cid) for cid in trace.ranked_after.get("candidates", [])}
     for stage in trace.stages:
-        removed_relevant = sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant)
+        after = {by_chunk.get(cid, cid) for cid in trace.ranked_after.get(stage.name, [])}
+        # a relevant id the stage made disappear; dropping a second chunk of a document that stays is no loss
+        removed_relevant = len((before - after) & relevant)
+        before = after
         item.stage_stats.append(
             {
                 "name": stage.name,
@@ -190,6 +194,7 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
                 "output": stage.output_count,
                 "removed": len(stage.removed),
                 "removedRelevant": removed_relevant,
+                "removedRelevantChunks": sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant),
                 "added": len(stage.added),
                 "latencyMs": stage.latency_ms,
                 "removedItems": [
