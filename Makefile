@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-quality bench-eval clean
+.PHONY: install run test test-unit lint bench-eval clean
 
 install: $(STAMP)
 
@@ -31,11 +31,9 @@ lint: install
 	$(BIN)/ruff check app tests scripts
 	$(BIN)/ruff format --check app tests scripts
 
-bench-quality: install
-	$(BIN)/python scripts/bench_quality.py --out docs/benchmarks.md
-
 bench-eval: install
 	$(BIN)/python scripts/bench_eval.py
 
 clean:
-	rm -rf $(VENV) target/chroma target/retrieval-eval target/models
+	rm -rf $(VENV)
+	find target -mindepth 1 ! -name .gitkeep -prune -exec rm -rf {} +

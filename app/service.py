@@ -49,7 +49,7 @@ class Sieve:
         rag = settings.rag
         t0 = time.perf_counter()
         embedder = load_embedder(rag.models)
-        reranker = load_reranker(rag.chain.rerank) if rag.chain.rerank.enabled else None
+        reranker = load_reranker(rag.chain.rerank, device=rag.models.device) if rag.chain.rerank.enabled else None
         log.info(
             "models loaded in %.1fs: embedder=%s (dim %d), reranker=%s",
             time.perf_counter() - t0,

@@ -115,6 +115,15 @@ class RerankSettings(_Strict):
     max_windows: int = Field(8, ge=1)
     min_score: float | None = None
 
+    @model_validator(mode="after")
+    def _stride_within_window(self) -> RerankSettings:
+        if self.window_stride > self.window_tokens:
+            raise ValueError(
+                f"window_stride ({self.window_stride}) must not exceed window_tokens ({self.window_tokens}): "
+                f"text between windows would never be scored"
+            )
+        return self
+
 
 class DiversitySettings(_Strict):
     enabled: bool = True

@@ -1,0 +1,269 @@
+"""Ingest into a real embedded Chroma: counts, idempotence, replacement, deletions, bad input, stable ids.
+
+The tiny random embedder stands in for e5 (its vectors mean nothing; only the plumbing is under test). Its
+identity is {"name": <its tmp folder>, "dimension": 32, "checksum": <sha256 of its weights>}, so a store
+written here can never be opened with the real e5 by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.ingest.pipeline import Ingestor
+from app.models import load_embedder
+from app.settings import IngestSettings, ModelsSettings, StoreSettings
+from app.store import ChromaStore
+
+pytestmark = pytest.mark.integration
+
+DOC_A = """---
+id: doc-a
+title: Returns handbook
+knowledge: support
+status: active
+---
+
+# Returns handbook
+
+## Refunds
+
+A refund is paid to the card used for the order within 5 days.
+
+## Shipping
+
+Return shipping is free for orders over 50.
+"""
+
+DOC_B = """---
+id: doc-b
+title: Account help
+knowledge: it
+---
+
+## Password
+
+To reset a password, open the account page and ask for a reset email.
+"""
+
+JSONL = [
+    {
+        "id": "j1",
+        "title": "Leave",
+        "text": "Annual leave needs a request to your manager.",
+        "knowledge": "hr",
+    },
+    {
+        "id": "j2",
+        "title": "Invoice",
+        "text": "An invoice is sent by email after payment.",
+        "knowledge": "finance",
+    },
+    {"id": "j3", "title": "Weather", "text": "The weather is not a support topic.", "knowledge": "misc"},
+]
+
+
+class CountingEmbedder:
+    """Wraps an embedder and remembers every passage it was asked to embed."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.embedded: list[str] = []
+
+    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
+        self.embedded.extend(texts)
+        return self.inner.embed_passages(texts, show_progress=show_progress)
+
+
+@pytest.fixture(scope="module")
+def tiny_embedder(tiny_embedder_dir):
+    return load_embedder(ModelsSettings(embedder=str(tiny_embedder_dir)))
+
+
+def write_kb(root: Path) -> Path:
+    kb = root / "kb"
+    (kb / "sub").mkdir(parents=True)
+    (kb / "a.md").write_text(DOC_A, encoding="utf-8")
+    (kb / "sub" / "b.md").write_text(DOC_B, encoding="utf-8")
+    (kb / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in JSONL), encoding="utf-8")
+    return kb
+
+
+class Harness:
+    """A store in `root/chroma-<name>` and an Ingestor over it with a counting embedder."""
+
+    def __init__(self, root: Path, embedder, name: str = "store"):
+        self.store = ChromaStore.open(StoreSettings(path=str(root / f"chroma-{name}")), embedder.identity())
+        self.embedder = CountingEmbedder(embedder)
+        self.ingestor = Ingestor(self.store, self.embedder, IngestSettings(paths=[]))
+
+    def ingest(self, *paths: Path):
+        self.embedder.embedded.clear()
+        return self.ingestor.ingest(list(paths))
+
+    def ids_by_doc(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for chunk in self.store.iter_all(include_text=False):
+            out.setdefault(chunk.metadata["doc_id"], set()).add(chunk.chunk_id)
+        return out
+
+    def close(self) -> None:
+        self.store.close()
+
+
+@pytest.fixture
+def harness(tmp_path, tiny_embedder):
+    opened = Harness(tmp_path, tiny_embedder)
+    yield opened
+    opened.close()
+
+
+def test_tiny_embedder_identity(tiny_embedder, tiny_embedder_dir):
+    identity = tiny_embedder.identity()
+    assert (identity["name"], identity["dimension"]) == (str(tiny_embedder_dir), 32)
+    assert len(identity["checksum"]) == 16 and int(identity["checksum"], 16) >= 0
+
+
+def test_ingest_a_knowledge_base_counts_files_documents_and_chunks(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    report = harness.ingest(kb)
+    assert (
+        report.files,
+        report.documents,
+        report.chunks,
+        report.added,
+        report.unchanged,
+        report.deleted,
+    ) == (
+        3,
+        5,
+        6,  # doc-a has two sections, every other document one
+        6,
+        0,
+        0,
+    )
+    assert report.errors == []
+    assert harness.store.count() == 6
+    assert len(harness.embedder.embedded) == 6
+    per_doc = Counter(c.metadata["doc_id"] for c in harness.store.iter_all(include_text=False))
+    assert per_doc == {"doc-a": 2, "doc-b": 1, "j1": 1, "j2": 1, "j3": 1}
+    shipping = next(c for c in harness.store.iter_all() if "shipping" in c.text)
+    assert shipping.text == "Return shipping is free for orders over 50."
+    assert {k: shipping.metadata[k] for k in ("doc_id", "title", "knowledge", "status", "heading_path")} == {
+        "doc_id": "doc-a",
+        "title": "Returns handbook",
+        "knowledge": "support",
+        "status": "active",
+        "heading_path": "Returns handbook > Shipping",
+    }
+    assert shipping.metadata["origin"] == str(kb / "a.md")
+
+
+def test_reingest_is_idempotent_and_embeds_nothing(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    again = harness.ingest(kb)
+    assert (again.chunks, again.added, again.unchanged, again.deleted) == (6, 0, 6, 0)
+    assert harness.embedder.embedded == []
+    assert harness.ids_by_doc() == before
+
+
+def test_changing_one_document_replaces_only_its_changed_chunks(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    (kb / "a.md").write_text(DOC_A.replace("orders over 50", "orders over 80"), encoding="utf-8")
+
+    report = harness.ingest(kb)
+    after = harness.ids_by_doc()
+    assert (report.added, report.deleted) == (1, 1)
+    assert harness.embedder.embedded == [
+        "Returns handbook › Shipping\n\nReturn shipping is free for orders over 80."
+    ]
+    (old,) = before["doc-a"] - after["doc-a"]
+    (new,) = after["doc-a"] - before["doc-a"]
+    assert harness.store.get([old]) == []
+    assert harness.store.get([new])[0].text == "Return shipping is free for orders over 80."
+    assert len(before["doc-a"] & after["doc-a"]) == 1  # the unchanged Refunds section kept its id
+    assert {d: ids for d, ids in after.items() if d != "doc-a"} == {
+        d: i for d, i in before.items() if d != "doc-a"
+    }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="app/ingest/pipeline.py skips any chunk whose id is stored, and ids cover text, not metadata: "
+    "retiring a document in its front matter leaves status=active in the store (reported with a patch)",
+)
+def test_changing_only_front_matter_updates_the_stored_metadata(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    (kb / "a.md").write_text(DOC_A.replace("status: active", "status: retired"), encoding="utf-8")
+    harness.ingest(kb)
+    statuses = {c.metadata.get("status") for c in harness.store.iter_all() if c.metadata["doc_id"] == "doc-a"}
+    assert statuses == {"retired"}
+
+
+def test_a_line_removed_from_a_jsonl_file_removes_that_document(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    (kb / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in JSONL if r["id"] != "j2"))
+
+    report = harness.ingest(kb)
+    assert (report.documents, report.added, report.deleted) == (4, 0, 1)
+    assert harness.ids_by_doc() == {d: ids for d, ids in before.items() if d != "j2"}
+
+
+def test_a_file_deleted_from_an_ingested_directory_removes_its_chunks(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    (kb / "sub" / "b.md").unlink()
+
+    report = harness.ingest(kb)
+    assert (report.files, report.added, report.deleted) == (2, 0, 1)
+    assert harness.ids_by_doc() == {d: ids for d, ids in before.items() if d != "doc-b"}
+
+
+def test_a_bad_jsonl_line_is_reported_with_file_and_line_and_the_rest_is_ingested(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    lines = [json.dumps(JSONL[0]), '{"id": "j2", "text": broken', json.dumps(JSONL[2])]
+    (kb / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    report = harness.ingest(kb)
+    (error,) = report.errors
+    assert (error.path, error.line) == (str(kb / "docs.jsonl"), 2)
+    assert str(error).startswith(f"{kb / 'docs.jsonl'}:2: invalid JSON")
+    assert set(harness.ids_by_doc()) == {"doc-a", "doc-b", "j1", "j3"}
+
+
+def test_a_bad_line_never_deletes_what_that_document_had_in_the_index(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    lines = [json.dumps(JSONL[0]), '{"id": "j2", "text": broken', json.dumps(JSONL[2])]
+    (kb / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    report = harness.ingest(kb)
+    assert [(e.line, e.message.split(":")[0]) for e in report.errors] == [(2, "invalid JSON")]
+    assert (report.added, report.deleted) == (0, 0)
+    assert harness.ids_by_doc() == before  # j2 keeps its chunk until its line is fixed or removed
+
+
+def test_chunk_ids_are_the_same_in_two_fresh_stores(tmp_path, tiny_embedder):
+    kb = write_kb(tmp_path)
+    first, second = Harness(tmp_path, tiny_embedder, "one"), Harness(tmp_path, tiny_embedder, "two")
+    try:
+        first.ingest(kb)
+        second.ingest(kb)
+        assert first.ids_by_doc() == second.ids_by_doc()
+        assert sum(len(ids) for ids in first.ids_by_doc().values()) == 6
+    finally:
+        first.close()
+        second.close()
