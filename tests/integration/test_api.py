@@ -1,0 +1,423 @@
+"""The HTTP API in-process (FastAPI TestClient) over a real Sieve: the packaged e5 embedder and an embedded
+Chroma holding the sample knowledge base. The Sieve is built once for the module; each test makes its own app
+around it with `create_app(settings, start=...)`, so startup costs nothing and settings can differ per test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.ingest.types import Document
+from app.main import AppState, create_app
+from app.service import Sieve
+from app.settings import Settings, load_settings, merge, nested
+from app.store import ChromaStore
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS_CACHE = REPO / "target" / "models"
+GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
+ADMIN_TOKEN = "s3cret-admin-token"
+MAX_QUERY_CHARS = 200
+STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
+READY_TIMEOUT_S = 30.0
+
+
+# -- the seeded store (same helper in tests/integration/test_cli.py and tests/e2e/test_serve_e2e.py) -------
+
+SEED_INPUTS = ("golden_set/knowledge-base", "config/application.yml", "app/ingest", "app/store", "app/models")
+
+
+def seeded_store(dest: Path) -> Path:
+    """`dest` becomes a copy of an embedded store holding the ingested sample base.
+
+    Ingesting embeds ~200 chunks (tens of seconds on 2 busy cores), so it happens once per version of its
+    inputs into `target/test-stores/<hash>` (like the converted models in target/models); the copy gives
+    each user its own store path. A stale cache could only cost time: ingest is incremental by content.
+    """
+    digest = hashlib.sha256()
+    for rel in SEED_INPUTS:
+        root = REPO / rel
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    cache = REPO / "target" / "test-stores" / digest.hexdigest()[:16]
+    if not cache.exists():
+        building = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        shutil.rmtree(building, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
+        env |= {"RAG__STORE__PATH": str(building), "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE)}
+        sieve_bin = Path(sys.executable).with_name("sieve")
+        done = subprocess.run(
+            [str(sieve_bin), "ingest", "golden_set/knowledge-base"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        try:
+            building.rename(cache)
+        except OSError:  # a concurrent run renamed its copy first; theirs is as good
+            shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(cache, dest)
+    return dest
+
+
+# -- fixtures ----------------------------------------------------------------------------------------------
+
+
+def make_settings(store_path: Path, output_dir: Path, *overrides: dict[str, Any]) -> Settings:
+    return load_settings(
+        merge(
+            nested("rag.store.path", str(store_path)),
+            nested("rag.models.cache_dir", str(MODELS_CACHE)),
+            nested("rag.ingest.paths", [str(REPO / "golden_set" / "knowledge-base")]),
+            nested("rag.evaluate.resource_location", str(GOLDEN_SET)),
+            nested("rag.evaluate.output_dir", str(output_dir)),
+            nested("rag.retrieval.max_query_chars", MAX_QUERY_CHARS),
+            *overrides,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def sieve(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterator[Sieve]:
+    base = tmp_path_factory.mktemp("api")
+    store_path = seeded_store(base / "store")
+    settings = make_settings(store_path, base / "unused-eval")
+    store = ChromaStore.open(settings.rag.store, real_embedder.identity())
+    built = Sieve(settings, real_embedder, store, reranker=None)
+    assert built.store.count() > 0
+    yield built
+    built.close()
+
+
+def installs(sieve: Sieve) -> Callable[[AppState], None]:
+    """A startup sequence that hands the app the module's ready-made Sieve."""
+
+    def start(state: AppState) -> None:
+        state.sieve = sieve
+        state.phase = "ready"
+        state.ready = True
+
+    return start
+
+
+def wait_ready(client: TestClient) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if client.get("/ready").status_code == 200:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"/ready still answers {client.get('/ready').json()} after {READY_TIMEOUT_S}s")
+
+
+@contextmanager
+def serving(settings: Settings, start: Callable[[AppState], None]) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, start=start)) as client:
+        wait_ready(client)
+        yield client
+
+
+@pytest.fixture
+def app_settings(sieve: Sieve, tmp_path: Path) -> Settings:
+    """The Sieve's settings with this test's own report folder and an admin token."""
+    return make_settings(
+        Path(sieve.settings.rag.store.path), tmp_path / "eval", nested("rag.server.admin_token", ADMIN_TOKEN)
+    )
+
+
+@pytest.fixture
+def client(sieve: Sieve, app_settings: Settings) -> Iterator[TestClient]:
+    with serving(app_settings, installs(sieve)) as c:
+        yield c
+
+
+def retrieve(client: TestClient, **body: Any) -> httpx.Response:
+    return client.post("/api/retrieve", json=body)
+
+
+# -- health and readiness ----------------------------------------------------------------------------------
+
+
+def test_ready_is_503_with_the_phase_while_starting_then_200(sieve: Sieve, app_settings: Settings) -> None:
+    release = threading.Event()
+
+    def slow_start(state: AppState) -> None:
+        state.phase = "loading models and opening the store"
+        if not release.wait(timeout=READY_TIMEOUT_S):
+            raise TimeoutError("the test never released startup")
+        installs(sieve)(state)
+
+    with TestClient(create_app(app_settings, start=slow_start)) as client:
+        try:
+            assert client.get("/health").status_code == 200
+            starting = client.get("/ready")
+            assert starting.status_code == 503
+            assert starting.json() == {"status": "starting", "reason": "loading models and opening the store"}
+            not_yet = retrieve(client, query="工资什么时候发")
+            assert not_yet.status_code == 503
+            assert "not ready: loading models" in not_yet.json()["error"]
+        finally:
+            release.set()
+        wait_ready(client)
+        assert client.get("/ready").json() == {"status": "ready"}
+        assert client.get("/health").json() == {"status": "alive"}
+
+
+def test_failed_startup_keeps_health_alive_and_ready_names_the_error(app_settings: Settings) -> None:
+    def broken_start(state: AppState) -> None:
+        raise RuntimeError("the index exploded")
+
+    with TestClient(create_app(app_settings, start=broken_start)) as client:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while client.get("/ready").json()["status"] != "failed" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        failed = client.get("/ready")
+        assert failed.status_code == 503
+        assert failed.json() == {"status": "failed", "reason": "RuntimeError: the index exploded"}
+        assert client.get("/health").status_code == 200
+
+
+# -- retrieval ---------------------------------------------------------------------------------------------
+
+
+def test_retrieve_puts_the_payroll_policy_first_and_reports_every_stage(client: TestClient) -> None:
+    response = retrieve(client, query="工资什么时候发")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["query"] == "工资什么时候发"
+    docs = body["documents"]
+    assert docs[0]["docId"] == "hr-payroll-zh"
+    assert docs[0]["rank"] == 1
+    assert [d["rank"] for d in docs] == list(range(1, len(docs) + 1))
+    assert 1 <= len(docs) <= 5  # rag.retrieval.top_k
+    assert all(isinstance(d["scores"]["dense"], float) for d in docs)
+    assert [s["name"] for s in body["stages"]] == STAGE_NAMES
+    for stage in body["stages"]:
+        assert {"inputCount", "outputCount", "removed", "latencyMs"} <= stage.keys()
+        assert stage["removedItems"] is None  # only with debug
+        if not stage["skipped"]:
+            assert stage["outputCount"] == stage["inputCount"] - stage["removed"] + stage["added"]
+    assert body["stages"][0]["inputCount"] == body["originalCount"]
+    assert body["finalCount"] == len(docs)
+    assert isinstance(body["fallbackUsed"], bool)
+    assert body["latencyMs"] > 0
+    assert sum(body["candidateOrigins"].values()) == body["originalCount"]
+
+
+def test_top_k_limits_the_documents(client: TestClient) -> None:
+    body = retrieve(client, query="When is salary paid?", topK=2).json()
+    assert body["finalCount"] == len(body["documents"]) == 2
+    assert "hr-payroll-en" in [d["docId"] for d in body["documents"]]
+
+
+def test_debug_lists_removed_items_with_reasons(client: TestClient) -> None:
+    body = retrieve(client, query="出差每天的餐补是多少", debug=True).json()
+    hard_filter = next(s for s in body["stages"] if s["name"] == "hard_filter")
+    removed = hard_filter["removedItems"]
+    assert len(removed) == hard_filter["removed"] > 0
+    assert {"docId": "travel-expense-2022", "reason": "status=retired"} in [
+        {"docId": r["docId"], "reason": r["reason"]} for r in removed
+    ]
+    assert all(r["chunkId"] and r["reason"] for s in body["stages"] for r in s["removedItems"])
+    assert "travel-expense-2022" not in [d["docId"] for d in body["documents"]]
+
+
+def test_unknown_knowledge_tag_returns_no_documents(client: TestClient) -> None:
+    response = retrieve(client, query="工资什么时候发", knowledgeTag="no-such-tag")
+    assert response.status_code == 200
+    assert response.json()["documents"] == []
+    assert response.json()["finalCount"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"query": "   "}, "query", "must not be blank"),
+        ({"topK": 3}, "query", "Field required"),
+        ({"query": "工资", "topK": 0}, "topK", "greater than or equal to 1"),
+        ({"query": "工资", "topK": 101}, "topK", "less than or equal to 100"),
+        ({"query": "工资", "topK": "abc"}, "topK", "valid integer"),
+        ({"query": "工资", "top_k": 3}, "top_k", "Extra inputs are not permitted"),
+        ({"query": "x" * (MAX_QUERY_CHARS + 1)}, "query", f"max_query_chars={MAX_QUERY_CHARS}"),
+    ],
+    ids=["blank-query", "missing-query", "topK-0", "topK-101", "topK-abc", "unknown-field", "oversized-query"],
+)
+def test_bad_retrieve_requests_get_422_naming_the_field(
+    client: TestClient, body: dict[str, Any], field: str, message: str
+) -> None:
+    response = retrieve(client, **body)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error.startswith(f"{field}: ")
+    assert message in error
+
+
+def test_malformed_json_gets_422_saying_so(client: TestClient) -> None:
+    response = client.post(
+        "/api/retrieve", content='{"query": "工资'.encode(), headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"].startswith("body: malformed JSON")
+
+
+def test_a_query_of_exactly_max_query_chars_is_accepted(client: TestClient) -> None:
+    assert retrieve(client, query="x" * MAX_QUERY_CHARS).status_code == 200
+
+
+# -- ingest over HTTP --------------------------------------------------------------------------------------
+
+
+def test_added_document_is_retrievable(client: TestClient) -> None:
+    document = {
+        "id": "api-test-unicorn-allowance",
+        "title": "Unicorn grooming allowance",
+        "text": "Every employee who keeps a unicorn receives a grooming allowance of 42 credits per month.",
+        "knowledge": "api-test",
+        "owner": "facilities",
+    }
+    added = client.post("/api/documents", json={"documents": [document]})
+    assert added.status_code == 200
+    assert added.json() == {"documents": 1, "chunks": 1, "added": 1, "unchanged": 0, "deleted": 0, "errors": []}
+
+    body = retrieve(client, query="How much is the unicorn grooming allowance?", knowledgeTag="api-test").json()
+    assert [d["docId"] for d in body["documents"]] == ["api-test-unicorn-allowance"]
+    assert body["documents"][0]["knowledgeTag"] == "api-test"
+
+    again = client.post("/api/documents", json={"documents": [document]})
+    assert again.json()["added"] == 0 and again.json()["unchanged"] == 1
+
+
+def test_nested_document_metadata_is_422_naming_the_field(client: TestClient) -> None:
+    response = client.post(
+        "/api/documents", json={"documents": [{"id": "bad-doc", "text": "text", "owner": {"team": "hr"}}]}
+    )
+    assert response.status_code == 422
+    assert response.json()["field"] == "documents.0.owner"
+    assert "'owner' must be a scalar" in response.json()["error"]
+
+
+# -- evaluations over HTTP ---------------------------------------------------------------------------------
+
+
+def test_latest_evaluation_is_404_before_any_run(client: TestClient, app_settings: Settings) -> None:
+    response = client.get("/api/evaluations/latest")
+    assert response.status_code == 404
+    assert "no evaluation report yet" in response.json()["error"]
+
+
+def test_evaluations_are_403_without_a_configured_admin_token(sieve: Sieve, tmp_path: Path) -> None:
+    settings = make_settings(Path(sieve.settings.rag.store.path), tmp_path / "eval")
+    assert settings.rag.server.admin_token is None
+    with serving(settings, installs(sieve)) as client:
+        response = client.post("/api/evaluations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 403
+    assert "rag.server.admin_token" in response.json()["error"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Admin-Token": "wrong"}])
+def test_evaluations_are_401_with_a_missing_or_wrong_token(client: TestClient, headers: dict[str, str]) -> None:
+    response = client.post("/api/evaluations", headers=headers)
+    assert response.status_code == 401
+    assert response.json() == {"error": "missing or wrong admin token"}
+
+
+def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
+    client: TestClient, app_settings: Settings
+) -> None:
+    response = client.post("/api/evaluations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200
+    report = response.json()
+    assert report["schemaVersion"] == 1
+    assert report["status"] == "ok"
+    cases_in_file = len(json.loads(GOLDEN_SET.read_text(encoding="utf-8"))["cases"])
+    assert report["summary"]["cases"] == len(report["cases"]) == cases_in_file
+    assert report["summary"]["failed"] == 0
+    assert [s["name"] for s in report["stages"]] == ["candidates", *STAGE_NAMES]
+    payroll = next(c for c in report["cases"] if c["query"] == "工资什么时候发")
+    assert payroll["rankedDocuments"][0]["docId"] == "hr-payroll-zh"
+
+    latest = client.get("/api/evaluations/latest")
+    assert latest.status_code == 200
+    assert latest.json() == report
+    assert (Path(app_settings.rag.evaluate.output_dir) / "retrieval-eval-latest.md").exists()
+
+
+# -- the store goes away -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def chroma_run(data: Path, port: int) -> Iterator[subprocess.Popen]:
+    """A `chroma run` of our own: the test stops it, so it cannot be the shared session server."""
+    chroma = Path(sys.executable).with_name("chroma")
+    log_path = data / "chroma.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(chroma), "run", "--path", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"chroma run did not come up:\n{log_path.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield proc
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_unreachable_store_answers_503_with_a_clear_message(
+    real_embedder, tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    port = free_port()
+    settings = make_settings(
+        tmp_path / "unused-store",
+        tmp_path / "eval",
+        {"rag": {"store": {"mode": "http", "host": "127.0.0.1", "port": port, "collection": "api-unreachable"}}},
+    )
+    with chroma_run(tmp_path, port) as server:
+        store = ChromaStore.open(settings.rag.store, real_embedder.identity())
+        http_sieve = Sieve(settings, real_embedder, store, reranker=None)
+        http_sieve.ingest_documents(
+            [Document(doc_id="wifi-guest", title="Guest Wi-Fi", text="The guest Wi-Fi password is on the badge.")]
+        )
+        with serving(settings, installs(http_sieve)) as client:
+            assert retrieve(client, query="guest wifi password").json()["documents"][0]["docId"] == "wifi-guest"
+            stop(server)
+            response = retrieve(client, query="guest wifi password")
+            assert response.status_code == 503
+            error = response.json()["error"]
+            assert error.startswith(f"vector store unavailable: Chroma server at http://127.0.0.1:{port}")
+            assert "Traceback" not in response.text
+            assert client.get("/health").status_code == 200
