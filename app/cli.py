@@ -157,7 +157,7 @@ def _query(args: argparse.Namespace) -> int:
     if not text.strip():
         print("error: query must not be blank", file=sys.stderr)
         return EXIT_INPUT
-    top_k = args.top_k or settings.rag.retrieval.top_k
+    top_k = settings.rag.retrieval.top_k if args.top_k is None else args.top_k
     if not 1 <= top_k <= 100:
         print(f"error: --top-k must be between 1 and 100, got {top_k}", file=sys.stderr)
         return EXIT_INPUT

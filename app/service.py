@@ -69,13 +69,13 @@ class Sieve:
 
     def ingest(self, paths: Sequence[str | Path], progress: bool = False) -> IngestReport:
         report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest(paths, progress)
-        if report.added or report.deleted:
+        if report.added or report.updated or report.deleted:
             self.refresh_index()
         return report
 
     def ingest_documents(self, documents: Sequence[Document]) -> IngestReport:
         report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest_documents(documents)
-        if report.added or report.deleted:
+        if report.added or report.updated or report.deleted:
             self.refresh_index()
         return report
 

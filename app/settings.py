@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_CONFIG_PATH = Path("config/application.yml")
@@ -28,6 +36,16 @@ class SettingsError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_section_means_defaults(cls, value: Any, info: ValidationInfo) -> Any:
+        # An empty YAML section (`rerank:` with everything commented out) parses as None.
+        if value is None and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                return {}
+        return value
 
 
 class ModelsSettings(_Strict):
@@ -187,12 +205,6 @@ class RagSettings(_Strict):
     evaluate: EvaluateSettings = EvaluateSettings()
     server: ServerSettings = ServerSettings()
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _none_means_defaults(cls, value: Any) -> Any:
-        # An empty YAML section (`rerank:` with everything commented out) parses as None.
-        return {} if value is None else value
-
 
 class _YamlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None):
@@ -273,12 +285,14 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
 
 
 def _origin_of(loc: tuple[Any, ...], yaml_data: dict[str, Any], path: Path | None) -> str:
+    """Which source the bad key most likely came from: the environment wins over YAML, as in loading."""
+    env = "__".join(str(p).upper() for p in loc)
+    if any(name.upper() == env for name in os.environ):
+        return f"environment variable {env}"
     node: Any = yaml_data
     for part in loc:
         if not isinstance(node, dict) or part not in node:
-            env = "__".join(str(p).upper() for p in loc)
-            return f"environment variable {env} or a command-line flag" if env in os.environ or not path \
-                else f"{path} (or environment variable {env})"
+            return "a command-line flag" if path is None else f"{path} (or a command-line flag)"
         node = node[part]
     return str(path)
 

@@ -39,6 +39,7 @@ class IngestReport:
     documents: int = 0
     chunks: int = 0
     added: int = 0
+    updated: int = 0  # metadata rewritten, text and vector unchanged
     unchanged: int = 0
     deleted: int = 0
     errors: list[LoadError] = field(default_factory=list)
@@ -47,7 +48,7 @@ class IngestReport:
     def summary(self) -> str:
         return (
             f"ingested files={self.files} documents={self.documents} chunks={self.chunks} "
-            f"added={self.added} unchanged={self.unchanged} deleted={self.deleted} "
+            f"added={self.added} updated={self.updated} unchanged={self.unchanged} deleted={self.deleted} "
             f"errors={len(self.errors)} in {self.seconds:.1f}s"
         )
 
@@ -88,6 +89,15 @@ class Ingestor:
         existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
         new_ids = {c.chunk_id for c in chunks}
         fresh = [c for c in chunks if c.chunk_id not in existing]
+        # Ids cover the text, not the metadata: a document retired in its front matter keeps its chunk ids,
+        # so its stored metadata is rewritten in place (no re-embedding).
+        retagged = [
+            (c.chunk_id, meta)
+            for c in chunks
+            if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
+        ]
+        if retagged:
+            self.store.update_metadata([cid for cid, _ in retagged], [meta for _, meta in retagged])
         if fresh:
             texts = [embedding_text(c, titles[c.doc_id]) for c in fresh]
             show = progress and len(fresh) >= PROGRESS_THRESHOLD
@@ -105,7 +115,8 @@ class Ingestor:
             documents=len(documents),
             chunks=len(chunks),
             added=len(fresh),
-            unchanged=len(chunks) - len(fresh),
+            unchanged=len(chunks) - len(fresh) - len(retagged),
+            updated=len(retagged),
             deleted=len(stale),
             errors=list(errors),
             seconds=time.perf_counter() - start,

@@ -197,6 +197,16 @@ class ChromaStore:
                 metadatas=[c.metadata or None for c in part],
             )
 
+    def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
+        """Replace the metadata of stored chunks (their text and vectors stay)."""
+        batch = self._max_batch()
+        for start in range(0, len(ids), batch):
+            self._call(
+                self._collection.update,
+                ids=list(ids[start : start + batch]),
+                metadatas=list(metadatas[start : start + batch]),
+            )
+
     def delete(self, ids: Sequence[str]) -> None:
         batch = self._max_batch()
         for start in range(0, len(ids), batch):

@@ -195,11 +195,6 @@ def test_changing_one_document_replaces_only_its_changed_chunks(tmp_path, harnes
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/ingest/pipeline.py skips any chunk whose id is stored, and ids cover text, not metadata: "
-    "retiring a document in its front matter leaves status=active in the store (reported with a patch)",
-)
 def test_changing_only_front_matter_updates_the_stored_metadata(tmp_path, harness):
     kb = write_kb(tmp_path)
     harness.ingest(kb)

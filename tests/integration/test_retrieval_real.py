@@ -123,3 +123,20 @@ def test_a_high_threshold_with_fallback_refills_and_says_so(sieve):
     assert [d.chunk_id for d in result.documents] == fallback.added
     assert result.documents[0].doc_id == "hr-payroll-zh"  # the best raw candidate by dense score
     assert "travel-expense-2022" not in doc_ids(result)  # never refilled from what hard_filter removed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fallback bars only what hard_filter removed; when similarity_threshold removed the retired "
+    "chunks first, hard_filter never saw them and fallback refills them (reported with a patch)",
+)
+def test_fallback_never_refills_a_retired_document(sieve):
+    refilled = variant(
+        sieve,
+        nested("rag.chain.similarity_threshold.min_dense", 0.99),
+        nested("rag.chain.fallback.min_results", 3),
+    )
+    result = refilled.retrieve("国内差旅费用标准（2022版）住宿标准")
+    assert result.fallback_used is True
+    assert "travel-expense-2022" in {c.doc_id for c in result.raw_candidates}
+    assert "travel-expense-2022" not in doc_ids(result)

@@ -104,11 +104,6 @@ def test_wrong_type_from_env_names_the_key(tmp_path, monkeypatch):
     assert "RAG__SERVER__PORT" in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/settings.py _origin_of blames the YAML file whenever the key also appears there, even "
-    "when the bad value came from the environment (reported to the lead with a patch)",
-)
 def test_wrong_type_from_env_is_blamed_on_env_even_when_yaml_sets_the_key(tmp_path, monkeypatch):
     path = write_config(tmp_path, monkeypatch, "rag:\n  server:\n    port: 8000\n")
     monkeypatch.setenv("RAG__SERVER__PORT", "eighty")
@@ -144,11 +139,6 @@ def test_an_empty_top_level_yaml_section_means_defaults(tmp_path, monkeypatch):
     assert load_settings().rag == RagSettings()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/settings.py: only RagSettings maps an empty section (None) to defaults, so a nested one "
-    "such as `rerank:` is rejected although the comment there promises it (reported with a patch)",
-)
 def test_an_empty_nested_yaml_section_means_defaults(tmp_path, monkeypatch):
     write_config(tmp_path, monkeypatch, "rag:\n  chain:\n    rerank:\n")
     assert load_settings().rag.chain.rerank == RagSettings().chain.rerank
