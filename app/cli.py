@@ -51,20 +51,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sieve", description="RAG retrieval that grades itself.")
-    parser.add_argument("--config", help="YAML settings file (default: $SIEVE_CONFIG or config/application.yml)")
+    parser.add_argument(
+        "--config", help="YAML settings file (default: $SIEVE_CONFIG or config/application.yml)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="serve the HTTP API (ingests and evaluates at startup as configured)")
-    serve.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
-                       help="run the startup evaluation (rag.evaluate.enabled)")
+    serve = sub.add_parser(
+        "serve", help="serve the HTTP API (ingests and evaluates at startup as configured)"
+    )
+    serve.add_argument(
+        "--evaluate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the startup evaluation (rag.evaluate.enabled)",
+    )
     serve.add_argument("--host", help="rag.server.host")
     serve.add_argument("--port", type=int, help="rag.server.port")
     serve.set_defaults(func=_serve)
 
-    ingest = sub.add_parser("ingest", help="ingest files or directories (Markdown, text, JSONL, BEIR corpus.jsonl)")
+    ingest = sub.add_parser(
+        "ingest", help="ingest files or directories (Markdown, text, JSONL, BEIR corpus.jsonl)"
+    )
     ingest.add_argument("paths", nargs="+")
-    ingest.add_argument("--rebuild", action="store_true", help="drop the collection first (e.g. a new embedder)")
+    ingest.add_argument(
+        "--rebuild", action="store_true", help="drop the collection first (e.g. a new embedder)"
+    )
     ingest.set_defaults(func=_ingest)
 
     query = sub.add_parser("query", help="retrieve through the chain and show what each stage did")
@@ -183,7 +195,8 @@ def render_result(r) -> str:
         f"{r.finalCount} of {r.originalCount} candidates ({origins}); fallback used: "
         f"{'yes' if r.fallbackUsed else 'no'}; {r.latencyMs:.0f} ms",
         "",
-        f"{'#':>2}  {'docId':<24} {'source':<16} {'dense':>6} {'bm25':>7} {'fused':>7} {'rerank':>7}  title / text",
+        f"{'#':>2}  {'docId':<24} {'source':<16} {'dense':>6} {'bm25':>7} {'fused':>7} {'rerank':>7}"
+        "  title / text",
     ]
     for d in r.documents:
         s = d.scores

@@ -51,7 +51,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker = threading.Thread(
-            target=_startup, args=(state, start or startup_sequence, on_fatal), name="sieve-startup", daemon=True
+            target=_startup,
+            args=(state, start or startup_sequence, on_fatal),
+            name="sieve-startup",
+            daemon=True,
         )
         worker.start()
         yield
@@ -71,7 +74,9 @@ def create_app(
     return app
 
 
-def _startup(state: AppState, sequence: Callable[[AppState], None], on_fatal: Callable[[int], None] | None) -> None:
+def _startup(
+    state: AppState, sequence: Callable[[AppState], None], on_fatal: Callable[[int], None] | None
+) -> None:
     try:
         sequence(state)
     except Exception as exc:

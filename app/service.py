@@ -49,7 +49,9 @@ class Sieve:
         rag = settings.rag
         t0 = time.perf_counter()
         embedder = load_embedder(rag.models)
-        reranker = load_reranker(rag.chain.rerank, device=rag.models.device) if rag.chain.rerank.enabled else None
+        reranker = (
+            load_reranker(rag.chain.rerank, device=rag.models.device) if rag.chain.rerank.enabled else None
+        )
         log.info(
             "models loaded in %.1fs: embedder=%s (dim %d), reranker=%s",
             time.perf_counter() - t0,
@@ -93,14 +95,18 @@ class Sieve:
 
     # -- retrieval ---------------------------------------------------------------------------------
 
-    def retrieve(self, query: str, top_k: int | None = None, knowledge_tag: str | None = None) -> RetrievalResult:
+    def retrieve(
+        self, query: str, top_k: int | None = None, knowledge_tag: str | None = None
+    ) -> RetrievalResult:
         return self.chain.retrieve(query, top_k or self.settings.rag.retrieval.top_k, knowledge_tag)
 
     def _build_chain(self) -> RetrievalChain:
         rag = self.settings.rag
         chain = rag.chain
         stages = [
-            ChainStage(SimilarityThresholdStage(chain.similarity_threshold), chain.similarity_threshold.enabled),
+            ChainStage(
+                SimilarityThresholdStage(chain.similarity_threshold), chain.similarity_threshold.enabled
+            ),
             ChainStage(HardFilterStage(chain.hard_filter), chain.hard_filter.enabled),
             ChainStage(Bm25Stage(chain.bm25, self.lexical), chain.bm25.enabled),
             ChainStage(RerankStage(chain.rerank, self.reranker), chain.rerank.enabled),

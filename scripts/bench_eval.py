@@ -39,7 +39,7 @@ def main() -> None:
     try:
         sieve.ingest(settings.rag.ingest.paths)
         golden = load_golden_set(args.golden_set)
-        known = KnownIds.from_metadata((c.chunk_id, c.metadata) for c in sieve.store.iter_all(include_text=False))
+        known = KnownIds.from_store(sieve.store)
         k = settings.rag.evaluate.top_k
         n = len(golden.cases)
         sieve.retrieve("warm-up query", k)  # first call pays one-off initialisation (jieba, torch kernels)
@@ -62,7 +62,9 @@ def main() -> None:
     def per_case_ms(values: list[float]) -> float:
         return statistics.median(values) / n * 1000
 
-    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
+    print(
+        f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}"
+    )
     print(f"cases: {n}, K={k}, repeats: {args.repeat} (medians shown), embedder: {sieve.embedder.name}")
     print(f"{'':<34}{'wall ms/case':>14}{'model ms/case':>15}{'model share':>13}")
     for label, wall, model in (

@@ -12,7 +12,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from app.api.deps import require_sieve, sieve_state
-from app.api.schemas import DocumentsRequest, IngestResponse, RetrieveRequest, RetrieveResponse, retrieve_response
+from app.api.schemas import (
+    DocumentsRequest,
+    IngestResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    retrieve_response,
+)
 from app.ingest.types import Document
 from app.store import StoreUnavailableError
 
@@ -39,7 +45,10 @@ def ready(request: Request) -> JSONResponse:
     state = sieve_state(request)
     if state.ready:
         return JSONResponse({"status": "ready"})
-    body: dict[str, Any] = {"status": "failed" if state.error else "starting", "reason": state.error or state.phase}
+    body: dict[str, Any] = {
+        "status": "failed" if state.error else "starting",
+        "reason": state.error or state.phase,
+    }
     if state.evaluation_progress:
         body["evaluationProgress"] = state.evaluation_progress
     return JSONResponse(body, status_code=503)
@@ -70,10 +79,15 @@ def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
         extra = dict(item.model_extra or {})
         bad = [k for k, v in extra.items() if isinstance(v, dict | list)]
         if bad:
-            raise ApiError(422, f"documents[{i}] (id {item.id}): metadata field {bad[0]!r} must be a scalar",
-                           field=f"documents.{i}.{bad[0]}")
+            raise ApiError(
+                422,
+                f"documents[{i}] (id {item.id}): metadata field {bad[0]!r} must be a scalar",
+                field=f"documents.{i}.{bad[0]}",
+            )
         if not item.text.strip():
-            raise ApiError(422, f"documents[{i}] (id {item.id}): text must not be blank", field=f"documents.{i}.text")
+            raise ApiError(
+                422, f"documents[{i}] (id {item.id}): text must not be blank", field=f"documents.{i}.text"
+            )
         docs.append(Document(doc_id=item.id, text=item.text, title=item.title, metadata=extra, origin="api"))
     with state.write_lock:
         report = sieve.ingest_documents(docs)
@@ -94,8 +108,11 @@ def latest_evaluation(request: Request) -> JSONResponse:
     state = sieve_state(request)
     path = latest_report_path(state.settings.rag.evaluate)
     if not path.exists():
-        raise ApiError(404, f"no evaluation report yet ({path} does not exist); run one with POST /api/evaluations "
-                            f"or start with rag.evaluate.enabled=true")
+        raise ApiError(
+            404,
+            f"no evaluation report yet ({path} does not exist); run one with POST /api/evaluations "
+            f"or start with rag.evaluate.enabled=true",
+        )
     return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
 
 

@@ -1,4 +1,7 @@
-"""Request and response shapes of the HTTP API (camelCase on the wire). The CLI's `--json` prints these too."""
+"""Request and response shapes of the HTTP API (camelCase on the wire).
+
+The CLI's `--json` prints these too.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ class RetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(..., description="the question; not blank, at most rag.retrieval.max_query_chars")
-    topK: int | None = Field(None, ge=1, le=100, description="how many documents; default rag.retrieval.top_k")
+    topK: int | None = Field(
+        None, ge=1, le=100, description="how many documents; default rag.retrieval.top_k"
+    )
     knowledgeTag: str | None = Field(None, description="only chunks with this `knowledge` metadata")
     debug: bool = Field(False, description="add every removed id with its reason to each stage")
 
@@ -132,7 +137,9 @@ def retrieve_response(result: RetrievalResult, debug: bool = False) -> RetrieveR
                 latencyMs=round(s.latency_ms, 3),
                 scoreKey=s.score_key,
                 skipped=s.skipped,
-                removedItems=[RemovedItem(chunkId=r.chunk_id, docId=r.doc_id, reason=r.reason) for r in s.removed]
+                removedItems=[
+                    RemovedItem(chunkId=r.chunk_id, docId=r.doc_id, reason=r.reason) for r in s.removed
+                ]
                 if debug
                 else None,
             )

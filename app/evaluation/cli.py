@@ -34,10 +34,14 @@ def add_eval_commands(sub: Any) -> None:
     ev.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
     for name, flag in _THRESHOLD_FLAGS.items():
         ev.add_argument(flag, type=float, dest=name, help=f"gate: rag.evaluate.thresholds.{name}")
-    ev.add_argument("--beir", metavar="DIR", help="evaluate a BEIR directory (corpus.jsonl, queries.jsonl, qrels/)")
+    ev.add_argument(
+        "--beir", metavar="DIR", help="evaluate a BEIR directory (corpus.jsonl, queries.jsonl, qrels/)"
+    )
     ev.add_argument("--split", default="test", help="BEIR qrels split (default test)")
     ev.add_argument("--collection", help="collection for the BEIR corpus (default beir-<dir name>)")
-    ev.add_argument("--export-trec", metavar="DIR", help="also write run.trec and qrels.trec for trec_eval/ranx")
+    ev.add_argument(
+        "--export-trec", metavar="DIR", help="also write run.trec and qrels.trec for trec_eval/ranx"
+    )
     ev.set_defaults(func=eval_command)
 
     te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
@@ -52,8 +56,8 @@ def add_eval_commands(sub: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     from app.cli import open_sieve
-    from app.evaluation.startup import finish_evaluation, run_description
     from app.evaluation.runner import KnownIds, evaluate
+    from app.evaluation.startup import finish_evaluation, run_description
 
     overrides: list[dict[str, Any]] = []
     if args.top_k is not None:
@@ -87,7 +91,7 @@ def eval_command(args: argparse.Namespace) -> int:
                 return EXIT_INPUT
         elif settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        known = KnownIds.from_metadata((c.chunk_id, c.metadata) for c in sieve.store.iter_all(include_text=False))
+        known = KnownIds.from_store(sieve.store)
         evaluation = evaluate(sieve.chain, golden, settings.rag.evaluate.top_k, known)
         outcome = finish_evaluation(evaluation, settings.rag.evaluate, run_description(sieve))
     finally:
@@ -113,7 +117,9 @@ def load_beir_cases(directory: Path, split: str) -> GoldenSet:
     qrels_path = directory / "qrels" / f"{split}.tsv"
     for required in (directory / "corpus.jsonl", queries_path, qrels_path):
         if not required.exists():
-            raise FileNotFoundError(f"{required}: missing (a BEIR directory has corpus.jsonl, queries.jsonl, qrels/)")
+            raise FileNotFoundError(
+                f"{required}: missing (a BEIR directory has corpus.jsonl, queries.jsonl, qrels/)"
+            )
     qrels: dict[str, dict[str, float]] = {}
     for number, line in enumerate(qrels_path.read_text(encoding="utf-8").splitlines(), start=1):
         fields = line.split("\t")
@@ -122,11 +128,15 @@ def load_beir_cases(directory: Path, split: str) -> GoldenSet:
         if not line.strip():
             continue
         if len(fields) != 3:
-            raise GoldenSetError(str(qrels_path), [f"{qrels_path}:{number}: expected 'query-id<TAB>corpus-id<TAB>score'"])
+            raise GoldenSetError(
+                str(qrels_path), [f"{qrels_path}:{number}: expected 'query-id<TAB>corpus-id<TAB>score'"]
+            )
         try:
             grade = float(fields[2])
         except ValueError:
-            raise GoldenSetError(str(qrels_path), [f"{qrels_path}:{number}: score {fields[2]!r} is not a number"]) from None
+            raise GoldenSetError(
+                str(qrels_path), [f"{qrels_path}:{number}: score {fields[2]!r} is not a number"]
+            ) from None
         qrels.setdefault(fields[0], {})[fields[1]] = grade
     texts: dict[str, str] = {}
     for number, line in enumerate(queries_path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -140,12 +150,16 @@ def load_beir_cases(directory: Path, split: str) -> GoldenSet:
     cases = []
     for qid in sorted(qrels, key=_natural):
         if qid not in texts:
-            raise GoldenSetError(str(qrels_path), [f"{qrels_path}: query {qid!r} has no text in {queries_path}"])
+            raise GoldenSetError(
+                str(qrels_path), [f"{qrels_path}: query {qid!r} has no text in {queries_path}"]
+            )
         relevance = {doc: grade for doc, grade in qrels[qid].items()}
         if not any(g > 0 for g in relevance.values()):
             continue
         cases.append(GoldenCase.model_validate({"id": qid, "query": texts[qid], "relevance": relevance}))
-    return GoldenSet(dataset_version=f"beir:{directory.resolve().name}:{split}", cases=cases, path=str(qrels_path))
+    return GoldenSet(
+        dataset_version=f"beir:{directory.resolve().name}:{split}", cases=cases, path=str(qrels_path)
+    )
 
 
 def export_trec(evaluation: Any, directory: Path) -> tuple[Path, Path]:
@@ -175,7 +189,9 @@ def trec_eval_command(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"error: --k must be comma-separated integers >= 1, got {args.k!r}", file=sys.stderr)
         return EXIT_INPUT
-    result = trec.evaluate_run(trec.read_qrels(args.qrels), trec.read_run(args.run), ks, complete=args.complete)
+    result = trec.evaluate_run(
+        trec.read_qrels(args.qrels), trec.read_run(args.run), ks, complete=args.complete
+    )
     if args.json:
         out = {
             "aggregate": result["aggregate"],

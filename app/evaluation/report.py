@@ -102,9 +102,7 @@ def _mean(values: list[float]) -> float | None:
     return round(fmean(values), 3) if values else None
 
 
-def build_report(
-    evaluation: Evaluation, run_info: dict[str, Any], gate: list[GateCheck]
-) -> dict[str, Any]:
+def build_report(evaluation: Evaluation, run_info: dict[str, Any], gate: list[GateCheck]) -> dict[str, Any]:
     summary = summarize(evaluation)
     origins: dict[str, int] = {}
     for c in evaluation.cases:
@@ -127,8 +125,14 @@ def build_report(
         "gate": {
             "passed": all(c.passed for c in gate),
             "checks": [
-                {"name": c.name, "metric": c.metric, "op": c.op, "threshold": c.threshold, "value": c.value,
-                 "passed": c.passed}
+                {
+                    "name": c.name,
+                    "metric": c.metric,
+                    "op": c.op,
+                    "threshold": c.threshold,
+                    "value": c.value,
+                    "passed": c.passed,
+                }
                 for c in gate
             ],
         },
@@ -227,7 +231,10 @@ def write_reports(report: dict[str, Any], settings: EvaluateSettings, markdown: 
     if settings.write_markdown and markdown is not None:
         payloads.append(("md", markdown))
     for suffix, text in payloads:
-        for name in (f"{settings.report_prefix}-{stamp}.{suffix}", f"{settings.report_prefix}-latest.{suffix}"):
+        for name in (
+            f"{settings.report_prefix}-{stamp}.{suffix}",
+            f"{settings.report_prefix}-latest.{suffix}",
+        ):
             path = out / name
             _atomic_write(path, text)
             written.append(path)
@@ -302,7 +309,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {label} | {_f(s[key])} |")
     lat = s["latencyMs"] or {}
     lines += [
-        f"| Latency p50 / p95 / max | {_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
+        f"| Latency p50 / p95 / max | {_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / "
+        f"{_ms(lat.get('max'))} |",
         f"| No-answer: correct abstention / false answer | {_f(s['noAnswer']['correctAbstentionRate'])} / "
         f"{_f(s['noAnswer']['falseAnswerRate'])} ({s['noAnswer']['cases']} cases) |",
         f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
@@ -311,11 +319,17 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     gate = report["gate"]
     if gate["checks"]:
-        lines += ["## Gate: " + ("PASSED" if gate["passed"] else "FAILED"), "", "| Check | Value | Needs | |",
-                  "|---|---|---|---|"]
+        lines += [
+            "## Gate: " + ("PASSED" if gate["passed"] else "FAILED"),
+            "",
+            "| Check | Value | Needs | |",
+            "|---|---|---|---|",
+        ]
         for c in gate["checks"]:
-            lines.append(f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
-                         f"{'ok' if c['passed'] else '**FAIL**'} |")
+            lines.append(
+                f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
+                f"{'ok' if c['passed'] else '**FAIL**'} |"
+            )
         lines.append("")
     lines += [
         "## Per-stage filter statistics",
@@ -342,20 +356,29 @@ def render_markdown(report: dict[str, Any]) -> str:
     if origins:
         lines += ["", "Candidates came from: " + ", ".join(f"{k} {v}" for k, v in origins.items()) + "."]
     if s["lostBy"]:
-        lines += ["", "Where expected documents outside the top K were lost: "
-                  + ", ".join(f"`{k}` {v}" for k, v in s["lostBy"].items()) + "."]
+        lines += [
+            "",
+            "Where expected documents outside the top K were lost: "
+            + ", ".join(f"`{k}` {v}" for k, v in s["lostBy"].items())
+            + ".",
+        ]
     lines += ["", "## Worst cases", ""]
     worst = _worst(report["cases"])
     if not worst:
         lines.append("Every scored case found all its expected documents at rank 1.")
     else:
-        lines += ["| Case | Query | nDCG | Expected | Got (top 3) | Where lost |", "|---|---|---|---|---|---|"]
+        lines += [
+            "| Case | Query | nDCG | Expected | Got (top 3) | Where lost |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in worst:
             got = ", ".join(d["docId"] for d in c["rankedDocuments"][:3]) or "(nothing)"
             lost = "; ".join(f"{x['id']}: {x['where']}" for x in c["lost"]) or "-"
             nd = _f(c["metrics"]["ndcg"]) if c["metrics"] else c["status"]
-            lines.append(f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
-                         f"{got} | {_cell(lost)} |")
+            lines.append(
+                f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
+                f"{got} | {_cell(lost)} |"
+            )
     if report["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
     lines += ["", "## Cases", ""]
@@ -395,7 +418,8 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
             "",
         ]
     stats = ", ".join(
-        f"{s['name']} -{s['removed']}" + (f" ({s['removedRelevant']} relevant)" if s["removedRelevant"] else "")
+        f"{s['name']} -{s['removed']}"
+        + (f" ({s['removedRelevant']} relevant)" if s["removedRelevant"] else "")
         + (f" +{s['added']}" if s["added"] else "")
         for s in c["filterStats"]
         if s["removed"] or s["added"]
@@ -411,7 +435,8 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
         for d in c["rankedDocuments"]:
             sc = d["scores"]
             out.append(
-                f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | {_f(sc.get('dense'))} | "
+                f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | "
+                f"{_f(sc.get('dense'))} | "
                 f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d['matched'] else 'no'} | "
                 f"{d['reason']} |"
             )

@@ -41,6 +41,11 @@ class KnownIds:
     source: set[str] = field(default_factory=set)
 
     @classmethod
+    def from_store(cls, store: Any) -> KnownIds:
+        """Every id in a store (anything with `iter_all(include_text=False)` yielding chunks)."""
+        return cls.from_metadata((c.chunk_id, c.metadata) for c in store.iter_all(include_text=False))
+
+    @classmethod
     def from_metadata(cls, rows: Iterable[tuple[str, dict[str, Any]]]) -> KnownIds:
         known = cls()
         for chunk_id, meta in rows:
@@ -194,7 +199,9 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
                 "output": stage.output_count,
                 "removed": len(stage.removed),
                 "removedRelevant": removed_relevant,
-                "removedRelevantChunks": sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant),
+                "removedRelevantChunks": sum(
+                    1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant
+                ),
                 "added": len(stage.added),
                 "latencyMs": stage.latency_ms,
                 "removedItems": [

@@ -58,8 +58,10 @@ def run_startup_evaluation(
             _log_paths(paths)
             return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))
 
-    log.info("[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k)
-    known = KnownIds.from_metadata((c.chunk_id, c.metadata) for c in sieve.store.iter_all(include_text=False))
+    log.info(
+        "[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k
+    )
+    known = KnownIds.from_store(sieve.store)
     evaluation = evaluate(sieve.chain, golden, settings.top_k, known, progress)
     return finish_evaluation(evaluation, settings, run_info)
 
@@ -126,11 +128,17 @@ def code_version() -> str:
         pkg = "unknown"
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5,
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=Path(__file__).resolve().parent,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -3,10 +3,10 @@
 from app.store.chroma import (
     ChromaStore,
     EmbedderMismatchError,
+    StoredChunk,
     StoreError,
     StoreLockedError,
     StoreUnavailableError,
-    StoredChunk,
     drop_collection,
 )
 

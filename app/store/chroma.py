@@ -144,7 +144,9 @@ class ChromaStore:
             )
             out.append(
                 [
-                    StoredChunk(cid, doc or "", dict(meta or {}), np.asarray(emb, dtype=np.float32), 1.0 - dist)
+                    StoredChunk(
+                        cid, doc or "", dict(meta or {}), np.asarray(emb, dtype=np.float32), 1.0 - dist
+                    )
                     for cid, doc, meta, emb, dist in rows
                 ]
             )
@@ -316,8 +318,14 @@ def _is_connection_error(exc: BaseException) -> bool:
     names = {type(e).__name__ for e in _chain(exc)}
     return bool(
         names
-        & {"ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError", "ConnectionError",
-           "ConnectionRefusedError"}
+        & {
+            "ConnectError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "RemoteProtocolError",
+            "ConnectionError",
+            "ConnectionRefusedError",
+        }
     ) or "Could not connect" in str(exc)
 
 

@@ -29,8 +29,8 @@ class Bm25Stage:
     survivors, so a removed candidate never shifts the others' ranks.
 
     rrf:      fused = dense_weight / (rrf_k + dense_rank) + bm25_weight / (rrf_k + bm25_rank)
-              ranks are 1-based within the candidate list, score descending, ties by doc_id, then chunk_id. Only a
-              candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term occurs in it,
+              ranks are 1-based within the candidate list, score descending, ties by doc_id, then chunk_id.
+              Only a candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term occurs in it,
               which is no lexical evidence, and ranking it anyway (after all the matches) would still add
               a bonus. Likewise a candidate without a dense score gets no dense term.
     weighted: fused = dense_weight * minmax(dense) + bm25_weight * minmax(bm25) over the candidate list,
@@ -78,7 +78,8 @@ class Bm25Stage:
 
 
 def ranks(candidates: Sequence[Candidate], key: str, positive_only: bool = False) -> dict[str, int]:
-    """1-based rank by `key` descending, ties by doc_id then chunk_id; candidates without the key (or <= 0) get none."""
+    """1-based rank by `key` descending, ties by doc_id then chunk_id; candidates without the key (or <= 0)
+    get none."""
     present = [c for c in candidates if key in c.scores and (not positive_only or c.scores[key] > 0)]
     present.sort(key=lambda c: (-c.scores[key], c.doc_id, c.chunk_id))
     return {c.chunk_id: i for i, c in enumerate(present, start=1)}

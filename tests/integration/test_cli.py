@@ -1,0 +1,320 @@
+"""The `sieve` command in-process (`app.cli.main([...])`): the real e5 embedder, one embedded store with the
+sample base shared by the module (each command opens and closes it, as separate runs would), reports in each
+test's own folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.cli import main
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS_CACHE = REPO / "target" / "models"
+GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
+STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
+EXIT_OK, EXIT_GATE, EXIT_INPUT = 0, 1, 2
+
+
+# -- the seeded store (same helper in tests/integration/test_api.py and tests/e2e/test_serve_e2e.py) -------
+
+SEED_INPUTS = ("golden_set/knowledge-base", "config/application.yml", "app/ingest", "app/store", "app/models")
+
+
+def seeded_store(dest: Path) -> Path:
+    """`dest` becomes a copy of an embedded store holding the ingested sample base.
+
+    Ingesting embeds ~200 chunks (tens of seconds on 2 busy cores), so it happens once per version of its
+    inputs into `target/test-stores/<hash>` (like the converted models in target/models); the copy gives
+    each user its own store path. A stale cache could only cost time: ingest is incremental by content.
+    """
+    digest = hashlib.sha256()
+    for rel in SEED_INPUTS:
+        root = REPO / rel
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    cache = REPO / "target" / "test-stores" / digest.hexdigest()[:16]
+    if not cache.exists():
+        building = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        shutil.rmtree(building, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
+        env |= {"RAG__STORE__PATH": str(building), "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE)}
+        sieve_bin = Path(sys.executable).with_name("sieve")
+        done = subprocess.run(
+            [str(sieve_bin), "ingest", "golden_set/knowledge-base"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        try:
+            building.rename(cache)
+        except OSError:  # a concurrent run renamed its copy first; theirs is as good
+            shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(cache, dest)
+    return dest
+
+
+# -- fixtures ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_store(tmp_path_factory.mktemp("cli") / "store")
+
+
+@pytest.fixture
+def output_dir(tmp_path: Path) -> Path:
+    return tmp_path / "retrieval-eval"
+
+
+@pytest.fixture(autouse=True)
+def cli_env(monkeypatch: pytest.MonkeyPatch, store_path: Path, output_dir: Path, real_embedder) -> None:
+    """What a user's shell would have: the repo as working directory, the test's store and report folder.
+    The session's loaded embedder stands in for `load_embedder` (the same model, loaded once)."""
+    monkeypatch.chdir(REPO)
+    for name in [n for n in os.environ if n.startswith("RAG__")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("SIEVE_CONFIG", raising=False)  # main() sets it for --config; undone after the test
+    monkeypatch.setenv("RAG__STORE__PATH", str(store_path))
+    monkeypatch.setenv("RAG__EVALUATE__OUTPUT_DIR", str(output_dir))
+    monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))
+
+    def loaded_embedder(settings):
+        if settings.embedder != "multilingual-e5-small":
+            raise AssertionError(f"these tests expect the default embedder, got {settings.embedder}")
+        return real_embedder
+
+    monkeypatch.setattr("app.service.load_embedder", loaded_embedder)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def golden_case_count() -> int:
+    return len(json.loads(GOLDEN_SET.read_text(encoding="utf-8"))["cases"])
+
+
+# -- query -------------------------------------------------------------------------------------------------
+
+
+def test_query_prints_a_table_led_by_the_payroll_policy_and_the_stages(capsys) -> None:
+    code, out, err = run(capsys, "query", "工资什么时候发")
+    assert code == EXIT_OK, err
+    lines = out.splitlines()
+    assert lines[0] == "query: 工资什么时候发"
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#  docId"))
+    first_row = lines[header + 1].split()
+    assert first_row[:2] == ["1", "hr-payroll-zh"]
+    stages_at = lines.index("stages:")
+    stage_lines = lines[stages_at + 1 : stages_at + 1 + len(STAGE_NAMES)]
+    assert [line.split()[0] for line in stage_lines] == STAGE_NAMES
+    assert "skipped: no reranker model" in stage_lines[STAGE_NAMES.index("rerank")]
+
+
+def test_query_json_is_the_api_response(capsys) -> None:
+    code, out, err = run(capsys, "query", "工资什么时候发", "--json", "--top-k", "3")
+    assert code == EXIT_OK, err
+    body = json.loads(out)
+    assert set(body) == {
+        "query", "documents", "originalCount", "finalCount", "fallbackUsed", "candidateOrigins", "stages",
+        "latencyMs",
+    }
+    assert set(body["documents"][0]) == {
+        "rank", "docId", "chunkId", "source", "title", "text", "knowledgeTag", "headingPath", "origin", "scores",
+    }
+    assert set(body["documents"][0]["scores"]) == {"dense", "bm25", "fused", "rerank"}
+    assert set(body["stages"][0]) == {
+        "name", "enabled", "inputCount", "outputCount", "removed", "added", "latencyMs", "scoreKey", "skipped",
+        "removedItems",
+    }
+    assert body["documents"][0]["docId"] == "hr-payroll-zh"
+    assert body["finalCount"] == len(body["documents"]) == 3
+    assert [s["name"] for s in body["stages"]] == STAGE_NAMES
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["query", "   "], "error: query must not be blank"),
+        (["query", "工资", "--top-k", "0"], "error: --top-k must be between 1 and 100, got 0"),
+        (["query", "工资", "--top-k", "101"], "error: --top-k must be between 1 and 100, got 101"),
+    ],
+    ids=["blank", "top-k-0", "top-k-101"],
+)
+def test_bad_query_input_exits_2_with_the_reason(capsys, argv: list[str], message: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == EXIT_INPUT
+    assert err.strip() == message
+    assert out == ""
+
+
+# -- eval --------------------------------------------------------------------------------------------------
+
+
+def test_eval_prints_the_summary_and_writes_the_reports(capsys, output_dir: Path) -> None:
+    code, out, err = run(capsys, "eval")
+    assert code == EXIT_OK, err
+    lines = out.splitlines()
+    cases = golden_case_count()
+    assert lines[0].startswith(f"done cases={cases} succeeded={cases} failed=0 avgRecall=")
+    for figure in ("avgMRR=", "avgNDCG=", "hitRate=", "p50=", "p95="):
+        assert figure in lines[0]
+    reports = [line.removeprefix("report: ") for line in lines[1:] if line.startswith("report: ")]
+    assert len(reports) == 4
+    assert {Path(p).parent for p in reports} == {output_dir}
+    assert str(output_dir / "retrieval-eval-latest.json") in reports
+    assert str(output_dir / "retrieval-eval-latest.md") in reports
+    assert all(Path(p).is_file() for p in reports)
+    report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    assert report["summary"]["cases"] == cases
+    assert f"avgNDCG={report['summary']['ndcg']:.2f} " in lines[0]
+
+
+def test_eval_with_an_unmet_threshold_exits_1_naming_it(capsys) -> None:
+    code, out, err = run(capsys, "eval", "--min-ndcg", "0.999")
+    assert code == EXIT_GATE
+    assert out.startswith("done cases=")
+    assert "gate failed: min_ndcg: ndcg=" in err
+    assert "needs >= 0.999" in err
+
+
+def test_eval_with_a_broken_golden_set_exits_2_naming_file_and_case(capsys, tmp_path: Path) -> None:
+    data = json.loads(GOLDEN_SET.read_text(encoding="utf-8"))
+    duplicated = dict(data["cases"][1])
+    data["cases"].append(duplicated)
+    bad = tmp_path / "bad-golden.json"
+    bad.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    code, out, err = run(capsys, "eval", "--golden-set", str(bad))
+    assert code == EXIT_INPUT
+    assert out == ""
+    assert err.startswith(f"error: invalid golden set {bad}")
+    assert f"duplicate id '{duplicated['id']}'" in err
+
+
+def test_exported_trec_files_rescore_to_the_evaluation_figures(capsys, tmp_path: Path, output_dir: Path) -> None:
+    """trec-eval over the exported run and qrels against the evaluation's own per-case figures.
+
+    The export keeps each id's first occurrence in the case's top K (trec_eval files cannot hold an id twice),
+    while Sieve's metrics let a duplicate keep its position. So per case, at the case's own K:
+    recall is equal (the same distinct ids); nDCG is equal when no duplicate stands above a relevant hit, and
+    higher after the export otherwise (dropping the duplicate moves that hit up).
+    """
+    trec_dir = tmp_path / "trec"
+    code, out, err = run(capsys, "eval", "--export-trec", str(trec_dir))
+    assert code == EXIT_OK, err
+    assert f"trec run: {trec_dir / 'run.trec'}" in out
+    assert f"trec qrels: {trec_dir / 'qrels.trec'}" in out
+    report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    scored = [c for c in report["cases"] if c["metrics"] is not None]
+    ks = sorted({c["topK"] for c in scored})
+
+    code, out, err = run(
+        capsys, "trec-eval", str(trec_dir / "qrels.trec"), str(trec_dir / "run.trec"),
+        "--k", ",".join(map(str, ks)), "--json",
+    )
+    assert code == EXIT_OK, err
+    rescored = json.loads(out)
+    assert rescored["queries"] == report["summary"]["scoredCases"] == len(scored)
+
+    equal, raised = 0, 0
+    for case in scored:
+        k, figures = case["topK"], rescored["perQuery"][case["id"]]
+        assert figures[f"recall@{k}"] == pytest.approx(case["metrics"]["recall"], abs=1e-12), case["id"]
+        if duplicate_above_a_hit(case):
+            assert figures[f"ndcg@{k}"] > case["metrics"]["ndcg"], case["id"]
+            raised += 1
+        else:
+            assert figures[f"ndcg@{k}"] == pytest.approx(case["metrics"]["ndcg"], abs=1e-12), case["id"]
+            equal += 1
+    assert equal > 0
+    if raised == 0 and ks == [5]:  # no duplicate in the way anywhere: the means agree as well
+        assert rescored["aggregate"]["ndcg@5"] == pytest.approx(report["summary"]["ndcg"], abs=1e-12)
+        assert rescored["aggregate"]["recall@5"] == pytest.approx(report["summary"]["recall"], abs=1e-12)
+
+
+def duplicate_above_a_hit(case: dict[str, Any]) -> bool:
+    key = {"doc": "docId", "chunk": "chunkId", "source": "source"}[case["matchOn"]]
+    seen: set[str] = set()
+    duplicates_so_far = 0
+    for doc in case["rankedDocuments"][: case["topK"]]:
+        if doc["matched"] and duplicates_so_far:
+            return True
+        if doc[key] in seen:
+            duplicates_so_far += 1
+        seen.add(doc[key])
+    return False
+
+
+# -- trec-eval on hand-written files -----------------------------------------------------------------------
+
+
+def test_trec_eval_scores_a_hand_written_run(capsys, tmp_path: Path) -> None:
+    qrels = tmp_path / "qrels.trec"
+    qrels.write_text("q1 0 d1 2\nq1 0 d2 1\nq1 0 d3 0\nq2 0 d9 1\n", encoding="utf-8")
+    run_file = tmp_path / "run.trec"
+    # the rank column is ignored: order is by score, so q1 ranks d3, d1, d4
+    run_file.write_text(
+        "q1 Q0 d1 1 2.0 t\nq1 Q0 d3 2 3.0 t\nq1 Q0 d4 3 1.0 t\nq2 Q0 d8 1 5.0 t\nq2 Q0 d9 2 4.0 t\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "trec-eval", str(qrels), str(run_file), "--k", "3", "--json")
+    assert code == EXIT_OK, err
+    result = json.loads(out)
+    q1_ndcg = (2 / math.log2(3)) / (2 / math.log2(2) + 1 / math.log2(3))  # d1 (grade 2) at rank 2
+    q2_ndcg = (1 / math.log2(3)) / (1 / math.log2(2))  # d9 (grade 1) at rank 2
+    expected = {
+        "q1": {"recall@3": 1 / 2, "ndcg@3": q1_ndcg, "mrr@3": 1 / 2, "precision@3": 1 / 3, "hitRate@3": 1.0},
+        "q2": {"recall@3": 1 / 1, "ndcg@3": q2_ndcg, "mrr@3": 1 / 2, "precision@3": 1 / 3, "hitRate@3": 1.0},
+    }
+    assert result["queries"] == 2
+    assert result["perQuery"] == pytest.approx(expected)
+    assert result["aggregate"] == pytest.approx(
+        {key: (expected["q1"][key] + expected["q2"][key]) / 2 for key in expected["q1"]}
+    )
+
+
+def test_trec_eval_with_a_malformed_run_exits_2_naming_the_line(capsys, tmp_path: Path) -> None:
+    qrels = tmp_path / "qrels.trec"
+    qrels.write_text("q1 0 d1 1\n", encoding="utf-8")
+    run_file = tmp_path / "run.trec"
+    run_file.write_text("q1 Q0 d1 1 1.0 t\nq1 Q0 d2 2\n", encoding="utf-8")
+    code, _, err = run(capsys, "trec-eval", str(qrels), str(run_file))
+    assert code == EXIT_INPUT
+    assert err.startswith(f"error: {run_file}:2:")
+
+
+# -- configuration and entry points ------------------------------------------------------------------------
+
+
+def test_unknown_config_key_exits_2_naming_key_and_file(capsys, tmp_path: Path) -> None:
+    config = tmp_path / "typo.yml"
+    config.write_text("rag:\n  retrieval:\n    top_kk: 3\n", encoding="utf-8")
+    code, out, err = run(capsys, "--config", str(config), "query", "工资什么时候发")
+    assert code == EXIT_INPUT
+    assert out == ""
+    assert f"{config}: unknown key 'rag.retrieval.top_kk'" in err
+
+
+def test_python_dash_m_app_help() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: sieve")
+    for command in ("serve", "ingest", "query", "eval", "trec-eval"):
+        assert command in done.stdout
