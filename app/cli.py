@@ -109,6 +109,8 @@ def settings_with(*overrides: dict[str, Any]):
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import signal
+
     import uvicorn
 
     from app.main import create_app
@@ -134,7 +136,13 @@ def _serve(args: argparse.Namespace) -> int:
         app, host=settings.rag.server.host, port=settings.rag.server.port, log_level="info", log_config=None
     )
     server = uvicorn.Server(config)
-    server.run()
+    # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the
+    # process as "killed by SIGTERM"; a clean shutdown on request is a success, so that re-raise is ignored.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return exit_code["code"]
 
 

@@ -103,15 +103,17 @@ class Sieve:
     def _build_chain(self) -> RetrievalChain:
         rag = self.settings.rag
         chain = rag.chain
+        hard_filter = HardFilterStage(chain.hard_filter)
+        business_rules = hard_filter.reason if chain.hard_filter.enabled else None
         stages = [
             ChainStage(
                 SimilarityThresholdStage(chain.similarity_threshold), chain.similarity_threshold.enabled
             ),
-            ChainStage(HardFilterStage(chain.hard_filter), chain.hard_filter.enabled),
+            ChainStage(hard_filter, chain.hard_filter.enabled),
             ChainStage(Bm25Stage(chain.bm25, self.lexical), chain.bm25.enabled),
             ChainStage(RerankStage(chain.rerank, self.reranker), chain.rerank.enabled),
             ChainStage(DiversityStage(chain.diversity), chain.diversity.enabled),
-            ChainStage(FallbackStage(chain.fallback), chain.fallback.enabled),
+            ChainStage(FallbackStage(chain.fallback, business_rules), chain.fallback.enabled),
         ]
         candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical)
         return RetrievalChain(self.embedder, candidates, stages)

@@ -92,7 +92,7 @@ class Ingestor:
         # Ids cover the text, not the metadata: a document retired in its front matter keeps its chunk ids,
         # so its stored metadata is rewritten in place (no re-embedding).
         retagged = [
-            (c.chunk_id, meta)
+            (c.chunk_id, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
             for c in chunks
             if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
         ]

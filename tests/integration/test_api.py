@@ -41,7 +41,14 @@ READY_TIMEOUT_S = 30.0
 
 # -- the seeded store (same helper in tests/integration/test_cli.py and tests/e2e/test_serve_e2e.py) -------
 
-SEED_INPUTS = ("golden_set/knowledge-base", "config/application.yml", "app/ingest", "app/store", "app/models")
+SEED_INPUTS = (
+    "golden_set/knowledge-base",
+    "config/application.yml",
+    "app/ingest",
+    "app/store",
+    "app/models/embedder.py",
+    "app/models/e5_convert.py",
+)
 
 
 def seeded_store(dest: Path) -> Path:
@@ -66,7 +73,11 @@ def seeded_store(dest: Path) -> Path:
         sieve_bin = Path(sys.executable).with_name("sieve")
         done = subprocess.run(
             [str(sieve_bin), "ingest", "golden_set/knowledge-base"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if done.returncode != 0:
             pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -257,7 +268,15 @@ def test_unknown_knowledge_tag_returns_no_documents(client: TestClient) -> None:
         ({"query": "工资", "top_k": 3}, "top_k", "Extra inputs are not permitted"),
         ({"query": "x" * (MAX_QUERY_CHARS + 1)}, "query", f"max_query_chars={MAX_QUERY_CHARS}"),
     ],
-    ids=["blank-query", "missing-query", "topK-0", "topK-101", "topK-abc", "unknown-field", "oversized-query"],
+    ids=[
+        "blank-query",
+        "missing-query",
+        "topK-0",
+        "topK-101",
+        "topK-abc",
+        "unknown-field",
+        "oversized-query",
+    ],
 )
 def test_bad_retrieve_requests_get_422_naming_the_field(
     client: TestClient, body: dict[str, Any], field: str, message: str
@@ -294,9 +313,18 @@ def test_added_document_is_retrievable(client: TestClient) -> None:
     }
     added = client.post("/api/documents", json={"documents": [document]})
     assert added.status_code == 200
-    assert added.json() == {"documents": 1, "chunks": 1, "added": 1, "unchanged": 0, "deleted": 0, "errors": []}
+    assert added.json() == {
+        "documents": 1,
+        "chunks": 1,
+        "added": 1,
+        "unchanged": 0,
+        "deleted": 0,
+        "errors": [],
+    }
 
-    body = retrieve(client, query="How much is the unicorn grooming allowance?", knowledgeTag="api-test").json()
+    body = retrieve(
+        client, query="How much is the unicorn grooming allowance?", knowledgeTag="api-test"
+    ).json()
     assert [d["docId"] for d in body["documents"]] == ["api-test-unicorn-allowance"]
     assert body["documents"][0]["knowledgeTag"] == "api-test"
 
@@ -332,7 +360,9 @@ def test_evaluations_are_403_without_a_configured_admin_token(sieve: Sieve, tmp_
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Admin-Token": "wrong"}])
-def test_evaluations_are_401_with_a_missing_or_wrong_token(client: TestClient, headers: dict[str, str]) -> None:
+def test_evaluations_are_401_with_a_missing_or_wrong_token(
+    client: TestClient, headers: dict[str, str]
+) -> None:
     response = client.post("/api/evaluations", headers=headers)
     assert response.status_code == 401
     assert response.json() == {"error": "missing or wrong admin token"}
@@ -370,7 +400,9 @@ def chroma_run(data: Path, port: int) -> Iterator[subprocess.Popen]:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [str(chroma), "run", "--path", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
         )
     try:
         deadline = time.monotonic() + 30
@@ -404,16 +436,26 @@ def test_unreachable_store_answers_503_with_a_clear_message(
     settings = make_settings(
         tmp_path / "unused-store",
         tmp_path / "eval",
-        {"rag": {"store": {"mode": "http", "host": "127.0.0.1", "port": port, "collection": "api-unreachable"}}},
+        {
+            "rag": {
+                "store": {"mode": "http", "host": "127.0.0.1", "port": port, "collection": "api-unreachable"}
+            }
+        },
     )
     with chroma_run(tmp_path, port) as server:
         store = ChromaStore.open(settings.rag.store, real_embedder.identity())
         http_sieve = Sieve(settings, real_embedder, store, reranker=None)
         http_sieve.ingest_documents(
-            [Document(doc_id="wifi-guest", title="Guest Wi-Fi", text="The guest Wi-Fi password is on the badge.")]
+            [
+                Document(
+                    doc_id="wifi-guest", title="Guest Wi-Fi", text="The guest Wi-Fi password is on the badge."
+                )
+            ]
         )
         with serving(settings, installs(http_sieve)) as client:
-            assert retrieve(client, query="guest wifi password").json()["documents"][0]["docId"] == "wifi-guest"
+            assert (
+                retrieve(client, query="guest wifi password").json()["documents"][0]["docId"] == "wifi-guest"
+            )
             stop(server)
             response = retrieve(client, query="guest wifi password")
             assert response.status_code == 503

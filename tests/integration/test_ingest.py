@@ -198,10 +198,26 @@ def test_changing_one_document_replaces_only_its_changed_chunks(tmp_path, harnes
 def test_changing_only_front_matter_updates_the_stored_metadata(tmp_path, harness):
     kb = write_kb(tmp_path)
     harness.ingest(kb)
+    before = harness.ids_by_doc()
     (kb / "a.md").write_text(DOC_A.replace("status: active", "status: retired"), encoding="utf-8")
-    harness.ingest(kb)
+
+    report = harness.ingest(kb)
+    assert (report.added, report.updated, report.unchanged, report.deleted) == (0, 2, 4, 0)
+    assert harness.embedder.embedded == []  # same text, same ids: only the metadata is rewritten
+    assert harness.ids_by_doc() == before
     statuses = {c.metadata.get("status") for c in harness.store.iter_all() if c.metadata["doc_id"] == "doc-a"}
     assert statuses == {"retired"}
+
+
+def test_a_key_removed_from_front_matter_is_removed_from_the_stored_metadata(tmp_path, harness):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    (kb / "a.md").write_text(DOC_A.replace("status: active\n", ""), encoding="utf-8")
+
+    report = harness.ingest(kb)
+    assert report.updated == 2
+    stored = [c.metadata for c in harness.store.iter_all() if c.metadata["doc_id"] == "doc-a"]
+    assert [m.get("status") for m in stored] == [None, None]
 
 
 def test_a_line_removed_from_a_jsonl_file_removes_that_document(tmp_path, harness):

@@ -19,7 +19,7 @@ from tests.fixtures.tiny_models import tiny_cross_encoder_dir  # noqa: F401  (a 
 pytestmark = pytest.mark.integration
 
 # Shared by every test session: the conversion takes seconds and writes ~470 MB.
-SHARED_CACHE = Path(__file__).resolve().parents[2] / "target" / "test-models"
+SHARED_CACHE = Path(__file__).resolve().parents[2] / "target" / "models"  # the cache `make run` uses too
 
 TEXTS = [
     "如何申请年假？",

@@ -125,11 +125,6 @@ def test_a_high_threshold_with_fallback_refills_and_says_so(sieve):
     assert "travel-expense-2022" not in doc_ids(result)  # never refilled from what hard_filter removed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fallback bars only what hard_filter removed; when similarity_threshold removed the retired "
-    "chunks first, hard_filter never saw them and fallback refills them (reported with a patch)",
-)
 def test_fallback_never_refills_a_retired_document(sieve):
     refilled = variant(
         sieve,

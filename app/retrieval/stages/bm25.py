@@ -30,9 +30,9 @@ class Bm25Stage:
 
     rrf:      fused = dense_weight / (rrf_k + dense_rank) + bm25_weight / (rrf_k + bm25_rank)
               ranks are 1-based within the candidate list, score descending, ties by doc_id, then chunk_id.
-              Only a candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term occurs in it,
-              which is no lexical evidence, and ranking it anyway (after all the matches) would still add
-              a bonus. Likewise a candidate without a dense score gets no dense term.
+              Only a candidate with bm25 > 0 gets a bm25 rank and term: bm25 = 0 means no query term
+              occurs in it, which is no lexical evidence, and ranking it anyway (after all the matches)
+              would still add a bonus. Likewise a candidate without a dense score gets no dense term.
     weighted: fused = dense_weight * minmax(dense) + bm25_weight * minmax(bm25) over the candidate list,
               minmax(x) = (x - min) / (max - min), and 0.0 for every candidate when max == min (no spread,
               no information); a missing score counts as 0.0 after normalisation.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
 from app.settings import FallbackSettings
 
@@ -16,8 +18,15 @@ class FallbackStage:
 
     name = "fallback"
 
-    def __init__(self, settings: FallbackSettings):
+    def __init__(
+        self,
+        settings: FallbackSettings,
+        rules: Callable[[QueryContext, Candidate], str | None] | None = None,
+    ):
         self.settings = settings
+        # the hard filter's rules (HardFilterStage.reason): a refill must pass them even when an earlier
+        # stage removed the candidate before the hard filter could see it
+        self.rules = rules
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         need = self.settings.min_results - len(candidates)
@@ -27,7 +36,9 @@ class FallbackStage:
         barred |= {r.chunk_id for r in query.removed_by_stage.get("hard_filter", [])}
         pool: list[Candidate] = []
         for candidate in query.raw_candidates:
-            if candidate.chunk_id not in barred:
+            if candidate.chunk_id not in barred and (
+                self.rules is None or self.rules(query, candidate) is None
+            ):
                 barred.add(candidate.chunk_id)  # once each, even if the raw list repeats it
                 pool.append(candidate)
         pool.sort(key=lambda c: -c.scores.get(SCORE_DENSE, float("-inf")))  # stable

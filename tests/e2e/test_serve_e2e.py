@@ -1,0 +1,311 @@
+"""`sieve serve --evaluate` as a user runs it: a real process on a free port, its log in a file, the reports
+on disk, the API over HTTP, then SIGTERM. Each test gets its own store (a copy of the ingested sample base)
+and its own report folder, through the environment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.main import EXIT_GATE_FAILED
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS_CACHE = REPO / "target" / "models"
+GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
+SIEVE = Path(sys.executable).with_name("sieve")
+STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
+READY_TIMEOUT_S = 180.0
+EXIT_TIMEOUT_S = 20.0
+
+
+# -- the seeded store (same helper in tests/integration/test_api.py and tests/integration/test_cli.py) -----
+
+SEED_INPUTS = (
+    "golden_set/knowledge-base",
+    "config/application.yml",
+    "app/ingest",
+    "app/store",
+    "app/models/embedder.py",
+    "app/models/e5_convert.py",
+)
+
+
+def seeded_store(dest: Path) -> Path:
+    """`dest` becomes a copy of an embedded store holding the ingested sample base.
+
+    Ingesting embeds ~200 chunks (tens of seconds on 2 busy cores), so it happens once per version of its
+    inputs into `target/test-stores/<hash>` (like the converted models in target/models); the copy gives
+    each user its own store path. A stale cache could only cost time: ingest is incremental by content.
+    """
+    digest = hashlib.sha256()
+    for rel in SEED_INPUTS:
+        root = REPO / rel
+        for path in sorted([root] if root.is_file() else root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    cache = REPO / "target" / "test-stores" / digest.hexdigest()[:16]
+    if not cache.exists():
+        building = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        shutil.rmtree(building, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
+        env |= {"RAG__STORE__PATH": str(building), "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE)}
+        done = subprocess.run(
+            [str(SIEVE), "ingest", "golden_set/knowledge-base"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        try:
+            building.rename(cache)
+        except OSError:  # a concurrent run renamed its copy first; theirs is as good
+            shutil.rmtree(building, ignore_errors=True)
+    shutil.copytree(cache, dest)
+    return dest
+
+
+# -- the server process ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+    output_dir: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"sieve serve exited with {self.proc.returncode} before ready:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"sieve serve not ready after {READY_TIMEOUT_S:.0f}s:\n{self.tail()}")
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sieve serve still running after {timeout:.0f}s:\n{self.tail()}")
+
+
+@pytest.fixture
+def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[..., Server]]:
+    """`serve(**env)` starts `sieve serve --evaluate --port <free>` from the repo root with this test's
+    store and report folder (plus `env`); every server started is stopped at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(**extra_env: str) -> Server:
+        port = free_port()
+        output_dir = tmp_path / "retrieval-eval"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
+        env |= {
+            "RAG__STORE__PATH": str(seeded_store(tmp_path / "store")),
+            "RAG__EVALUATE__OUTPUT_DIR": str(output_dir),
+            "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE),
+            **extra_env,
+        }
+        log_path = tmp_path / "serve.log"
+        with log_path.open("wb") as log:  # a file, not a pipe: nobody drains a pipe while we poll
+            proc = subprocess.Popen(
+                [str(SIEVE), "serve", "--evaluate", "--port", str(port)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        started.append(proc)
+        return Server(proc, f"http://127.0.0.1:{port}", log_path, output_dir)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def api(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def golden_case_count(path: Path = GOLDEN_SET) -> int:
+    return len(json.loads(path.read_text(encoding="utf-8"))["cases"])
+
+
+# -- the used-by flow --------------------------------------------------------------------------------------
+
+CASE_LINE = re.compile(
+    r"\[RetrievalEval\] case done \[(\d+)/(\d+)\] caseId=(\S+), "
+    r"(?:Recall@\d+=\d\.\d\d, MRR=\d\.\d\d, nDCG@\d+=\d\.\d\d|noAnswer=[^,]+), latency=\d+ms$"
+)
+SUMMARY_LINE = re.compile(
+    r"\[RetrievalEval\] done cases=(?P<cases>\d+) succeeded=(?P<succeeded>\d+) failed=(?P<failed>\d+) "
+    r"avgRecall=(?P<recall>\S+) avgMRR=(?P<mrr>\S+) avgNDCG=(?P<ndcg>\S+) hitRate=(?P<hitRate>\S+) "
+    r"p50=(?P<p50>\d+)ms p95=(?P<p95>\d+)ms"
+)
+
+
+def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
+    server = serve()
+    server.wait_ready()
+    cases = golden_case_count()
+
+    # the log: one line per case, one summary, then where the reports are
+    log = server.log()
+    case_lines = [line for line in log.splitlines() if "[RetrievalEval] case done" in line]
+    assert len(case_lines) == cases, server.tail()
+    assert "[RetrievalEval] case done [1/" in log
+    matches = [CASE_LINE.search(line) for line in case_lines]
+    assert all(matches), [line for line, m in zip(case_lines, matches, strict=True) if not m]
+    assert sorted(int(m[1]) for m in matches) == list(range(1, cases + 1))
+    assert {int(m[2]) for m in matches} == {cases}
+    assert any("Recall@" in line and "MRR=" in line and "nDCG@" in line for line in case_lines)
+    summaries = [line for line in log.splitlines() if "[RetrievalEval] done cases=" in line]
+    assert len(summaries) == 1, summaries
+    summary_match = SUMMARY_LINE.search(summaries[0])
+    assert summary_match, summaries[0]
+    after_summary = log[log.index(summaries[0]) :]
+    latest_json = server.output_dir / "retrieval-eval-latest.json"
+    latest_md = server.output_dir / "retrieval-eval-latest.md"
+    assert f"[RetrievalEval] report {latest_json}" in after_summary
+    assert f"[RetrievalEval] report {latest_md}" in after_summary
+
+    # the JSON report
+    report = json.loads(latest_json.read_text(encoding="utf-8"))
+    assert report["schemaVersion"] == 1
+    assert report["status"] == "ok"
+    summary = report["summary"]
+    for key in ("cases", "recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate"):
+        assert key in summary
+    assert set(summary["latencyMs"]) >= {"p50", "p95", "max"}
+    assert {"cases", "correctAbstentionRate", "falseAnswerRate"} <= set(summary["noAnswer"])
+    assert summary["cases"] == cases == len(report["cases"])
+    stages = report["stages"]
+    assert all({"name", "removed", "removedRelevant", "latencyMs"} <= set(s) for s in stages)
+    assert [s["name"] for s in stages if s["name"] in STAGE_NAMES] == STAGE_NAMES
+    for case in report["cases"]:
+        assert {"id", "query", "metrics", "rankedDocuments", "filterStats", "lost"} <= set(case)
+        assert [s["name"] for s in case["filterStats"]] == STAGE_NAMES
+
+    # the log's figures are the report's
+    got = summary_match.groupdict()
+    assert int(got["cases"]) == summary["cases"]
+    assert int(got["succeeded"]) == summary["succeeded"]
+    assert int(got["failed"]) == summary["failed"]
+    for key in ("recall", "mrr", "ndcg", "hitRate"):
+        assert got[key] == f"{summary[key]:.2f}", key
+    assert got["p50"] == f"{summary['latencyMs']['p50']:.0f}"
+    assert got["p95"] == f"{summary['latencyMs']['p95']:.0f}"
+
+    # timestamped copies beside -latest, with the same content
+    for suffix in ("json", "md"):
+        stamped = [p for p in server.output_dir.glob(f"retrieval-eval-*.{suffix}") if "latest" not in p.name]
+        assert len(stamped) == 1, stamped
+        assert re.fullmatch(rf"retrieval-eval-\d{{8}}T\d{{6}}Z\.{suffix}", stamped[0].name)
+        latest = server.output_dir / f"retrieval-eval-latest.{suffix}"
+        assert stamped[0].read_bytes() == latest.read_bytes()
+
+    # the Markdown
+    markdown = latest_md.read_text(encoding="utf-8")
+    assert "## Summary" in markdown and "| Metric | Value |" in markdown
+    assert f"| nDCG@5 | {summary['ndcg']:.3f} |" in markdown
+    assert "## Per-stage filter statistics" in markdown
+    for name in STAGE_NAMES:
+        assert f"| {name} |" in markdown
+    assert "## Worst cases" in markdown
+    assert [line.removeprefix("### ") for line in markdown.splitlines() if line.startswith("### ")] == [
+        c["id"] for c in report["cases"]
+    ]
+
+    # the API, in both languages
+    with api(server) as client:
+        zh = client.post("/api/retrieve", json={"query": "工资什么时候发"})
+        assert zh.status_code == 200
+        assert zh.json()["documents"][0]["docId"] == "hr-payroll-zh"
+        en = client.post("/api/retrieve", json={"query": "When is salary paid?"})
+        assert en.status_code == 200
+        assert "hr-payroll-en" in [d["docId"] for d in en.json()["documents"][:2]]
+        assert client.get("/api/evaluations/latest").json() == report
+
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(EXIT_TIMEOUT_S) == 0, server.tail()
+
+
+def test_failed_gate_with_fail_on_gate_stops_the_server_non_zero(serve) -> None:
+    server = serve(RAG__EVALUATE__FAIL_ON_GATE="true", RAG__EVALUATE__THRESHOLDS__MIN_NDCG="0.999")
+    assert server.wait_exit(READY_TIMEOUT_S) == EXIT_GATE_FAILED, server.tail()
+    log = server.log()
+    assert re.search(r"\[RetrievalEval\] gate FAILED min_ndcg: ndcg=0\.\d{4}, needs >= 0\.999", log), (
+        server.tail()
+    )
+    report = json.loads((server.output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    assert report["gate"]["passed"] is False
+    assert [c["name"] for c in report["gate"]["checks"] if not c["passed"]] == ["min_ndcg"]
+
+
+def test_broken_golden_set_is_reported_and_the_service_still_serves(serve, tmp_path: Path) -> None:
+    data = json.loads(GOLDEN_SET.read_text(encoding="utf-8"))
+    duplicated = dict(data["cases"][2])
+    data["cases"].append(duplicated)
+    broken = tmp_path / "broken-golden.json"
+    broken.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+    server = serve(RAG__EVALUATE__RESOURCE_LOCATION=str(broken))
+    server.wait_ready()
+    log = server.log()
+    not_run = [line for line in log.splitlines() if "[RetrievalEval] not run:" in line]
+    assert len(not_run) == 1, server.tail()
+    assert str(broken) in not_run[0]
+    assert f"duplicate id '{duplicated['id']}'" in log
+    assert "[RetrievalEval] done cases=" not in log
+
+    report = json.loads((server.output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    assert report["status"] == "invalid"
+    assert str(broken) in report["error"]
+    assert f"duplicate id '{duplicated['id']}'" in report["error"]
+    assert report["cases"] == []
+    markdown = (server.output_dir / "retrieval-eval-latest.md").read_text(encoding="utf-8")
+    assert "**Nothing ran:" in markdown
+
+    with api(server) as client:
+        response = client.post("/api/retrieve", json={"query": "工资什么时候发"})
+        assert response.status_code == 200
+        assert response.json()["documents"][0]["docId"] == "hr-payroll-zh"
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(EXIT_TIMEOUT_S) == 0, server.tail()
