@@ -4,11 +4,9 @@ and its own report folder, through the environment."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +20,7 @@ import httpx
 import pytest
 
 from app.main import EXIT_GATE_FAILED
+from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,52 +34,6 @@ EXIT_TIMEOUT_S = 20.0
 
 
 # -- the seeded store (same helper in tests/integration/test_api.py and tests/integration/test_cli.py) -----
-
-SEED_INPUTS = (
-    "golden_set/knowledge-base",
-    "config/application.yml",
-    "app/ingest",
-    "app/store",
-    "app/models/embedder.py",
-    "app/models/e5_convert.py",
-)
-
-
-def seeded_store(dest: Path) -> Path:
-    """`dest` becomes a copy of an embedded store holding the ingested sample base.
-
-    Ingesting embeds ~200 chunks (tens of seconds on 2 busy cores), so it happens once per version of its
-    inputs into `target/test-stores/<hash>` (like the converted models in target/models); the copy gives
-    each user its own store path. A stale cache could only cost time: ingest is incremental by content.
-    """
-    digest = hashlib.sha256()
-    for rel in SEED_INPUTS:
-        root = REPO / rel
-        for path in sorted([root] if root.is_file() else root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
-    cache = REPO / "target" / "test-stores" / digest.hexdigest()[:16]
-    if not cache.exists():
-        building = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        shutil.rmtree(building, ignore_errors=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
-        env |= {"RAG__STORE__PATH": str(building), "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE)}
-        done = subprocess.run(
-            [str(SIEVE), "ingest", "golden_set/knowledge-base"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        try:
-            building.rename(cache)
-        except OSError:  # a concurrent run renamed its copy first; theirs is as good
-            shutil.rmtree(building, ignore_errors=True)
-    shutil.copytree(cache, dest)
-    return dest
 
 
 # -- the server process ------------------------------------------------------------------------------------

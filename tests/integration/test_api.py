@@ -5,10 +5,8 @@ around it with `create_app(settings, start=...)`, so startup costs nothing and s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,6 +25,7 @@ from app.main import AppState, create_app
 from app.service import Sieve
 from app.settings import Settings, load_settings, merge, nested
 from app.store import ChromaStore
+from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration
 
@@ -37,56 +36,6 @@ ADMIN_TOKEN = "s3cret-admin-token"
 MAX_QUERY_CHARS = 200
 STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
 READY_TIMEOUT_S = 30.0
-
-
-# -- the seeded store (same helper in tests/integration/test_cli.py and tests/e2e/test_serve_e2e.py) -------
-
-SEED_INPUTS = (
-    "golden_set/knowledge-base",
-    "config/application.yml",
-    "app/ingest",
-    "app/store",
-    "app/models/embedder.py",
-    "app/models/e5_convert.py",
-)
-
-
-def seeded_store(dest: Path) -> Path:
-    """`dest` becomes a copy of an embedded store holding the ingested sample base.
-
-    Ingesting embeds ~200 chunks (tens of seconds on 2 busy cores), so it happens once per version of its
-    inputs into `target/test-stores/<hash>` (like the converted models in target/models); the copy gives
-    each user its own store path. A stale cache could only cost time: ingest is incremental by content.
-    """
-    digest = hashlib.sha256()
-    for rel in SEED_INPUTS:
-        root = REPO / rel
-        for path in sorted([root] if root.is_file() else root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
-    cache = REPO / "target" / "test-stores" / digest.hexdigest()[:16]
-    if not cache.exists():
-        building = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-        shutil.rmtree(building, ignore_errors=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
-        env |= {"RAG__STORE__PATH": str(building), "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE)}
-        sieve_bin = Path(sys.executable).with_name("sieve")
-        done = subprocess.run(
-            [str(sieve_bin), "ingest", "golden_set/knowledge-base"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            pytest.fail(f"seeding the store failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        try:
-            building.rename(cache)
-        except OSError:  # a concurrent run renamed its copy first; theirs is as good
-            shutil.rmtree(building, ignore_errors=True)
-    shutil.copytree(cache, dest)
-    return dest
 
 
 # -- fixtures ----------------------------------------------------------------------------------------------
