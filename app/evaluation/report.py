@@ -288,6 +288,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| Reranker | {models.get('reranker') or 'none (rerank stage skipped)'} |",
         f"| Store | {run.get('store', '')} ({run.get('chunks', '?')} chunks) |",
         f"| Chain | {run.get('chainSummary', '')} |",
+        f"| Chain settings | {_cell(run.get('chainSettings', ''), 2000)} |",
         f"| Code version | {run.get('codeVersion', 'unknown')} |",
         f"| Duration | {run['durationMs'] / 1000:.1f} s |",
         "",
@@ -473,8 +474,8 @@ def _ms(value: Any) -> str:
     return "n/a" if value is None else f"{value:.0f} ms"
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")[:120]
+def _cell(text: str, limit: int = 120) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")[:limit]
 
 
 __all__ = [

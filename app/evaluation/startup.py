@@ -115,8 +115,24 @@ def run_description(sieve: Sieve) -> dict[str, Any]:
         "retrieval": described["retrieval"],
         "chain": chain,
         "chainSummary": " → ".join(enabled),
+        "chainSettings": _settings_line(described["retrieval"], chain),
         "codeVersion": code_version(),
     }
+
+
+def _settings_line(retrieval: Any, chain: Any) -> str:
+    """The chain's settings in one line for the report header (the JSON keeps them all)."""
+    parts = [f"candidate_k={retrieval['candidate_k']}"]
+    parts.append(
+        f"hybrid bm25_candidate_k={retrieval['bm25_candidate_k']}" if retrieval["hybrid"] else "dense only"
+    )
+    for name, cfg in chain.items():
+        if not cfg.get("enabled"):
+            parts.append(f"{name}=off")
+            continue
+        shown = {k: v for k, v in cfg.items() if k != "enabled" and v not in (None, [], {})}
+        parts.append(f"{name}(" + ", ".join(f"{k}={v}" for k, v in shown.items()) + ")")
+    return "; ".join(parts)
 
 
 def code_version() -> str:

@@ -320,3 +320,51 @@ def test_python_dash_m_app_help() -> None:
     assert done.stdout.startswith("usage: sieve")
     for command in ("serve", "ingest", "query", "eval", "trec-eval"):
         assert command in done.stdout
+
+
+def _write_beir(root: Path) -> Path:
+    """A three-document BEIR directory with two test queries whose answers are unambiguous."""
+    corpus = [
+        {
+            "_id": "d1",
+            "title": "Photosynthesis",
+            "text": "Plants turn sunlight, water and carbon dioxide into sugar.",
+        },
+        {"_id": "d2", "title": "Volcanoes", "text": "Magma rises through the crust and erupts as lava."},
+        {"_id": "d3", "title": "Tides", "text": "The moon's gravity pulls the oceans and causes the tides."},
+    ]
+    queries = [
+        {"_id": "q1", "text": "how do plants make sugar from sunlight"},
+        {"_id": "q2", "text": "what causes ocean tides"},
+        {"_id": "q9", "text": "a query of another split"},
+    ]
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td3\t1\n", encoding="utf-8"
+    )
+    return root
+
+
+def test_eval_beir_ingests_the_corpus_into_its_own_collection_and_scores_the_split(
+    capsys, tmp_path: Path, output_dir: Path
+) -> None:
+    beir = _write_beir(tmp_path / "tiny-beir")
+    code, out, err = run(capsys, "eval", "--beir", str(beir), "--split", "test", "--top-k", "3")
+    assert code == EXIT_OK, err
+    report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    assert report["run"]["collection"] == "beir-tiny-beir"
+    assert report["run"]["chunks"] == 3  # only the BEIR corpus: the sample knowledge base is not mixed in
+    assert report["run"]["datasetVersion"] == "beir:tiny-beir:test"
+    assert [c["id"] for c in report["cases"]] == ["q1", "q2"]  # the split's queries, not q9
+    assert [c["rankedDocuments"][0]["docId"] for c in report["cases"]] == ["d1", "d3"]
+    assert report["summary"]["mrr"] == 1.0
+    assert out.startswith("done cases=2 succeeded=2 failed=0 avgRecall=1.00 avgMRR=1.00")
+
+
+def test_eval_beir_without_qrels_for_the_split_exits_2_naming_the_file(capsys, tmp_path: Path) -> None:
+    beir = _write_beir(tmp_path / "tiny-beir")
+    code, _, err = run(capsys, "eval", "--beir", str(beir), "--split", "train")
+    assert code == EXIT_INPUT
+    assert str(beir / "qrels" / "train.tsv") in err
