@@ -16,7 +16,7 @@ from typing import Any
 
 from app.evaluation import metrics
 from app.evaluation.gate import GateCheck
-from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation
+from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
 from app.settings import EvaluateSettings
 
 SCHEMA_VERSION = 1
@@ -163,8 +163,6 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
     relevant = metrics.relevant_ids(c.relevance)
     seen: set[str] = set()
     ranked = []
-    from app.evaluation.runner import match_key
-
     for rank, d in enumerate(docs, start=1):
         key = match_key(d, c.key)
         if d.doc_id in case.forbidden_doc_ids:
