@@ -14,24 +14,18 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from app.settings import ModelsSettings
+from tests.fixtures.processes import chroma_run
 from tests.fixtures.tiny_models import tiny_cross_encoder_dir, tiny_embedder_dir  # noqa: F401  (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_CACHE = REPO / "target" / "models"
-CHROMA_START_TIMEOUT_S = 30.0
-CHROMA_STOP_TIMEOUT_S = 10.0
 
 
 def find_free_port() -> int:
@@ -63,43 +57,5 @@ def real_embedder(e5_settings: ModelsSettings):
 def chroma_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """`<venv>/bin/chroma run` on a free port, ready when its heartbeat answers (at most 30 s)."""
     host, port = "127.0.0.1", find_free_port()
-    data = tmp_path_factory.mktemp("chroma-server")
-    log_path = data / "server.log"
-    chroma = Path(sys.executable).with_name("chroma")
-    cmd = [str(chroma), "run", "--path", str(data / "db"), "--host", host, "--port", str(port)]
-    env = {**os.environ, "ANONYMIZED_TELEMETRY": "False"}
-    with log_path.open("wb") as log:  # a file, not a pipe: a full pipe would block the server
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        _wait_for_heartbeat(proc, f"http://{host}:{port}/api/v2/heartbeat", log_path)
+    with chroma_run(tmp_path_factory.mktemp("chroma-server"), port, host):
         yield host, port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=CHROMA_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for_heartbeat(proc: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + CHROMA_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"chroma run exited with {proc.returncode}:\n{_tail(log_path)}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(
-        f"chroma run did not answer {url} within {CHROMA_START_TIMEOUT_S:.0f}s:\n{_tail(log_path)}"
-    )
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no server log)"

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from app.main import EXIT_GATE_FAILED
+from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -102,13 +103,7 @@ def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[...
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, EXIT_TIMEOUT_S)
 
 
 @contextmanager

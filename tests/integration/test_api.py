@@ -6,9 +6,6 @@ around it with `create_app(settings, start=...)`, so startup costs nothing and s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +22,7 @@ from app.main import AppState, create_app
 from app.service import Sieve
 from app.settings import Settings, load_settings, merge, nested
 from app.store import ChromaStore
+from tests.fixtures.processes import chroma_run, stop_process
 from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration
@@ -341,43 +339,6 @@ def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
 # -- the store goes away -----------------------------------------------------------------------------------
 
 
-@contextmanager
-def chroma_run(data: Path, port: int) -> Iterator[subprocess.Popen]:
-    """A `chroma run` of our own: the test stops it, so it cannot be the shared session server."""
-    chroma = Path(sys.executable).with_name("chroma")
-    log_path = data / "chroma.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(chroma), "run", "--path", str(data / "db"), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "ANONYMIZED_TELEMETRY": "False"},
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"chroma run did not come up:\n{log_path.read_text(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/v2/heartbeat", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        yield proc
-    finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_unreachable_store_answers_503_with_a_clear_message(
     real_embedder, tmp_path: Path, free_port: Callable[[], int]
 ) -> None:
@@ -405,7 +366,7 @@ def test_unreachable_store_answers_503_with_a_clear_message(
             assert (
                 retrieve(client, query="guest wifi password").json()["documents"][0]["docId"] == "wifi-guest"
             )
-            stop(server)
+            stop_process(server)
             response = retrieve(client, query="guest wifi password")
             assert response.status_code == 503
             error = response.json()["error"]
