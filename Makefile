@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune clean
 
 install: $(STAMP)
 
@@ -33,6 +33,15 @@ lint: install
 
 bench-eval: install
 	$(BIN)/python scripts/bench_eval.py
+
+# Quality on the BEIR datasets in ../shared/datasets (SIEVE_DATASETS=DIR elsewhere) -> docs/benchmarks.md.
+# The first run embeds SciFact's corpus (about 15 min on 2 cores); later runs reuse the store.
+bench-quality: install
+	$(BIN)/python scripts/bench_quality.py
+
+# The grid the defaults were chosen from, on SciFact's train split -> docs/benchmarks.md.
+bench-tune: install
+	$(BIN)/python scripts/bench_quality.py --tune
 
 clean:
 	rm -rf $(VENV)

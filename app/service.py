@@ -33,15 +33,28 @@ log = logging.getLogger(__name__)
 
 
 class Sieve:
-    def __init__(self, settings: Settings, embedder: Embedder, store: ChromaStore, reranker: object | None):
+    def __init__(
+        self,
+        settings: Settings,
+        embedder: Embedder,
+        store: ChromaStore,
+        reranker: object | None,
+        lexical: Bm25Index | None = None,
+    ):
+        """`lexical`: an index already built over `store` with these settings' analyzer, k1 and b;
+        None builds one."""
         self.settings = settings
         self.embedder = embedder
         self.store = store
         self.reranker = reranker
-        self.analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
+        self.analyzer = lexical.analyzer if lexical else Analyzer(settings.rag.retrieval.jieba_user_dict)
         self.lexical: Bm25Index
         self.chain: RetrievalChain
-        self.refresh_index()
+        if lexical is None:
+            self.refresh_index()
+        else:
+            self.lexical = lexical
+            self.chain = self._build_chain()
 
     @classmethod
     def open(cls, settings: Settings, rebuild: bool = False) -> Sieve:
@@ -66,6 +79,17 @@ class Sieve:
 
     def close(self) -> None:
         self.store.close()
+
+    def with_settings(self, settings: Settings) -> Sieve:
+        """Another Sieve over the same store and models, with `settings`' retrieval and chain options
+        (benchmarks compare variants this way without reloading anything). The BM25 index is shared
+        unless the variant changes its analyzer or parameters; models and store settings are not re-read."""
+        same_index = (
+            settings.rag.retrieval.jieba_user_dict == self.settings.rag.retrieval.jieba_user_dict
+            and (settings.rag.chain.bm25.k1, settings.rag.chain.bm25.b)
+            == (self.settings.rag.chain.bm25.k1, self.settings.rag.chain.bm25.b)
+        )
+        return Sieve(settings, self.embedder, self.store, self.reranker, self.lexical if same_index else None)
 
     # -- ingest ------------------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """Candidate generation: the dense top-N from the vector store, plus (hybrid) the BM25 top-N.
 
+`candidate_k: 0` with `hybrid: true` makes the candidates lexical only (BM25 top-N).
+
 Every candidate gets a dense score, including those only BM25 found (their stored vector is compared with
 the query vector), so the similarity threshold and the fusion see one consistent cosine for all of them.
 """
@@ -39,7 +41,7 @@ class CandidateGenerator:
     ) -> list[CandidateSet]:
         """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
         dense: list[list[StoredChunk]] = [[] for _ in queries]
-        for tag in dict.fromkeys(knowledge_tags):
+        for tag in dict.fromkeys(knowledge_tags) if self.settings.candidate_k > 0 else ():
             idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
             hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
             for i, h in zip(idx, hits, strict=True):

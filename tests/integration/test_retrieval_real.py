@@ -36,7 +36,7 @@ def sieve(tmp_path_factory, e5_settings):
 def variant(base: Sieve, *overrides: dict) -> Sieve:
     """The same models and store with other chain settings (the store stays owned by `base`)."""
     rag = RagSettings.model_validate(merge(base.settings.rag.model_dump(), *(o["rag"] for o in overrides)))
-    return Sieve(Settings(rag=rag), base.embedder, base.store, base.reranker)
+    return base.with_settings(Settings(rag=rag))
 
 
 def doc_ids(result) -> list[str]:
@@ -135,3 +135,25 @@ def test_fallback_never_refills_a_retired_document(sieve):
     assert result.fallback_used is True
     assert "travel-expense-2022" in {c.doc_id for c in result.raw_candidates}
     assert "travel-expense-2022" not in doc_ids(result)
+
+
+def test_with_settings_shares_the_bm25_index_unless_its_parameters_change(sieve):
+    assert variant(sieve, nested("rag.chain.bm25.rrf_k", 10)).lexical is sieve.lexical
+    rebuilt = variant(sieve, nested("rag.chain.bm25.k1", 0.9))
+    assert rebuilt.lexical is not sieve.lexical
+    assert rebuilt.lexical.ids == sieve.lexical.ids
+
+
+def test_candidate_k_zero_gives_lexical_candidates_only(sieve):
+    lexical_only = variant(
+        sieve,
+        nested("rag.retrieval.candidate_k", 0),
+        nested("rag.chain.bm25.dense_weight", 0.0),
+        nested("rag.chain.diversity.enabled", False),
+    )
+    result = lexical_only.retrieve("工资什么时候发", top_k=3)
+    assert result.trace.candidate_origins == {"dense": 0, "bm25": result.original_count, "both": 0}
+    assert 0 < result.original_count <= lexical_only.settings.rag.retrieval.bm25_candidate_k
+    top = sieve.lexical.top("工资什么时候发", 3)
+    assert [round(d.scores["bm25"], 6) for d in result.documents] == [round(s, 6) for _, s in top]
+    assert result.documents[0].doc_id == "hr-payroll-zh"

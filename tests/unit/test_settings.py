@@ -126,6 +126,12 @@ def test_chunk_overlap_not_below_chunk_size_is_an_error(tmp_path, monkeypatch):
         load_settings()
 
 
+def test_no_dense_and_no_lexical_candidates_is_an_error(tmp_path, monkeypatch):
+    write_config(tmp_path, monkeypatch, "rag:\n  retrieval:\n    candidate_k: 0\n    hybrid: false\n")
+    with pytest.raises(SettingsError, match=r"candidate_k is 0 and hybrid is false"):
+        load_settings()
+
+
 def test_a_missing_config_file_is_named(tmp_path, monkeypatch):
     missing = tmp_path / "nope.yml"
     monkeypatch.setenv("SIEVE_CONFIG", str(missing))

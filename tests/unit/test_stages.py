@@ -208,7 +208,7 @@ def test_hard_filter_rejects_blank_rule_entries() -> None:
 
 def test_bm25_rrf_values_and_order() -> None:
     index = FakeIndex({"a": 1.0, "b": 0.0, "c": 3.0})
-    stage = Bm25Stage(Bm25Settings(fusion="rrf", rrf_k=60), index)
+    stage = Bm25Stage(Bm25Settings(fusion="rrf", rrf_k=60, dense_weight=1.0, bm25_weight=1.0), index)
     inputs = [cand("a", 0.9), cand("b", 0.8), cand("c", 0.7)]
     outcome = stage.run(ctx(text="vpn"), inputs)
     fused = {c.chunk_id: c.scores["fused"] for c in outcome.kept}
@@ -225,7 +225,8 @@ def test_bm25_rrf_values_and_order() -> None:
 
 def test_bm25_rrf_weights_and_ties_by_chunk_id() -> None:
     stage = Bm25Stage(
-        Bm25Settings(rrf_k=10, dense_weight=2.0, bm25_weight=0.5), FakeIndex({"x": 2.0, "y": 2.0})
+        Bm25Settings(fusion="rrf", rrf_k=10, dense_weight=2.0, bm25_weight=0.5),
+        FakeIndex({"x": 2.0, "y": 2.0}),
     )
     outcome = stage.run(ctx(), [cand("y", 0.5), cand("x", 0.5)])
     # equal dense and equal bm25: ranks go by chunk_id, x first
@@ -235,13 +236,16 @@ def test_bm25_rrf_weights_and_ties_by_chunk_id() -> None:
 
 
 def test_bm25_weighted_fusion() -> None:
-    stage = Bm25Stage(Bm25Settings(fusion="weighted"), FakeIndex({"a": 1.0, "b": 0.0, "c": 3.0}))
+    stage = Bm25Stage(
+        Bm25Settings(fusion="weighted", dense_weight=0.6, bm25_weight=0.4),
+        FakeIndex({"a": 1.0, "b": 0.0, "c": 3.0}),
+    )
     outcome = stage.run(ctx(), [cand("a", 0.9), cand("b", 0.8), cand("c", 0.5)])
     fused = {c.chunk_id: c.scores["fused"] for c in outcome.kept}
-    assert fused["a"] == pytest.approx((0.9 - 0.5) / (0.9 - 0.5) + (1.0 - 0.0) / (3.0 - 0.0))
-    assert fused["b"] == pytest.approx((0.8 - 0.5) / (0.9 - 0.5) + 0.0)
-    assert fused["c"] == pytest.approx(0.0 + (3.0 - 0.0) / (3.0 - 0.0))
-    assert ids(outcome.kept) == ["a", "c", "b"]
+    assert fused["a"] == pytest.approx(0.6 * (0.9 - 0.5) / (0.9 - 0.5) + 0.4 * (1.0 - 0.0) / (3.0 - 0.0))
+    assert fused["b"] == pytest.approx(0.6 * (0.8 - 0.5) / (0.9 - 0.5) + 0.0)
+    assert fused["c"] == pytest.approx(0.0 + 0.4 * (3.0 - 0.0) / (3.0 - 0.0))
+    assert ids(outcome.kept) == ["a", "b", "c"]  # 0.733, 0.45, 0.4
 
 
 def test_bm25_weighted_without_spread_is_zero() -> None:
@@ -251,7 +255,10 @@ def test_bm25_weighted_without_spread_is_zero() -> None:
 
 
 def test_bm25_min_score_drops_before_fusing() -> None:
-    stage = Bm25Stage(Bm25Settings(min_score=0.5), FakeIndex({"a": 1.0, "b": 0.0, "c": 3.0, "d": 0.4999}))
+    stage = Bm25Stage(
+        Bm25Settings(fusion="rrf", dense_weight=1.0, bm25_weight=1.0, min_score=0.5),
+        FakeIndex({"a": 1.0, "b": 0.0, "c": 3.0, "d": 0.4999}),
+    )
     outcome = stage.run(ctx(), [cand("a", 0.9), cand("b", 0.8), cand("c", 0.7), cand("d", 0.6)])
     assert reasons(outcome) == {"b": "bm25=0.00 < 0.50", "d": "bm25=0.4999 < 0.5000"}
     fused = {c.chunk_id: c.scores["fused"] for c in outcome.kept}
