@@ -5,9 +5,10 @@ store (collection `beir-<dir>`, the same one `sieve eval --beir DIR` uses, so ei
 vectors), then every variant below runs all of the split's queries through a real chain built from the
 default configuration plus the variant's overrides:
 
-    BM25 alone         BM25 top-100 over the whole collection, in BM25 order (no dense score used)
-    dense alone        dense top-100, in cosine order (no BM25 at all)
-    hybrid             dense top-50 + BM25 top-50, fused; every other stage off
+    BM25 alone         BM25 top-100 chunks over the whole collection, in BM25 order (no dense score used)
+    dense alone        dense top-100 chunks, in cosine order (no BM25 at all)
+    hybrid             dense top-50 + BM25 top-50 chunks, fused; no filters
+                       (these three keep the diversity stage: one chunk per document, scored per document)
     default chain      the configuration as shipped (what `sieve eval --beir DIR` measures)
     default - <stage>  the default chain with that one stage switched off
 
@@ -85,6 +86,8 @@ class Variant:
 
 
 def table_variants() -> list[Variant]:
+    # Scored per document, like BEIR: the "alone" and "hybrid" rows keep the diversity stage's one chunk per
+    # document (a chunked corpus would otherwise fill the top 10 with several chunks of one abstract).
     variants = [
         Variant(
             "BM25 alone",
@@ -92,16 +95,24 @@ def table_variants() -> list[Variant]:
                 nested("rag.retrieval.candidate_k", 0),
                 nested("rag.retrieval.bm25_candidate_k", DEPTH),
                 nested("rag.chain.bm25.dense_weight", 0.0),
-                _only("bm25"),
+                _only("bm25", "diversity"),
             ),
-            "BM25 top-100, BM25 order",
+            "BM25 top-100 chunks in BM25 order, best chunk per document",
         ),
         Variant(
             "dense alone",
-            merge(nested("rag.retrieval.hybrid", False), nested("rag.retrieval.candidate_k", DEPTH), _only()),
-            "dense top-100, cosine order",
+            merge(
+                nested("rag.retrieval.hybrid", False),
+                nested("rag.retrieval.candidate_k", DEPTH),
+                _only("diversity"),
+            ),
+            "dense top-100 chunks in cosine order, best chunk per document",
         ),
-        Variant("hybrid (fusion only)", _only("bm25"), "default candidates and fusion, other stages off"),
+        Variant(
+            "hybrid (fusion only)",
+            _only("bm25", "diversity"),
+            "dense top-50 + BM25 top-50 fused, best chunk per document; no filters",
+        ),
         Variant("default chain", {}, "as shipped"),
     ]
     for stage in STAGES:
@@ -115,36 +126,30 @@ def tuning_variants() -> list[Variant]:
     def v(name: str, *pairs: tuple[str, Any]) -> Variant:
         return Variant(name, merge(*(nested(k, val) for k, val in pairs)))
 
-    out = [
-        Variant("default chain", {}),
-        v("dense alone", ("rag.retrieval.hybrid", False), ("rag.chain.bm25.enabled", False)),
-        v(
-            "BM25 alone",
-            ("rag.retrieval.candidate_k", 0),
-            ("rag.retrieval.bm25_candidate_k", DEPTH),
-            ("rag.chain.bm25.dense_weight", 0.0),
-        ),
-    ]
-    for k in (10, 20, 30, 60, 100):
-        out.append(v(f"rrf_k={k}", ("rag.chain.bm25.rrf_k", k)))
-    for dw in (0.5, 0.75, 1.25, 1.5, 2.0):
-        out.append(v(f"rrf dense_weight={dw}", ("rag.chain.bm25.dense_weight", dw)))
+    alone = [v for v in table_variants() if v.name in ("BM25 alone", "dense alone")]
+    out = [Variant("default chain", {}), *alone]
+    rrf = (
+        ("rag.chain.bm25.fusion", "rrf"),
+        ("rag.chain.bm25.dense_weight", 1.0),
+        ("rag.chain.bm25.bm25_weight", 1.0),
+    )
+    for k in (10, 30, 60, 100):
+        out.append(v(f"rrf k={k}", *rrf, ("rag.chain.bm25.rrf_k", k)))
+    for dw in (0.5, 0.75, 1.5):
+        out.append(v(f"rrf k=60 dense_weight={dw}", *rrf, ("rag.chain.bm25.dense_weight", dw)))
+    for w in (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7):
+        pairs = (("rag.chain.bm25.dense_weight", w), ("rag.chain.bm25.bm25_weight", round(1 - w, 2)))
+        out.append(v(f"weighted dense={w} bm25={round(1 - w, 2)}", *pairs))
     for depth in (20, 30, 100):
         pairs = (("rag.retrieval.candidate_k", depth), ("rag.retrieval.bm25_candidate_k", depth))
         out.append(v(f"candidates {depth}+{depth}", *pairs))
-    for w in (0.3, 0.4, 0.5, 0.6, 0.7):
-        out.append(
-            v(
-                f"weighted dense={w}",
-                ("rag.chain.bm25.fusion", "weighted"),
-                ("rag.chain.bm25.dense_weight", w),
-                ("rag.chain.bm25.bm25_weight", round(1 - w, 2)),
-            )
-        )
     for k1, b in ((0.9, 0.4), (1.2, 0.5), (1.5, 0.75), (0.9, 0.75)):
         out.append(v(f"bm25 k1={k1} b={b}", ("rag.chain.bm25.k1", k1), ("rag.chain.bm25.b", b)))
     for cos in (None, 0.95):
         out.append(v(f"diversity max_cosine={cos}", ("rag.chain.diversity.max_cosine", cos)))
+    for per_doc in (None, 2):
+        pair = ("rag.chain.diversity.max_per_document", per_doc)
+        out.append(v(f"diversity max_per_document={per_doc}", pair))
     return out
 
 
@@ -308,10 +313,11 @@ def tuning_block(runs: list[DatasetRun], wall: float) -> str:
 
 
 def replace_block(text: str, marker: str, body: str) -> str:
+    """`text` with everything between `<!-- marker:begin -->` and `<!-- marker:end -->` replaced by `body`."""
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{DOC}: markers {begin} ... {end} not found")
+        raise ValueError(f"markers {begin} ... {end} not found")
     return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
 
 
@@ -320,34 +326,51 @@ def main() -> int:
     parser.add_argument("--tune", action="store_true", help="run the tuning grid on the train split")
     parser.add_argument("--datasets", default=str(DATASETS_DIR), help="folder holding scifact/, xquad-zh/")
     parser.add_argument("--only", help="comma-separated dataset names (default: all of this mode's)")
+    parser.add_argument("--variants", help="comma-separated variant names to run (default: all)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md")
+    parser.add_argument("--doc", default=str(DOC), help="the Markdown file whose blocks are replaced")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s - %(message)s")
 
     root = Path(args.datasets)
     plan = [("scifact", "train")] if args.tune else [("scifact", "test"), ("xquad-zh", "test")]
     if args.only:
-        wanted = set(args.only.split(","))
+        wanted = {name.strip() for name in args.only.split(",")}
+        if wanted - {name for name, _ in plan}:
+            print(f"error: --only {args.only}: this mode runs {[n for n, _ in plan]}", file=sys.stderr)
+            return 2
         plan = [p for p in plan if p[0] in wanted]
     missing = [str(root / name) for name, _ in plan if not (root / name / "corpus.jsonl").exists()]
     if missing:
         print(f"error: BEIR dataset(s) not found: {', '.join(missing)} (set --datasets)", file=sys.stderr)
         return 2
+    doc, marker = Path(args.doc), "bench-quality-tuning" if args.tune else "bench-quality-results"
+    if not args.no_write:
+        try:  # fail before the long runs, not after them
+            replace_block(doc.read_text(encoding="utf-8"), marker, "")
+        except (OSError, ValueError) as exc:
+            print(f"error: {doc}: {exc}", file=sys.stderr)
+            return 2
     variants = tuning_variants() if args.tune else table_variants()
+    if args.variants:
+        names = [n.strip() for n in args.variants.split(",")]
+        unknown = sorted(set(names) - {v.name for v in variants})
+        if unknown:
+            known = [v.name for v in variants]
+            print(f"error: unknown variant(s) {unknown}; known: {known}", file=sys.stderr)
+            return 2
+        variants = [v for v in variants if v.name in names]
     started = time.perf_counter()
     runs = [run_dataset(root / name, split, variants) for name, split in plan]
     wall = time.perf_counter() - started
     if args.no_write:
         return 0
-    current = DOC.read_text(encoding="utf-8")
-    if args.tune:
-        text = replace_block(current, "bench-quality-tuning", tuning_block(runs, wall))
-    else:
-        text = replace_block(current, "bench-quality-results", results_block(runs, wall))
-    tmp = DOC.with_suffix(".md.tmp")
+    block = tuning_block(runs, wall) if args.tune else results_block(runs, wall)
+    text = replace_block(doc.read_text(encoding="utf-8"), marker, block)
+    tmp = doc.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(DOC)
-    print(f"wrote {DOC}")
+    tmp.replace(doc)
+    print(f"wrote {doc}")
     return 0
 
 
