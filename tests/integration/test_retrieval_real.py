@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from app.models import load_reranker
 from app.retrieval.stages.rerank import SKIPPED_NO_MODEL
 from app.service import Sieve
 from app.settings import IngestSettings, RagSettings, Settings, StoreSettings, merge, nested
 from tests.conftest import REPO
+from tests.fixtures.tiny_models import tiny_cross_encoder_dir  # noqa: F401  (a session fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,6 +81,37 @@ def test_rerank_without_a_model_is_skipped_and_says_so(sieve):
     rerank = next(s for s in sieve.retrieve("VPN 怎么连").trace.stages if s.name == "rerank")
     assert rerank.skipped == SKIPPED_NO_MODEL == "skipped: no reranker model"
     assert rerank.input_count == rerank.output_count and rerank.removed == []
+
+
+def test_a_configured_cross_encoder_rescores_the_top_n_in_the_chain(sieve, tiny_cross_encoder_dir):  # noqa: F811
+    """A tiny random cross-encoder (plumbing only): the stage runs, rescores exactly top_n, sorts them by
+    its score, and leaves the rest in fused order."""
+    rag = RagSettings.model_validate(
+        merge(
+            sieve.settings.rag.model_dump(),
+            nested("rag.chain.rerank.model", str(tiny_cross_encoder_dir))["rag"],
+            nested("rag.chain.rerank.top_n", 4)["rag"],
+            nested("rag.chain.diversity.enabled", False)["rag"],
+        )
+    )
+    reranked = Sieve(
+        Settings(rag=rag), sieve.embedder, sieve.store, load_reranker(rag.chain.rerank), sieve.lexical
+    )
+    result = reranked.retrieve("VPN 怎么连", top_k=10)
+    bm25, rerank = (next(s for s in result.trace.stages if s.name == n) for n in ("bm25", "rerank"))
+    assert rerank.skipped is None and rerank.score_key == "rerank"
+    assert (rerank.input_count, rerank.output_count, rerank.removed) == (
+        bm25.output_count,
+        bm25.output_count,
+        [],
+    )
+    fused_order = result.trace.ranked_after["bm25"]
+    after = result.trace.ranked_after["rerank"]
+    assert sorted(after[:4]) == sorted(fused_order[:4]) and after[4:] == fused_order[4:]
+    head = result.documents[:4]
+    assert all("rerank" in d.scores for d in head)
+    assert [d.scores["rerank"] for d in head] == sorted((d.scores["rerank"] for d in head), reverse=True)
+    assert all("rerank" not in d.scores for d in result.documents[4:])
 
 
 def test_a_knowledge_tag_keeps_only_that_tag(sieve):
