@@ -115,6 +115,36 @@ class Bm25Index:
         self._bm25 = bm25  # rank_bm25.BM25Okapi, or None when nothing can match
         self._position = {chunk_id: i for i, chunk_id in enumerate(ids)}
         self._ids_array = np.array(ids, dtype=object)
+        self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._length_norm = np.zeros(0)
+        if bm25 is not None:
+            self._index_postings(bm25)
+
+    def _index_postings(self, bm25: Any) -> None:
+        """Term -> (positions, term frequencies), so a whole-collection score touches only the chunks that
+        contain a query term. BM25Okapi.get_scores walks every chunk's dict in Python for every query term
+        (~55 ms a query over 18,000 chunks here); the arithmetic below is the same, term by term, so the
+        scores are bit-for-bit its own (tests/unit/test_lexical.py)."""
+        positions: dict[str, list[int]] = {}
+        frequencies: dict[str, list[int]] = {}
+        for i, counts in enumerate(bm25.doc_freqs):
+            for term, tf in counts.items():
+                positions.setdefault(term, []).append(i)
+                frequencies.setdefault(term, []).append(tf)
+        self._postings = {
+            term: (np.array(positions[term], dtype=np.int64), np.array(frequencies[term], dtype=np.int64))
+            for term in positions
+        }
+        doc_len = np.array(bm25.doc_len)
+        self._length_norm = bm25.k1 * (1 - bm25.b + bm25.b * doc_len / bm25.avgdl)
+
+    def _all_scores(self, query_tokens: list[str]) -> np.ndarray:
+        bm25 = self._bm25
+        score = np.zeros(bm25.corpus_size)
+        for term in query_tokens:
+            at, tf = self._postings[term]
+            score[at] += (bm25.idf.get(term) or 0) * (tf * (bm25.k1 + 1) / (tf + self._length_norm[at]))
+        return score
 
     @classmethod
     def build(
@@ -171,7 +201,7 @@ class Bm25Index:
         q = self._query_tokens(query)
         if not q or n <= 0:
             return []
-        all_scores = np.asarray(self._bm25.get_scores(q))
+        all_scores = self._all_scores(q)
         positive = np.flatnonzero(all_scores > 0)
         if len(positive) > n:
             # Keep everything tied with the n-th best, so the id tie-break sees all of them.

@@ -146,3 +146,19 @@ def test_build_rejects_bad_input(analyzer: Analyzer) -> None:
         Bm25Index.build(["a", "b"], ["x"], analyzer)
     with pytest.raises(ValueError, match="duplicate id 'a'"):
         Bm25Index.build(["a", "a"], ["x", "y"], analyzer)
+
+
+def test_top_scores_are_rank_bm25_get_scores_bit_for_bit(analyzer: Analyzer) -> None:
+    """top() scores the whole collection from posting lists; the values must be BM25Okapi's own, exactly,
+    including repeated query terms, terms in most documents (epsilon floor) and varied lengths."""
+    rng = np.random.default_rng(7)
+    vocabulary = [f"w{i}" for i in range(60)] + ["common"] * 40
+    texts = [" ".join(rng.choice(vocabulary, size=int(rng.integers(1, 40)))) for _ in range(300)]
+    ids = [f"c{i:03d}" for i in range(300)]
+    index = Bm25Index.build(ids, texts, analyzer, k1=0.9, b=0.4)
+    reference = BM25Okapi([analyzer.tokens(t) for t in texts], k1=0.9, b=0.4, epsilon=0.25)
+    for query in ["w1 w2 w3", "common w7 w7", "w59 common", "w0"]:
+        expected = reference.get_scores(analyzer.tokens(query))
+        got = dict(index.top(query, len(ids)))
+        positive = {ids[i]: float(s) for i, s in enumerate(expected) if s > 0}
+        assert got == positive, query  # exact float equality, not approx
