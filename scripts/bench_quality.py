@@ -109,7 +109,7 @@ def table_variants() -> list[Variant]:
             "dense top-100 chunks in cosine order, best chunk per document",
         ),
         Variant(
-            "hybrid (fusion only)",
+            "hybrid",
             _only("bm25", "diversity"),
             "dense top-50 + BM25 top-50 fused, best chunk per document; no filters",
         ),
@@ -261,7 +261,7 @@ def machine() -> str:
         pass
     return (
         f"{model or cpu}, {os.cpu_count()} cores, torch {torch.__version__} with "
-        f"{torch.get_num_threads()} threads, Python {platform.python_version()}"
+        f"{torch.get_num_threads()} thread(s), Python {platform.python_version()}"
     )
 
 
