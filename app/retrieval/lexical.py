@@ -123,8 +123,8 @@ class Bm25Index:
     def _index_postings(self, bm25: Any) -> None:
         """Term -> (positions, term frequencies), so a whole-collection score touches only the chunks that
         contain a query term. BM25Okapi.get_scores walks every chunk's dict in Python for every query term
-        (~55 ms a query over 18,000 chunks here); the arithmetic below is the same, term by term, so the
-        scores are bit-for-bit its own (tests/unit/test_lexical.py)."""
+        (43 ms a query over 15,500 chunks here, against 0.4 ms from the postings); the arithmetic below is
+        the same, term by term, so the scores are bit-for-bit its own (tests/unit/test_lexical.py)."""
         positions: dict[str, list[int]] = {}
         frequencies: dict[str, list[int]] = {}
         for i, counts in enumerate(bm25.doc_freqs):
