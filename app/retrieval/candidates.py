@@ -41,11 +41,12 @@ class CandidateGenerator:
     ) -> list[CandidateSet]:
         """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
         dense: list[list[StoredChunk]] = [[] for _ in queries]
-        for tag in dict.fromkeys(knowledge_tags) if self.settings.candidate_k > 0 else ():
-            idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
-            hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
-            for i, h in zip(idx, hits, strict=True):
-                dense[i] = h
+        if self.settings.candidate_k > 0:  # 0: lexical candidates only
+            for tag in dict.fromkeys(knowledge_tags):
+                idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
+                hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
+                for i, h in zip(idx, hits, strict=True):
+                    dense[i] = h
         return [self._merge(q, embeddings[i], knowledge_tags[i], dense[i]) for i, q in enumerate(queries)]
 
     def _merge(

@@ -148,8 +148,8 @@ def test_build_rejects_bad_input(analyzer: Analyzer) -> None:
         Bm25Index.build(["a", "a"], ["x", "y"], analyzer)
 
 
-def test_top_scores_are_rank_bm25_get_scores_bit_for_bit(analyzer: Analyzer) -> None:
-    """top() scores the whole collection from posting lists; the values must be BM25Okapi's own, exactly,
+def test_top_and_scores_are_rank_bm25_get_scores_bit_for_bit(analyzer: Analyzer) -> None:
+    """top() and scores() score from posting lists; the values must be BM25Okapi's own, exactly,
     including repeated query terms, terms in most documents (epsilon floor) and varied lengths."""
     rng = np.random.default_rng(7)
     vocabulary = [f"w{i}" for i in range(60)] + ["common"] * 40
@@ -162,3 +162,4 @@ def test_top_scores_are_rank_bm25_get_scores_bit_for_bit(analyzer: Analyzer) -> 
         got = dict(index.top(query, len(ids)))
         positive = {ids[i]: float(s) for i, s in enumerate(expected) if s > 0}
         assert got == positive, query  # exact float equality, not approx
+        assert index.scores(query, ids) == {ids[i]: float(s) for i, s in enumerate(expected)}, query
