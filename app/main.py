@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
-from app.api.routes import install_error_handlers, router
+from app.api.errors import install_error_handlers
+from app.api.routes import router
 from app.settings import Settings
 
 log = logging.getLogger("sieve")

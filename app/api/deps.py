@@ -17,7 +17,7 @@ def sieve_state(request: Request) -> AppState:
 
 def require_sieve(request: Request) -> Sieve:
     """The loaded Sieve, or a 503 that says what startup is doing."""
-    from app.api.routes import ApiError
+    from app.api.errors import ApiError
 
     state = sieve_state(request)
     if state.sieve is None or not state.ready:

@@ -7,11 +7,11 @@ import logging
 import secrets
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import require_sieve, sieve_state
+from app.api.errors import ApiError
 from app.api.schemas import (
     DocumentsRequest,
     IngestResponse,
@@ -20,18 +20,10 @@ from app.api.schemas import (
     retrieve_response,
 )
 from app.ingest.types import Document
-from app.store import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
 router = APIRouter()
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, **extra: Any):
-        self.status = status
-        self.message = message
-        self.extra = extra
 
 
 @router.get("/health", tags=["ops"])
@@ -142,27 +134,3 @@ def run_evaluation(
     if outcome.report is None:
         raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
     return JSONResponse(outcome.report)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-            field = ".".join(loc) or "body"
-            msg = err.get("msg", "invalid")
-            if err.get("type") == "json_invalid":
-                field, msg = "body", f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
-            problems.append({"field": field, "message": msg})
-        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-        return JSONResponse({"error": summary, "fields": problems}, status_code=422)
-
-    @app.exception_handler(StoreUnavailableError)
-    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
-        log.error("store unavailable: %s", exc)
-        return JSONResponse({"error": f"vector store unavailable: {exc}"}, status_code=503)
