@@ -132,10 +132,25 @@ def _serve(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_fatal=on_fatal)
+    state = app.state.sieve_state
+    deadline = settings.rag.server.shutdown_seconds
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Writers stop at their next slice from this moment, not after uvicorn has drained connections.
+            state.stopping.set()
+            _exit_after(deadline + 2.0)
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(
-        app, host=settings.rag.server.host, port=settings.rag.server.port, log_level="info", log_config=None
+        app,
+        host=settings.rag.server.host,
+        port=settings.rag.server.port,
+        log_level="info",
+        log_config=None,
+        timeout_graceful_shutdown=max(1, int(deadline) - 2),
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the
     # process as "killed by SIGTERM"; a clean shutdown on request is a success, so that re-raise is ignored.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
@@ -144,6 +159,20 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return exit_code["code"]
+
+
+def _exit_after(seconds: float) -> None:
+    """The last resort of the shutdown deadline: end the process if it is still here after `seconds`."""
+    import threading
+
+    def force() -> None:
+        log.error("shutdown took longer than rag.server.shutdown_seconds; exiting now")
+        logging.shutdown()
+        os._exit(EXIT_RUNTIME)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
 
 
 def open_sieve(settings, rebuild: bool = False):

@@ -5,19 +5,27 @@ the models, open the store, ingest `rag.ingest.paths` when the index is empty or
 BM25 index, then (when `rag.evaluate.enabled`) run the startup evaluation. `/ready` answers 503 with the
 current phase until all of that is done. A fatal startup error, or a failed gate with
 `fail_on_gate: true`, asks the server to stop with a non-zero exit code.
+
+Stopping: `AppState.stopping` is set as soon as the server is asked to stop (the CLI sets it on SIGTERM),
+so a running ingest, startup's or a job's, stops at its next slice with nothing written; the shutdown then
+waits for the job worker at most `rag.server.shutdown_seconds`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
+from app.api.jobs import JobBook, JobRunner
+from app.api.limits import BodySizeLimit
 from app.api.routes import router
 from app.settings import Settings
 
@@ -38,6 +46,13 @@ class AppState:
     evaluation_progress: str | None = None
     # serialises writers (ingest, evaluation) against each other; reads need no lock
     write_lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    jobs: JobBook = field(init=False)
+    job_runner: JobRunner = field(init=False)
+
+    def __post_init__(self) -> None:
+        server = self.settings.rag.server
+        self.jobs = JobBook(Path(server.jobs_dir), server.keep_jobs)
 
 
 def create_app(
@@ -51,6 +66,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for job in state.jobs.recover():
+            log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
+        state.job_runner = JobRunner(state.jobs)
         worker = threading.Thread(
             target=_startup,
             args=(state, start or startup_sequence, on_fatal),
@@ -59,9 +77,7 @@ def create_app(
         )
         worker.start()
         yield
-        sieve = state.sieve
-        if sieve is not None:
-            sieve.close()  # type: ignore[attr-defined]
+        stop_writers(state)
 
     app = FastAPI(
         title="Sieve",
@@ -71,8 +87,30 @@ def create_app(
     )
     app.state.sieve_state = state
     app.include_router(router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     install_error_handlers(app)
     return app
+
+
+def stop_writers(state: AppState) -> None:
+    """Ask every writer to stop, wait for the job worker within the deadline, then close the store.
+
+    A write still running at the deadline is left to die with the process: ingest writes only after it has
+    embedded everything, and each store write is one Chroma call, so what is stored stays consistent."""
+    state.stopping.set()
+    deadline = time.monotonic() + state.settings.rag.server.shutdown_seconds
+    if not state.job_runner.stop(timeout=max(0.0, deadline - time.monotonic() - 0.5)):
+        log.error("shutdown: the running job did not stop in time; it will be reported as interrupted")
+        return
+    # the startup thread or a request may still be writing; close only when no writer holds the lock
+    if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic() - 0.2)):
+        try:
+            if state.sieve is not None:
+                state.sieve.close()  # type: ignore[attr-defined]
+        finally:
+            state.write_lock.release()
+    else:
+        log.error("shutdown: a write did not stop in time; the store is left to the process exit")
 
 
 def _startup(
@@ -81,6 +119,10 @@ def _startup(
     try:
         sequence(state)
     except Exception as exc:
+        if state.stopping.is_set():
+            state.phase = "stopped"
+            log.info("startup stopped by the shutdown: %s", exc)
+            return
         state.error = f"{type(exc).__name__}: {exc}"
         state.phase = "failed"
         log.error("startup failed: %s", exc, exc_info=not _is_user_error(exc))
@@ -103,7 +145,7 @@ def startup_sequence(state: AppState) -> None:
     if rag.ingest.on_startup and rag.ingest.paths:
         state.phase = f"ingesting {', '.join(rag.ingest.paths)}"
         with state.write_lock:
-            report = sieve.ingest(rag.ingest.paths, progress=True)
+            report = sieve.ingest(rag.ingest.paths, progress=True, should_stop=state.stopping.is_set)
         for error in report.errors:
             log.error("ingest error: %s", error)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)

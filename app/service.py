@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.ingest.chunker import embedding_text
@@ -93,17 +93,38 @@ class Sieve:
 
     # -- ingest ------------------------------------------------------------------------------------
 
-    def ingest(self, paths: Sequence[str | Path], progress: bool = False) -> IngestReport:
-        report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest(paths, progress)
+    def ingest(
+        self,
+        paths: Sequence[str | Path],
+        progress: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> IngestReport:
+        report = self._ingestor().ingest(paths, progress, should_stop)
         if report.added or report.updated or report.deleted:
             self.refresh_index()
         return report
 
-    def ingest_documents(self, documents: Sequence[Document]) -> IngestReport:
-        report = Ingestor(self.store, self.embedder, self.settings.rag.ingest).ingest_documents(documents)
+    def ingest_documents(
+        self,
+        documents: Sequence[Document],
+        on_progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> IngestReport:
+        """Add or replace `documents`; `should_stop()` -> True stops it before anything is written
+        (`EmbeddingInterrupted`)."""
+        report = self._ingestor().ingest_documents(
+            documents, on_progress=on_progress, should_stop=should_stop
+        )
         if report.added or report.updated or report.deleted:
             self.refresh_index()
         return report
+
+    def chunk_count(self, documents: Sequence[Document]) -> int:
+        """How many chunks `documents` make with the configured chunker (no model, no store)."""
+        return len(self._ingestor().chunk(documents))
+
+    def _ingestor(self) -> Ingestor:
+        return Ingestor(self.store, self.embedder, self.settings.rag.ingest)
 
     def refresh_index(self) -> None:
         """Rebuild the BM25 index over the whole collection and the chain that uses it."""

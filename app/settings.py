@@ -58,6 +58,9 @@ class ModelsSettings(_Strict):
     batch_size: int = Field(32, ge=1, le=1024)
     cache_dir: str = "target/models"
     device: str = "cpu"
+    # Ingest embeds in slices of about this many milliseconds and lets waiting queries go first between
+    # slices, so a query waits for at most one slice behind a large write.
+    ingest_slice_ms: float = Field(250.0, gt=0.0)
 
 
 class IngestSettings(_Strict):
@@ -66,6 +69,8 @@ class IngestSettings(_Strict):
     chunk_size: int = Field(600, ge=50, description="characters per chunk, at most")
     chunk_overlap: int = Field(100, ge=0)
     min_chunk_chars: int = Field(1, ge=1)
+    # A longer document is refused (422 over HTTP, a load error naming the file from disk).
+    max_document_chars: int = Field(500_000, ge=1)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:
@@ -199,11 +204,43 @@ class EvaluateSettings(_Strict):
     fail_on_invalid_golden_set: bool = False
 
 
+TOKEN_MIN_CHARS = 16
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    # Required by POST /api/evaluations; None disables that endpoint.
+    # Every write over HTTP (POST /api/documents, POST /api/evaluations) and the evaluation reports need
+    # `Authorization: Bearer <admin_token>`; None turns those endpoints off (403 saying how to turn them on).
     admin_token: str | None = None
+    # When set, every other /api/* request needs `Authorization: Bearer <api_token>` (or the admin token);
+    # /health, /ready and /docs stay open.
+    api_token: str | None = None
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    # A write that makes more chunks than this runs as a background job (202 + GET /api/jobs/{id}).
+    sync_write_chunks: int = Field(64, ge=1)
+    # SIGTERM stops the server within this many seconds, interrupting a running write between batches.
+    shutdown_seconds: float = Field(10.0, gt=0.0, le=600.0)
+    # Where write jobs are recorded; a job unfinished at shutdown is reported interrupted at the next start.
+    jobs_dir: str = "target/jobs"
+    keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")
+
+    @field_validator("admin_token", "api_token")
+    @classmethod
+    def _usable_token(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if len(value) < TOKEN_MIN_CHARS:
+            raise ValueError(f"must be at least {TOKEN_MIN_CHARS} characters (a long random string)")
+        if not all(33 <= ord(ch) <= 126 for ch in value):
+            raise ValueError("must be printable ASCII without spaces (it travels in an HTTP header)")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> ServerSettings:
+        if self.api_token is not None and self.api_token == self.admin_token:
+            raise ValueError("api_token must differ from admin_token (a reader would be able to write)")
+        return self
 
 
 class RagSettings(_Strict):
@@ -289,6 +326,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         where = _origin_of(err["loc"], yaml_data, path)
         if err["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key '{key}' (check the spelling against config/application.yml)")
+        elif str(err["loc"][-1]).endswith("token"):  # never echo a secret into a log
+            lines.append(f"{where}: '{key}': {err['msg']}")
         else:
             lines.append(f"{where}: '{key}': {err['msg']} (got {err.get('input')!r})")
     return "invalid configuration:\n  " + "\n  ".join(lines)

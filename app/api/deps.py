@@ -1,14 +1,32 @@
-"""Request dependencies: the application state and the loaded Sieve."""
+"""Request dependencies: the application state, the loaded Sieve, and who may call what.
+
+Access, by `rag.server` settings:
+- writes (`POST /api/documents`, `POST /api/evaluations`), the evaluation reports and the jobs need
+  `Authorization: Bearer <admin_token>`; with no admin token configured they answer 403;
+- every other `/api/*` route needs `Bearer <api_token>` when one is configured (the admin token works too);
+- `/health`, `/ready` and the OpenAPI pages are always open.
+The scheme is case-insensitive; tokens are compared as bytes in constant time. A header that is missing,
+malformed or not ASCII is a 401, never an error of the server.
+"""
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPBearer
+
+from app.api.errors import ApiError
 
 if TYPE_CHECKING:
     from app.main import AppState
     from app.service import Sieve
+
+# Declares the scheme in the OpenAPI document; the header itself is read and checked below.
+bearer = HTTPBearer(auto_error=False, description="rag.server.api_token, or rag.server.admin_token")
+
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 
 
 def sieve_state(request: Request) -> AppState:
@@ -17,9 +35,58 @@ def sieve_state(request: Request) -> AppState:
 
 def require_sieve(request: Request) -> Sieve:
     """The loaded Sieve, or a 503 that says what startup is doing."""
-    from app.api.errors import ApiError
-
     state = sieve_state(request)
     if state.sieve is None or not state.ready:
         raise ApiError(503, f"not ready: {state.error or state.phase}")
     return state.sieve  # type: ignore[return-value]
+
+
+def bearer_token(request: Request) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header as bytes; None when there is no usable one
+    (absent, another scheme, empty, or not ASCII)."""
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    try:
+        return token.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+
+
+def token_matches(given: bytes | None, expected: str | None) -> bool:
+    return given is not None and expected is not None and hmac.compare_digest(given, expected.encode("ascii"))
+
+
+def require_reader(request: Request, _: object = Security(bearer)) -> None:
+    """Reads: open unless `rag.server.api_token` is set; then that token or the admin token."""
+    server = sieve_state(request).settings.rag.server
+    if server.api_token is None:
+        return
+    given = bearer_token(request)
+    if not (token_matches(given, server.api_token) or token_matches(given, server.admin_token)):
+        raise ApiError(
+            401,
+            "missing or wrong token: send 'Authorization: Bearer <rag.server.api_token>'",
+            headers=UNAUTHORIZED_HEADERS,
+        )
+
+
+def require_admin(request: Request, _: object = Security(bearer)) -> None:
+    """Writes and reports: the admin token; 403 when none is configured."""
+    server = sieve_state(request).settings.rag.server
+    if server.admin_token is None:
+        raise ApiError(
+            403,
+            "this endpoint is off: set rag.server.admin_token (e.g. RAG__SERVER__ADMIN_TOKEN) to a long "
+            "random string and send it as 'Authorization: Bearer <token>'",
+        )
+    if not token_matches(bearer_token(request), server.admin_token):
+        raise ApiError(
+            401,
+            "missing or wrong admin token: send 'Authorization: Bearer <rag.server.admin_token>'",
+            headers=UNAUTHORIZED_HEADERS,
+        )

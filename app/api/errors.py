@@ -15,16 +15,19 @@ log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, **extra: Any):
+    """An answer a route chose: `{"error": message, **extra}` with `status` (and `headers`)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any):
         self.status = status
         self.message = message
+        self.headers = headers
         self.extra = extra
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status)
+        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

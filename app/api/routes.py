@@ -1,29 +1,36 @@
-"""HTTP routes: retrieval, ingest, health/readiness and evaluations."""
+"""HTTP routes: retrieval, ingest (with write jobs), health/readiness and evaluations.
+
+Who may call what is decided by the dependencies in `app.api.deps` (reads, writes); see its docstring."""
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import require_sieve, sieve_state
+from app.api.deps import require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError
+from app.api.jobs import Job, JobInterrupted
 from app.api.schemas import (
     DocumentsRequest,
     IngestResponse,
+    JobAccepted,
     RetrieveRequest,
     RetrieveResponse,
     retrieve_response,
 )
+from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
+from app.models import EmbeddingInterrupted
 
 log = logging.getLogger(__name__)
 
 router = APIRouter()
+reader = [Depends(require_reader)]
+admin = [Depends(require_admin)]
 
 
 @router.get("/health", tags=["ops"])
@@ -46,7 +53,7 @@ def ready(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=503)
 
 
-@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"])
+@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"], dependencies=reader)
 def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     sieve = require_sieve(request)
     limit = sieve.settings.rag.retrieval.max_query_chars
@@ -61,11 +68,50 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     return retrieve_response(result, debug=body.debug)
 
 
-@router.post("/api/documents", response_model=IngestResponse, tags=["ingest"])
-def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
-    """Add or replace documents (JSON objects with `id`, `title`, `text` and any scalar metadata)."""
+@router.post(
+    "/api/documents",
+    response_model=IngestResponse,
+    tags=["ingest"],
+    dependencies=admin,
+    responses={202: {"model": JobAccepted, "description": "a large write, accepted as a background job"}},
+)
+def add_documents(body: DocumentsRequest, request: Request) -> Any:
+    """Add or replace documents (JSON objects with `id`, `title`, `text` and any scalar metadata).
+
+    A write of at most `rag.server.sync_write_chunks` chunks is done before the answer (200, the ingest
+    report). A larger one, or one that arrives while another write runs, becomes a job: 202 `{"job": id}`,
+    then `GET /api/jobs/{id}` shows its progress and, once done, the same ingest report."""
     state = sieve_state(request)
     sieve = require_sieve(request)
+    docs = _documents(body, state.settings.rag.ingest.max_document_chars)
+    chunks = sieve.chunk_count(docs)
+    if chunks <= state.settings.rag.server.sync_write_chunks and state.write_lock.acquire(blocking=False):
+        try:
+            report = sieve.ingest_documents(docs, should_stop=state.stopping.is_set)
+        except EmbeddingInterrupted as exc:
+            raise ApiError(503, f"the server is shutting down; nothing was written ({exc})") from None
+        finally:
+            state.write_lock.release()
+        return ingest_view(report)
+    job = state.jobs.create("ingest", documents=len(docs), chunks=chunks)
+
+    def work(job: Job) -> dict[str, Any]:
+        def progress(done: int, total: int) -> None:
+            state.jobs.update(job, embedded=done)
+
+        with state.write_lock:
+            try:
+                report = sieve.ingest_documents(docs, on_progress=progress, should_stop=state.stopping.is_set)
+            except EmbeddingInterrupted as exc:
+                raise JobInterrupted(f"the server shut down; nothing was written ({exc})") from None
+        return ingest_view(report).model_dump()
+
+    state.job_runner.submit(job, work)
+    log.info("job %s queued: %d documents, %d chunks", job.id, len(docs), chunks)
+    return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
+
+
+def _documents(body: DocumentsRequest, max_chars: int) -> list[Document]:
     docs = []
     for i, item in enumerate(body.documents):
         extra = dict(item.model_extra or {})
@@ -80,21 +126,48 @@ def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
             raise ApiError(
                 422, f"documents[{i}] (id {item.id}): text must not be blank", field=f"documents.{i}.text"
             )
+        if len(item.text) > max_chars:
+            raise ApiError(
+                422,
+                f"documents[{i}] (id {item.id}): text has {len(item.text)} characters, more than "
+                f"rag.ingest.max_document_chars={max_chars}",
+                field=f"documents.{i}.text",
+            )
         docs.append(Document(doc_id=item.id, text=item.text, title=item.title, metadata=extra, origin="api"))
-    with state.write_lock:
-        report = sieve.ingest_documents(docs)
+    return docs
+
+
+def ingest_view(report: IngestReport) -> IngestResponse:
     return IngestResponse(
         documents=report.documents,
         chunks=report.chunks,
         added=report.added,
+        updated=report.updated,
         unchanged=report.unchanged,
         deleted=report.deleted,
         errors=[str(e) for e in report.errors],
     )
 
 
-@router.get("/api/evaluations/latest", tags=["evaluation"])
+@router.get("/api/jobs", tags=["ingest"], dependencies=admin)
+def list_jobs(request: Request) -> JSONResponse:
+    """Write jobs, newest first: the running and queued ones and the last `rag.server.keep_jobs` finished."""
+    return JSONResponse({"jobs": [job.view() for job in sieve_state(request).jobs.all()]})
+
+
+@router.get("/api/jobs/{job_id}", tags=["ingest"], dependencies=admin)
+def get_job(job_id: str, request: Request) -> JSONResponse:
+    """One job: `state` (queued, running, done, failed, interrupted), `progress`, `report` or `error`."""
+    job = sieve_state(request).jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, f"no job {job_id!r} (GET /api/jobs lists the known ones)", field="job_id")
+    return JSONResponse(job.view())
+
+
+@router.get("/api/evaluations/latest", tags=["evaluation"], dependencies=admin)
 def latest_evaluation(request: Request) -> JSONResponse:
+    """The latest evaluation report (JSON). It holds every golden query and the ids of draft and retired
+    documents, so it needs the admin token."""
     from app.evaluation.startup import latest_report_path
 
     state = sieve_state(request)
@@ -102,28 +175,18 @@ def latest_evaluation(request: Request) -> JSONResponse:
     if not path.exists():
         raise ApiError(
             404,
-            f"no evaluation report yet ({path} does not exist); run one with POST /api/evaluations "
+            f"no evaluation report yet ({path.name} does not exist); run one with POST /api/evaluations "
             f"or start with rag.evaluate.enabled=true",
         )
     return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
 
 
-@router.post("/api/evaluations", tags=["evaluation"])
-def run_evaluation(
-    request: Request,
-    authorization: str | None = Header(None),
-    x_admin_token: str | None = Header(None),
-) -> JSONResponse:
-    """Run an evaluation now; needs `Authorization: Bearer <rag.server.admin_token>` (or `X-Admin-Token`)."""
+@router.post("/api/evaluations", tags=["evaluation"], dependencies=admin)
+def run_evaluation(request: Request) -> JSONResponse:
+    """Run an evaluation now (admin token) and return its report."""
     from app.evaluation.startup import run_startup_evaluation
 
     state = sieve_state(request)
-    expected = state.settings.rag.server.admin_token
-    if not expected:
-        raise ApiError(403, "evaluations over HTTP are disabled: set rag.server.admin_token")
-    given = x_admin_token or (authorization or "").removeprefix("Bearer ").strip()
-    if not given or not secrets.compare_digest(given, expected):
-        raise ApiError(401, "missing or wrong admin token")
     sieve = require_sieve(request)
     if not state.write_lock.acquire(blocking=False):
         raise ApiError(409, "an evaluation or ingest is already running")

@@ -98,9 +98,14 @@ class IngestResponse(BaseModel):
     documents: int
     chunks: int
     added: int
+    updated: int = Field(description="metadata rewritten, text and vector unchanged")
     unchanged: int
     deleted: int
     errors: list[str]
+
+
+class JobAccepted(BaseModel):
+    job: str = Field(description="the job id; GET /api/jobs/{job} shows its progress and result")
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:

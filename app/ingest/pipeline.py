@@ -4,14 +4,16 @@ Idempotent: a chunk whose id is already stored is neither embedded nor written a
 from its content). A changed document gets its new chunks written first and its stale chunks deleted
 after, so a crash in between leaves extra chunks, never missing ones. Documents that disappeared from a
 file that loaded cleanly, or whose file was deleted from an ingested directory, lose their chunks. A file
-with errors keeps whatever it had in the index: a typo never deletes good content.
+with errors keeps whatever it had in the index: a typo never deletes good content. Every new chunk is
+embedded before anything is written, so an ingest stopped during the embedding (a shutdown) leaves the
+store as it was.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +32,13 @@ PROGRESS_THRESHOLD = 200  # show a progress bar when embedding at least this man
 
 
 class PassageEmbedder(Protocol):
-    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray: ...
+    def embed_passages(
+        self,
+        texts: list[str],
+        show_progress: bool = False,
+        on_progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray: ...
 
 
 @dataclass
@@ -59,10 +67,44 @@ class Ingestor:
         self.embedder = embedder
         self.settings = settings
 
-    def ingest(self, paths: Sequence[str | Path], progress: bool = False) -> IngestReport:
+    def ingest(
+        self,
+        paths: Sequence[str | Path],
+        progress: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> IngestReport:
         """Ingest files and directories; removes what disappeared from them (see the module docstring)."""
         loaded = load_paths(list(paths))
-        return self.ingest_documents(loaded.documents, loaded.errors, loaded.files, paths, progress)
+        documents, too_long = self.split_too_long(loaded.documents)
+        return self.ingest_documents(
+            documents, [*loaded.errors, *too_long], loaded.files, paths, progress, should_stop=should_stop
+        )
+
+    def split_too_long(self, documents: Sequence[Document]) -> tuple[list[Document], list[LoadError]]:
+        """(documents within `max_document_chars`, one error naming each longer one)."""
+        limit = self.settings.max_document_chars
+        kept: list[Document] = []
+        errors: list[LoadError] = []
+        for doc in documents:
+            if len(doc.text) > limit:
+                errors.append(
+                    LoadError(
+                        doc.origin,
+                        doc.line,
+                        f"document '{doc.doc_id}' has {len(doc.text)} characters, more than "
+                        f"rag.ingest.max_document_chars={limit}",
+                    )
+                )
+            else:
+                kept.append(doc)
+        return kept, errors
+
+    def chunk(self, documents: Sequence[Document]) -> list[Chunk]:
+        """The chunks `documents` make with these settings (cheap: no model, no store)."""
+        s = self.settings
+        return [
+            c for d in documents for c in chunk_document(d, s.chunk_size, s.chunk_overlap, s.min_chunk_chars)
+        ]
 
     def ingest_documents(
         self,
@@ -71,20 +113,18 @@ class Ingestor:
         files: Sequence[str] = (),
         roots: Sequence[str | Path] = (),
         progress: bool = False,
+        on_progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
-        """Add or replace `documents`; `files`/`roots` (what was read) let deletions be detected."""
+        """Add or replace `documents`; `files`/`roots` (what was read) let deletions be detected.
+
+        Nothing is written until every new chunk is embedded: `should_stop()` returning True during the
+        embedding raises `EmbeddingInterrupted` with the store untouched. `on_progress(done, total)` counts
+        embedded chunks."""
         start = time.perf_counter()
-        chunks: list[Chunk] = []
-        titles: dict[str, str] = {}
-        origins: dict[str, str] = {}
-        for doc in documents:
-            titles[doc.doc_id] = doc.title
-            origins[doc.doc_id] = doc.origin
-            chunks.extend(
-                chunk_document(
-                    doc, self.settings.chunk_size, self.settings.chunk_overlap, self.settings.min_chunk_chars
-                )
-            )
+        titles = {doc.doc_id: doc.title for doc in documents}
+        origins = {doc.doc_id: doc.origin for doc in documents}
+        chunks = self.chunk(documents)
 
         existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
         new_ids = {c.chunk_id for c in chunks}
@@ -96,12 +136,16 @@ class Ingestor:
             for c in chunks
             if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
         ]
-        if retagged:
-            self.store.update_metadata([cid for cid, _ in retagged], [meta for _, meta in retagged])
+        vectors = None
         if fresh:
             texts = [embedding_text(c, titles[c.doc_id]) for c in fresh]
             show = progress and len(fresh) >= PROGRESS_THRESHOLD
-            vectors = self.embedder.embed_passages(texts, show_progress=show)
+            vectors = self.embedder.embed_passages(
+                texts, show_progress=show, on_progress=on_progress, should_stop=should_stop
+            )
+        if retagged:
+            self.store.update_metadata([cid for cid, _ in retagged], [meta for _, meta in retagged])
+        if fresh:
             stored = [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c in fresh]
             self.store.upsert(stored, vectors)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from app.models.e5_convert import PASSAGE_PROMPT, QUERY_PROMPT, E5ConversionError, ensure_e5_folder
+from app.models.priority import PriorityLock
 from app.settings import ModelsSettings
 
 E5_NAME = "multilingual-e5-small"
@@ -41,6 +42,15 @@ class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message names the model and what was tried."""
 
 
+class EmbeddingInterrupted(RuntimeError):
+    """`embed_passages` was asked to stop between two slices; nothing it computed is returned."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"embedding interrupted after {done} of {total} passages")
+        self.done = done
+        self.total = total
+
+
 class Embedder:
     """Unit-length float32 embeddings for queries and passages, with the model's prompts applied."""
 
@@ -52,6 +62,7 @@ class Embedder:
         batch_size: int = 32,
         query_prompt: str = "",
         passage_prompt: str = "",
+        slice_ms: float = 250.0,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
@@ -65,38 +76,91 @@ class Embedder:
         self.batch_size = batch_size
         self.query_prompt = query_prompt
         self.passage_prompt = passage_prompt
+        self.slice_ms = slice_ms
         # Wall time spent inside the model's encode calls; benchmarks print it.
         self.model_seconds = 0.0
-        self._lock = threading.Lock()
+        self._lock = PriorityLock()
+        self._ms_per_passage: float | None = None  # measured on the slices so far
 
     def identity(self) -> dict[str, Any]:
         """What the vector store records, so vectors of different models are never mixed."""
         return {"name": self.name, "dimension": self.dimension, "checksum": self.checksum}
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return self._encode(texts, self.query_prompt, show_progress=False)
+        """Query vectors; a query goes before any waiting ingest slice."""
+        with self._lock.urgent():
+            return self._encode(texts, self.query_prompt, show_progress=False)
 
-    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
-        return self._encode(texts, self.passage_prompt, show_progress)
+    def embed_passages(
+        self,
+        texts: list[str],
+        show_progress: bool = False,
+        on_progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
+        """Passage vectors, computed in slices of about `slice_ms` each so that queries can go between them.
+
+        Passages are sliced in order of length (similar lengths pad little) and returned in input order.
+        `on_progress(done, total)` is called after each slice; `should_stop()` is asked before each one and
+        True raises `EmbeddingInterrupted` (a shutdown does not wait for a long ingest to finish).
+        """
+        total = len(texts)
+        out = np.zeros((total, self.dimension), dtype=np.float32)
+        order = sorted(range(total), key=lambda i: -len(texts[i]))
+        bar = _progress_bar(total) if show_progress and total else None
+        done = 0
+        try:
+            while done < total:
+                if should_stop is not None and should_stop():
+                    raise EmbeddingInterrupted(done, total)
+                size = self._slice_size()
+                idx = order[done : done + size]
+                with self._lock.background():
+                    started = time.perf_counter()
+                    out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
+                    self._learn((time.perf_counter() - started) * 1000 / len(idx))
+                done += len(idx)
+                if bar is not None:
+                    bar.update(len(idx))
+                if on_progress is not None:
+                    on_progress(done, total)
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+    def _slice_size(self) -> int:
+        if self._ms_per_passage is None:
+            return 1  # the first slice measures the model on this machine
+        return max(1, min(self.batch_size, int(self.slice_ms / self._ms_per_passage)))
+
+    def _learn(self, ms_per_passage: float) -> None:
+        previous = self._ms_per_passage
+        self._ms_per_passage = ms_per_passage if previous is None else 0.7 * previous + 0.3 * ms_per_passage
 
     def _encode(self, texts: list[str], prompt: str, show_progress: bool) -> np.ndarray:
+        """One model call; the caller holds the lock (one call at a time keeps model_seconds honest)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        # One encode at a time: torch already uses every core we gave it, and model_seconds stays honest.
-        with self._lock:
-            started = time.perf_counter()
-            try:
-                vectors = self.model.encode(
-                    list(texts),
-                    prompt=prompt or None,
-                    batch_size=self.batch_size,
-                    show_progress_bar=show_progress,
-                    convert_to_numpy=True,
-                    normalize_embeddings=True,
-                )
-            finally:
-                self.model_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        try:
+            vectors = self.model.encode(
+                list(texts),
+                prompt=prompt or None,
+                batch_size=self.batch_size,
+                show_progress_bar=show_progress,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+            )
+        finally:
+            self.model_seconds += time.perf_counter() - started
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="embedding", unit="passage")
 
 
 def load_embedder(settings: ModelsSettings) -> Embedder:
@@ -130,7 +194,9 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_prompt = settings.query_prompt
     if settings.passage_prompt is not None:
         passage_prompt = settings.passage_prompt
-    return Embedder(model, name, checksum, settings.batch_size, query_prompt, passage_prompt)
+    return Embedder(
+        model, name, checksum, settings.batch_size, query_prompt, passage_prompt, settings.ingest_slice_ms
+    )
 
 
 def _load_folder(folder: Path, requested: str, what: str, device: str) -> Any:

@@ -32,6 +32,8 @@ SIEVE = Path(sys.executable).with_name("sieve")
 STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
 READY_TIMEOUT_S = 180.0
 EXIT_TIMEOUT_S = 20.0
+ADMIN_TOKEN = "e2e-admin-token-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 # -- the seeded store (same helper in tests/integration/test_api.py and tests/integration/test_cli.py) -----
@@ -87,6 +89,8 @@ def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[...
             "RAG__STORE__PATH": str(seeded_store(tmp_path / "store")),
             "RAG__EVALUATE__OUTPUT_DIR": str(output_dir),
             "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE),
+            "RAG__SERVER__JOBS_DIR": str(tmp_path / "jobs"),
+            "RAG__SERVER__ADMIN_TOKEN": ADMIN_TOKEN,
             **extra_env,
         }
         log_path = tmp_path / "serve.log"
@@ -209,7 +213,7 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
         en = client.post("/api/retrieve", json={"query": "When is salary paid?"})
         assert en.status_code == 200
         assert "hr-payroll-en" in [d["docId"] for d in en.json()["documents"][:2]]
-        assert client.get("/api/evaluations/latest").json() == report
+        assert client.get("/api/evaluations/latest", headers=ADMIN).json() == report
 
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit(EXIT_TIMEOUT_S) == 0, server.tail()

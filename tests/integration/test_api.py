@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS_CACHE = REPO / "target" / "models"
 GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
 ADMIN_TOKEN = "s3cret-admin-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 MAX_QUERY_CHARS = 200
 STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
 READY_TIMEOUT_S = 30.0
@@ -48,6 +49,7 @@ def make_settings(store_path: Path, output_dir: Path, *overrides: dict[str, Any]
             nested("rag.evaluate.resource_location", str(GOLDEN_SET)),
             nested("rag.evaluate.output_dir", str(output_dir)),
             nested("rag.retrieval.max_query_chars", MAX_QUERY_CHARS),
+            nested("rag.server.jobs_dir", str(output_dir / "jobs")),
             *overrides,
         )
     )
@@ -258,12 +260,13 @@ def test_added_document_is_retrievable(client: TestClient) -> None:
         "knowledge": "api-test",
         "owner": "facilities",
     }
-    added = client.post("/api/documents", json={"documents": [document]})
+    added = client.post("/api/documents", json={"documents": [document]}, headers=ADMIN)
     assert added.status_code == 200
     assert added.json() == {
         "documents": 1,
         "chunks": 1,
         "added": 1,
+        "updated": 0,
         "unchanged": 0,
         "deleted": 0,
         "errors": [],
@@ -275,13 +278,15 @@ def test_added_document_is_retrievable(client: TestClient) -> None:
     assert [d["docId"] for d in body["documents"]] == ["api-test-unicorn-allowance"]
     assert body["documents"][0]["knowledgeTag"] == "api-test"
 
-    again = client.post("/api/documents", json={"documents": [document]})
+    again = client.post("/api/documents", json={"documents": [document]}, headers=ADMIN)
     assert again.json()["added"] == 0 and again.json()["unchanged"] == 1
 
 
 def test_nested_document_metadata_is_422_naming_the_field(client: TestClient) -> None:
     response = client.post(
-        "/api/documents", json={"documents": [{"id": "bad-doc", "text": "text", "owner": {"team": "hr"}}]}
+        "/api/documents",
+        json={"documents": [{"id": "bad-doc", "text": "text", "owner": {"team": "hr"}}]},
+        headers=ADMIN,
     )
     assert response.status_code == 422
     assert response.json()["field"] == "documents.0.owner"
@@ -292,7 +297,7 @@ def test_nested_document_metadata_is_422_naming_the_field(client: TestClient) ->
 
 
 def test_latest_evaluation_is_404_before_any_run(client: TestClient, app_settings: Settings) -> None:
-    response = client.get("/api/evaluations/latest")
+    response = client.get("/api/evaluations/latest", headers=ADMIN)
     assert response.status_code == 404
     assert "no evaluation report yet" in response.json()["error"]
 
@@ -306,13 +311,15 @@ def test_evaluations_are_403_without_a_configured_admin_token(sieve: Sieve, tmp_
     assert "rag.server.admin_token" in response.json()["error"]
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Admin-Token": "wrong"}])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"X-Admin-Token": ADMIN_TOKEN}])
 def test_evaluations_are_401_with_a_missing_or_wrong_token(
     client: TestClient, headers: dict[str, str]
 ) -> None:
     response = client.post("/api/evaluations", headers=headers)
     assert response.status_code == 401
-    assert response.json() == {"error": "missing or wrong admin token"}
+    assert response.json() == {
+        "error": "missing or wrong admin token: send 'Authorization: Bearer <rag.server.admin_token>'"
+    }
 
 
 def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
@@ -330,7 +337,7 @@ def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
     payroll = next(c for c in report["cases"] if c["query"] == "工资什么时候发")
     assert payroll["rankedDocuments"][0]["docId"] == "hr-payroll-zh"
 
-    latest = client.get("/api/evaluations/latest")
+    latest = client.get("/api/evaluations/latest", headers=ADMIN)
     assert latest.status_code == 200
     assert latest.json() == report
     assert (Path(app_settings.rag.evaluate.output_dir) / "retrieval-eval-latest.md").exists()

@@ -1,0 +1,122 @@
+"""The embedder's priority lock and its sliced passage embedding, with a fake model (no torch)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.models.embedder import Embedder, EmbeddingInterrupted
+from app.models.priority import PriorityLock
+
+
+class FakeModel:
+    """Encodes a text as [len(text), 1, 0, ...] normalised; records every call and can be made slow."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.calls: list[tuple[str | None, list[str]]] = []
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return 4
+
+    def encode(self, texts, prompt=None, **_: object) -> np.ndarray:
+        self.calls.append((prompt, list(texts)))
+        time.sleep(self.delay)
+        vecs = np.array([[len(t), 1.0, 0.0, 0.0] for t in texts], dtype=np.float32)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+def embedder(model: FakeModel, slice_ms: float = 250.0, batch_size: int = 32) -> Embedder:
+    return Embedder(model, "fake", "0", batch_size, "q: ", "p: ", slice_ms)
+
+
+def test_passages_come_back_in_input_order_whatever_the_slicing() -> None:
+    texts = ["a" * n for n in (3, 10, 1, 7, 5)]
+    out = embedder(FakeModel()).embed_passages(texts)
+    expected = np.array([[n, 1, 0, 0] for n in (3, 10, 1, 7, 5)], dtype=np.float32)
+    np.testing.assert_allclose(out, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_the_first_slice_is_one_passage_then_slices_fit_the_time_budget() -> None:
+    model = FakeModel(delay=0.01)  # 10 ms a call: about 10 ms a passage for single-passage slices
+    emb = embedder(model, slice_ms=50.0)
+    emb.embed_passages(["x"] * 40)
+    sizes = [len(texts) for _, texts in model.calls]
+    assert sizes[0] == 1
+    assert sum(sizes) == 40
+    assert max(sizes) <= 32 and max(sizes) > 1
+
+
+def test_progress_is_reported_after_every_slice() -> None:
+    seen: list[tuple[int, int]] = []
+    embedder(FakeModel()).embed_passages(["x"] * 5, on_progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1] == (5, 5)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_should_stop_interrupts_between_slices() -> None:
+    model = FakeModel()
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2  # two slices run, the third is refused
+
+    with pytest.raises(EmbeddingInterrupted) as info:
+        embedder(model, slice_ms=1e-6).embed_passages(["x"] * 10, should_stop=stop)
+    assert (info.value.done, info.value.total) == (2, 10)
+    assert len(model.calls) == 2
+
+
+def test_a_query_waits_for_at_most_the_slice_in_progress() -> None:
+    # Each model call takes 50 ms; slices are one passage (slice budget below one call). A query sent while
+    # the ingest runs must be the very next model call after the slice in progress.
+    model = FakeModel(delay=0.05)
+    emb = embedder(model, slice_ms=1.0)
+    ingest = threading.Thread(target=emb.embed_passages, args=(["passage"] * 20,))
+    ingest.start()
+    time.sleep(0.12)  # the ingest is inside its third slice
+    calls_before = len(model.calls)
+    emb.embed_queries(["the query"])
+    ingest.join()
+    prompts = [prompt for prompt, _ in model.calls]
+    assert prompts.index("q: ") <= calls_before  # at most the slice in progress ran before it
+    assert prompts.count("p: ") == 20
+
+
+def test_background_waits_while_an_urgent_caller_waits() -> None:
+    lock = PriorityLock()
+    order: list[str] = []
+    holder_in = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with lock.background():
+            holder_in.set()
+            release.wait(5)
+            order.append("first background")
+
+    def background() -> None:
+        with lock.background():
+            order.append("background")
+
+    def urgent() -> None:
+        with lock.urgent():
+            order.append("urgent")
+
+    first = threading.Thread(target=hold)
+    first.start()
+    holder_in.wait(5)
+    waiting_bg = threading.Thread(target=background)
+    waiting_bg.start()
+    time.sleep(0.05)
+    waiting_urgent = threading.Thread(target=urgent)
+    waiting_urgent.start()
+    time.sleep(0.05)
+    release.set()
+    for t in (first, waiting_bg, waiting_urgent):
+        t.join(5)
+    assert order == ["first background", "urgent", "background"]
