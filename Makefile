@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load clean
 
 install: $(STAMP)
 
@@ -42,6 +42,10 @@ bench-quality: install
 # The grid the defaults were chosen from, on SciFact's train split -> docs/benchmarks.md.
 bench-tune: install
 	$(BIN)/python scripts/bench_quality.py --tune
+
+# Query latency idle, during a 300-chunk write, and with 8 concurrent clients -> docs/benchmarks.md.
+bench-load: install
+	$(BIN)/python scripts/bench_load.py
 
 clean:
 	rm -rf $(VENV)

@@ -228,7 +228,7 @@ class ServerSettings(_Strict):
     @field_validator("admin_token", "api_token")
     @classmethod
     def _usable_token(cls, value: str | None) -> str | None:
-        if value is None:
+        if value is None or value == "":  # an empty variable (compose's `${X:-}`) means "not set"
             return None
         if len(value) < TOKEN_MIN_CHARS:
             raise ValueError(f"must be at least {TOKEN_MIN_CHARS} characters (a long random string)")

@@ -86,7 +86,8 @@ def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[...
         output_dir = tmp_path / "retrieval-eval"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
         env |= {
-            "RAG__STORE__PATH": str(seeded_store(tmp_path / "store")),
+            # a second start in one test reopens the first one's store
+            "RAG__STORE__PATH": str(store if (store := tmp_path / "store").exists() else seeded_store(store)),
             "RAG__EVALUATE__OUTPUT_DIR": str(output_dir),
             "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE),
             "RAG__SERVER__JOBS_DIR": str(tmp_path / "jobs"),
@@ -261,3 +262,61 @@ def test_broken_golden_set_is_reported_and_the_service_still_serves(serve, tmp_p
         assert response.json()["documents"][0]["docId"] == "hr-payroll-zh"
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit(EXIT_TIMEOUT_S) == 0, server.tail()
+
+
+# -- a large write, then SIGTERM ---------------------------------------------------------------------------
+
+
+def big_document(doc_id: str, sections: int) -> dict[str, str]:
+    """A Markdown document of `sections` sections, one chunk each."""
+    body = "\n\n".join(
+        f"## Topic {i}\n\nThe archive procedure number {i} describes how folder {i} is stored and retrieved."
+        for i in range(sections)
+    )
+    return {"id": doc_id, "title": "Archive procedures", "text": body, "knowledge": "archive"}
+
+
+def test_sigterm_during_a_large_write_stops_in_time_and_the_next_start_reports_the_job(serve) -> None:
+    shutdown_seconds = 5
+    env = {"RAG__SERVER__SHUTDOWN_SECONDS": str(shutdown_seconds)}
+    server = serve(**env)
+    server.wait_ready()
+    with api(server) as client:
+        chunks_before = client.post("/api/retrieve", json={"query": "archive procedure"}).json()[
+            "originalCount"
+        ]
+        accepted = client.post(
+            "/api/documents", json={"documents": [big_document("archive-big", 300)]}, headers=ADMIN
+        )
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["job"]
+        deadline = time.monotonic() + 60
+        while client.get(f"/api/jobs/{job_id}", headers=ADMIN).json()["progress"]["embedded"] == 0:
+            assert time.monotonic() < deadline, server.tail()
+            time.sleep(0.2)
+        # the write is under way: a query still gets through
+        assert client.post("/api/retrieve", json={"query": "工资什么时候发"}).status_code == 200
+
+    stop_asked = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(shutdown_seconds + 10) == 0, server.tail()
+    took = time.monotonic() - stop_asked
+    assert took < shutdown_seconds, f"stopped after {took:.1f}s:\n{server.tail()}"
+    assert f"job {job_id} interrupted" in server.log()
+
+    again = serve(**env)
+    again.wait_ready()
+    with api(again) as client:
+        job = client.get(f"/api/jobs/{job_id}", headers=ADMIN).json()
+        assert job["state"] == "interrupted", job
+        assert "nothing" in job["error"] and "written" in job["error"]
+        # nothing of the interrupted write is in the store
+        after = client.post(
+            "/api/retrieve", json={"query": "archive procedure", "knowledgeTag": "archive"}
+        ).json()
+        assert after["documents"] == []
+        assert client.post("/api/retrieve", json={"query": "archive procedure"}).json()["originalCount"] == (
+            chunks_before
+        )
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.wait_exit(EXIT_TIMEOUT_S) == 0, again.tail()

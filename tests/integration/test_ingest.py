@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.ingest.pipeline import Ingestor
-from app.models import load_embedder
+from app.models import EmbeddingInterrupted, load_embedder
 from app.settings import IngestSettings, ModelsSettings, StoreSettings
 from app.store import ChromaStore
 
@@ -74,9 +74,9 @@ class CountingEmbedder:
         self.inner = inner
         self.embedded: list[str] = []
 
-    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
+    def embed_passages(self, texts: list[str], show_progress: bool = False, **slicing) -> np.ndarray:
         self.embedded.extend(texts)
-        return self.inner.embed_passages(texts, show_progress=show_progress)
+        return self.inner.embed_passages(texts, show_progress=show_progress, **slicing)
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +278,40 @@ def test_chunk_ids_are_the_same_in_two_fresh_stores(tmp_path, tiny_embedder):
     finally:
         first.close()
         second.close()
+
+
+def test_a_document_over_max_document_chars_is_an_error_naming_its_line_and_keeps_what_it_had(
+    tmp_path, harness
+):
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    limit = max(len(r["text"]) for r in JSONL)
+    harness.ingestor.settings = IngestSettings(paths=[], max_document_chars=limit)
+    long_j2 = {**JSONL[1], "text": "x" * (limit + 1)}
+    (kb / "docs.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [JSONL[0], long_j2, JSONL[2]]), encoding="utf-8"
+    )
+
+    report = harness.ingest(kb / "docs.jsonl")
+    (error,) = report.errors
+    assert str(error) == (
+        f"{kb / 'docs.jsonl'}:2: document 'j2' has {limit + 1} characters, more than "
+        f"rag.ingest.max_document_chars={limit}"
+    )
+    assert harness.ids_by_doc()["j2"] == before["j2"]  # the file had an error: j2 keeps its old chunk
+
+
+def test_an_ingest_stopped_during_the_embedding_writes_nothing(tmp_path, harness, tiny_embedder, monkeypatch):
+    kb = write_kb(tmp_path)
+    monkeypatch.setattr(tiny_embedder, "slice_ms", 1e-9)  # one passage a slice
+    asked = {"n": 0}
+
+    def stop_after_first_slice() -> bool:
+        asked["n"] += 1
+        return asked["n"] > 1
+
+    with pytest.raises(EmbeddingInterrupted):
+        harness.ingestor.ingest([kb], should_stop=stop_after_first_slice)
+    assert harness.store.count() == 0
+    assert harness.ingest(kb).added == 6  # and the next run does all of it
