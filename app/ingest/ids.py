@@ -1,4 +1,4 @@
-"""Stable, content-derived ids for chunks and fingerprints for documents.
+"""Stable, content-derived ids for chunks.
 
 An id is a hash over a canonical encoding of its fields, never a counter or a random value, so re-ingesting
 the same corpus gives the same ids (the store can upsert and skip unchanged work), and any change that could
@@ -12,13 +12,9 @@ injective: ("a", "bc") and ("ab", "c") encode differently, whatever characters t
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
-
-from app.ingest.types import Document
 
 CHUNK_ID_PREFIX = "c_"
 CHUNK_ID_HEX_CHARS = 24  # 96 bits: collisions are negligible for any corpus this service will hold
@@ -64,29 +60,3 @@ def chunk_id(doc_id: str, chunker_version: str, position: int, heading_path: Ite
         ]
     )
     return CHUNK_ID_PREFIX + hashlib.sha256(payload).hexdigest()[:CHUNK_ID_HEX_CHARS]
-
-
-def document_fingerprint(doc: Document) -> str:
-    """Full sha256 hex digest of the document's id, title, normalised text and sorted metadata.
-
-    Two loads of an unchanged document give the same fingerprint; editing its text (beyond whitespace),
-    title or any metadata value gives a different one. `origin` and `line` are not part of it: moving a
-    document within a JSONL file does not change it.
-    """
-    metadata = json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False, default=_json_default)
-    payload = b"".join(
-        [
-            _field("document/1"),
-            _field(doc.doc_id),
-            _field(normalise_text(doc.title)),
-            _field(normalise_text(doc.text)),
-            _field(metadata),
-        ]
-    )
-    return hashlib.sha256(payload).hexdigest()
-
-
-def _json_default(value: Any) -> str:
-    # dates and other non-JSON scalars: their string form is as stable as the value
-    iso = getattr(value, "isoformat", None)
-    return iso() if callable(iso) else str(value)

@@ -4,8 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.ingest.ids import chunk_id, document_fingerprint, normalise_text
-from app.ingest.types import Document
+from app.ingest.ids import chunk_id, normalise_text
 
 BASE = {
     "doc_id": "payroll",
@@ -130,39 +129,3 @@ def test_normalise_text_is_idempotent(text):
     once = normalise_text(text)
     assert normalise_text(once) == once
     assert once == once.strip() and "  " not in once
-
-
-DOC = Document(
-    "payroll", "Staff are paid on the 25th.", "Payroll policy", {"status": "active", "tags": "a,b"}
-)
-
-
-def test_document_fingerprint_is_a_fixed_value():
-    doc = Document("payroll", "Staff are paid on the 25th.", "Payroll policy", {"status": "active"})
-    assert document_fingerprint(doc) == "27e9ad0b6d9f1eef5fc7b778f49267359619e54ad0f1be72b263421a6c8ea352"
-
-
-def test_document_fingerprint_ignores_whitespace_metadata_order_and_origin():
-    same = Document(
-        "payroll",
-        "Staff are paid\n  on the 25th.",
-        "Payroll policy",
-        {"tags": "a,b", "status": "active"},
-        origin="elsewhere.jsonl",
-        line=9,
-    )
-    assert document_fingerprint(same) == document_fingerprint(DOC)
-
-
-@pytest.mark.parametrize(
-    "changed",
-    [
-        Document("payroll-2", DOC.text, DOC.title, DOC.metadata),
-        Document(DOC.doc_id, "Staff are paid on the 26th.", DOC.title, DOC.metadata),
-        Document(DOC.doc_id, DOC.text, "Pay policy", DOC.metadata),
-        Document(DOC.doc_id, DOC.text, DOC.title, {"status": "retired", "tags": "a,b"}),
-        Document(DOC.doc_id, DOC.text, DOC.title, {"status": "active"}),
-    ],
-)
-def test_document_fingerprint_changes_with_content(changed):
-    assert document_fingerprint(changed) != document_fingerprint(DOC)
