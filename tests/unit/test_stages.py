@@ -124,11 +124,6 @@ def test_similarity_threshold_per_knowledge_tag() -> None:
     assert reasons(outcome) == {"hr-low": "dense=0.40 < 0.50", "none": "dense=0.29 < 0.30"}
 
 
-def test_similarity_threshold_rejects_out_of_range_tag_threshold() -> None:
-    with pytest.raises(
-        ValueError, match=r"per_knowledge_tag\['hr'\]: expected a cosine in \[-1, 1\], got 1.5"
-    ):
-        SimilarityThresholdStage(SimilarityThresholdSettings(per_knowledge_tag={"hr": 1.5}))
 
 
 # --- hard_filter ----------------------------------------------------------------------------------------
@@ -198,11 +193,6 @@ def test_hard_filter_without_query_tag_or_date_check() -> None:
     assert ids(outcome.kept) == ["a", "b"]
 
 
-def test_hard_filter_rejects_blank_rule_entries() -> None:
-    with pytest.raises(ValueError, match="hard_filter.denied_sources: blank entry ' '"):
-        HardFilterStage(HardFilterSettings(denied_sources=[" "]))
-
-
 # --- bm25 -----------------------------------------------------------------------------------------------
 
 
@@ -267,9 +257,7 @@ def test_bm25_min_score_drops_before_fusing() -> None:
     assert ids(outcome.kept) == ["a", "c"]  # equal fused: by chunk_id
 
 
-def test_bm25_validates_its_config() -> None:
-    with pytest.raises(ValueError, match="both 0"):
-        Bm25Stage(Bm25Settings(dense_weight=0, bm25_weight=0), FakeIndex({}))
+def test_bm25_validates_its_index() -> None:
     with pytest.raises(TypeError, match=r"\.scores\(query, ids\)"):
         Bm25Stage(Bm25Settings(), object())
 
