@@ -7,13 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.retrieval.stages import (
-    STAGE_ORDER,
+    STAGE_FACTORIES,
     Bm25Stage,
     DiversityStage,
     FallbackStage,
     HardFilterStage,
     RerankStage,
     SimilarityThresholdStage,
+    build_stages,
+    stage_order,
 )
 from app.retrieval.types import Candidate, QueryContext, Removal
 from app.settings import (
@@ -72,17 +74,37 @@ class FakeScorer:
         return [self.by_text.get(p, 0.0) for p in passages]
 
 
-def test_stage_names_are_config_keys_in_order() -> None:
-    assert STAGE_ORDER == list(ChainSettings.model_fields)
-    stages = [
-        SimilarityThresholdStage(SimilarityThresholdSettings()),
-        HardFilterStage(HardFilterSettings()),
-        Bm25Stage(Bm25Settings(), FakeIndex({})),
-        RerankStage(RerankSettings(), None),
-        DiversityStage(DiversitySettings()),
-        FallbackStage(FallbackSettings()),
-    ]
-    assert [s.name for s in stages] == STAGE_ORDER
+def test_build_stages_makes_every_stage_in_rag_chain_order_named_by_its_key() -> None:
+    assert stage_order() == list(ChainSettings.model_fields)
+    assert set(STAGE_FACTORIES) == set(stage_order())
+    stages = build_stages(ChainSettings(), FakeIndex({}), None)
+    assert [s.name for s in stages] == list(ChainSettings.model_fields)
+    assert [s.stage.name for s in stages] == list(ChainSettings.model_fields)
+    assert all(s.enabled for s in stages)
+
+
+def test_build_stages_follows_each_enabled_key_and_injects_the_scorers() -> None:
+    chain = ChainSettings(rerank=RerankSettings(enabled=False), fallback=FallbackSettings(enabled=False))
+    index, scorer = FakeIndex({}), FakeScorer()
+    stages = {s.name: s for s in build_stages(chain, index, scorer)}
+    assert {name for name, s in stages.items() if not s.enabled} == {"rerank", "fallback"}
+    assert stages["bm25"].stage.index is index
+    assert stages["rerank"].stage.scorer is scorer
+
+
+@pytest.mark.parametrize("hard_filter_on", [True, False])
+def test_build_stages_gives_the_fallback_the_hard_filter_rules_only_when_it_is_on(hard_filter_on) -> None:
+    chain = ChainSettings(hard_filter=HardFilterSettings(enabled=hard_filter_on))
+    fallback = next(s.stage for s in build_stages(chain, FakeIndex({}), None) if s.name == "fallback")
+    retired = cand("r", 0.9, status="retired")
+    refill = fallback.run(ctx(raw_candidates=[retired]), [])
+    assert ids(refill.added) == ([] if hard_filter_on else ["r"])
+
+
+def test_build_stages_refuses_a_stage_named_unlike_its_key(monkeypatch) -> None:
+    monkeypatch.setitem(STAGE_FACTORIES, "diversity", lambda chain, deps: FallbackStage(chain.fallback))
+    with pytest.raises(RuntimeError, match="stage registered as 'diversity' is named 'fallback'"):
+        build_stages(ChainSettings(), FakeIndex({}), None)
 
 
 # --- similarity_threshold -------------------------------------------------------------------------------
@@ -122,8 +144,6 @@ def test_similarity_threshold_per_knowledge_tag() -> None:
     outcome = stage.run(ctx(), candidates)
     assert ids(outcome.kept) == ["hr-ok", "fin", "no-dense"]
     assert reasons(outcome) == {"hr-low": "dense=0.40 < 0.50", "none": "dense=0.29 < 0.30"}
-
-
 
 
 # --- hard_filter ----------------------------------------------------------------------------------------
