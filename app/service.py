@@ -20,7 +20,7 @@ from app.retrieval.chain import RetrievalChain
 from app.retrieval.lexical import Analyzer, Bm25Index
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
-from app.retrieval.types import RetrievalResult
+from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, drop_collection
 
@@ -103,12 +103,13 @@ class Sieve:
     def refresh_index(self) -> None:
         """Rebuild the BM25 index over the whole collection and the chain that uses it."""
         t0 = time.perf_counter()
-        ids, texts = [], []
+        ids, texts, tags = [], [], []
         for stored in self.store.iter_all(include_text=True):
             ids.append(stored.chunk_id)
             texts.append(_index_text(stored))
+            tags.append(knowledge_tag_of(stored.metadata))
         bm25 = self.settings.rag.chain.bm25
-        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b)
+        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b, knowledge_tags=tags)
         self.chain = self._build_chain()
         log.info("BM25 index over %d chunks built in %.1fs", len(ids), time.perf_counter() - t0)
 

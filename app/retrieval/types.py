@@ -18,6 +18,12 @@ SCORE_FUSED = "fused"
 SCORE_RERANK = "rerank"
 
 
+def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
+    """A chunk's knowledge tag: its `knowledge` metadata as a string, None when absent or empty."""
+    tag = metadata.get("knowledge")
+    return str(tag) if tag not in (None, "") else None
+
+
 @dataclass
 class Candidate:
     chunk_id: str
@@ -40,8 +46,7 @@ class Candidate:
 
     @property
     def knowledge_tag(self) -> str | None:
-        tag = self.metadata.get("knowledge")
-        return str(tag) if tag not in (None, "") else None
+        return knowledge_tag_of(self.metadata)
 
 
 @dataclass(frozen=True)
