@@ -28,7 +28,8 @@ from typing import Any
 from app.ingest.ids import chunk_id, normalise_text
 from app.ingest.types import Chunk, Document
 
-# Change whenever the same document could chunk differently: it is part of every chunk id.
+# Change whenever the same document could chunk differently, or `embedding_text` could build another string
+# from the same title, headings and text: it is part of every chunk id, so stored vectors are then redone.
 CHUNKER_VERSION = "md-v1"
 
 EMBEDDING_SEPARATOR = " › "
@@ -215,7 +216,9 @@ def chunk_document(
             }
             chunks.append(
                 Chunk(
-                    chunk_id=chunk_id(doc.doc_id, CHUNKER_VERSION, position, section.heading_path, text),
+                    chunk_id=chunk_id(
+                        doc.doc_id, CHUNKER_VERSION, position, section.heading_path, text, title=doc.title
+                    ),
                     doc_id=doc.doc_id,
                     text=text,
                     position=position,

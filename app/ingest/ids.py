@@ -41,20 +41,33 @@ def _sequence(values: Iterable[str]) -> bytes:
     return str(len(items)).encode("ascii") + b":" + b"".join(items)
 
 
-def chunk_id(doc_id: str, chunker_version: str, position: int, heading_path: Iterable[str], text: str) -> str:
+def chunk_id(
+    doc_id: str,
+    chunker_version: str,
+    position: int,
+    heading_path: Iterable[str],
+    text: str,
+    *,
+    title: str,
+) -> str:
     """`"c_"` + the first 24 hex chars of sha256 over the canonical encoding of the fields.
 
-    `doc_id`, `chunker_version` and `position` are taken as they are; each heading and the text are passed
-    through `normalise_text` first, so whitespace-only reformatting keeps the id.
+    The fields cover everything the chunk's embedding is computed from (`embedding_text`: the document
+    title, the heading path and the text), so a change to any of them gives a new id and a new vector.
+    Encoded in this order: the encoding version `chunk/2`, `doc_id`, `chunker_version`, `position`, `title`,
+    the heading path, the text. `doc_id`, `chunker_version` and `position` are taken as they are; the title,
+    each heading and the text are passed through `normalise_text` first, so whitespace-only reformatting
+    keeps the id.
     """
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
         raise ValueError(f"position must be a non-negative int, got {position!r}")
     payload = b"".join(
         [
-            _field("chunk/1"),  # the encoding's own version: changing this layout must change every id
+            _field("chunk/2"),  # the encoding's own version: changing this layout must change every id
             _field(doc_id),
             _field(chunker_version),
             _field(str(position)),
+            _field(normalise_text(title)),
             _sequence(normalise_text(h) for h in heading_path),
             _field(normalise_text(text)),
         ]

@@ -185,10 +185,19 @@ def test_chunk_ids_are_derived_from_content():
     chunks = chunk_document(md(PAYROLL), chunk_size=600, overlap=50)
     for chunk in chunks:
         assert chunk.chunk_id == chunk_id(
-            "payroll", CHUNKER_VERSION, chunk.position, chunk.heading_path, chunk.text
+            "payroll", CHUNKER_VERSION, chunk.position, chunk.heading_path, chunk.text, title="Payroll policy"
         )
     assert chunk_document(md(PAYROLL), 600, 50) == chunks
     assert len({c.chunk_id for c in chunks}) == len(chunks)
+
+
+def test_a_title_change_changes_every_chunk_id():
+    """The title is embedded with every chunk (`embedding_text`), so a new title must mean new vectors."""
+    before = chunk_document(md(PAYROLL), 600, 50)
+    after = chunk_document(md(PAYROLL, title="Pay policy"), 600, 50)
+    assert [c.text for c in after] == [c.text for c in before]
+    assert not {c.chunk_id for c in after} & {c.chunk_id for c in before}
+    assert [embedding_text(c) for c in after] != [embedding_text(c) for c in before]
 
 
 def test_chunk_ids_survive_whitespace_reformatting():
