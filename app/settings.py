@@ -202,6 +202,8 @@ def _check_stride(stride: int, window: int | None) -> None:
 class DiversitySettings(_Strict):
     enabled: bool = True
     drop_exact_duplicates: bool = True
+    # drop chunks of a document whose whole text is a copy of an already kept document's (another id)
+    drop_document_copies: bool = True
     max_cosine: Cosine | None = 0.97
     max_per_source: int | None = Field(None, ge=1)
     max_per_document: int | None = Field(1, ge=1)

@@ -1,4 +1,4 @@
-"""Stable, content-derived ids for chunks.
+"""Stable, content-derived ids for chunks, and a hash of a document's text for spotting copies.
 
 An id is a hash over a canonical encoding of its fields, never a counter or a random value, so re-ingesting
 the same corpus gives the same ids (the store can upsert and skip unchanged work), and any change that could
@@ -73,3 +73,12 @@ def chunk_id(
         ]
     )
     return CHUNK_ID_PREFIX + hashlib.sha256(payload).hexdigest()[:CHUNK_ID_HEX_CHARS]
+
+
+def text_sha256(text: str) -> str:
+    """Full sha256 hex digest of `normalise_text(text)` in UTF-8.
+
+    Two documents get the same value exactly when their texts are equal after normalisation (whitespace and
+    NFKC presentation forms aside, case kept): the diversity stage treats such documents as copies.
+    """
+    return hashlib.sha256(normalise_text(text).encode("utf-8")).hexdigest()

@@ -1,17 +1,21 @@
+import hashlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.ingest.chunker import (
     CHUNKER_VERSION,
+    DOC_SHA256,
     Section,
     chunk_document,
     embedding_text,
     split_sections,
     split_spans,
 )
-from app.ingest.ids import chunk_id, normalise_text
+from app.ingest.ids import chunk_id, normalise_text, text_sha256
 from app.ingest.types import Chunk, Document
+from app.retrieval.types import META_DOC_SHA256
 
 PAYROLL = """\
 # Payroll policy
@@ -227,7 +231,23 @@ def test_chunk_metadata_is_document_metadata_plus_chunk_fields():
         "title": "Payroll policy",
         "position": 0,
         "heading_path": "Payroll policy > Pay dates",
+        "doc_sha256": hashlib.sha256(b"# Payroll policy ## Pay dates On the 25th.").hexdigest(),
     }
+
+
+def test_doc_sha256_is_the_same_for_a_copy_under_another_id_and_title():
+    page = "# VPN\n\nConnect   with HexaConnect.\n\n## Troubleshooting\n\nRestart it.\n"
+    original = chunk_document(md(page, doc_id="it-vpn-setup", title="VPN", source="it-wiki"), 600, 0)
+    mirror = chunk_document(md(page.replace("   ", " "), doc_id="mirror", title="VPN (copy)"), 600, 0)
+    edited = chunk_document(md(page + "\nCall the helpdesk.\n", doc_id="it-vpn-setup"), 600, 0)
+    assert len({c.metadata["doc_sha256"] for c in original}) == 1  # one value per document, on every chunk
+    assert {c.metadata["doc_sha256"] for c in mirror} == {original[0].metadata["doc_sha256"]}
+    assert {c.metadata["doc_sha256"] for c in edited} != {original[0].metadata["doc_sha256"]}
+    assert original[0].metadata["doc_sha256"] == text_sha256(page)
+
+
+def test_the_chunker_and_the_diversity_stage_agree_on_the_metadata_key():
+    assert DOC_SHA256 == META_DOC_SHA256 == "doc_sha256"
 
 
 @pytest.mark.parametrize(

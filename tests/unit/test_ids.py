@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.ingest.ids import chunk_id, normalise_text
+from app.ingest.ids import chunk_id, normalise_text, text_sha256
 
 BASE = {
     "doc_id": "payroll",
@@ -139,3 +139,8 @@ def test_normalise_text_is_idempotent(text):
     once = normalise_text(text)
     assert normalise_text(once) == once
     assert once == once.strip() and "  " not in once
+
+
+def test_text_sha256_is_the_full_digest_of_the_normalised_text():
+    assert text_sha256("  Staff are\n paid.\t") == hashlib.sha256(b"Staff are paid.").hexdigest()
+    assert text_sha256("Ｓｔａｆｆ") == text_sha256("Staff") != text_sha256("staff")  # NFKC folds, case kept

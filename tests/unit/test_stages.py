@@ -346,6 +346,43 @@ def test_diversity_exact_duplicates_by_normalised_text() -> None:
     assert reasons(outcome) == {"b": "duplicate of a (same text)", "c": "duplicate of a (same text)"}
 
 
+def section(chunk_id: str, doc_id: str, doc_sha256: str | None, text: str | None = None) -> Candidate:
+    meta = {} if doc_sha256 is None else {"doc_sha256": doc_sha256}
+    return Candidate(chunk_id, doc_id, text or f"section {chunk_id}", meta, None, {})
+
+
+def test_diversity_drops_chunks_of_a_copied_document_whatever_their_section() -> None:
+    stage = DiversityStage(DiversitySettings(max_cosine=None, max_per_document=None))
+    candidates = [
+        section("vpn-1", "it-vpn-setup", "h-vpn", "When you need the VPN"),
+        section("other", "it-wifi", "h-wifi"),
+        section("mirror-3", "it-vpn-setup-mirror", "h-vpn", "Troubleshooting"),  # another section
+        section("vpn-2", "it-vpn-setup", "h-vpn", "Installing the client"),  # the kept document itself
+        section("mirror-1", "it-vpn-setup-mirror", "h-vpn", "When you need the VPN"),  # also the same text
+        section("legacy", "no-hash-doc", None),  # stored before doc_sha256 existed: rule skipped
+        section("legacy-2", "no-hash-doc-2", None),
+    ]
+    outcome = stage.run(ctx(), candidates)
+    assert ids(outcome.kept) == ["vpn-1", "other", "vpn-2", "legacy", "legacy-2"]
+    assert reasons(outcome) == {
+        "mirror-3": "copy of doc it-vpn-setup",
+        "mirror-1": "duplicate of vpn-1 (same text)",  # rule 1 comes first
+    }
+
+
+def test_diversity_keeps_the_copy_that_ranks_first() -> None:
+    stage = DiversityStage(DiversitySettings(max_cosine=None))
+    outcome = stage.run(ctx(), [section("m", "it-vpn-setup-mirror", "h"), section("v", "it-vpn-setup", "h")])
+    assert ids(outcome.kept) == ["m"]
+    assert reasons(outcome) == {"v": "copy of doc it-vpn-setup-mirror"}
+
+
+def test_diversity_document_copies_rule_can_be_switched_off() -> None:
+    stage = DiversityStage(DiversitySettings(max_cosine=None, drop_document_copies=False))
+    outcome = stage.run(ctx(), [section("v", "it-vpn-setup", "h"), section("m", "it-vpn-setup-mirror", "h")])
+    assert ids(outcome.kept) == ["v", "m"]
+
+
 def test_diversity_near_duplicates_by_cosine() -> None:
     stage = DiversityStage(DiversitySettings(max_cosine=0.97))
     close = [0.99, np.sqrt(1 - 0.99**2)]
