@@ -217,6 +217,9 @@ class FallbackSettings(_Strict):
 
 
 class ChainSettings(_Strict):
+    """One section per stage; the field order is the order the chain runs them in (`build_stages` in
+    app/retrieval/stages reads it), and each field name is its stage's `name`."""
+
     similarity_threshold: SimilarityThresholdSettings = SimilarityThresholdSettings()
     hard_filter: HardFilterSettings = HardFilterSettings()
     bm25: Bm25Settings = Bm25Settings()
