@@ -9,23 +9,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 from app.ingest.chunker import embedding_text
 from app.ingest.pipeline import Ingestor, IngestReport
 from app.ingest.types import Chunk, Document
 from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.chain import ChainStage, RetrievalChain
+from app.retrieval.chain import RetrievalChain
 from app.retrieval.lexical import Analyzer, Bm25Index
-from app.retrieval.stages import (
-    Bm25Stage,
-    DiversityStage,
-    FallbackStage,
-    HardFilterStage,
-    RerankStage,
-    SimilarityThresholdStage,
-)
-from app.retrieval.types import RetrievalResult
+from app.retrieval.stages import build_stages
+from app.retrieval.stages.rerank import PassageScorer
+from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, drop_collection
 
@@ -129,12 +124,13 @@ class Sieve:
     def refresh_index(self) -> None:
         """Rebuild the BM25 index over the whole collection and the chain that uses it."""
         t0 = time.perf_counter()
-        ids, texts = [], []
+        ids, texts, tags = [], [], []
         for stored in self.store.iter_all(include_text=True):
             ids.append(stored.chunk_id)
             texts.append(_index_text(stored))
+            tags.append(knowledge_tag_of(stored.metadata))
         bm25 = self.settings.rag.chain.bm25
-        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b)
+        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b, knowledge_tags=tags)
         self.chain = self._build_chain()
         log.info("BM25 index over %d chunks built in %.1fs", len(ids), time.perf_counter() - t0)
 
@@ -146,20 +142,10 @@ class Sieve:
         return self.chain.retrieve(query, top_k or self.settings.rag.retrieval.top_k, knowledge_tag)
 
     def _build_chain(self) -> RetrievalChain:
+        """The chain every caller retrieves through: the stages of `rag.chain`, in that order."""
         rag = self.settings.rag
-        chain = rag.chain
-        hard_filter = HardFilterStage(chain.hard_filter)
-        business_rules = hard_filter.reason if chain.hard_filter.enabled else None
-        stages = [
-            ChainStage(
-                SimilarityThresholdStage(chain.similarity_threshold), chain.similarity_threshold.enabled
-            ),
-            ChainStage(hard_filter, chain.hard_filter.enabled),
-            ChainStage(Bm25Stage(chain.bm25, self.lexical), chain.bm25.enabled),
-            ChainStage(RerankStage(chain.rerank, self.reranker), chain.rerank.enabled),
-            ChainStage(DiversityStage(chain.diversity), chain.diversity.enabled),
-            ChainStage(FallbackStage(chain.fallback, business_rules), chain.fallback.enabled),
-        ]
+        # RerankStage checks at construction that a reranker really has .score(query, passages).
+        stages = build_stages(rag.chain, self.lexical, cast("PassageScorer | None", self.reranker))
         candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical)
         return RetrievalChain(self.embedder, candidates, stages)
 

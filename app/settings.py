@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -109,18 +110,34 @@ class RetrievalSettings(_Strict):
         return self
 
 
+# The chain stages' settings are checked here, completely, so a bad value fails at load time (exit 2, the key
+# named) before any model loads; the stages take them as valid. Floats there are finite: NaN compares false
+# with everything, so a NaN threshold or weight would silently switch a rule off.
+Cosine = Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError(f"blank entry {value!r} would match nothing")
+    return value
+
+
+RuleEntry = Annotated[str, AfterValidator(_not_blank)]
+
+
 class SimilarityThresholdSettings(_Strict):
     enabled: bool = True
-    min_dense: float = Field(0.0, ge=-1.0, le=1.0)
+    min_dense: Cosine = 0.0
     # knowledge tag -> threshold; overrides min_dense for candidates with that tag
-    per_knowledge_tag: dict[str, float] = Field(default_factory=dict)
+    per_knowledge_tag: dict[str, Cosine] = Field(default_factory=dict)
 
 
 class HardFilterSettings(_Strict):
     enabled: bool = True
-    excluded_statuses: list[str] = Field(default_factory=lambda: ["retired", "draft"])
+    excluded_statuses: list[RuleEntry] = Field(default_factory=lambda: ["retired", "draft"])
     check_effective_dates: bool = True
-    denied_sources: list[str] = Field(default_factory=list)
+    denied_sources: list[RuleEntry] = Field(default_factory=list)
     min_text_chars: int = Field(0, ge=0)
 
 
@@ -130,11 +147,29 @@ class Bm25Settings(_Strict):
     # 0.7405 on SciFact train against rrf's 0.7234, and the same as rrf on the sample set.
     fusion: Literal["rrf", "weighted"] = "weighted"
     rrf_k: int = Field(60, ge=1)
-    dense_weight: float = Field(0.6, ge=0.0)
-    bm25_weight: float = Field(0.4, ge=0.0)
-    k1: float = Field(1.2, gt=0.0)
+    dense_weight: float = Field(0.6, ge=0.0, allow_inf_nan=False)
+    bm25_weight: float = Field(0.4, ge=0.0, allow_inf_nan=False)
+    k1: float = Field(1.2, gt=0.0, allow_inf_nan=False)
     b: float = Field(0.75, ge=0.0, le=1.0)
-    min_score: float | None = None
+    min_score: FiniteFloat | None = None
+
+    @field_validator("bm25_weight")
+    @classmethod
+    def _some_weight(cls, value: float, info: ValidationInfo) -> float:
+        # Fields are validated in order, so dense_weight is in info.data unless it was invalid itself.
+        if value == 0 and info.data.get("dense_weight") == 0:
+            raise ValueError(_NO_WEIGHT)
+        return value
+
+    @model_validator(mode="after")
+    def _some_weight_after_assignment(self) -> Bm25Settings:
+        # Setting dense_weight to 0 on an object whose bm25_weight is already 0 runs no bm25_weight validator.
+        if self.dense_weight == 0 and self.bm25_weight == 0:
+            raise ValueError(_NO_WEIGHT)
+        return self
+
+
+_NO_WEIGHT = "dense_weight and bm25_weight are both 0, so every fused score would be 0"
 
 
 class RerankSettings(_Strict):
@@ -146,22 +181,35 @@ class RerankSettings(_Strict):
     window_tokens: int = Field(256, ge=16, description="passage tokens per window")
     window_stride: int = Field(192, ge=1)
     max_windows: int = Field(8, ge=1)
-    min_score: float | None = None
+    min_score: FiniteFloat | None = None
+
+    @field_validator("window_stride")
+    @classmethod
+    def _stride_within_window(cls, value: int, info: ValidationInfo) -> int:
+        # On the field, so the message names rag.chain.rerank.window_stride; window_tokens is validated first.
+        _check_stride(value, info.data.get("window_tokens"))
+        return value
 
     @model_validator(mode="after")
-    def _stride_within_window(self) -> RerankSettings:
-        if self.window_stride > self.window_tokens:
-            raise ValueError(
-                f"window_stride ({self.window_stride}) must not exceed window_tokens ({self.window_tokens}): "
-                f"text between windows would never be scored"
-            )
+    def _stride_within_window_after_assignment(self) -> RerankSettings:
+        _check_stride(self.window_stride, self.window_tokens)
         return self
+
+
+def _check_stride(stride: int, window: int | None) -> None:
+    if window is not None and stride > window:
+        raise ValueError(
+            f"window_stride ({stride}) must not exceed window_tokens ({window}): "
+            f"text between windows would never be scored"
+        )
 
 
 class DiversitySettings(_Strict):
     enabled: bool = True
     drop_exact_duplicates: bool = True
-    max_cosine: float | None = Field(0.97, ge=-1.0, le=1.0)
+    # drop chunks of a document whose whole text is a copy of an already kept document's (another id)
+    drop_document_copies: bool = True
+    max_cosine: Cosine | None = 0.97
     max_per_source: int | None = Field(None, ge=1)
     max_per_document: int | None = Field(1, ge=1)
     mmr: bool = False
@@ -174,6 +222,9 @@ class FallbackSettings(_Strict):
 
 
 class ChainSettings(_Strict):
+    """One section per stage; the field order is the order the chain runs them in (`build_stages` in
+    app/retrieval/stages reads it), and each field name is its stage's `name`."""
+
     similarity_threshold: SimilarityThresholdSettings = SimilarityThresholdSettings()
     hard_filter: HardFilterSettings = HardFilterSettings()
     bm25: Bm25Settings = Bm25Settings()
@@ -335,11 +386,17 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
 
 def _origin_of(loc: tuple[Any, ...], yaml_data: dict[str, Any], path: Path | None) -> str:
     """Which source the bad key most likely came from: the environment wins over YAML, as in loading."""
-    env = "__".join(str(p).upper() for p in loc)
-    if any(name.upper() == env for name in os.environ):
-        return f"environment variable {env}"
+    # A list item or dict entry (`...denied_sources.0`) comes from the variable that sets the whole value.
+    names = {name.upper() for name in os.environ}
+    for end in range(len(loc), 0, -1):
+        env = "__".join(str(p).upper() for p in loc[:end])
+        if env in names:
+            return f"environment variable {env}"
     node: Any = yaml_data
     for part in loc:
+        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+            continue
         if not isinstance(node, dict) or part not in node:
             return "a command-line flag" if path is None else f"{path} (or a command-line flag)"
         node = node[part]

@@ -42,13 +42,14 @@ import numpy as np
 from app.evaluation.cli import load_beir_cases
 from app.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from app.evaluation.runner import KnownIds, evaluate, match_key
+from app.retrieval.stages import stage_order
 from app.service import Sieve
 from app.settings import load_settings, merge, nested
 
 DATASETS_DIR = Path(os.environ.get("SIEVE_DATASETS", "../shared/datasets"))
 DOC = Path("docs/benchmarks.md")
 DEPTH = 100
-STAGES = ("similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback")
+STAGES = tuple(stage_order())
 
 # Published nDCG@10 on the test split (sources in docs/benchmarks.md).
 PUBLISHED: dict[str, list[tuple[str, float, str]]] = {

@@ -25,13 +25,16 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from app.ingest.ids import chunk_id, normalise_text
+from app.ingest.ids import chunk_id, normalise_text, text_sha256
 from app.ingest.types import Chunk, Document
 
-# Change whenever the same document could chunk differently: it is part of every chunk id.
+# Change whenever the same document could chunk differently, or `embedding_text` could build another string
+# from the same title, headings and text: it is part of every chunk id, so stored vectors are then redone.
 CHUNKER_VERSION = "md-v1"
 
 EMBEDDING_SEPARATOR = " › "
+# Chunk metadata key: sha256 of the whole normalised document text (ids.text_sha256).
+DOC_SHA256 = "doc_sha256"
 HEADING_PATH_SEPARATOR = " > "
 
 _PLAIN_SUFFIXES = (".txt", ".jsonl", ".json")
@@ -191,13 +194,16 @@ def chunk_document(
     `markdown=None` decides by `is_markdown(doc)`. Chunks whose stripped text is shorter than
     `min_chunk_chars` are dropped (with the default 1, only empty ones), and positions stay consecutive.
     Chunk metadata = the document's scalar metadata (None dropped, lists comma-joined, dates as ISO strings)
-    + doc_id, title, position and heading_path (joined with " > "), all scalars as Chroma requires.
+    + doc_id, title, position, heading_path (joined with " > ") and doc_sha256 (`text_sha256` of the whole
+    document text, so copies of a document under another id can be recognised), all scalars as Chroma
+    requires.
     """
     if min_chunk_chars < 1:
         raise ValueError(f"min_chunk_chars must be at least 1, got {min_chunk_chars}")
     use_markdown = is_markdown(doc) if markdown is None else markdown
     sections = split_sections(doc.text) if use_markdown else [Section((), doc.text.strip())]
     base_metadata = {k: v for k, v in ((k, _scalar(v)) for k, v in doc.metadata.items()) if v is not None}
+    doc_sha256 = text_sha256(doc.text)
 
     chunks: list[Chunk] = []
     for section in sections:
@@ -212,10 +218,13 @@ def chunk_document(
                 "title": doc.title,
                 "position": position,
                 "heading_path": HEADING_PATH_SEPARATOR.join(section.heading_path),
+                DOC_SHA256: doc_sha256,
             }
             chunks.append(
                 Chunk(
-                    chunk_id=chunk_id(doc.doc_id, CHUNKER_VERSION, position, section.heading_path, text),
+                    chunk_id=chunk_id(
+                        doc.doc_id, CHUNKER_VERSION, position, section.heading_path, text, title=doc.title
+                    ),
                     doc_id=doc.doc_id,
                     text=text,
                     position=position,

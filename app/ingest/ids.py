@@ -1,4 +1,4 @@
-"""Stable, content-derived ids for chunks and fingerprints for documents.
+"""Stable, content-derived ids for chunks, and a hash of a document's text for spotting copies.
 
 An id is a hash over a canonical encoding of its fields, never a counter or a random value, so re-ingesting
 the same corpus gives the same ids (the store can upsert and skip unchanged work), and any change that could
@@ -12,13 +12,9 @@ injective: ("a", "bc") and ("ab", "c") encode differently, whatever characters t
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
-
-from app.ingest.types import Document
 
 CHUNK_ID_PREFIX = "c_"
 CHUNK_ID_HEX_CHARS = 24  # 96 bits: collisions are negligible for any corpus this service will hold
@@ -45,20 +41,33 @@ def _sequence(values: Iterable[str]) -> bytes:
     return str(len(items)).encode("ascii") + b":" + b"".join(items)
 
 
-def chunk_id(doc_id: str, chunker_version: str, position: int, heading_path: Iterable[str], text: str) -> str:
+def chunk_id(
+    doc_id: str,
+    chunker_version: str,
+    position: int,
+    heading_path: Iterable[str],
+    text: str,
+    *,
+    title: str,
+) -> str:
     """`"c_"` + the first 24 hex chars of sha256 over the canonical encoding of the fields.
 
-    `doc_id`, `chunker_version` and `position` are taken as they are; each heading and the text are passed
-    through `normalise_text` first, so whitespace-only reformatting keeps the id.
+    The fields cover everything the chunk's embedding is computed from (`embedding_text`: the document
+    title, the heading path and the text), so a change to any of them gives a new id and a new vector.
+    Encoded in this order: the encoding version `chunk/2`, `doc_id`, `chunker_version`, `position`, `title`,
+    the heading path, the text. `doc_id`, `chunker_version` and `position` are taken as they are; the title,
+    each heading and the text are passed through `normalise_text` first, so whitespace-only reformatting
+    keeps the id.
     """
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
         raise ValueError(f"position must be a non-negative int, got {position!r}")
     payload = b"".join(
         [
-            _field("chunk/1"),  # the encoding's own version: changing this layout must change every id
+            _field("chunk/2"),  # the encoding's own version: changing this layout must change every id
             _field(doc_id),
             _field(chunker_version),
             _field(str(position)),
+            _field(normalise_text(title)),
             _sequence(normalise_text(h) for h in heading_path),
             _field(normalise_text(text)),
         ]
@@ -66,27 +75,10 @@ def chunk_id(doc_id: str, chunker_version: str, position: int, heading_path: Ite
     return CHUNK_ID_PREFIX + hashlib.sha256(payload).hexdigest()[:CHUNK_ID_HEX_CHARS]
 
 
-def document_fingerprint(doc: Document) -> str:
-    """Full sha256 hex digest of the document's id, title, normalised text and sorted metadata.
+def text_sha256(text: str) -> str:
+    """Full sha256 hex digest of `normalise_text(text)` in UTF-8.
 
-    Two loads of an unchanged document give the same fingerprint; editing its text (beyond whitespace),
-    title or any metadata value gives a different one. `origin` and `line` are not part of it: moving a
-    document within a JSONL file does not change it.
+    Two documents get the same value exactly when their texts are equal after normalisation (whitespace and
+    NFKC presentation forms aside, case kept): the diversity stage treats such documents as copies.
     """
-    metadata = json.dumps(doc.metadata, sort_keys=True, ensure_ascii=False, default=_json_default)
-    payload = b"".join(
-        [
-            _field("document/1"),
-            _field(doc.doc_id),
-            _field(normalise_text(doc.title)),
-            _field(normalise_text(doc.text)),
-            _field(metadata),
-        ]
-    )
-    return hashlib.sha256(payload).hexdigest()
-
-
-def _json_default(value: Any) -> str:
-    # dates and other non-JSON scalars: their string form is as stable as the value
-    iso = getattr(value, "isoformat", None)
-    return iso() if callable(iso) else str(value)
+    return hashlib.sha256(normalise_text(text).encode("utf-8")).hexdigest()

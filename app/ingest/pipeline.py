@@ -129,8 +129,9 @@ class Ingestor:
         existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
         new_ids = {c.chunk_id for c in chunks}
         fresh = [c for c in chunks if c.chunk_id not in existing]
-        # Ids cover the text, not the metadata: a document retired in its front matter keeps its chunk ids,
-        # so its stored metadata is rewritten in place (no re-embedding).
+        # Ids cover what is embedded (title, headings, text), not the other metadata: a document retired
+        # in its front matter keeps its chunk ids, so its stored metadata is rewritten in place (no
+        # re-embedding).
         retagged = [
             (c.chunk_id, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
             for c in chunks

@@ -89,7 +89,9 @@ class CrossEncoderScorer:
         self._lock = threading.Lock()
 
     def windows(self, query: str, passage: str) -> tuple[str, list[str]]:
-        """The query as fed (cut to its share of the model's length) and the passage's window texts."""
+        """The query as fed (cut to its share of the model's length) and the passage's window texts.
+
+        Uses the shared tokenizer: call it under `self._lock` when other threads may be scoring."""
         query_offsets = self._offsets(query)
         query_budget = int(self.max_length * MAX_QUERY_SHARE)
         if len(query_offsets) > query_budget:
@@ -110,11 +112,14 @@ class CrossEncoderScorer:
             return []
         pairs: list[tuple[str, str]] = []
         owners: list[int] = []
-        for i, passage in enumerate(passages):
-            fed_query, texts = self.windows(query, passage)
-            pairs += [(fed_query, text) for text in texts]
-            owners += [i] * len(texts)
+        # One lock for the windowing and the model: both use the one fast tokenizer, whose truncation and
+        # padding `predict` switches on and the windowing switches off. Used by two threads at once it fails
+        # with "Already borrowed" (or encodes with the other caller's settings).
         with self._lock:
+            for i, passage in enumerate(passages):
+                fed_query, texts = self.windows(query, passage)
+                pairs += [(fed_query, text) for text in texts]
+                owners += [i] * len(texts)
             started = time.perf_counter()
             try:
                 raw = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)

@@ -1,5 +1,8 @@
 """Candidate generation: the dense top-N from the vector store, plus (hybrid) the BM25 top-N.
 
+A query with a knowledge tag gets both top-Ns among the chunks with that tag (the store's `where`, the
+index's `knowledge_tag`), taken before the cut.
+
 `candidate_k: 0` with `hybrid: true` makes the candidates lexical only (BM25 top-N).
 
 Every candidate gets a dense score, including those only BM25 found (their stored vector is compared with
@@ -13,13 +16,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from app.retrieval.types import SCORE_DENSE, Candidate
+from app.retrieval.types import SCORE_DENSE, Candidate, knowledge_tag_of
 from app.settings import RetrievalSettings
 from app.store import ChromaStore, StoredChunk
 
 
 class LexicalIndex(Protocol):
-    def top(self, query: str, n: int) -> list[tuple[str, float]]: ...
+    def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]: ...
 
     def scores(self, query: str, ids: list[str]) -> dict[str, float]: ...
 
@@ -57,14 +60,15 @@ class CandidateGenerator:
             by_id[hit.chunk_id] = _candidate(hit, float(hit.similarity or 0.0), {"dense"})
         lexical_only: list[str] = []
         if self.settings.hybrid and self.lexical is not None:
-            for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k):
+            # The tag restricts BM25 before its cut, as `where` does for the dense search.
+            for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k, tag):
                 if chunk_id in by_id:
                     by_id[chunk_id].origin = by_id[chunk_id].origin | {"bm25"}
                 else:
                     lexical_only.append(chunk_id)
         for hit in self.store.get(lexical_only, include_embeddings=True):
-            if tag is not None and hit.metadata.get("knowledge") != tag:
-                continue
+            if tag is not None and knowledge_tag_of(hit.metadata) != tag:
+                continue  # retagged since the index was built
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             by_id[hit.chunk_id] = _candidate(hit, float(np.dot(vec, embedding)), {"bm25"})
         ordered = sorted(by_id.values(), key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))

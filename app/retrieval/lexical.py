@@ -27,6 +27,11 @@ Negative idf (a term in more than half of the documents) is replaced by `epsilon
 floor, with its default epsilon = 0.25: such a term still counts a little instead of pushing a document down
 for containing it. In a tiny collection the mean idf can itself be negative and then so can a score; `top()`
 returns only scores > 0, and the BM25 stage gives scores <= 0 no rank.
+
+Knowledge tags: the index keeps each chunk's knowledge tag, and `top(query, n, knowledge_tag=t)` takes its
+best n among the chunks tagged t only, so chunks of other tags can never push a tagged query's lexical
+candidates out of the cut. The statistics (N, df, avgdl, so idf and every score) stay those of the whole
+collection: restricting the candidates changes which chunks compete, never a chunk's score.
 """
 
 from __future__ import annotations
@@ -106,15 +111,28 @@ class Analyzer:
 
 
 class Bm25Index:
-    """BM25Okapi over every chunk in the collection, addressed by chunk id."""
+    """BM25Okapi over every chunk in the collection, addressed by chunk id, with each chunk's tag."""
 
-    def __init__(self, ids: list[str], tokens: list[list[str]], analyzer: Analyzer, bm25: Any):
+    def __init__(
+        self,
+        ids: list[str],
+        tokens: list[list[str]],
+        analyzer: Analyzer,
+        bm25: Any,
+        knowledge_tags: Sequence[str | None] | None = None,
+    ):
         self.ids = ids
         self.tokens = tokens
         self.analyzer = analyzer
         self._bm25 = bm25  # rank_bm25.BM25Okapi, or None when nothing can match
         self._position = {chunk_id: i for i, chunk_id in enumerate(ids)}
         self._ids_array = np.array(ids, dtype=object)
+        # tag -> positions of the chunks with that tag (ascending); untagged chunks are in none of them
+        by_tag: dict[str, list[int]] = {}
+        for i, tag in enumerate(knowledge_tags if knowledge_tags is not None else [None] * len(ids)):
+            if tag is not None:
+                by_tag.setdefault(tag, []).append(i)
+        self._by_tag = {tag: np.array(at, dtype=np.int64) for tag, at in by_tag.items()}
         self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._length_norm = np.zeros(0)
         if bm25 is not None:
@@ -156,9 +174,13 @@ class Bm25Index:
         k1: float = 1.2,
         b: float = 0.75,
         epsilon: float = 0.25,
+        knowledge_tags: Sequence[str | None] | None = None,
     ) -> Bm25Index:
+        """`knowledge_tags[i]`: the knowledge tag of `ids[i]` (None = untagged); omitted, none is tagged."""
         if len(ids) != len(texts):
             raise ValueError(f"Bm25Index.build: {len(ids)} ids but {len(texts)} texts")
+        if knowledge_tags is not None and len(knowledge_tags) != len(ids):
+            raise ValueError(f"Bm25Index.build: {len(ids)} ids but {len(knowledge_tags)} knowledge tags")
         seen: set[str] = set()
         for chunk_id in ids:
             if chunk_id in seen:
@@ -174,7 +196,7 @@ class Bm25Index:
             from rank_bm25 import BM25Okapi
 
             bm25 = BM25Okapi(tokens, k1=k1, b=b, epsilon=epsilon)
-        return cls(list(ids), tokens, analyzer, bm25)
+        return cls(list(ids), tokens, analyzer, bm25, knowledge_tags)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -197,13 +219,20 @@ class Bm25Index:
         out.update(zip(known, (float(v) for v in values), strict=True))
         return out
 
-    def top(self, query: str, n: int) -> list[tuple[str, float]]:
-        """The best `n` chunks over the whole collection: score > 0 only, score descending, ties by id."""
+    def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]:
+        """The best `n` chunks: score > 0 only, score descending, ties by id.
+
+        Over the whole collection, or, with `knowledge_tag`, over the chunks with that tag only (taken
+        before the cut, so other tags never crowd them out); the scores are the same either way."""
         q = self._query_tokens(query)
         if not q or n <= 0:
             return []
         all_scores = self._all_scores(q)
-        positive = np.flatnonzero(all_scores > 0)
+        if knowledge_tag is None:
+            positive = np.flatnonzero(all_scores > 0)
+        else:
+            allowed = self._by_tag.get(knowledge_tag, np.zeros(0, dtype=np.int64))
+            positive = allowed[all_scores[allowed] > 0]
         if len(positive) > n:
             # Keep everything tied with the n-th best, so the id tie-break sees all of them.
             nth = np.partition(all_scores[positive], -n)[-n]

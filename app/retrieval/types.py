@@ -16,6 +16,14 @@ SCORE_DENSE = "dense"
 SCORE_BM25 = "bm25"
 SCORE_FUSED = "fused"
 SCORE_RERANK = "rerank"
+# Chunk metadata written at ingest (chunker.DOC_SHA256): sha256 of the normalised document text.
+META_DOC_SHA256 = "doc_sha256"
+
+
+def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
+    """A chunk's knowledge tag: its `knowledge` metadata as a string, None when absent or empty."""
+    tag = metadata.get("knowledge")
+    return str(tag) if tag not in (None, "") else None
 
 
 @dataclass
@@ -40,8 +48,13 @@ class Candidate:
 
     @property
     def knowledge_tag(self) -> str | None:
-        tag = self.metadata.get("knowledge")
-        return str(tag) if tag not in (None, "") else None
+        return knowledge_tag_of(self.metadata)
+
+    @property
+    def doc_sha256(self) -> str | None:
+        """The hash of its whole document's normalised text, written at ingest (None in older stores)."""
+        value = self.metadata.get(META_DOC_SHA256)
+        return str(value) if value else None
 
 
 @dataclass(frozen=True)

@@ -214,11 +214,6 @@ class ChromaStore:
         for start in range(0, len(ids), batch):
             self._call(self._collection.delete, ids=list(ids[start : start + batch]))
 
-    def set_metadata(self, values: dict[str, Any]) -> None:
-        merged = {**self.metadata(), **values}
-        merged.pop("hnsw:space", None)  # fixed at creation; modify() refuses to touch it
-        self._call(self._collection.modify, metadata=merged)
-
     # -- helpers ---------------------------------------------------------------------------------
 
     def _max_batch(self) -> int:

@@ -190,3 +190,40 @@ def test_candidate_k_zero_gives_lexical_candidates_only(sieve):
     top = sieve.lexical.top("工资什么时候发", 3)
     assert [round(d.scores["bm25"], 6) for d in result.documents] == [round(s, 6) for _, s in top]
     assert result.documents[0].doc_id == "hr-payroll-zh"
+
+
+def test_a_copy_of_the_vpn_guide_under_another_id_is_dropped_as_a_copy(sieve):
+    """it-vpn-setup-mirror is the VPN guide under another id and source; another of its sections used to get
+    through two ranks below the original."""
+    result = sieve.retrieve("How do I connect to the VPN when working from home?")
+    ranked = doc_ids(result)
+    assert "it-vpn-setup" in ranked and "it-vpn-setup-mirror" not in ranked
+    diversity = next(s for s in result.trace.stages if s.name == "diversity")
+    copies = [r for r in diversity.removed if r.reason == "copy of doc it-vpn-setup"]
+    assert copies and {r.doc_id for r in copies} == {"it-vpn-setup-mirror"}
+    keep_copies = variant(sieve, nested("rag.chain.diversity.drop_document_copies", False))
+    assert "it-vpn-setup-mirror" in doc_ids(
+        keep_copies.retrieve("How do I connect to the VPN when working from home?")
+    )
+
+
+def test_every_chunk_of_the_two_vpn_copies_has_the_same_document_hash(sieve):
+    stored = list(sieve.store.iter_all(include_text=False))
+    hashes = {
+        doc: {c.metadata["doc_sha256"] for c in stored if c.metadata["doc_id"] == doc}
+        for doc in ("it-vpn-setup", "it-vpn-setup-mirror")
+    }
+    assert len(hashes["it-vpn-setup"]) == 1 and hashes["it-vpn-setup"] == hashes["it-vpn-setup-mirror"]
+    assert len({c.metadata["doc_sha256"] for c in stored}) == len({c.metadata["doc_id"] for c in stored}) - 1
+
+
+def test_a_knowledge_tag_restricts_the_bm25_candidates_of_the_real_index(sieve):
+    tags = {c.chunk_id: c.metadata.get("knowledge") for c in sieve.store.iter_all(include_text=False)}
+    for tag in ("hr", "it"):
+        top = sieve.lexical.top("VPN password salary", 10, knowledge_tag=tag)
+        assert top and {tags[chunk_id] for chunk_id, _ in top} == {tag}
+        scores = sieve.lexical.scores("VPN password salary", [chunk_id for chunk_id, _ in top])
+        assert dict(top) == scores  # the same scores as without the tag
+    result = sieve.retrieve("How do I connect to the VPN when working from home?", knowledge_tag="it")
+    assert {d.knowledge_tag for d in result.documents} == {"it"}
+    assert result.trace.candidate_origins["both"] > 0  # BM25 still found it-tagged candidates

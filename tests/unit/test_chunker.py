@@ -1,17 +1,21 @@
+import hashlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.ingest.chunker import (
     CHUNKER_VERSION,
+    DOC_SHA256,
     Section,
     chunk_document,
     embedding_text,
     split_sections,
     split_spans,
 )
-from app.ingest.ids import chunk_id, normalise_text
+from app.ingest.ids import chunk_id, normalise_text, text_sha256
 from app.ingest.types import Chunk, Document
+from app.retrieval.types import META_DOC_SHA256
 
 PAYROLL = """\
 # Payroll policy
@@ -185,10 +189,19 @@ def test_chunk_ids_are_derived_from_content():
     chunks = chunk_document(md(PAYROLL), chunk_size=600, overlap=50)
     for chunk in chunks:
         assert chunk.chunk_id == chunk_id(
-            "payroll", CHUNKER_VERSION, chunk.position, chunk.heading_path, chunk.text
+            "payroll", CHUNKER_VERSION, chunk.position, chunk.heading_path, chunk.text, title="Payroll policy"
         )
     assert chunk_document(md(PAYROLL), 600, 50) == chunks
     assert len({c.chunk_id for c in chunks}) == len(chunks)
+
+
+def test_a_title_change_changes_every_chunk_id():
+    """The title is embedded with every chunk (`embedding_text`), so a new title must mean new vectors."""
+    before = chunk_document(md(PAYROLL), 600, 50)
+    after = chunk_document(md(PAYROLL, title="Pay policy"), 600, 50)
+    assert [c.text for c in after] == [c.text for c in before]
+    assert not {c.chunk_id for c in after} & {c.chunk_id for c in before}
+    assert [embedding_text(c) for c in after] != [embedding_text(c) for c in before]
 
 
 def test_chunk_ids_survive_whitespace_reformatting():
@@ -218,7 +231,23 @@ def test_chunk_metadata_is_document_metadata_plus_chunk_fields():
         "title": "Payroll policy",
         "position": 0,
         "heading_path": "Payroll policy > Pay dates",
+        "doc_sha256": hashlib.sha256(b"# Payroll policy ## Pay dates On the 25th.").hexdigest(),
     }
+
+
+def test_doc_sha256_is_the_same_for_a_copy_under_another_id_and_title():
+    page = "# VPN\n\nConnect   with HexaConnect.\n\n## Troubleshooting\n\nRestart it.\n"
+    original = chunk_document(md(page, doc_id="it-vpn-setup", title="VPN", source="it-wiki"), 600, 0)
+    mirror = chunk_document(md(page.replace("   ", " "), doc_id="mirror", title="VPN (copy)"), 600, 0)
+    edited = chunk_document(md(page + "\nCall the helpdesk.\n", doc_id="it-vpn-setup"), 600, 0)
+    assert len({c.metadata["doc_sha256"] for c in original}) == 1  # one value per document, on every chunk
+    assert {c.metadata["doc_sha256"] for c in mirror} == {original[0].metadata["doc_sha256"]}
+    assert {c.metadata["doc_sha256"] for c in edited} != {original[0].metadata["doc_sha256"]}
+    assert original[0].metadata["doc_sha256"] == text_sha256(page)
+
+
+def test_the_chunker_and_the_diversity_stage_agree_on_the_metadata_key():
+    assert DOC_SHA256 == META_DOC_SHA256 == "doc_sha256"
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.ingest.ids import chunk_id, document_fingerprint, normalise_text
-from app.ingest.types import Document
+from app.ingest.ids import chunk_id, normalise_text, text_sha256
 
 BASE = {
     "doc_id": "payroll",
@@ -13,17 +12,20 @@ BASE = {
     "position": 0,
     "heading_path": ("Payroll policy", "Pay dates"),
     "text": "Staff are paid on the 25th.",
+    "title": "Payroll policy",
 }
 
 
 def test_chunk_id_is_a_fixed_value_across_processes():
     # Written once and kept literal: if this changes, every stored chunk id changes with it.
-    assert chunk_id(**BASE) == "c_506ab388b5797a2630a3e00e"
+    # (Changed once, deliberately, when the title joined the id: encoding chunk/1 -> chunk/2.)
+    assert chunk_id(**BASE) == "c_ec380c6a61d32edb73c3185c"
 
 
 def test_chunk_id_is_sha256_of_the_length_prefixed_encoding():
     encoding = (
-        b"7:chunk/1" + b"7:payroll" + b"5:md-v1" + b"1:0" + b"2:" + b"14:Payroll policy" + b"9:Pay dates"
+        b"7:chunk/2" + b"7:payroll" + b"5:md-v1" + b"1:0" + b"14:Payroll policy"
+        b"2:" + b"14:Payroll policy" + b"9:Pay dates"
         b"27:Staff are paid on the 25th."
     )
     assert chunk_id(**BASE) == "c_" + hashlib.sha256(encoding).hexdigest()[:24]
@@ -31,8 +33,8 @@ def test_chunk_id_is_sha256_of_the_length_prefixed_encoding():
 
 def test_chunk_id_counts_bytes_not_characters():
     # "工资" is 2 characters but 6 UTF-8 bytes
-    encoding = b"7:chunk/1" + b"1:d" + b"1:v" + b"1:0" + b"0:" + "6:工资".encode()
-    assert chunk_id("d", "v", 0, (), "工资") == "c_" + hashlib.sha256(encoding).hexdigest()[:24]
+    encoding = b"7:chunk/2" + b"1:d" + b"1:v" + b"1:0" + "6:薪酬".encode() + b"0:" + "6:工资".encode()
+    assert chunk_id("d", "v", 0, (), "工资", title="薪酬") == "c_" + hashlib.sha256(encoding).hexdigest()[:24]
 
 
 def test_chunk_id_is_the_same_for_the_same_input():
@@ -50,6 +52,8 @@ def test_chunk_id_is_the_same_for_the_same_input():
         ("heading_path", ()),
         ("text", "Staff are paid on the 26th."),
         ("text", "staff are paid on the 25th."),  # case is kept
+        ("title", "Pay policy"),  # the title is embedded with the text, so it is part of the id
+        ("title", ""),
     ],
 )
 def test_chunk_id_changes_with_each_field(field, value):
@@ -69,8 +73,9 @@ def test_chunk_id_ignores_whitespace_reformatting(text):
     assert chunk_id(**{**BASE, "text": text}) == chunk_id(**BASE)
 
 
-def test_chunk_id_ignores_whitespace_in_headings():
+def test_chunk_id_ignores_whitespace_in_headings_and_title():
     assert chunk_id(**{**BASE, "heading_path": (" Payroll  policy", "Pay dates ")}) == chunk_id(**BASE)
+    assert chunk_id(**{**BASE, "title": "  Payroll\n policy "}) == chunk_id(**BASE)
 
 
 @pytest.mark.parametrize(
@@ -83,18 +88,21 @@ def test_chunk_id_ignores_whitespace_in_headings():
     ],
 )
 def test_heading_path_encoding_is_unambiguous(left, right):
-    assert chunk_id("d", "v", 0, left, "t") != chunk_id("d", "v", 0, right, "t")
+    assert chunk_id("d", "v", 0, left, "t", title="") != chunk_id("d", "v", 0, right, "t", title="")
 
 
 def test_field_boundaries_are_unambiguous():
-    assert chunk_id("a", "bc", 0, (), "t") != chunk_id("ab", "c", 0, (), "t")
-    assert chunk_id("d", "v", 1, (), "2") != chunk_id("d", "v", 12, (), "")
+    assert chunk_id("a", "bc", 0, (), "t", title="") != chunk_id("ab", "c", 0, (), "t", title="")
+    assert chunk_id("d", "v", 1, (), "2", title="") != chunk_id("d", "v", 12, (), "", title="")
+    # the title is a field of its own: moving text between the title and the text changes the id
+    assert chunk_id("d", "v", 0, (), "b c", title="a") != chunk_id("d", "v", 0, (), "c", title="a b")
+    assert chunk_id("d", "v", 0, ("a",), "t", title="") != chunk_id("d", "v", 0, (), "t", title="a")
 
 
 @pytest.mark.parametrize("position", [-1, True, 1.0])
 def test_chunk_id_rejects_bad_positions(position):
     with pytest.raises(ValueError, match="position"):
-        chunk_id("d", "v", position, (), "t")
+        chunk_id("d", "v", position, (), "t", title="")
 
 
 @given(
@@ -102,10 +110,11 @@ def test_chunk_id_rejects_bad_positions(position):
     headings=st.lists(st.text(max_size=5), max_size=3),
     text=st.text(max_size=30),
     position=st.integers(min_value=0, max_value=10_000),
+    title=st.text(max_size=10),
 )
-def test_chunk_id_shape_and_determinism(doc_id, headings, text, position):
-    first = chunk_id(doc_id, "md-v1", position, tuple(headings), text)
-    assert first == chunk_id(doc_id, "md-v1", position, list(headings), text)
+def test_chunk_id_shape_and_determinism(doc_id, headings, text, position, title):
+    first = chunk_id(doc_id, "md-v1", position, tuple(headings), text, title=title)
+    assert first == chunk_id(doc_id, "md-v1", position, list(headings), text, title=title)
     assert len(first) == 26 and first.startswith("c_")
     assert all(c in "0123456789abcdef" for c in first[2:])
 
@@ -132,37 +141,6 @@ def test_normalise_text_is_idempotent(text):
     assert once == once.strip() and "  " not in once
 
 
-DOC = Document(
-    "payroll", "Staff are paid on the 25th.", "Payroll policy", {"status": "active", "tags": "a,b"}
-)
-
-
-def test_document_fingerprint_is_a_fixed_value():
-    doc = Document("payroll", "Staff are paid on the 25th.", "Payroll policy", {"status": "active"})
-    assert document_fingerprint(doc) == "27e9ad0b6d9f1eef5fc7b778f49267359619e54ad0f1be72b263421a6c8ea352"
-
-
-def test_document_fingerprint_ignores_whitespace_metadata_order_and_origin():
-    same = Document(
-        "payroll",
-        "Staff are paid\n  on the 25th.",
-        "Payroll policy",
-        {"tags": "a,b", "status": "active"},
-        origin="elsewhere.jsonl",
-        line=9,
-    )
-    assert document_fingerprint(same) == document_fingerprint(DOC)
-
-
-@pytest.mark.parametrize(
-    "changed",
-    [
-        Document("payroll-2", DOC.text, DOC.title, DOC.metadata),
-        Document(DOC.doc_id, "Staff are paid on the 26th.", DOC.title, DOC.metadata),
-        Document(DOC.doc_id, DOC.text, "Pay policy", DOC.metadata),
-        Document(DOC.doc_id, DOC.text, DOC.title, {"status": "retired", "tags": "a,b"}),
-        Document(DOC.doc_id, DOC.text, DOC.title, {"status": "active"}),
-    ],
-)
-def test_document_fingerprint_changes_with_content(changed):
-    assert document_fingerprint(changed) != document_fingerprint(DOC)
+def test_text_sha256_is_the_full_digest_of_the_normalised_text():
+    assert text_sha256("  Staff are\n paid.\t") == hashlib.sha256(b"Staff are paid.").hexdigest()
+    assert text_sha256("Ｓｔａｆｆ") == text_sha256("Staff") != text_sha256("staff")  # NFKC folds, case kept

@@ -163,3 +163,55 @@ def test_top_and_scores_are_rank_bm25_get_scores_bit_for_bit(analyzer: Analyzer)
         positive = {ids[i]: float(s) for i, s in enumerate(expected) if s > 0}
         assert got == positive, query  # exact float equality, not approx
         assert index.scores(query, ids) == {ids[i]: float(s) for i, s in enumerate(expected)}, query
+
+
+def _crowded(
+    analyzer: Analyzer, n_other: int = 12
+) -> tuple[Bm25Index, list[str], list[str], list[str | None]]:
+    """`n_other` finance/untagged chunks that match "vpn password" strongly, then three weaker it chunks."""
+    ids, texts, tags = [], [], []
+    for i in range(n_other):
+        ids.append(f"other{i:02d}")
+        texts.append("vpn password vpn password reset")
+        tags.append("finance" if i % 2 else None)
+    for i, text in enumerate(["vpn client install guide for laptops", "password rules", "the wifi guide"]):
+        ids.append(f"it{i}")
+        texts.append(text)
+        tags.append("it")
+    filler = [f"filler text number {i} about lunch menus" for i in range(20)]  # keeps idf positive
+    ids += [f"f{i:02d}" for i in range(20)]
+    texts += filler
+    tags += [None] * 20
+    return Bm25Index.build(ids, texts, analyzer, knowledge_tags=tags), ids, texts, tags
+
+
+def test_top_with_a_tag_cuts_among_that_tag_only(analyzer: Analyzer) -> None:
+    index, ids, _, _ = _crowded(analyzer)
+    n = 5
+    untagged_top = index.top("vpn password", n)
+    assert all(i.startswith("other") for i, _ in untagged_top)  # the it chunks do not make the global cut
+    tagged = index.top("vpn password", n, knowledge_tag="it")
+    full = index.scores("vpn password", ids)
+    expected = sorted(((i, full[i]) for i in ("it0", "it1") if full[i] > 0), key=lambda p: (-p[1], p[0]))
+    assert tagged == expected
+    assert {i for i, _ in tagged} == {"it0", "it1"}  # "the wifi guide" matches nothing: no zero scores
+    assert index.top("vpn password", 1, knowledge_tag="it") == expected[:1]
+    finance = index.top("vpn password", 100, knowledge_tag="finance")
+    assert {i for i, _ in finance} == {f"other{i:02d}" for i in range(1, 12, 2)}
+    assert index.top("vpn password", 5, knowledge_tag="no-such-tag") == []
+
+
+def test_tag_restricted_top_scores_are_rank_bm25_bit_for_bit(analyzer: Analyzer) -> None:
+    """Restricting the candidates never changes a score: idf and avgdl stay the whole collection's."""
+    index, ids, texts, tags = _crowded(analyzer)
+    reference = BM25Okapi([analyzer.tokens(t) for t in texts], k1=1.2, b=0.75, epsilon=0.25)
+    for query in ["vpn password", "vpn client", "lunch password"]:
+        expected = reference.get_scores(analyzer.tokens(query))
+        for tag in ("it", "finance"):
+            want = {ids[i]: float(s) for i, s in enumerate(expected) if s > 0 and tags[i] == tag}
+            assert dict(index.top(query, len(ids), knowledge_tag=tag)) == want, (query, tag)
+
+
+def test_build_rejects_tags_that_do_not_match_the_ids(analyzer: Analyzer) -> None:
+    with pytest.raises(ValueError, match="2 ids but 1 knowledge tags"):
+        Bm25Index.build(["a", "b"], ["x", "y"], analyzer, knowledge_tags=["it"])

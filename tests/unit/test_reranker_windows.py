@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -166,3 +171,52 @@ def test_model_seconds_accumulates():
 def test_invalid_window_settings_are_rejected(window, stride, max_windows, batch_size):
     with pytest.raises(ValueError):
         CrossEncoderScorer("fake", batch_size, window, stride, max_windows, cross_encoder=FakeCrossEncoder())
+
+
+class BorrowCheckingCrossEncoder(FakeCrossEncoder):
+    """Like a Rust fast tokenizer: one user at a time, a second concurrent one fails with "Already borrowed".
+
+    `predict` uses the same tokenizer (as a real CrossEncoder does); each use holds it for a moment so
+    that overlapping uses from two threads would collide."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_use = threading.Lock()
+        inner = self.tokenizer
+
+        class Guarded(FakeTokenizer):
+            def __call__(tok_self, text: str, **kwargs: object) -> dict:  # noqa: N805
+                with self.borrowed():
+                    return inner(text, **kwargs)
+
+        self.tokenizer = Guarded()
+
+    @contextlib.contextmanager
+    def borrowed(self):
+        if not self.in_use.acquire(blocking=False):
+            raise RuntimeError("Already borrowed")
+        try:
+            time.sleep(0.0005)
+            yield
+        finally:
+            self.in_use.release()
+
+    def predict(self, pairs, batch_size: int, show_progress_bar: bool = False) -> list[float]:
+        with self.borrowed():
+            return super().predict(pairs, batch_size, show_progress_bar)
+
+
+def test_concurrent_calls_never_use_the_tokenizer_at_the_same_time():
+    s = CrossEncoderScorer("fake", 4, 32, 16, 100, cross_encoder=BorrowCheckingCrossEncoder())
+    passages = [filler(90) + " needle " + filler(10), "needle needle", "", filler(5)]
+    expected = s.score("q", passages)
+    start = threading.Barrier(8)
+
+    def worker(_: int) -> list[list[float]]:
+        start.wait()
+        return [s.score("q", passages) for _ in range(50)]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [r for chunk in pool.map(worker, range(8)) for r in chunk]
+
+    assert results == [expected] * 400

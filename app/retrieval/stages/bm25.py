@@ -46,8 +46,6 @@ class Bm25Stage:
     def __init__(self, settings: Bm25Settings, index: LexicalScorer):
         if not callable(getattr(index, "scores", None)):
             raise TypeError(f"bm25: the index must have .scores(query, ids), got {type(index).__name__}")
-        if settings.dense_weight == 0 and settings.bm25_weight == 0:
-            raise ValueError("bm25: dense_weight and bm25_weight are both 0, so every fused score would be 0")
         self.settings = settings
         self.index = index
 

@@ -1,4 +1,5 @@
-"""diversity: drop repeats (same text, near-same embedding, too many per source); optionally MMR-order."""
+"""diversity: drop repeats (same text, copied document, near-same embedding, too many per source or document);
+optionally MMR-order."""
 
 from __future__ import annotations
 
@@ -34,11 +35,15 @@ class DiversityStage:
 
     Rules per candidate, first failing one is the reason:
     1. `drop_exact_duplicates`: same `normalise_text` as a kept one (`duplicate of c1 (same text)`);
-    2. `max_cosine`: cosine with a kept one's embedding > max_cosine (`cosine=0.99 > 0.97 with c1`, the
+    2. `drop_document_copies`: its document's whole text (the `doc_sha256` written at ingest) is that of a
+       document a kept chunk belongs to, under another doc id (`copy of doc it-vpn-setup`): the same page
+       published under two ids counts once, whichever of its sections the chunks are; candidates without
+       `doc_sha256` skip this rule;
+    3. `max_cosine`: cosine with a kept one's embedding > max_cosine (`cosine=0.99 > 0.97 with c1`, the
        most similar kept one); candidates without an embedding skip this rule;
-    3. `max_per_source`: its source already has that many kept (`source=a.md already has 2`); candidates with
+    4. `max_per_source`: its source already has that many kept (`source=a.md already has 2`); candidates with
        no source are not capped;
-    4. `max_per_document`: its document already has that many chunks kept (`doc=d1 already has 1`), so a
+    5. `max_per_document`: its document already has that many chunks kept (`doc=d1 already has 1`), so a
        long document cannot fill the whole top K with its own chunks.
     Then, if `mmr`, the survivors are reordered (never removed) by maximal marginal relevance:
     pick next argmax  lambda * rel(c) - (1 - lambda) * max cosine(c, picked)  (0 when nothing is picked yet),
@@ -56,6 +61,7 @@ class DiversityStage:
         kept: list[Candidate] = []
         removed: list[Removal] = []
         seen_text: dict[str, str] = {}
+        kept_documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
         kept_vectors: list[tuple[str, np.ndarray]] = []
         per_source: dict[str, int] = {}
         per_doc: dict[str, int] = {}
@@ -66,8 +72,12 @@ class DiversityStage:
             why = None
             text_key = normalise_text(candidate.text)
             vector = _unit(candidate.embedding)
+            doc_hash = candidate.doc_sha256
+            original = kept_documents.get(doc_hash) if doc_hash is not None else None
             if self.settings.drop_exact_duplicates and text_key in seen_text:
                 why = f"duplicate of {seen_text[text_key]} (same text)"
+            elif self.settings.drop_document_copies and original is not None and original != candidate.doc_id:
+                why = f"copy of doc {original}"
             elif self.settings.max_cosine is not None and vector is not None and kept_vectors:
                 sims = np.stack([v for _, v in kept_vectors]) @ vector
                 best = int(np.argmax(sims))
@@ -89,6 +99,8 @@ class DiversityStage:
                 continue
             kept.append(candidate)
             seen_text.setdefault(text_key, candidate.chunk_id)
+            if doc_hash is not None:
+                kept_documents.setdefault(doc_hash, candidate.doc_id)
             if vector is not None:
                 kept_vectors.append((candidate.chunk_id, vector))
             if candidate.source:

@@ -24,13 +24,7 @@ class HardFilterStage:
     name = "hard_filter"
 
     def __init__(self, settings: HardFilterSettings):
-        for key, values in (
-            ("excluded_statuses", settings.excluded_statuses),
-            ("denied_sources", settings.denied_sources),
-        ):
-            blank = [v for v in values if not v.strip()]
-            if blank:
-                raise ValueError(f"hard_filter.{key}: blank entry {blank[0]!r} would match nothing")
+        # HardFilterSettings rejects blank rule entries at load time.
         self.settings = settings
         self._excluded = {status.strip().casefold() for status in settings.excluded_statuses}
         self._denied = set(settings.denied_sources)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from app.retrieval.stages._common import format_pair
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, Removal, StageOutcome
 from app.settings import SimilarityThresholdSettings
@@ -20,14 +18,7 @@ class SimilarityThresholdStage:
     name = "similarity_threshold"
 
     def __init__(self, settings: SimilarityThresholdSettings):
-        for tag, threshold in settings.per_knowledge_tag.items():
-            if not (
-                isinstance(threshold, int | float) and math.isfinite(threshold) and -1.0 <= threshold <= 1.0
-            ):
-                raise ValueError(
-                    f"similarity_threshold.per_knowledge_tag[{tag!r}]: expected a cosine in [-1, 1], "
-                    f"got {threshold!r}"
-                )
+        # SimilarityThresholdSettings holds every threshold to a finite cosine in [-1, 1] at load time.
         self.settings = settings
 
     def threshold_for(self, candidate: Candidate) -> float:

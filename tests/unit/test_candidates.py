@@ -1,0 +1,71 @@
+"""Candidate generation with a fake store and the real BM25 index: a knowledge tag restricts the lexical
+candidates before the BM25 cut, as it restricts the dense search."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.retrieval.candidates import CandidateGenerator
+from app.retrieval.lexical import Analyzer, Bm25Index
+from app.settings import RetrievalSettings
+from app.store import StoredChunk
+
+N = 5  # bm25_candidate_k
+
+
+class FakeStore:
+    """Chunks in memory; the dense search honours `where` like Chroma's, and returns nothing here so that
+    every candidate below is a lexical one."""
+
+    def __init__(self, chunks: list[StoredChunk]):
+        self.chunks = {c.chunk_id: c for c in chunks}
+        self.wheres: list[dict | None] = []
+
+    def query(self, embeddings, n, where=None):
+        self.wheres.append(where)
+        return [[] for _ in range(len(embeddings))]
+
+    def get(self, ids, include_embeddings=True):
+        return [self.chunks[i] for i in ids if i in self.chunks]
+
+
+def _collection() -> tuple[list[StoredChunk], Bm25Index]:
+    chunks = []
+    for i in range(3 * N):  # far more than N chunks of other tags (or none) that outrank the it chunks
+        tag = ["finance", "hr", None][i % 3]
+        meta = {"doc_id": f"other{i}"} | ({"knowledge": tag} if tag else {})
+        chunks.append(StoredChunk(f"other{i:02d}", "vpn password reset vpn password", meta, np.ones(4) / 2))
+    for i, text in enumerate(["how to install the vpn client", "password rules for staff"]):
+        meta = {"doc_id": f"it{i}", "knowledge": "it"}
+        chunks.append(StoredChunk(f"it{i}", text, meta, np.ones(4) / 2))
+    for i in range(20):
+        chunks.append(StoredChunk(f"f{i:02d}", f"lunch menu number {i}", {"doc_id": f"f{i}"}, np.ones(4) / 2))
+    index = Bm25Index.build(
+        [c.chunk_id for c in chunks],
+        [c.text for c in chunks],
+        Analyzer(),
+        knowledge_tags=[c.metadata.get("knowledge") for c in chunks],
+    )
+    return chunks, index
+
+
+def test_a_tagged_query_keeps_its_lexical_candidates_when_other_tags_outrank_them() -> None:
+    chunks, index = _collection()
+    assert all(i.startswith("other") for i, _ in index.top("vpn password", N))  # the global cut: no it chunk
+    store = FakeStore(chunks)
+    generator = CandidateGenerator(store, RetrievalSettings(bm25_candidate_k=N), index)  # type: ignore[arg-type]
+
+    tagged, untagged = generator.generate_many(["vpn password"] * 2, np.ones((2, 4)) / 2, ["it", None])
+
+    assert sorted(c.chunk_id for c in tagged.candidates) == ["it0", "it1"]
+    assert all(c.origin == frozenset({"bm25"}) for c in tagged.candidates)
+    assert tagged.origins == {"dense": 0, "bm25": 2, "both": 0}
+    assert len(untagged.candidates) == N and all(c.chunk_id.startswith("other") for c in untagged.candidates)
+    assert {"knowledge": "it"} in store.wheres and None in store.wheres
+
+
+def test_a_tag_no_chunk_has_gets_no_lexical_candidates() -> None:
+    chunks, index = _collection()
+    generator = CandidateGenerator(FakeStore(chunks), RetrievalSettings(bm25_candidate_k=N), index)  # type: ignore[arg-type]
+    (result,) = generator.generate_many(["vpn password"], np.ones((1, 4)) / 2, ["legal"])
+    assert result.candidates == []

@@ -1,0 +1,26 @@
+"""The chain the service really builds (the one the API, the CLI and the evaluation use)."""
+
+from __future__ import annotations
+
+from app.retrieval.lexical import Analyzer, Bm25Index
+from app.service import Sieve
+from app.settings import ChainSettings, Settings
+
+
+class NoStore:
+    """Building the chain must not touch the store; retrieval is not exercised here."""
+
+
+class NoEmbedder:
+    pass
+
+
+def test_the_service_chain_runs_the_stages_in_rag_chain_order() -> None:
+    settings = Settings()
+    settings.rag.chain.rerank.enabled = False
+    empty = Bm25Index.build([], [], Analyzer())
+    sieve = Sieve(settings, NoEmbedder(), NoStore(), reranker=None, lexical=empty)  # type: ignore[arg-type]
+    assert sieve.chain.stage_names == list(ChainSettings.model_fields)
+    assert [s.stage.name for s in sieve.chain.stages] == list(ChainSettings.model_fields)
+    assert {s.name for s in sieve.chain.stages if not s.enabled} == {"rerank"}
+    assert sieve.chain.candidates.lexical is empty
