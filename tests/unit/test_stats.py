@@ -85,10 +85,12 @@ def test_holm_adjusts_in_the_input_order() -> None:
 
 
 def test_holm_caps_at_one_and_skips_missing_values() -> None:
-    # m = 2 given values: 2·0.6 caps at 1; the None stays None and does not count in m.
+    # m = 2 given values (the None stays None and does not count): sorted 0.02, 0.6 -> 2·0.02, max(., 1·0.6)
     first, missing, last = holm([0.6, None, 0.02])
-    assert (first, missing) == (1.0, None)
+    assert (first, missing) == (max(2 * 0.02, 1 * 0.6), None)
     assert last == pytest.approx(2 * 0.02)
+    # 2·0.6 = 1.2 caps at 1, and the larger p then cannot go below it
+    assert holm([0.7, None, 0.6]) == [1.0, None, 1.0]
     assert holm([]) == []
 
 
