@@ -1,13 +1,11 @@
 """The one exit-code table of the `sieve` command, for every subcommand and for `sieve serve`.
 
-| Code | Name          | When                                                                                   |
-|------|---------------|----------------------------------------------------------------------------------------|
-| 0    | OK            | success; for `eval` and `serve --evaluate`: every gate check held                      |
-| 1    | GATE_FAILED   | an evaluation gate check failed (`sieve eval`; `sieve serve` with `fail_on_gate: true`) |
-| 2    | BAD_INPUT     | bad input: configuration, files, golden set, baseline report, BEIR or TREC files        |
-|      |               | (`sieve serve` with `fail_on_invalid_golden_set: true` and a broken golden set too)    |
-| 3    | UNAVAILABLE   | the service could not start: a model could not load, the store is unreachable         |
-| 130  | INTERRUPTED   | stopped with Ctrl-C                                                                    |
+- 0 OK: success; for `eval` and `serve --evaluate`, every gate check held.
+- 1 GATE_FAILED: an evaluation gate check failed (`sieve eval`; `sieve serve` with `fail_on_gate: true`).
+- 2 BAD_INPUT: configuration, files, golden set, baseline report, BEIR or TREC files; also `sieve serve`
+  with `fail_on_invalid_golden_set: true` and a broken golden set.
+- 3 UNAVAILABLE: the service could not start (a model could not load, the store is unreachable).
+- 130 INTERRUPTED: stopped with Ctrl-C.
 """
 
 from __future__ import annotations

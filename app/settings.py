@@ -334,9 +334,7 @@ def config_source(config_path: str | Path | None = None) -> Path | None:
         _LOADING_FROM.reset(token)
 
 
-def load_settings(
-    overrides: dict[str, Any] | None = None, config_path: str | Path | None = None
-) -> Settings:
+def load_settings(overrides: dict[str, Any] | None = None, config_path: str | Path | None = None) -> Settings:
     """Load settings (YAML < env < overrides). `overrides` is nested: {"rag": {"server": {"port": 9000}}}.
     `config_path` (the CLI's --config) replaces $SIEVE_CONFIG and config/application.yml."""
     path = config_source(config_path)

@@ -7,11 +7,12 @@ for a given seed.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Mapping, Sequence
 from statistics import fmean
+
+import numpy as np
 
 EXACT_MAX_N = 16
 RANDOM_PATTERNS = 10_000
@@ -42,20 +43,20 @@ def sign_flip_p_value(
     n = len(diffs)
     if n == 0 or all(d == 0 for d in diffs):
         return 1.0
+    d = np.asarray(diffs, dtype=float)
     observed = abs(math.fsum(diffs) / n)
     if n <= exact_max_n:
-        count = 0
-        for signs in itertools.product((1.0, -1.0), repeat=n):
-            if abs(math.fsum(s * d for s, d in zip(signs, diffs, strict=True)) / n) >= observed - TOLERANCE:
-                count += 1
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+        count = int(np.count_nonzero(np.abs((1 - 2 * bits) @ d / n) >= observed - TOLERANCE))
         return count / 2**n
     rng = random.Random(seed)
-    count = 0
-    for _ in range(patterns):
-        bits = rng.getrandbits(n)
-        total = math.fsum(-d if (bits >> i) & 1 else d for i, d in enumerate(diffs))
-        if abs(total / n) >= observed - TOLERANCE:
-            count += 1
+    width = (n + 7) // 8
+    raw = b"".join(rng.getrandbits(n).to_bytes(width, "little") for _ in range(patterns))
+    flips = np.unpackbits(
+        np.frombuffer(raw, dtype=np.uint8).reshape(patterns, width), axis=1, bitorder="little"
+    )
+    signs = 1 - 2 * flips[:, :n].astype(float)
+    count = int(np.count_nonzero(np.abs(signs @ d / n) >= observed - TOLERANCE))
     return (1 + count) / (patterns + 1)
 
 

@@ -63,7 +63,6 @@ def test_sampled_sign_flip_is_the_share_of_the_seeded_patterns() -> None:
         s = sum(-d if (bits >> i) & 1 else d for i, d in enumerate(diffs))
         count += abs(s / n) >= t - 1e-12
     assert sign_flip_p_value(diffs, seed=7, patterns=big_b) == (1 + count) / (big_b + 1)
-    assert sign_flip_p_value(diffs, seed=7, patterns=big_b) == sign_flip_p_value(diffs, seed=7, patterns=big_b)
 
 
 def test_exact_and_sampled_branches_meet_at_sixteen() -> None:
