@@ -84,7 +84,8 @@ def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[...
         output_dir = tmp_path / "retrieval-eval"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
         env |= {
-            "RAG__STORE__PATH": str(seeded_store(tmp_path / "store")),
+            # a second start in the same test reuses the store, as a second `make run` does
+            "RAG__STORE__PATH": str(store if (store := tmp_path / "store").exists() else seeded_store(store)),
             "RAG__EVALUATE__OUTPUT_DIR": str(output_dir),
             "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE),
             **extra_env,
@@ -156,7 +157,7 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
 
     # the JSON report
     report = json.loads(latest_json.read_text(encoding="utf-8"))
-    assert report["schemaVersion"] == 1
+    assert report["schemaVersion"] == 2
     assert report["status"] == "ok"
     summary = report["summary"]
     for key in ("cases", "recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate"):
