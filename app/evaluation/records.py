@@ -29,6 +29,57 @@ def to_json(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Loss:
+    """Where one expected id that is not in the top K was lost (`where`: NOT_IN_INDEX, NOT_RETRIEVED,
+    REMOVED_BY_<stage> with `stage` and the removal's `reason`, or RANKED_OUT)."""
+
+    id: str
+    where: str
+    stage: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RemovedItem:
+    chunk_id: str
+    doc_id: str
+    reason: str
+    relevant: bool
+
+
+@dataclass(frozen=True)
+class StageStat:
+    """What one stage did for one case (report JSON: a case's `filterStats` entry)."""
+
+    name: str
+    enabled: bool
+    skipped: str | None
+    input: int
+    output: int
+    removed: int
+    removed_relevant: int  # expected ids the stage made disappear from the list
+    removed_relevant_chunks: int  # removed chunks of expected ids (a second chunk of a kept document too)
+    added: int
+    latency_ms: float
+    removed_items: list[RemovedItem]
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One row of the report's per-stage table, over all cases (`afterStage`: mean Recall/MRR/nDCG of
+    the list after the stage, cut at K)."""
+
+    name: str
+    enabled: bool
+    skipped: str | None
+    removed: int
+    removed_relevant: int
+    added: int
+    latency_ms: float | None
+    after_stage: dict[str, float | None]
+
+
+@dataclass(frozen=True)
 class MetricComparison:
     baseline: float
     current: float

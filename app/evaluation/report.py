@@ -24,7 +24,7 @@ from typing import Any
 from app.evaluation import metrics
 from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
 from app.evaluation.fingerprint import case_sha256
-from app.evaluation.records import to_json
+from app.evaluation.records import StageRow, to_json
 from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
 from app.evaluation.segments import groups, query_language, segments
 from app.settings import EvaluateSettings
@@ -88,7 +88,7 @@ def summarize(evaluation: Evaluation) -> dict[str, Any]:
     lost: dict[str, int] = {}
     for c in cases:
         for item in c.lost:
-            lost[item["where"]] = lost.get(item["where"], 0) + 1
+            lost[item.where] = lost.get(item.where, 0) + 1
     summary["lostBy"] = dict(sorted(lost.items()))
     summary["failedCaseIds"] = [
         c.case.id
@@ -98,38 +98,37 @@ def summarize(evaluation: Evaluation) -> dict[str, Any]:
     return summary
 
 
-def stage_table(evaluation: Evaluation) -> list[dict[str, Any]]:
+def stage_table(evaluation: Evaluation) -> list[StageRow]:
     """Per stage, over all cases: removed, removedRelevant, latency, and the averages of Recall/MRR/nDCG of
     the list after that stage (first row: the raw candidates)."""
-    rows: list[dict[str, Any]] = []
     ok = [c for c in evaluation.cases if c.result is not None]
     scored = [c for c in ok if c.metrics is not None]
-    rows.append(
-        {
-            "name": "candidates",
-            "enabled": True,
-            "skipped": None,
-            "removed": 0,
-            "removedRelevant": 0,
-            "added": 0,
-            "latencyMs": _mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
-            "afterStage": _after(scored, "candidates"),
-        }
-    )
+    rows = [
+        StageRow(
+            name="candidates",
+            enabled=True,
+            skipped=None,
+            removed=0,
+            removed_relevant=0,
+            added=0,
+            latency_ms=_mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
+            after_stage=_after(scored, "candidates"),
+        )
+    ]
     for i, name in enumerate(evaluation.stage_names):
         stats = [c.stage_stats[i] for c in ok if i < len(c.stage_stats)]
-        skipped = {s["skipped"] for s in stats if s["skipped"]}
+        skipped = {s.skipped for s in stats if s.skipped}
         rows.append(
-            {
-                "name": name,
-                "enabled": all(s["enabled"] for s in stats) if stats else True,
-                "skipped": "; ".join(sorted(skipped)) or None,
-                "removed": sum(s["removed"] for s in stats),
-                "removedRelevant": sum(s["removedRelevant"] for s in stats),
-                "added": sum(s["added"] for s in stats),
-                "latencyMs": _mean([s["latencyMs"] for s in stats]),
-                "afterStage": _after(scored, name),
-            }
+            StageRow(
+                name=name,
+                enabled=all(s.enabled for s in stats) if stats else True,
+                skipped="; ".join(sorted(skipped)) or None,
+                removed=sum(s.removed for s in stats),
+                removed_relevant=sum(s.removed_relevant for s in stats),
+                added=sum(s.added for s in stats),
+                latency_ms=_mean([s.latency_ms for s in stats]),
+                after_stage=_after(scored, name),
+            )
         )
     return rows
 
@@ -177,7 +176,7 @@ def build_report(
         "summary": summary,
         "comparison": comparison,
         "gate": gate or {"passed": True, "checks": [], "failures": [], "notes": []},
-        "stages": stage_table(evaluation),
+        "stages": to_json(stage_table(evaluation)),
         "segments": to_json(segments(cases)),
         "groups": to_json(groups(cases)),
         "candidateOrigins": origins,
@@ -264,9 +263,9 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
         "singleLatencyMs": c.single_latency_ms,
         "fallbackUsed": result.fallback_used if result else None,
         "rankedDocuments": ranked,
-        "filterStats": c.stage_stats,
+        "filterStats": to_json(c.stage_stats),
         "afterStage": c.after_stage,
-        "lost": c.lost,
+        "lost": to_json(c.lost),
         "forbiddenFound": c.forbidden_found,
         "missingFromIndex": c.missing_from_index,
     }

@@ -25,6 +25,7 @@ from typing import Any
 
 from app.evaluation import metrics
 from app.evaluation.golden_set import GoldenCase, GoldenSet, case_expected_relevance, case_relevance_key
+from app.evaluation.records import Loss, RemovedItem, StageStat
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
 from app.retrieval.types import Candidate, RetrievalResult
 
@@ -70,8 +71,8 @@ class CaseResult:
     error: str | None = None
     metrics: dict[str, float] | None = None
     after_stage: dict[str, dict[str, float]] = field(default_factory=dict)
-    stage_stats: list[dict[str, Any]] = field(default_factory=list)
-    lost: list[dict[str, str]] = field(default_factory=list)
+    stage_stats: list[StageStat] = field(default_factory=list)
+    lost: list[Loss] = field(default_factory=list)
     forbidden_found: list[str] = field(default_factory=list)
     missing_from_index: list[str] = field(default_factory=list)
     # the counts behind the ratios: expectedCount, hitCount, firstHitRank (metrics.hit_counts)
@@ -262,29 +263,22 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
         removed_relevant = len((before - after) & relevant)
         before = after
         item.stage_stats.append(
-            {
-                "name": stage.name,
-                "enabled": stage.enabled,
-                "skipped": stage.skipped,
-                "input": stage.input_count,
-                "output": stage.output_count,
-                "removed": len(stage.removed),
-                "removedRelevant": removed_relevant,
-                "removedRelevantChunks": sum(
-                    1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant
-                ),
-                "added": len(stage.added),
-                "latencyMs": stage.latency_ms,
-                "removedItems": [
-                    {
-                        "chunkId": r.chunk_id,
-                        "docId": r.doc_id,
-                        "reason": r.reason,
-                        "relevant": by_chunk.get(r.chunk_id) in relevant,
-                    }
+            StageStat(
+                name=stage.name,
+                enabled=stage.enabled,
+                skipped=stage.skipped,
+                input=stage.input_count,
+                output=stage.output_count,
+                removed=len(stage.removed),
+                removed_relevant=removed_relevant,
+                removed_relevant_chunks=sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant),
+                added=len(stage.added),
+                latency_ms=stage.latency_ms,
+                removed_items=[
+                    RemovedItem(r.chunk_id, r.doc_id, r.reason, by_chunk.get(r.chunk_id) in relevant)
                     for r in stage.removed
                 ],
-            }
+            )
         )
     if metrics.has_relevant(relevance):
         for name, ids in trace.ranked_after.items():
@@ -303,7 +297,7 @@ def _where_lost(
     by_chunk: dict[str, str],
     relevant: set[str],
     top_k: list[str],
-) -> list[dict[str, str]]:
+) -> list[Loss]:
     """For each relevant id not in the top K: NOT_IN_INDEX, NOT_RETRIEVED, REMOVED_BY_<stage> (with the
     reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K)."""
     trace = outcome.trace
@@ -316,28 +310,14 @@ def _where_lost(
     lost = []
     for wanted in sorted(relevant - set(top_k)):
         if wanted in item.missing_from_index:
-            lost.append({"id": wanted, "where": NOT_IN_INDEX, "stage": "", "reason": "not in the index"})
+            lost.append(Loss(wanted, NOT_IN_INDEX, "", "not in the index"))
         elif wanted not in raw:
-            lost.append(
-                {
-                    "id": wanted,
-                    "where": NOT_RETRIEVED,
-                    "stage": "",
-                    "reason": "not among the vector or BM25 candidates",
-                }
-            )
+            lost.append(Loss(wanted, NOT_RETRIEVED, "", "not among the vector or BM25 candidates"))
         elif wanted in final:
-            lost.append(
-                {
-                    "id": wanted,
-                    "where": RANKED_OUT,
-                    "stage": "",
-                    "reason": f"survived every stage but ranked below K={item.k}",
-                }
-            )
+            lost.append(Loss(wanted, RANKED_OUT, "", f"survived every stage but ranked below K={item.k}"))
         else:
             stage, reason = _vanished_at(wanted, trace, by_chunk, present_after, stage_order)
-            lost.append({"id": wanted, "where": f"REMOVED_BY_{stage}", "stage": stage, "reason": reason})
+            lost.append(Loss(wanted, f"REMOVED_BY_{stage}", stage, reason))
     return lost
 
 

@@ -86,7 +86,7 @@ def test_scoring_counts_and_where_each_missing_id_was_lost() -> None:
     assert c.counts == {"expectedCount": 5, "hitCount": 1, "firstHitRank": 1}
     # the same ranking cut at 3: A, B, D -> 2 of 5 relevant; nDCG = (1 + 1/log2(3)) / IDCG@3
     assert c.at_k[3]["recall"] == pytest.approx(2 / 5)
-    lost = {x["id"]: (x["where"], x["reason"]) for x in c.lost}
+    lost = {x.id: (x.where, x.reason) for x in c.lost}
     assert lost == {
         "B": (RANKED_OUT, "survived every stage but ranked below K=1"),
         "C": ("REMOVED_BY_threshold", "dense=0.10 < 0.30"),
@@ -94,13 +94,10 @@ def test_scoring_counts_and_where_each_missing_id_was_lost() -> None:
         "F": (NOT_RETRIEVED, "not among the vector or BM25 candidates"),
     }
     threshold, diversity = c.stage_stats
-    assert (threshold["removed"], threshold["removedRelevant"]) == (1, 1)
+    assert (threshold.removed, threshold.removed_relevant) == (1, 1)
     # diversity dropped a second chunk of A while A stays: no relevant id lost
-    assert (diversity["removed"], diversity["removedRelevant"], diversity["removedRelevantChunks"]) == (
-        1,
-        0,
-        1,
-    )
+    assert (diversity.removed, diversity.removed_relevant, diversity.removed_relevant_chunks) == (1, 0, 1)
+    assert diversity.removed_items[0].relevant and diversity.removed_items[0].reason == "max_per_document=1"
     assert c.after_stage["candidates"]["recall"] == pytest.approx(1 / 5)  # cut at K=1: c1 (A)
     assert ev.warnings == [
         "case q1: expected doc id(s) not in the index: E (stale golden set after re-chunking or re-ingest?)"
