@@ -274,12 +274,19 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
 # -- writing -----------------------------------------------------------------------------------------
 
 
-def write_reports(report: dict[str, Any], settings: EvaluateSettings, markdown: str | None) -> list[Path]:
+def report_stamp() -> str:
+    """The UTC timestamp in a report's file name (`<prefix>-<stamp>.json`)."""
+    return _now().strftime("%Y%m%dT%H%M%SZ")
+
+
+def write_reports(
+    report: dict[str, Any], settings: EvaluateSettings, markdown: str | None, stamp: str | None = None
+) -> list[Path]:
     """Write the timestamped and the `-latest` files, then prune old timestamped sets down to
     `settings.keep_reports`; returns the paths written."""
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = _now().strftime("%Y%m%dT%H%M%SZ")
+    stamp = stamp or report_stamp()
     written: list[Path] = []
     payloads: list[tuple[str, str]] = []
     if settings.write_json:

@@ -14,7 +14,14 @@ from app.evaluation.fingerprint import run_fingerprint
 from app.evaluation.gate import GateResult, check_gate
 from app.evaluation.golden_set import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.records import to_json
-from app.evaluation.report import build_report, invalid_report, k_label, render_markdown, write_reports
+from app.evaluation.report import (
+    build_report,
+    invalid_report,
+    k_label,
+    render_markdown,
+    report_stamp,
+    write_reports,
+)
 from app.evaluation.runner import Evaluation, KnownIds, evaluate
 from app.evaluation.segments import segments
 from app.settings import EvaluateSettings
@@ -63,10 +70,15 @@ def resolve_baseline(settings: EvaluateSettings) -> Baseline:
         if not path.exists():
             return Baseline(None, None, f"no previous report at {path} (first run)")
         try:
-            return Baseline(load_report(path), str(path), f"previous report {path}")
+            report = load_report(path)
         except BaselineError as exc:
             log.warning("[RetrievalEval] previous report not used as baseline: %s", exc)
             return Baseline(None, None, f"the previous report is not usable: {exc}")
+        # name the previous run by its own timestamped copy (the -latest file is about to be replaced)
+        own = path.parent / str(report.get("run", {}).get("reportFile") or "")
+        if own != path.parent and own.is_file():
+            path = own
+        return Baseline(report, str(path), f"previous report {path}")
     return Baseline(load_report(choice), choice, f"report {choice}")
 
 
@@ -129,7 +141,10 @@ def finish_evaluation(
     baseline: Baseline | None = None,
 ) -> EvaluationOutcome:
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
+    stamp = report_stamp()
     report = build_report(evaluation, run_info)
+    if settings.write_json:
+        report["run"]["reportFile"] = f"{settings.report_prefix}-{stamp}.json"
     if baseline.report is not None:
         comparison = compare_reports(
             baseline.report, report, baseline.path or "", seed=settings.seed, alpha=settings.alpha
@@ -142,7 +157,7 @@ def finish_evaluation(
         report["summary"], settings.thresholds, report["comparison"], report["cases"], baseline.note
     )
     report["gate"] = gate.to_json()
-    paths = write_reports(report, settings, render_markdown(report))
+    paths = write_reports(report, settings, render_markdown(report), stamp)
     log.info("[RetrievalEval] %s", summary_line(report))
     if report["comparison"] is not None:
         log.info("[RetrievalEval] %s", baseline_line(report["comparison"], k_label(report)))

@@ -77,7 +77,9 @@ def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, 
     second = latest(output_dir)
     comp = second["comparison"]
     assert comp is not None and comp["comparable"]
-    assert comp["baseline"]["path"] == str(output_dir / "retrieval-eval-latest.json")
+    # the previous run named by its own timestamped copy, which stays
+    assert comp["baseline"]["path"] == str(output_dir / first["run"]["reportFile"])
+    assert json.loads(Path(comp["baseline"]["path"]).read_text(encoding="utf-8")) == first
     assert comp["baseline"]["evaluatedAt"] == first["run"]["evaluatedAt"]
     assert comp["differences"] == ["rag.chain.bm25.enabled: true -> false"]
 
