@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from statistics import fmean
 
 import numpy as np
 
@@ -51,12 +50,17 @@ def sign_flip_p_value(
         return count / 2**n
     rng = random.Random(seed)
     width = (n + 7) // 8
-    raw = b"".join(rng.getrandbits(n).to_bytes(width, "little") for _ in range(patterns))
-    flips = np.unpackbits(
-        np.frombuffer(raw, dtype=np.uint8).reshape(patterns, width), axis=1, bitorder="little"
-    )
-    signs = 1 - 2 * flips[:, :n].astype(float)
-    count = int(np.count_nonzero(np.abs(signs @ d / n) >= observed - TOLERANCE))
+    count = 0
+    for start in range(
+        0, patterns, 1000
+    ):  # in blocks, so a large n does not need patterns × n floats at once
+        block = min(1000, patterns - start)
+        raw = b"".join(rng.getrandbits(n).to_bytes(width, "little") for _ in range(block))
+        bits = np.unpackbits(
+            np.frombuffer(raw, dtype=np.uint8).reshape(block, width), axis=1, bitorder="little"
+        )
+        signs = 1 - 2 * bits[:, :n].astype(float)
+        count += int(np.count_nonzero(np.abs(signs @ d / n) >= observed - TOLERANCE))
     return (1 + count) / (patterns + 1)
 
 
@@ -65,18 +69,18 @@ def bootstrap_ci(
 ) -> tuple[float, float] | None:
     """Percentile bootstrap confidence interval of the mean difference.
 
-    `resamples` (10,000) times: draw n cases with replacement, `rng.choices(diffs, k=n)` with
-    `rng = random.Random(seed)`, and take their mean; sort the means m_(1) <= ... <= m_(B). With
-    a = (1 - level) / 2 the interval is [m_(r_lo), m_(r_hi)], r_lo = max(1, ceil(a·B)),
-    r_hi = ceil((1 - a)·B) (nearest rank, as `metrics.percentile`): for B = 10,000 and 95 %, the 250th and
-    the 9,750th mean. None when there are no cases.
+    With `rng = numpy.random.default_rng(seed)`, `resamples` (10,000) times: draw n case indices with
+    replacement, `rng.integers(0, n, size=n)`, and take the mean of those d (`numpy.mean`); sort the means
+    m_(1) <= ... <= m_(B). With a = (1 - level) / 2 the interval is [m_(r_lo), m_(r_hi)],
+    r_lo = max(1, ceil(a·B)), r_hi = ceil((1 - a)·B) (nearest rank, as `metrics.percentile`): for
+    B = 10,000 and 95 %, the 250th and the 9,750th mean. None when there are no cases.
     """
     n = len(diffs)
     if n == 0:
         return None
-    rng = random.Random(seed)
-    values = list(diffs)
-    means = sorted(fmean(rng.choices(values, k=n)) for _ in range(resamples))
+    rng = np.random.default_rng(seed)
+    values = np.asarray(diffs, dtype=float)
+    means = sorted(float(np.mean(values[rng.integers(0, n, size=n)])) for _ in range(resamples))
     alpha = (1 - level) / 2
     lo = max(1, math.ceil(round(alpha * resamples, 9)))
     hi = max(1, math.ceil(round((1 - alpha) * resamples, 9)))
