@@ -124,3 +124,17 @@ def test_improved_and_worsened_largest_change_first() -> None:
     assert improved[0][1] == pytest.approx(0.9 - 0.2)
     assert [i for i, _ in worsened] == ["b", "e"]
     assert worsened[0][1] == pytest.approx(0.5 - 1.0)
+
+
+@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=8))
+def test_holm_never_lowers_a_p_value_and_keeps_the_order(p_values: list[float]) -> None:
+    adjusted = holm(p_values)
+    assert all(a is not None and p <= a <= 1.0 for p, a in zip(p_values, adjusted, strict=True))
+    ranked = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    assert all(adjusted[i] <= adjusted[j] for i, j in zip(ranked, ranked[1:], strict=False))  # type: ignore[operator]
+
+
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=12))
+def test_bootstrap_interval_is_ordered_and_within_the_data(diffs: list[float]) -> None:
+    lo, hi = bootstrap_ci(diffs, resamples=200)  # type: ignore[misc]
+    assert min(diffs) - 1e-12 <= lo <= hi <= max(diffs) + 1e-12
