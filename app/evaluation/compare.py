@@ -7,6 +7,7 @@ run are the same code.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -61,7 +62,38 @@ def load_report(path: str | Path) -> dict[str, Any]:
         isinstance(c, dict) and isinstance(c.get("id"), str) for c in report["cases"]
     ):
         raise BaselineError(f"{p}: 'cases' must be a list of case records with an 'id'")
+    _check_shape(p, report)
     return report
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_shape(p: Path, report: dict[str, Any]) -> None:
+    """What the comparison reads must have the right types; a hand-edited report gets a message naming the
+    case and field instead of a traceback."""
+    if not isinstance(report["run"], dict):
+        raise BaselineError(f"{p}: 'run' must be an object")
+    seen: set[str] = set()
+    for index, case in enumerate(report["cases"]):
+        where = f"{p}: case {case['id']!r} (cases[{index}])"
+        if case["id"] in seen:
+            raise BaselineError(f"{where}: duplicate case id")
+        seen.add(case["id"])
+        values = case.get("metrics")
+        if values is not None:
+            if not isinstance(values, dict):
+                raise BaselineError(f"{where}: 'metrics' must be an object or null")
+            for name in COMPARED_METRICS:
+                if not _is_number(values.get(name)):
+                    raise BaselineError(f"{where}: metrics.{name} must be a number, got {values.get(name)!r}")
+        ranked = case.get("rankedDocuments", [])
+        if not isinstance(ranked, list) or not all(isinstance(d, dict) for d in ranked):
+            raise BaselineError(f"{where}: 'rankedDocuments' must be a list of objects")
+    stages = report.get("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(st, dict) and "name" in st for st in stages):
+        raise BaselineError(f"{p}: 'stages' must be a list of objects with a 'name'")
 
 
 def compare_reports(
@@ -202,7 +234,7 @@ def describe_differences(
     if b_emb is not None and b_emb != c_emb:
         out.append(f"embedder: {_embedder(b_emb)} -> {_embedder(c_emb)}")
     b_corpus, c_corpus = b_run.get("corpusFingerprint"), c_run.get("corpusFingerprint")
-    if b_corpus and c_corpus and b_corpus != c_corpus:
+    if isinstance(b_corpus, dict) and isinstance(c_corpus, dict) and b_corpus != c_corpus:
         nb, nc = b_corpus.get("chunks", 0), c_corpus.get("chunks", 0)
         out.append(
             f"corpus: {nb} -> {nc} chunks ({nc - nb:+d} net; the chunk ids differ, so chunks were added, "

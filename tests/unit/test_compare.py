@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from statistics import fmean
 
 import pytest
@@ -177,3 +178,26 @@ def test_load_report_names_the_file_for_each_problem(tmp_path) -> None:
     with pytest.raises(BaselineError, match="not a Sieve evaluation report"):
         load_report(other)
     assert os.path.exists(bad)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda r: r["cases"][0]["metrics"].update(ndcg="high"),
+            "case 'a' (cases[0]): metrics.ndcg must be a number",
+        ),
+        (lambda r: r["cases"].append(dict(r["cases"][0])), "case 'a' (cases[1]): duplicate case id"),
+        (lambda r: r["cases"][0].update(metrics=[1]), "'metrics' must be an object or null"),
+        (lambda r: r["cases"][0].update(rankedDocuments="x"), "'rankedDocuments' must be a list of objects"),
+        (lambda r: r.update(stages=[1]), "'stages' must be a list of objects"),
+        (lambda r: r.update(run=[]), "'run' must be an object"),
+    ],
+)
+def test_load_report_rejects_a_hand_edited_report_naming_case_and_field(tmp_path, mutate, message) -> None:
+    data = report({"a": 1.0})
+    mutate(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BaselineError, match=re.escape(message)):
+        load_report(path)
