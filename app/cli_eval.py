@@ -139,6 +139,8 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.export_trec:
         run_path, qrels_path = export_evaluation(evaluation, Path(args.export_trec))
         print(f"trec run: {run_path}\ntrec qrels: {qrels_path}")
+    for note in outcome.gate.notes:
+        print(f"gate note: {note}")
     failures = outcome.gate.failures
     for failure in failures:
         print(f"gate failed: {failure.message}", file=sys.stderr)
