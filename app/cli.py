@@ -1,7 +1,8 @@
 """The `sieve` command (also `python -m app`).
 
-Exit codes: 0 success; 1 an evaluation threshold failed; 2 bad input (configuration, files, golden set);
-3 the service could not start or the store is unreachable.
+Exit codes: one table for every subcommand and `sieve serve`, in `app.exit_codes`: 0 success; 1 an
+evaluation gate check failed; 2 bad input (configuration, files, golden set, baseline report); 3 the
+service could not start (model or store unavailable); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,9 +15,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from app import exit_codes
 from app.settings import SettingsError, load_settings, merge, nested
 
-EXIT_OK, EXIT_GATE, EXIT_INPUT, EXIT_RUNTIME = 0, 1, 2, 3
+EXIT_OK, EXIT_GATE, EXIT_INPUT, EXIT_RUNTIME = (
+    exit_codes.OK,
+    exit_codes.GATE_FAILED,
+    exit_codes.BAD_INPUT,
+    exit_codes.UNAVAILABLE,
+)
+# The --config file of this invocation, handed to load_settings as an argument (not via os.environ).
+_config_path: str | None = None
 
 log = logging.getLogger("sieve")
 
@@ -24,8 +33,8 @@ log = logging.getLogger("sieve")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.config:
-        os.environ["SIEVE_CONFIG"] = args.config
+    global _config_path
+    _config_path = args.config or None
     _configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
@@ -33,14 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
-        return 130
+        return exit_codes.INTERRUPTED
     except Exception as exc:  # the boundary: one clear line instead of a traceback
+        from app.evaluation.compare import BaselineError
         from app.evaluation.golden_set import GoldenSetError
         from app.evaluation.trec import TrecFormatError
         from app.models import ModelLoadError
         from app.store import StoreError
 
-        if isinstance(exc, GoldenSetError | TrecFormatError | FileNotFoundError):
+        if isinstance(exc, GoldenSetError | TrecFormatError | FileNotFoundError | BaselineError):
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_INPUT
         if isinstance(exc, StoreError | ModelLoadError):
@@ -87,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--debug", action="store_true", help="list every removed chunk with its reason")
     query.set_defaults(func=_query)
 
-    from app.evaluation.cli import add_eval_commands
+    from app.cli_eval import add_eval_commands
 
     add_eval_commands(sub)
     return parser
@@ -105,7 +115,8 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def settings_with(*overrides: dict[str, Any]):
-    return load_settings(merge(*overrides))
+    """Settings from the --config file (else $SIEVE_CONFIG / config/application.yml), env and flags."""
+    return load_settings(merge(*overrides), config_path=_config_path)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from app import exit_codes
 from app.api.errors import install_error_handlers
 from app.api.jobs import JobBook, JobRunner
 from app.api.limits import BodySizeLimit
@@ -31,8 +32,10 @@ from app.settings import Settings
 
 log = logging.getLogger("sieve")
 
-EXIT_STARTUP_FAILED = 3
-EXIT_GATE_FAILED = 4
+# the one exit-code table (app/exit_codes.py), shared with the CLI
+EXIT_STARTUP_FAILED = exit_codes.UNAVAILABLE
+EXIT_GATE_FAILED = exit_codes.GATE_FAILED
+EXIT_INVALID_GOLDEN_SET = exit_codes.BAD_INPUT
 
 
 @dataclass
@@ -165,7 +168,7 @@ def startup_sequence(state: AppState) -> None:
         if outcome.invalid_golden_set and rag.evaluate.fail_on_invalid_golden_set:
             state.phase = "failed"
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
-            state.exit_code = EXIT_STARTUP_FAILED
+            state.exit_code = EXIT_INVALID_GOLDEN_SET
             return
     state.phase = "ready"
     state.ready = True

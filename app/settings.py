@@ -1,7 +1,8 @@
 """Sieve settings: every `rag.*` key, loaded from YAML, then environment, then CLI flags.
 
 Precedence, lowest to highest:
-1. the YAML file: `$SIEVE_CONFIG` if set, else `config/application.yml` (missing file = defaults);
+1. the YAML file: the path passed to `load_settings(config_path=...)` (the CLI's `--config`), else
+   `$SIEVE_CONFIG` if set, else `config/application.yml` (missing file = defaults);
 2. environment variables with `__` between nested keys: `RAG__STORE__PATH=/x`, `RAG__EVALUATE__ENABLED=true`;
 3. explicit overrides passed to `load_settings(overrides=...)` (the CLI flags).
 
@@ -11,6 +12,8 @@ Every model forbids unknown keys, so a misspelt key is an error that names it in
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -233,6 +236,15 @@ class ChainSettings(_Strict):
     fallback: FallbackSettings = FallbackSettings()
 
 
+class MaxDrop(_Strict):
+    """Absolute drop allowed against the baseline, per metric (baseline - current); null = not checked."""
+
+    recall: float | None = Field(None, ge=0.0, le=1.0)
+    hit_rate: float | None = Field(None, ge=0.0, le=1.0)
+    mrr: float | None = Field(None, ge=0.0, le=1.0)
+    ndcg: float | None = Field(None, ge=0.0, le=1.0)
+
+
 class EvaluateThresholds(_Strict):
     min_recall: float | None = Field(None, ge=0.0, le=1.0)
     min_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
@@ -240,6 +252,14 @@ class EvaluateThresholds(_Strict):
     min_ndcg: float | None = Field(None, ge=0.0, le=1.0)
     max_duplicate_rate: float | None = Field(None, ge=0.0, le=1.0)
     max_p95_ms: float | None = Field(None, gt=0.0)
+    # regressions against the baseline
+    max_drop: MaxDrop = MaxDrop()
+    max_broken_cases: int | None = Field(None, ge=0)
+    regression_requires_significance: bool = True
+    # safety: zero tolerance for forbidden documents by default
+    max_forbidden_hits: int | None = Field(0, ge=0)
+    min_correct_abstention: float | None = Field(None, ge=0.0, le=1.0)
+    max_false_answer_rate: float | None = Field(None, ge=0.0, le=1.0)
 
 
 class EvaluateSettings(_Strict):
@@ -250,9 +270,36 @@ class EvaluateSettings(_Strict):
     write_markdown: bool = True
     write_json: bool = True
     top_k: int = Field(5, ge=1, le=100)
+    k_values: list[int] = Field(default_factory=lambda: [1, 3, 5, 10])
     thresholds: EvaluateThresholds = EvaluateThresholds()
     fail_on_gate: bool = False
     fail_on_invalid_golden_set: bool = False
+    # "previous" (the <prefix>-latest.json that existed before this run), "none", or a report JSON path
+    baseline: str = "previous"
+    seed: int = 42
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    # the date the hard filter's effective-date rules use; None = today
+    as_of: date | None = None
+    latency_sample: int = Field(20, ge=0)
+    # timestamped report sets kept in output_dir (the -latest files are never pruned); None = keep all
+    keep_reports: int | None = Field(50, ge=1)
+
+    @field_validator("k_values")
+    @classmethod
+    def _k_values_valid(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("k_values must name at least one cut-off")
+        bad = [k for k in value if not 1 <= k <= 100]
+        if bad:
+            raise ValueError(f"k_values must be between 1 and 100, got {bad}")
+        return sorted(set(value))
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("baseline must be 'previous', 'none' or a report JSON path")
+        return value
 
 
 TOKEN_MIN_CHARS = 16
@@ -336,8 +383,6 @@ class Settings(BaseSettings):
     )
 
     rag: RagSettings = RagSettings()
-    # Where the YAML came from (for messages and reports); not a configurable key.
-    _source: str = "defaults"
 
     @classmethod
     def settings_customise_sources(
@@ -351,22 +396,44 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _YamlSource(settings_cls, _config_path()))
 
 
+# The YAML file of the load in progress (pydantic-settings builds its sources in a classmethod).
+_LOADING_FROM: ContextVar[Path | None] = ContextVar("sieve_config_path", default=None)
+
+
 def _config_path() -> Path | None:
-    explicit = os.environ.get(CONFIG_ENV_VAR)
-    if explicit:
-        return Path(explicit)
+    explicit = _LOADING_FROM.get()
+    if explicit is not None:
+        return explicit
+    from_env = os.environ.get(CONFIG_ENV_VAR)
+    if from_env:
+        return Path(from_env)
     return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
 
 
-def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
-    """Load settings (YAML < env < overrides). `overrides` is nested: {"rag": {"server": {"port": 9000}}}."""
-    path = _config_path()
+def config_source(config_path: str | Path | None = None) -> Path | None:
+    """The YAML file `load_settings(config_path=...)` reads: the argument, else $SIEVE_CONFIG, else
+    config/application.yml when it exists; None = defaults only."""
+    if config_path is not None:
+        return Path(config_path)
+    token = _LOADING_FROM.set(None)
     try:
-        settings = Settings(**(overrides or {}))
-    except ValidationError as exc:
-        raise SettingsError(_describe(exc, path)) from None
-    settings._source = str(path) if path else "defaults"
-    return settings
+        return _config_path()
+    finally:
+        _LOADING_FROM.reset(token)
+
+
+def load_settings(overrides: dict[str, Any] | None = None, config_path: str | Path | None = None) -> Settings:
+    """Load settings (YAML < env < overrides). `overrides` is nested: {"rag": {"server": {"port": 9000}}}.
+    `config_path` (the CLI's --config) replaces $SIEVE_CONFIG and config/application.yml."""
+    path = config_source(config_path)
+    token = _LOADING_FROM.set(path)
+    try:
+        try:
+            return Settings(**(overrides or {}))
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, path)) from None
+    finally:
+        _LOADING_FROM.reset(token)
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.cli import load_beir_cases
+from app.evaluation.beir import load_beir_cases
 from app.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from app.evaluation.runner import KnownIds, evaluate, match_key
 from app.retrieval.stages import stage_order

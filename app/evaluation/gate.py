@@ -1,21 +1,37 @@
-"""The quality gate: thresholds on the summary figures. Every threshold left unset is not checked."""
+"""The quality gate: thresholds on the summary, regressions against the baseline, and safety.
+
+* Levels (`min_recall`, ..., `max_p95_ms`): a threshold left unset is not checked. A figure that could not
+  be computed (no case had relevant documents, so there is no recall) fails its check: a gate never passes
+  on missing evidence.
+* Regressions (`max_drop.{recall,hit_rate,mrr,ndcg}`, `max_broken_cases`): need a comparable baseline.
+  A drop (baseline - current, over the paired cases) beyond `max_drop` fails when the difference is
+  significant (pHolm < alpha), or always with `regression_requires_significance: false`. Without a
+  baseline (or with one that is not comparable) these checks pass and `notes` says why.
+* Safety: `max_forbidden_hits` (default 0: one forbidden document in any top K fails), and for the
+  no-answer cases `min_correct_abstention` and `max_false_answer_rate`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from app.evaluation.records import GateFailure
 from app.settings import EvaluateThresholds
 
 # threshold field -> (summary key, comparison)
-_CHECKS = {
+_LEVELS = {
     "min_recall": ("recall", ">="),
     "min_hit_rate": ("hitRate", ">="),
     "min_mrr": ("mrr", ">="),
     "min_ndcg": ("ndcg", ">="),
     "max_duplicate_rate": ("duplicateRate", "<="),
     "max_p95_ms": ("latencyMs.p95", "<="),
+    "min_correct_abstention": ("noAnswer.correctAbstentionRate", ">="),
+    "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<="),
 }
+# max_drop field -> comparison metric
+_DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
 
 
 @dataclass(frozen=True)
@@ -26,24 +42,155 @@ class GateCheck:
     threshold: float
     value: float | None
     passed: bool
+    message: str = ""
 
     def describe(self) -> str:
+        if self.message:
+            return f"{self.name}: {self.message}"
         shown = "n/a" if self.value is None else f"{self.value:.4f}"
         return f"{self.name}: {self.metric}={shown}, needs {self.op} {self.threshold}"
 
+    def failure(self) -> GateFailure:
+        return GateFailure(check=self.name, actual=self.value, limit=self.threshold, message=self.describe())
 
-def check_gate(summary: dict[str, Any], thresholds: EvaluateThresholds) -> list[GateCheck]:
-    """One check per threshold that is set. A figure that could not be computed (no case had relevant
-    documents, so there is no recall) fails its check: a gate never passes on missing evidence."""
-    checks = []
-    for name, (metric, op) in _CHECKS.items():
+
+@dataclass
+class GateResult:
+    checks: list[GateCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[GateFailure]:
+        return [c.failure() for c in self.checks if not c.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        from app.evaluation.records import to_json
+
+        return {
+            "passed": self.passed,
+            "checks": [
+                {
+                    "name": c.name,
+                    "metric": c.metric,
+                    "op": c.op,
+                    "threshold": c.threshold,
+                    "value": c.value,
+                    "passed": c.passed,
+                    "message": c.describe(),
+                }
+                for c in self.checks
+            ],
+            "failures": to_json(self.failures),
+            "notes": list(self.notes),
+        }
+
+
+def check_gate(
+    summary: dict[str, Any],
+    thresholds: EvaluateThresholds,
+    comparison: dict[str, Any] | None = None,
+    cases: list[dict[str, Any]] | None = None,
+    no_baseline_reason: str | None = None,
+) -> GateResult:
+    """All configured checks. `comparison` is the report's comparison JSON (None: no baseline, for the
+    reason given); `cases` the report's case records (to name the cases with forbidden documents)."""
+    result = GateResult()
+    for name, (metric, op) in _LEVELS.items():
         threshold = getattr(thresholds, name)
         if threshold is None:
             continue
         value = _lookup(summary, metric)
         passed = value is not None and (value >= threshold if op == ">=" else value <= threshold)
-        checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
-    return checks
+        result.checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
+    _forbidden(result, summary, thresholds, cases or [])
+    _regressions(result, thresholds, comparison, no_baseline_reason)
+    return result
+
+
+def _forbidden(
+    result: GateResult, summary: dict[str, Any], thresholds: EvaluateThresholds, cases: list[dict[str, Any]]
+) -> None:
+    limit = thresholds.max_forbidden_hits
+    if limit is None:
+        return
+    hits = int((summary.get("forbidden") or {}).get("hits", 0))
+    passed = hits <= limit
+    message = f"forbidden documents in top K: {hits}, allowed {limit}"
+    if hits:
+        where = [
+            f"{', '.join(c['forbiddenFound'])} in case {c['id']}" for c in cases if c.get("forbiddenFound")
+        ]
+        message += " (" + "; ".join(where) + ")"
+    result.checks.append(
+        GateCheck("max_forbidden_hits", "forbidden.hits", "<=", float(limit), float(hits), passed, message)
+    )
+
+
+def _regressions(
+    result: GateResult,
+    thresholds: EvaluateThresholds,
+    comparison: dict[str, Any] | None,
+    no_baseline_reason: str | None,
+) -> None:
+    drops = {name: getattr(thresholds.max_drop, name) for name in _DROPS}
+    wanted = any(v is not None for v in drops.values()) or thresholds.max_broken_cases is not None
+    if not wanted:
+        return
+    if comparison is None:
+        reason = no_baseline_reason or "none configured"
+        result.notes.append(f"regression gate passed without checking: no baseline ({reason})")
+        return
+    if not comparison.get("comparable"):
+        result.notes.append(
+            "regression gate passed without checking: the baseline is not comparable (K differs)"
+        )
+        return
+    for name, limit in drops.items():
+        if limit is None:
+            continue
+        metric = _DROPS[name]
+        row = comparison["metrics"].get(metric)
+        if row is None:
+            result.notes.append(f"max_drop.{name}: no paired scored cases, not checked")
+            continue
+        drop = row["baseline"] - row["current"]
+        beyond = drop > limit + 1e-12
+        significant = bool(row.get("significant"))
+        failed = beyond and (significant or not thresholds.regression_requires_significance)
+        if beyond and not failed:
+            why = f"not significant (pHolm={row.get('pHolm'):.2g})"
+        elif failed:
+            why = f"pHolm={row.get('pHolm'):.2g}"
+        else:
+            why = "within the allowed drop"
+        message = (
+            f"{metric} {row['baseline']:.3f} -> {row['current']:.3f}: "
+            f"drop {drop:+.3f}, allowed {limit} ({why})"
+        )
+        result.checks.append(
+            GateCheck(f"max_drop.{name}", metric, "<=", float(limit), drop, not failed, message)
+        )
+    if thresholds.max_broken_cases is not None:
+        broken = comparison["cases"]["broken"]
+        limit = thresholds.max_broken_cases
+        message = f"broken cases (hit 1 -> 0): {len(broken)}, allowed {limit}"
+        if broken:
+            message += " (" + ", ".join(broken) + ")"
+        result.checks.append(
+            GateCheck(
+                "max_broken_cases",
+                "cases.broken",
+                "<=",
+                float(limit),
+                float(len(broken)),
+                len(broken) <= limit,
+                message,
+            )
+        )
 
 
 def _lookup(summary: dict[str, Any], dotted: str) -> float | None:

@@ -62,6 +62,7 @@ class GoldenCase(BaseModel):
       forbiddenDocIds (list[str]: must never appear in the top K) → forbidden_doc_ids
       expectNoAnswer (bool: no document answers it; the right result is empty) → expect_no_answer
       tags (list[str]) → tags
+      group (str | null: cases sharing it are paraphrases of one need; the report compares them) → group
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -83,12 +84,20 @@ class GoldenCase(BaseModel):
     forbidden_doc_ids: list[str] = Field(default_factory=list, alias="forbiddenDocIds")
     expect_no_answer: bool = Field(default=False, alias="expectNoAnswer")
     tags: list[str] = Field(default_factory=list)
+    group: str | None = None
 
     @field_validator("id", "query")
     @classmethod
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise PydanticCustomError("blank", "must not be empty or blank")
+        return value
+
+    @field_validator("group")
+    @classmethod
+    def _group_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise PydanticCustomError("blank", "must not be empty or blank (leave group out instead)")
         return value
 
     @model_validator(mode="after")

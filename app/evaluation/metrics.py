@@ -31,7 +31,8 @@ CONVENTIONS = (
     "at its first position, and a duplicate earns nothing but keeps occupying its position; relevance "
     "grade <= 0 is not relevant; nDCG uses gain = grade and discount log2(rank + 1), with the ideal ranking "
     "built from all judged relevant documents sorted by grade (binary when no grades are given); "
-    "Precision@K divides by K even when fewer than K results come back; cases with no relevant document "
+    "Precision@K divides by K even when fewer than K results come back; the duplicate rate counts a repeated "
+    "id and also the same normalised text under another id; cases with no relevant document "
     "are excluded from the averages; latency percentiles use the nearest-rank method (an observed value, "
     "never interpolated). Without duplicates every figure equals trec_eval's recall_K, ndcg_cut_K, P_K, "
     "success_K and recip_rank on the list cut at K."
@@ -150,23 +151,49 @@ def top1_accuracy(ranked_ids: Sequence[str], relevance: Mapping[str, float]) -> 
     return hit_rate_at_k(ranked_ids, relevance, 1)
 
 
-def duplicate_rate_at_k(ranked_ids: Sequence[str], k: int) -> float:
-    """Duplicate rate@K = (number of positions in ranked_ids[:k] whose id already appeared higher up) / n,
+def normalised_text(text: str) -> str:
+    """Text as the duplicate rate compares it: case-folded, every run of whitespace one space, stripped."""
+    return " ".join(text.split()).casefold()
+
+
+def duplicate_rate_at_k(ranked_ids: Sequence[str], k: int, texts: Sequence[str] | None = None) -> float:
+    """Duplicate rate@K = (number of positions in ranked_ids[:k] that duplicate a position higher up) / n,
     n = len(ranked_ids[:k]) = min(K, len(ranked_ids)).
 
-    `[c1, c1, c2]` at K=2 is 1/2. An empty list has no positions and no duplicates: 0.0.
-    Independent of relevance, so always defined.
+    A position duplicates a higher one when its id already appeared, or, when `texts` (aligned with
+    `ranked_ids`) is given, when its `normalised_text` already appeared: a content duplicate, the same
+    text under another id (a mirrored page) counts too. An empty text is never a content duplicate.
+    `[c1, c1, c2]` at K=2 is 1/2; ids `[a, b]` with equal texts is 1/2. An empty list has no positions
+    and no duplicates: 0.0. Independent of relevance, so always defined.
     """
     _check_k(k)
     top = ranked_ids[:k]
     if not top:
         return 0.0
-    return (len(top) - len(set(top))) / len(top)
+    if texts is None:
+        return (len(top) - len(set(top))) / len(top)
+    seen_ids: set[str] = set()
+    seen_texts: set[str] = set()
+    duplicates = 0
+    for doc_id, text in zip(top, texts[: len(top)], strict=True):
+        norm = normalised_text(text)
+        if doc_id in seen_ids or (norm and norm in seen_texts):
+            duplicates += 1
+        seen_ids.add(doc_id)
+        if norm:
+            seen_texts.add(norm)
+    return duplicates / len(top)
 
 
-def case_metrics(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> dict[str, float]:
+def case_metrics(
+    ranked_ids: Sequence[str],
+    relevance: Mapping[str, float],
+    k: int,
+    texts: Sequence[str] | None = None,
+) -> dict[str, float]:
     """All per-case ranking metrics at K, keyed recall, hitRate, mrr, ndcg, precision, top1Accuracy,
-    duplicateRate. Each follows the function of the same name above.
+    duplicateRate. Each follows the function of the same name above (`texts`, aligned with `ranked_ids`,
+    lets the duplicate rate count content duplicates).
 
     Raises `UndefinedMetricError` when the case has no relevant id (check `has_relevant` first).
     """
@@ -179,8 +206,18 @@ def case_metrics(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: i
         "ndcg": ndcg_at_k(ranked_ids, relevance, k),
         "precision": precision_at_k(ranked_ids, relevance, k),
         "top1Accuracy": top1_accuracy(ranked_ids, relevance),
-        "duplicateRate": duplicate_rate_at_k(ranked_ids, k),
+        "duplicateRate": duplicate_rate_at_k(ranked_ids, k, texts),
     }
+
+
+def hit_counts(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> dict[str, int | None]:
+    """The counts behind the ratios of one case: expectedCount = |R|, hitCount = |R ∩ set(ranked_ids[:k])|
+    (each relevant id once), firstHitRank = the 1-based rank of the first relevant id in the top K (None
+    when there is none). Defined for an empty R too (0, 0, None)."""
+    _check_k(k)
+    relevant = relevant_ids(relevance)
+    hits = _first_hits(ranked_ids, relevant, k)
+    return {"expectedCount": len(relevant), "hitCount": len(hits), "firstHitRank": hits[0] if hits else None}
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -1,27 +1,41 @@
-"""The evaluation report: one JSON document (`schemaVersion` 1) and its Markdown rendering.
+"""The evaluation report: one JSON document (`schemaVersion` 2) and its Markdown rendering.
 
 Files: `<output_dir>/<prefix>-<UTC timestamp>.{md,json}` plus `<prefix>-latest.{md,json}`, each written to
-a temporary file in the same folder and renamed into place, so a reader never sees half a report.
+a temporary file in the same folder and renamed into place, so a reader never sees half a report. Files
+get the ordinary mode (0666 minus the umask, 0644 usually); only the newest `keep_reports` timestamped
+sets are kept (the `-latest` files are never pruned).
+
+The Markdown is rendered from the report JSON alone, so a report read back from disk renders the same.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from app.evaluation import metrics
-from app.evaluation.gate import GateCheck
+from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
+from app.evaluation.fingerprint import case_sha256
+from app.evaluation.records import StageRow, to_json
 from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
+from app.evaluation.segments import groups, query_language, segments
 from app.settings import EvaluateSettings
 
-SCHEMA_VERSION = 1
+log = logging.getLogger("sieve.evaluation")
+
+SCHEMA_VERSION = 2
 SUMMARY_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate")
+AT_K_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
 WORST_CASES = 20
+SNIPPET_CHARS = 200
 
 
 def summarize(evaluation: Evaluation) -> dict[str, Any]:
@@ -29,7 +43,8 @@ def summarize(evaluation: Evaluation) -> dict[str, Any]:
     cases = evaluation.cases
     scored = [c for c in cases if c.metrics is not None]
     no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
-    latencies = [c.latency_ms for c in cases if c.latency_ms is not None]
+    batch_latencies = [c.latency_ms for c in cases if c.latency_ms is not None]
+    single_latencies = [c.single_latency_ms for c in cases if c.single_latency_ms is not None]
     summary: dict[str, Any] = {
         "cases": len(cases),
         "succeeded": sum(1 for c in cases if c.error is None),
@@ -38,7 +53,28 @@ def summarize(evaluation: Evaluation) -> dict[str, Any]:
     }
     for name in SUMMARY_METRICS:
         summary[name] = fmean(c.metrics[name] for c in scored) if scored else None  # type: ignore[index]
-    summary["latencyMs"] = metrics.latency_summary(latencies) if latencies else None
+    summary["counts"] = {
+        "scoredCases": len(scored),
+        "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
+        "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
+        "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
+    }
+    summary["kMixed"] = evaluation.k_mixed
+    summary["atK"] = {
+        str(k): {
+            m: (
+                fmean(c.at_k[k][m] for c in scored if k in c.at_k)
+                if any(k in c.at_k for c in scored)
+                else None
+            )
+            for m in AT_K_METRICS
+        }
+        for k in evaluation.k_values
+    }
+    # single-query retrieve() latency over the timed sample; the batched per-case figure apart
+    summary["latencyMs"] = metrics.latency_summary(single_latencies) if single_latencies else None
+    summary["latencySampleCases"] = len(single_latencies)
+    summary["batchLatencyMs"] = metrics.latency_summary(batch_latencies) if batch_latencies else None
     summary["noAnswer"] = {
         "cases": len(no_answer),
         "correctAbstentionRate": fmean(1.0 if c.abstained else 0.0 for c in no_answer) if no_answer else None,
@@ -52,43 +88,47 @@ def summarize(evaluation: Evaluation) -> dict[str, Any]:
     lost: dict[str, int] = {}
     for c in cases:
         for item in c.lost:
-            lost[item["where"]] = lost.get(item["where"], 0) + 1
+            lost[item.where] = lost.get(item.where, 0) + 1
     summary["lostBy"] = dict(sorted(lost.items()))
+    summary["failedCaseIds"] = [
+        c.case.id
+        for c in cases
+        if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
+    ]
     return summary
 
 
-def stage_table(evaluation: Evaluation) -> list[dict[str, Any]]:
+def stage_table(evaluation: Evaluation) -> list[StageRow]:
     """Per stage, over all cases: removed, removedRelevant, latency, and the averages of Recall/MRR/nDCG of
     the list after that stage (first row: the raw candidates)."""
-    rows: list[dict[str, Any]] = []
     ok = [c for c in evaluation.cases if c.result is not None]
     scored = [c for c in ok if c.metrics is not None]
-    rows.append(
-        {
-            "name": "candidates",
-            "enabled": True,
-            "skipped": None,
-            "removed": 0,
-            "removedRelevant": 0,
-            "added": 0,
-            "latencyMs": _mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
-            "afterStage": _after(scored, "candidates"),
-        }
-    )
+    rows = [
+        StageRow(
+            name="candidates",
+            enabled=True,
+            skipped=None,
+            removed=0,
+            removed_relevant=0,
+            added=0,
+            latency_ms=_mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
+            after_stage=_after(scored, "candidates"),
+        )
+    ]
     for i, name in enumerate(evaluation.stage_names):
         stats = [c.stage_stats[i] for c in ok if i < len(c.stage_stats)]
-        skipped = {s["skipped"] for s in stats if s["skipped"]}
+        skipped = {s.skipped for s in stats if s.skipped}
         rows.append(
-            {
-                "name": name,
-                "enabled": all(s["enabled"] for s in stats) if stats else True,
-                "skipped": "; ".join(sorted(skipped)) or None,
-                "removed": sum(s["removed"] for s in stats),
-                "removedRelevant": sum(s["removedRelevant"] for s in stats),
-                "added": sum(s["added"] for s in stats),
-                "latencyMs": _mean([s["latencyMs"] for s in stats]),
-                "afterStage": _after(scored, name),
-            }
+            StageRow(
+                name=name,
+                enabled=all(s.enabled for s in stats) if stats else True,
+                skipped="; ".join(sorted(skipped)) or None,
+                removed=sum(s.removed for s in stats),
+                removed_relevant=sum(s.removed_relevant for s in stats),
+                added=sum(s.added for s in stats),
+                latency_ms=_mean([s.latency_ms for s in stats]),
+                after_stage=_after(scored, name),
+            )
         )
     return rows
 
@@ -102,44 +142,46 @@ def _mean(values: list[float]) -> float | None:
     return round(fmean(values), 3) if values else None
 
 
-def build_report(evaluation: Evaluation, run_info: dict[str, Any], gate: list[GateCheck]) -> dict[str, Any]:
+def build_report(
+    evaluation: Evaluation,
+    run_info: dict[str, Any],
+    gate: dict[str, Any] | None = None,
+    comparison: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report JSON. `gate` and `comparison` are the JSON of `GateResult` and `Comparison`; the
+    caller (startup.finish_evaluation) fills them in once the baseline is compared."""
     summary = summarize(evaluation)
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
             for k, v in c.result.trace.candidate_origins.items():
                 origins[k] = origins.get(k, 0) + v
+    started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
+    cases = [_case_json(c) for c in evaluation.cases]
     return {
         "schemaVersion": SCHEMA_VERSION,
         "status": "ok",
         "run": {
             **run_info,
-            "startedAt": datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds"),
+            "startedAt": started,
+            "evaluatedAt": run_info.get("evaluatedAt") or started,
             "durationMs": round(evaluation.duration_ms, 1),
             "goldenSet": evaluation.golden.path,
             "datasetVersion": evaluation.golden.dataset_version,
             "k": evaluation.default_k,
+            "kValues": list(evaluation.k_values),
+            "asOf": evaluation.as_of.isoformat() if evaluation.as_of else run_info.get("asOf"),
             "conventions": metrics.CONVENTIONS,
         },
         "summary": summary,
-        "gate": {
-            "passed": all(c.passed for c in gate),
-            "checks": [
-                {
-                    "name": c.name,
-                    "metric": c.metric,
-                    "op": c.op,
-                    "threshold": c.threshold,
-                    "value": c.value,
-                    "passed": c.passed,
-                }
-                for c in gate
-            ],
-        },
-        "stages": stage_table(evaluation),
+        "comparison": comparison,
+        "gate": gate or {"passed": True, "checks": [], "failures": [], "notes": []},
+        "stages": to_json(stage_table(evaluation)),
+        "segments": to_json(segments(cases)),
+        "groups": to_json(groups(cases)),
         "candidateOrigins": origins,
         "warnings": evaluation.warnings,
-        "cases": [_case_json(c) for c in evaluation.cases],
+        "cases": cases,
     }
 
 
@@ -151,8 +193,11 @@ def invalid_report(golden_path: str, error: str, run_info: dict[str, Any]) -> di
         "error": error,
         "run": {**run_info, "goldenSet": golden_path, "startedAt": _now().isoformat(timespec="seconds")},
         "summary": None,
-        "gate": {"passed": False, "checks": []},
+        "comparison": None,
+        "gate": {"passed": False, "checks": [], "failures": [], "notes": []},
         "stages": [],
+        "segments": [],
+        "groups": [],
         "cases": [],
     }
 
@@ -185,9 +230,11 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
                 "origin": sorted(d.origin),
                 "matched": key in relevant and key not in seen,
                 "reason": reason,
+                "snippet": d.text[:SNIPPET_CHARS],
             }
         )
         seen.add(key)
+    result = c.result
     return {
         "id": case.id,
         "query": case.query,
@@ -195,6 +242,9 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
         "topK": c.k,
         "note": case.note,
         "tags": case.tags,
+        "group": case.group,
+        "language": query_language(case.query),
+        "caseSha256": case_sha256(case),
         "matchOn": c.key,
         "expected": {k: v for k, v in c.relevance.items()},
         "forbiddenDocIds": case.forbidden_doc_ids,
@@ -202,13 +252,20 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
         "status": c.status,
         "error": c.error,
         "metrics": c.metrics,
+        "atK": {str(k): {m: v[m] for m in AT_K_METRICS} for k, v in c.at_k.items()},
+        "expectedCount": c.counts.get("expectedCount", len(relevant)),
+        "hitCount": c.counts.get("hitCount"),
+        "firstHitRank": c.counts.get("firstHitRank"),
+        "originalCount": result.original_count if result else None,
+        "finalCount": len(result.documents) if result else None,
         "abstained": c.abstained if case.expect_no_answer else None,
         "latencyMs": c.latency_ms,
-        "fallbackUsed": c.result.fallback_used if c.result else None,
+        "singleLatencyMs": c.single_latency_ms,
+        "fallbackUsed": result.fallback_used if result else None,
         "rankedDocuments": ranked,
-        "filterStats": c.stage_stats,
+        "filterStats": to_json(c.stage_stats),
         "afterStage": c.after_stage,
-        "lost": c.lost,
+        "lost": to_json(c.lost),
         "forbiddenFound": c.forbidden_found,
         "missingFromIndex": c.missing_from_index,
     }
@@ -217,11 +274,19 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
 # -- writing -----------------------------------------------------------------------------------------
 
 
-def write_reports(report: dict[str, Any], settings: EvaluateSettings, markdown: str | None) -> list[Path]:
-    """Write the timestamped and the `-latest` files; returns the paths written."""
+def report_stamp() -> str:
+    """The UTC timestamp in a report's file name (`<prefix>-<stamp>.json`)."""
+    return _now().strftime("%Y%m%dT%H%M%SZ")
+
+
+def write_reports(
+    report: dict[str, Any], settings: EvaluateSettings, markdown: str | None, stamp: str | None = None
+) -> list[Path]:
+    """Write the timestamped and the `-latest` files, then prune old timestamped sets down to
+    `settings.keep_reports`; returns the paths written."""
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = _now().strftime("%Y%m%dT%H%M%SZ")
+    stamp = stamp or report_stamp()
     written: list[Path] = []
     payloads: list[tuple[str, str]] = []
     if settings.write_json:
@@ -236,12 +301,51 @@ def write_reports(report: dict[str, Any], settings: EvaluateSettings, markdown: 
             path = out / name
             _atomic_write(path, text)
             written.append(path)
+    if settings.keep_reports is not None:
+        for path in prune_reports(out, settings.report_prefix, settings.keep_reports):
+            log.info("[RetrievalEval] pruned old report %s", path)
     return written
+
+
+def prune_reports(directory: Path, prefix: str, keep: int) -> list[Path]:
+    """Delete the timestamped report sets (`<prefix>-<YYYYmmddTHHMMSSZ>.json/.md`) beyond the newest
+    `keep` timestamps; the `-latest` files and anything else in the folder are never touched. Returns the
+    paths deleted."""
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d{{8}}T\d{{6}}Z)\.(json|md)$")
+    by_stamp: dict[str, list[Path]] = {}
+    for path in directory.iterdir():
+        match = pattern.match(path.name)
+        if match and path.is_file():
+            by_stamp.setdefault(match.group(1), []).append(path)
+    removed = []
+    for stamp in sorted(by_stamp, reverse=True)[keep:]:
+        for path in sorted(by_stamp[stamp]):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def ordinary_file_mode() -> int:
+    """The mode a plain `open(path, "w")` would give a new file: 0o666 minus the process umask."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:  # os.umask can only be read by setting it
+        current = os.umask(0o022)
+        os.umask(current)
+    return 0o666 & ~current
 
 
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, ordinary_file_mode())  # mkstemp creates 0600; a report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -259,6 +363,13 @@ def _now() -> datetime:
 # -- Markdown ----------------------------------------------------------------------------------------
 
 
+def k_label(report: dict[str, Any]) -> str:
+    """ "@5" when every case was scored at the run's K; "@K" when cases carry their own topK (the
+    Markdown then says "at each case's K")."""
+    run, summary = report["run"], report.get("summary") or {}
+    return "@K" if summary.get("kMixed") else f"@{run['k']}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     run = report["run"]
     lines = [f"# Retrieval evaluation — {run.get('startedAt', '')}", ""]
@@ -272,20 +383,30 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
         return "\n".join(lines) + "\n"
     s = report["summary"]
+    kl = k_label(report)
+    lines += comparison_markdown(report, kl)
     models = run.get("models", {})
+    k_note = f"{run['k']}" + (
+        f" — cases carry their own topK, so the headline figures are at each case's K (default {run['k']})"
+        if s.get("kMixed")
+        else ""
+    )
     lines += [
         "## Run",
         "",
         "| | |",
         "|---|---|",
-        f"| Golden set | `{run['goldenSet']}` (version {run.get('datasetVersion') or 'n/a'}) |",
+        f"| Golden set | `{run['goldenSet']}` (version {run.get('datasetVersion') or 'n/a'}, "
+        f"sha256 {str(run.get('goldenSetSha256', ''))[:12]}) |",
         f"| Cases | {s['cases']} ({s['scoredCases']} scored, {s['noAnswer']['cases']} no-answer, "
         f"{s['failed']} failed) |",
-        f"| K | {run['k']} (a case's own topK wins) |",
+        f"| K | {k_note} |",
+        f"| As of | {run.get('asOf') or 'today'} (the date the hard filter's effective dates use) |",
         f"| Embedder | {_ident(models.get('embedder'))} |",
         f"| Reranker | {models.get('reranker') or 'none (rerank stage skipped)'} |",
-        f"| Store | {run.get('store', '')} ({run.get('chunks', '?')} chunks) |",
-        f"| Chain | {run.get('chainSummary', '')} |",
+        f"| Store | {run.get('store', '')} ({run.get('chunks', '?')} chunks, "
+        f"sha256 {str((run.get('corpusFingerprint') or {}).get('sha256', ''))[:12]}) |",
+        f"| Chain | {run.get('chainSummary', '')} (sha256 {str(run.get('chainSha256', ''))[:12]}) |",
         f"| Chain settings | {_cell(run.get('chainSettings', ''), 2000)} |",
         f"| Code version | {run.get('codeVersion', 'unknown')} |",
         f"| Duration | {run['durationMs'] / 1000:.1f} s |",
@@ -295,41 +416,50 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| Metric | Value |",
         "|---|---|",
     ]
-    k = run["k"]
-    for label, key in (
-        (f"Recall@{k}", "recall"),
-        (f"HitRate@{k}", "hitRate"),
-        (f"MRR@{k}", "mrr"),
-        (f"nDCG@{k}", "ndcg"),
-        (f"Precision@{k}", "precision"),
-        ("Top-1 accuracy", "top1Accuracy"),
-        (f"Duplicate rate@{k}", "duplicateRate"),
+    counts = s.get("counts") or {}
+    scored, hits = counts.get("scoredCases"), counts.get("hits")
+    found, total = counts.get("relevantFound"), counts.get("relevantTotal")
+    for label, key, extra in (
+        (f"Recall{kl}", "recall", f" (mean per case; {found} of {total} relevant found)" if total else ""),
+        (f"HitRate{kl}", "hitRate", f" = {hits}/{scored}" if scored else ""),
+        (f"MRR{kl}", "mrr", ""),
+        (f"nDCG{kl}", "ndcg", ""),
+        (f"Precision{kl}", "precision", ""),
+        ("Top-1 accuracy", "top1Accuracy", ""),
+        (f"Duplicate rate{kl} (ids and content)", "duplicateRate", ""),
     ):
-        lines.append(f"| {label} | {_f(s[key])} |")
+        lines.append(f"| {label} | {_f(s[key])}{extra} |")
     lat = s["latencyMs"] or {}
+    batch = s.get("batchLatencyMs") or {}
+    na = s["noAnswer"]
+    na_n = na["cases"]
+    abst = round((na["correctAbstentionRate"] or 0) * na_n) if na_n else 0
     lines += [
-        f"| Latency p50 / p95 / max | {_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / "
-        f"{_ms(lat.get('max'))} |",
-        f"| No-answer: correct abstention / false answer | {_f(s['noAnswer']['correctAbstentionRate'])} / "
-        f"{_f(s['noAnswer']['falseAnswerRate'])} ({s['noAnswer']['cases']} cases) |",
+        f"| Latency p50 / p95 / max (single query, {s.get('latencySampleCases', 0)} cases) | "
+        f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
+        f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
+        f"| No-answer: correct abstention / false answer | {_f(na['correctAbstentionRate'])} "
+        f"({abst}/{na_n}) / {_f(na['falseAnswerRate'])} ({na_n - abst}/{na_n}) |",
         f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
         f"| Expected ids missing from the index | {s['expectedMissingFromIndex']} |",
         "",
     ]
-    gate = report["gate"]
-    if gate["checks"]:
+    at_k = s.get("atK") or {}
+    if at_k:
         lines += [
-            "## Gate: " + ("PASSED" if gate["passed"] else "FAILED"),
+            "Several cut-offs from the same ranking (every case cut at the same K):",
             "",
-            "| Check | Value | Needs | |",
-            "|---|---|---|---|",
+            "| K | Recall | HitRate | MRR | nDCG | Precision |",
+            "|---|---|---|---|---|---|",
         ]
-        for c in gate["checks"]:
+        for k, row in at_k.items():
             lines.append(
-                f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
-                f"{'ok' if c['passed'] else '**FAIL**'} |"
+                f"| {k} | {_f(row['recall'])} | {_f(row['hitRate'])} | {_f(row['mrr'])} | "
+                f"{_f(row['ndcg'])} | {_f(row['precision'])} |"
             )
         lines.append("")
+    lines += _gate_markdown(report["gate"])
+    lines += _segments_markdown(report)
     lines += [
         "## Per-stage filter statistics",
         "",
@@ -338,7 +468,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "dropping a second chunk of a document that stays is not counted). Recall/MRR/nDCG are of the list "
         "after the stage, cut at K.",
         "",
-        f"| Stage | Removed | Removed relevant | Avg ms | Recall@{k} | MRR@{k} | nDCG@{k} | Note |",
+        f"| Stage | Removed | Removed relevant | Avg ms | Recall{kl} | MRR{kl} | nDCG{kl} | Note |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for st in report["stages"]:
@@ -361,7 +491,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"`{k}` {v}" for k, v in s["lostBy"].items())
             + ".",
         ]
+    failed_ids = s.get("failedCaseIds") or []
     lines += ["", "## Worst cases", ""]
+    if failed_ids:
+        lines += [
+            f"{len(failed_ids)} case(s) with recall < 1 or an error: {', '.join(failed_ids)}. "
+            f"The worst {WORST_CASES} are below.",
+            "",
+        ]
     worst = _worst(report["cases"])
     if not worst:
         lines.append("Every scored case found all its expected documents at rank 1.")
@@ -387,6 +524,170 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
+    comp = report.get("comparison")
+    if not comp:
+        note = report.get("baselineNote") or "no baseline"
+        return ["## Compared with baseline", "", f"No comparison: {note}.", ""]
+    base = comp["baseline"]
+    out = [
+        "## Compared with baseline",
+        "",
+        f"Baseline `{base['path']}`, evaluated {base.get('evaluatedAt') or '?'} "
+        f"(code {base.get('run', {}).get('codeVersion', '?')}); {comp['pairedCases']} paired scored cases.",
+        "",
+    ]
+    if not comp["comparable"]:
+        out += ["**Not comparable** (K differs): no statistics.", ""]
+    elif comp["pairedCases"] < SMALL_SAMPLE:
+        out += [
+            f"> Only {comp['pairedCases']} paired cases (fewer than {SMALL_SAMPLE}): small differences "
+            "cannot be significant here; read the deltas as indications, not findings.",
+            "",
+        ]
+    if comp["metrics"]:
+        out += [
+            "Per-case differences (current − baseline): 95% CI by percentile bootstrap (10,000 resamples); "
+            "p by the paired sign-flip test; significant = Holm-adjusted p < alpha.",
+            "",
+            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, row in comp["metrics"].items():
+            ci = row["ci95"] or [None, None]
+            out.append(
+                f"| {METRIC_LABELS.get(name, name)}{kl if name != 'top1Accuracy' else ''} | "
+                f"{_f(row['baseline'])} | {_f(row['current'])} | {row['delta']:+.3f} | "
+                f"[{_f(ci[0])}, {_f(ci[1])}] | {p_text(row['pValue'])} | {p_text(row['pHolm'])} | "
+                f"{'yes' if row['significant'] else 'no'} |"
+            )
+        out.append("")
+    out += ["What changed between the runs:", ""]
+    out += [f"- `{d}`" if d.startswith("rag.") else f"- {d}" for d in comp["differences"]]
+    if not comp["differences"]:
+        out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
+    out.append("")
+    cases = comp["cases"]
+    details = comp.get("caseDetails") or {}
+    for title, ids in (("Fixed (hit 0 → 1)", cases["fixed"]), ("Broken (hit 1 → 0)", cases["broken"])):
+        out += [f"{title}: {len(ids)}", ""]
+        if ids:
+            out += ["| Case | Query | Before (top 3) | Now (top 3) |", "|---|---|---|---|"]
+            for i in ids:
+                d = details.get(i, {})
+                before = ", ".join(d.get("before", [])) or "(nothing)"
+                now = ", ".join(d.get("now", [])) or "(nothing)"
+                out.append(f"| {i} | {_cell(d.get('query', ''))} | {before} | {now} |")
+            out.append("")
+    moved = [(x, "+") for x in cases["improved"][:10]] + [(x, "") for x in cases["worsened"][:10]]
+    if moved:
+        out += [
+            "nDCG changed: "
+            + ", ".join(f"{x['id']} {x['delta']:+.3f}" for x, _ in moved)
+            + f" ({len(cases['improved'])} improved, {len(cases['worsened'])} worsened).",
+            "",
+        ]
+    if cases["onlyInBaseline"] or cases["onlyInCurrent"]:
+        out += [
+            "Left out of the paired figures: only in the baseline "
+            f"{', '.join(cases['onlyInBaseline']) or '-'}; only in this run "
+            f"{', '.join(cases['onlyInCurrent']) or '-'}.",
+            "",
+        ]
+    if comp["stages"]:
+        out += [
+            "| Stage | Removed relevant (before → now) | Recall after stage (before → now) |",
+            "|---|---|---|",
+        ]
+        for st in comp["stages"]:
+            rr, ra = st["removedRelevant"], st["recallAfter"]
+            out.append(
+                f"| {st['name']} | {rr['baseline'] if rr['baseline'] is not None else 'n/a'} → "
+                f"{rr['current']} | {_f(ra['baseline'])} → {_f(ra['current'])} |"
+            )
+        out.append("")
+    return out
+
+
+def _gate_markdown(gate: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if gate["checks"]:
+        out += [
+            "## Gate: " + ("PASSED" if gate["passed"] else "FAILED"),
+            "",
+            "| Check | Value | Needs | | |",
+            "|---|---|---|---|---|",
+        ]
+        for c in gate["checks"]:
+            out.append(
+                f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
+                f"{'ok' if c['passed'] else '**FAIL**'} | {_cell(c.get('message', ''), 400)} |"
+            )
+        out.append("")
+    for note in gate.get("notes") or []:
+        out += [f"- {note}"]
+    if gate.get("notes"):
+        out.append("")
+    return out
+
+
+def _segments_markdown(report: dict[str, Any]) -> list[str]:
+    segs = report.get("segments") or []
+    out: list[str] = []
+    if segs:
+        with_delta = any(sg.get("delta") for sg in segs)
+        out += [
+            "## Segments",
+            "",
+            "Means of the per-case figures over each segment's scored cases. ⚠ = fewer than 10 cases: "
+            "too small to read much into."
+            + (
+                " Δ nDCG and its p-value against the baseline are exploratory (uncorrected)."
+                if with_delta
+                else ""
+            ),
+            "",
+            "| Kind | Segment | Cases | Recall | HitRate | MRR | nDCG |"
+            + (" Δ nDCG | p |" if with_delta else ""),
+            "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
+        ]
+        for sg in segs:
+            m = sg["metrics"]
+            row = (
+                f"| {sg['kind']} | {sg['name']} | {sg['cases']}{' ⚠' if sg['small'] else ''} | "
+                f"{_f(m['recall'])} | {_f(m['hitRate'])} | {_f(m['mrr'])} | {_f(m['ndcg'])} |"
+            )
+            if with_delta:
+                d = ((sg.get("delta") or {}).get("metrics") or {}).get("ndcg")
+                row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
+            out.append(row)
+        out.append("")
+    grps = report.get("groups") or []
+    if grps:
+        spread = sorted(
+            (g for g in grps if (g.get("spread") or 0) > 0), key=lambda g: (-(g["spread"] or 0), g["name"])
+        )
+        out += [
+            "## Paraphrase groups",
+            "",
+            f"{len(grps)} groups; {sum(1 for g in grps if g['sameTop1'])} return the same top document for "
+            f"every phrasing; {len(spread)} differ in nDCG between phrasings" + (":" if spread else "."),
+            "",
+        ]
+        if spread:
+            out += [
+                "| Group | Cases | HitRate | nDCG min | nDCG max | Spread | Same top 1 |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for g in spread:
+                out.append(
+                    f"| {g['name']} | {', '.join(g['cases'])} | {_f(g['hitRate'])} | {_f(g['ndcgMin'])} | "
+                    f"{_f(g['ndcgMax'])} | {_f(g['spread'])} | {'yes' if g['sameTop1'] else 'no'} |"
+                )
+            out.append("")
+    return out
+
+
 def _case_markdown(c: dict[str, Any]) -> list[str]:
     out = [f"### {c['id']}", "", f"- Query: {c['query']}"]
     if c["knowledgeTag"]:
@@ -405,6 +706,13 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     if c["error"]:
         out += ["", f"**Failed:** `{c['error']}`", ""]
         return out
+    if c.get("group"):
+        out.append(f"- Group: {c['group']}")
+    out.append(
+        f"- Found {c.get('hitCount')} of {c.get('expectedCount')} expected; first hit at rank "
+        f"{c.get('firstHitRank') or '-'}; {c.get('finalCount')} returned of "
+        f"{c.get('originalCount')} candidates"
+    )
     out.append(f"- Latency: {_ms(c['latencyMs'])}" + ("; fallback used" if c["fallbackUsed"] else ""))
     out.append("")
     if c["metrics"]:
@@ -428,8 +736,8 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
         out += ["Lost: " + "; ".join(f"{x['id']} {x['where']} ({x['reason']})" for x in c["lost"]), ""]
     if c["rankedDocuments"]:
         out += [
-            "| Rank | docId | Source | Title | Dense | BM25 | Rerank | Matched | Reason |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| Rank | docId | Source | Title | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in c["rankedDocuments"]:
             sc = d["scores"]
@@ -437,7 +745,7 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
                 f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | "
                 f"{_f(sc.get('dense'))} | "
                 f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d['matched'] else 'no'} | "
-                f"{d['reason']} |"
+                f"{d['reason']} | {_cell(d.get('snippet', ''), 200)} |"
             )
     else:
         out.append("No documents returned.")

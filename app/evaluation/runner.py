@@ -4,22 +4,28 @@ The chain is the very object `/api/retrieve` uses. Queries go in batches (one em
 call per batch, per knowledge tag); each query still sees exactly its own candidates, so batching changes
 no result. A case whose retrieval raises is a failed case, not a crashed run.
 
-Per case this records: the metrics at K (see `metrics.CONVENTIONS`), what each stage removed and how many
-of those removals were relevant, where every expected id that is not in the top K was lost, and the
+Per case this records: the metrics at K (see `metrics.CONVENTIONS`) and at every extra cut-off of
+`k_values` (from the same final ranking, before its cut to K), what each stage removed and how many of
+those removals were relevant, where every expected id that is not in the top K was lost, and the
 Recall/MRR/nDCG of the list after each stage.
+
+Latency: the batched run's per-case figure is `batch_latency_ms`; after it, `latency_sample` cases are
+run again one at a time (`retrieve_many` with one request, as `/api/retrieve` runs) and timed end to end,
+which is what a user waits: `single_latency_ms`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
 from app.evaluation import metrics
 from app.evaluation.golden_set import GoldenCase, GoldenSet, case_expected_relevance, case_relevance_key
+from app.evaluation.records import Loss, RemovedItem, StageStat
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
 from app.retrieval.types import Candidate, RetrievalResult
 
@@ -29,7 +35,6 @@ BATCH_SIZE = 32
 NOT_IN_INDEX = "NOT_IN_INDEX"
 NOT_RETRIEVED = "NOT_RETRIEVED"
 RANKED_OUT = "RANKED_OUT"
-AFTER_STAGE_METRICS = ("recall", "mrr", "ndcg")
 
 
 @dataclass
@@ -66,10 +71,15 @@ class CaseResult:
     error: str | None = None
     metrics: dict[str, float] | None = None
     after_stage: dict[str, dict[str, float]] = field(default_factory=dict)
-    stage_stats: list[dict[str, Any]] = field(default_factory=list)
-    lost: list[dict[str, str]] = field(default_factory=list)
+    stage_stats: list[StageStat] = field(default_factory=list)
+    lost: list[Loss] = field(default_factory=list)
     forbidden_found: list[str] = field(default_factory=list)
     missing_from_index: list[str] = field(default_factory=list)
+    # the counts behind the ratios: expectedCount, hitCount, firstHitRank (metrics.hit_counts)
+    counts: dict[str, int | None] = field(default_factory=dict)
+    # metrics at each extra cut-off of k_values, from the same final ranking
+    at_k: dict[int, dict[str, float]] = field(default_factory=dict)
+    single_latency_ms: float | None = None
 
     @property
     def status(self) -> str:
@@ -79,6 +89,7 @@ class CaseResult:
 
     @property
     def latency_ms(self) -> float | None:
+        """The batched run's per-case latency (its share of the batch's embedding and store call)."""
         return self.result.latency_ms if self.result else None
 
     @property
@@ -95,6 +106,13 @@ class Evaluation:
     started_at: float
     duration_ms: float
     warnings: list[str] = field(default_factory=list)
+    as_of: date | None = None
+    k_values: tuple[int, ...] = ()
+
+    @property
+    def k_mixed(self) -> bool:
+        """True when some case carries its own topK different from the default K."""
+        return any(c.k != self.default_k for c in self.cases)
 
 
 def match_key(candidate: Candidate, key: str) -> str:
@@ -112,9 +130,16 @@ def evaluate(
     known: KnownIds,
     progress: Callable[[int, int], None] | None = None,
     today: date | None = None,
+    k_values: Sequence[int] = (),
+    latency_sample: int = 0,
 ) -> Evaluation:
+    """Run `golden` through `chain`. `today` is the date the hard filter's effective-date rules use
+    (None = the real today); `k_values` are extra cut-offs scored from the same ranking;
+    `latency_sample` cases are re-run one at a time for the single-query latency."""
     started = time.time()
     t0 = time.perf_counter()
+    as_of = today or date.today()
+    ks = tuple(sorted(set(k_values)))
     cases = [_prepare(case, default_k, known) for case in golden.cases]
     warnings = _stale_warnings(cases)
     for warning in warnings:
@@ -127,29 +152,56 @@ def evaluate(
 
         def finish(i: int, outcome: RetrievalResult | Exception, batch: list[CaseResult] = batch) -> None:
             nonlocal done
-            _score(batch[i], outcome)
+            _score(batch[i], outcome, ks)
             done += 1
             _log_case(batch[i], done, total)
             if progress:
                 progress(done, total)
 
         try:
-            chain.retrieve_many(requests, today=today, on_result=finish)
+            chain.retrieve_many(requests, today=as_of, on_result=finish)
         except Exception as exc:  # the batch's shared part (embedding, store) failed: every case in it fails
             for item in batch:
                 if item.result is None and item.error is None:
-                    _score(item, exc)
+                    _score(item, exc, ks)
                     done += 1
                     _log_case(item, done, total)
+    duration_ms = (time.perf_counter() - t0) * 1000
+    _time_single_queries(chain, cases, latency_sample, as_of)
     return Evaluation(
         golden=golden,
         default_k=default_k,
         cases=cases,
         stage_names=chain.stage_names,
         started_at=started,
-        duration_ms=(time.perf_counter() - t0) * 1000,
+        duration_ms=duration_ms,
         warnings=warnings,
+        as_of=as_of,
+        k_values=ks,
     )
+
+
+def latency_sample_indices(total: int, sample: int) -> list[int]:
+    """Which cases are timed one at a time: `sample` indices spread evenly over `total` cases,
+    i = floor(j · total / sample) for j = 0..sample-1 (every case when sample >= total)."""
+    if sample <= 0 or total <= 0:
+        return []
+    if sample >= total:
+        return list(range(total))
+    return [j * total // sample for j in range(sample)]
+
+
+def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int, today: date) -> None:
+    for i in latency_sample_indices(len(cases), sample):
+        item = cases[i]
+        if item.error is not None:
+            continue
+        request = RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag)
+        t0 = time.perf_counter()
+        outcome = chain.retrieve_many([request], today=today)
+        elapsed = (time.perf_counter() - t0) * 1000
+        if outcome and not isinstance(outcome[0], BaseException):
+            item.single_latency_ms = round(elapsed, 3)
 
 
 def _prepare(case: GoldenCase, default_k: int, known: KnownIds) -> CaseResult:
@@ -169,7 +221,20 @@ def _stale_warnings(cases: list[CaseResult]) -> list[str]:
     ]
 
 
-def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
+def final_ranking(outcome: RetrievalResult) -> list[Candidate]:
+    """The chain's final list before its cut to topK (the list after the last stage), as candidates."""
+    trace = outcome.trace
+    last = trace.stages[-1].name if trace.stages else "candidates"
+    by_id = {c.chunk_id: c for c in outcome.raw_candidates}
+    for c in outcome.documents:
+        by_id.setdefault(c.chunk_id, c)
+    ids = trace.ranked_after.get(last)
+    if ids is None:
+        return list(outcome.documents)
+    return [by_id[cid] for cid in ids if cid in by_id]
+
+
+def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Sequence[int] = ()) -> None:
     if isinstance(outcome, Exception):
         item.error = f"{type(outcome).__name__}: {outcome}"
         return
@@ -177,8 +242,15 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
     key, k, relevance = item.key, item.k, item.relevance
     relevant = metrics.relevant_ids(relevance)
     ranked = [match_key(c, key) for c in outcome.documents][:k]
+    texts = [c.text for c in outcome.documents][:k]
+    item.counts = metrics.hit_counts(ranked, relevance, k)
     if metrics.has_relevant(relevance):
-        item.metrics = metrics.case_metrics(ranked, relevance, k)
+        item.metrics = metrics.case_metrics(ranked, relevance, k, texts)
+        if k_values:
+            full = final_ranking(outcome)
+            full_keys = [match_key(c, key) for c in full]
+            full_texts = [c.text for c in full]
+            item.at_k = {kk: metrics.case_metrics(full_keys, relevance, kk, full_texts) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
 
@@ -191,29 +263,22 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception) -> None:
         removed_relevant = len((before - after) & relevant)
         before = after
         item.stage_stats.append(
-            {
-                "name": stage.name,
-                "enabled": stage.enabled,
-                "skipped": stage.skipped,
-                "input": stage.input_count,
-                "output": stage.output_count,
-                "removed": len(stage.removed),
-                "removedRelevant": removed_relevant,
-                "removedRelevantChunks": sum(
-                    1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant
-                ),
-                "added": len(stage.added),
-                "latencyMs": stage.latency_ms,
-                "removedItems": [
-                    {
-                        "chunkId": r.chunk_id,
-                        "docId": r.doc_id,
-                        "reason": r.reason,
-                        "relevant": by_chunk.get(r.chunk_id) in relevant,
-                    }
+            StageStat(
+                name=stage.name,
+                enabled=stage.enabled,
+                skipped=stage.skipped,
+                input=stage.input_count,
+                output=stage.output_count,
+                removed=len(stage.removed),
+                removed_relevant=removed_relevant,
+                removed_relevant_chunks=sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant),
+                added=len(stage.added),
+                latency_ms=stage.latency_ms,
+                removed_items=[
+                    RemovedItem(r.chunk_id, r.doc_id, r.reason, by_chunk.get(r.chunk_id) in relevant)
                     for r in stage.removed
                 ],
-            }
+            )
         )
     if metrics.has_relevant(relevance):
         for name, ids in trace.ranked_after.items():
@@ -232,7 +297,7 @@ def _where_lost(
     by_chunk: dict[str, str],
     relevant: set[str],
     top_k: list[str],
-) -> list[dict[str, str]]:
+) -> list[Loss]:
     """For each relevant id not in the top K: NOT_IN_INDEX, NOT_RETRIEVED, REMOVED_BY_<stage> (with the
     reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K)."""
     trace = outcome.trace
@@ -245,28 +310,14 @@ def _where_lost(
     lost = []
     for wanted in sorted(relevant - set(top_k)):
         if wanted in item.missing_from_index:
-            lost.append({"id": wanted, "where": NOT_IN_INDEX, "stage": "", "reason": "not in the index"})
+            lost.append(Loss(wanted, NOT_IN_INDEX, "", "not in the index"))
         elif wanted not in raw:
-            lost.append(
-                {
-                    "id": wanted,
-                    "where": NOT_RETRIEVED,
-                    "stage": "",
-                    "reason": "not among the vector or BM25 candidates",
-                }
-            )
+            lost.append(Loss(wanted, NOT_RETRIEVED, "", "not among the vector or BM25 candidates"))
         elif wanted in final:
-            lost.append(
-                {
-                    "id": wanted,
-                    "where": RANKED_OUT,
-                    "stage": "",
-                    "reason": f"survived every stage but ranked below K={item.k}",
-                }
-            )
+            lost.append(Loss(wanted, RANKED_OUT, "", f"survived every stage but ranked below K={item.k}"))
         else:
             stage, reason = _vanished_at(wanted, trace, by_chunk, present_after, stage_order)
-            lost.append({"id": wanted, "where": f"REMOVED_BY_{stage}", "stage": stage, "reason": reason})
+            lost.append(Loss(wanted, f"REMOVED_BY_{stage}", stage, reason))
     return lost
 
 

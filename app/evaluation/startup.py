@@ -1,19 +1,29 @@
-"""One evaluation run as the service and the CLI do it: load the golden set, run it through the chain, check
-the gate, write the reports, log the summary."""
+"""One evaluation run as the service and the CLI do it: resolve the baseline, run the golden set through
+the chain, compare, check the gate, write the reports, log the summary and the vs-baseline line."""
 
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.evaluation.gate import GateCheck, check_gate
+from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
+from app.evaluation.fingerprint import run_fingerprint
+from app.evaluation.gate import GateResult, check_gate
 from app.evaluation.golden_set import GoldenSet, GoldenSetError, load_golden_set
-from app.evaluation.report import build_report, invalid_report, render_markdown, write_reports
+from app.evaluation.records import to_json
+from app.evaluation.report import (
+    build_report,
+    invalid_report,
+    k_label,
+    render_markdown,
+    report_stamp,
+    write_reports,
+)
 from app.evaluation.runner import Evaluation, KnownIds, evaluate
+from app.evaluation.segments import segments
 from app.settings import EvaluateSettings
 
 if TYPE_CHECKING:
@@ -23,20 +33,53 @@ log = logging.getLogger("sieve.evaluation")
 
 
 @dataclass
+class Baseline:
+    """The report this run is compared with (None: no comparison, `note` says why)."""
+
+    report: dict[str, Any] | None
+    path: str | None
+    note: str
+
+
+@dataclass
 class EvaluationOutcome:
     report: dict[str, Any] | None
     evaluation: Evaluation | None = None
-    gate: list[GateCheck] = field(default_factory=list)
+    gate: GateResult = field(default_factory=GateResult)
     paths: list[Path] = field(default_factory=list)
     invalid_golden_set: str | None = None
 
     @property
     def gate_failures(self) -> list[str]:
-        return [c.describe() for c in self.gate if not c.passed]
+        return [f.message for f in self.gate.failures]
 
 
 def latest_report_path(settings: EvaluateSettings) -> Path:
     return Path(settings.output_dir) / f"{settings.report_prefix}-latest.json"
+
+
+def resolve_baseline(settings: EvaluateSettings) -> Baseline:
+    """`rag.evaluate.baseline`: "none"; "previous" = the -latest report as it is before this run (none
+    on a first run; an unusable one is logged and skipped); or a report path, which must be usable
+    (BaselineError otherwise, naming the file)."""
+    choice = settings.baseline
+    if choice == "none":
+        return Baseline(None, None, "rag.evaluate.baseline is none")
+    if choice == "previous":
+        path = latest_report_path(settings)
+        if not path.exists():
+            return Baseline(None, None, f"no previous report at {path} (first run)")
+        try:
+            report = load_report(path)
+        except BaselineError as exc:
+            log.warning("[RetrievalEval] previous report not used as baseline: %s", exc)
+            return Baseline(None, None, f"the previous report is not usable: {exc}")
+        # name the previous run by its own timestamped copy (the -latest file is about to be replaced)
+        own = path.parent / str(report.get("run", {}).get("reportFile") or "")
+        if own != path.parent and own.is_file():
+            path = own
+        return Baseline(report, str(path), f"previous report {path}")
+    return Baseline(load_report(choice), choice, f"report {choice}")
 
 
 def run_startup_evaluation(
@@ -45,47 +88,94 @@ def run_startup_evaluation(
     progress: Callable[[int, int], None] | None = None,
     golden: GoldenSet | None = None,
 ) -> EvaluationOutcome:
-    """Evaluate `golden` (default: the file at settings.resource_location). A broken golden set is logged
-    and reported (the report says why nothing ran); it never raises."""
-    run_info = run_description(sieve)
+    """Evaluate `golden` (default: the file at settings.resource_location) on the service's chain. A
+    broken golden set is logged and reported (the report says why nothing ran); it never raises. A
+    configured baseline file that cannot be used is logged and the run goes on without a comparison."""
+    described = sieve.describe()
     if golden is None:
         try:
             golden = load_golden_set(settings.resource_location)
         except GoldenSetError as exc:
             log.error("[RetrievalEval] not run: %s", exc)
-            report = invalid_report(settings.resource_location, str(exc), run_info)
+            report = invalid_report(settings.resource_location, str(exc), run_header(described))
             paths = write_reports(report, settings, render_markdown(report))
             _log_paths(paths)
             return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))
-
+    try:
+        baseline = resolve_baseline(settings)
+    except BaselineError as exc:
+        log.error("[RetrievalEval] baseline not used: %s", exc)
+        baseline = Baseline(None, None, f"the configured baseline is not usable: {exc}")
     log.info(
         "[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k
     )
     known = KnownIds.from_store(sieve.store)
-    evaluation = evaluate(sieve.chain, golden, settings.top_k, known, progress)
-    return finish_evaluation(evaluation, settings, run_info)
+    evaluation = run_evaluation(sieve.chain, golden, known, settings, progress)
+    return finish_evaluation(evaluation, settings, run_description(described, evaluation, known), baseline)
+
+
+def run_evaluation(
+    chain: Any,
+    golden: GoldenSet,
+    known: KnownIds,
+    settings: EvaluateSettings,
+    progress: Callable[[int, int], None] | None = None,
+) -> Evaluation:
+    """`evaluate` with the settings' K, cut-offs, as-of date and latency sample."""
+    return evaluate(
+        chain,
+        golden,
+        settings.top_k,
+        known,
+        progress,
+        today=settings.as_of,
+        k_values=settings.k_values,
+        latency_sample=settings.latency_sample,
+    )
 
 
 def finish_evaluation(
-    evaluation: Evaluation, settings: EvaluateSettings, run_info: dict[str, Any]
+    evaluation: Evaluation,
+    settings: EvaluateSettings,
+    run_info: dict[str, Any],
+    baseline: Baseline | None = None,
 ) -> EvaluationOutcome:
-    from app.evaluation.report import summarize
-
-    gate = check_gate(summarize(evaluation), settings.thresholds)
-    report = build_report(evaluation, run_info, gate)
-    paths = write_reports(report, settings, render_markdown(report))
+    baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
+    stamp = report_stamp()
+    report = build_report(evaluation, run_info)
+    if settings.write_json:
+        report["run"]["reportFile"] = f"{settings.report_prefix}-{stamp}.json"
+    if baseline.report is not None:
+        comparison = compare_reports(
+            baseline.report, report, baseline.path or "", seed=settings.seed, alpha=settings.alpha
+        )
+        report["comparison"] = to_json(comparison)
+        report["segments"] = to_json(segments(report["cases"], baseline.report["cases"], settings.seed))
+    else:
+        report["baselineNote"] = baseline.note
+    gate = check_gate(
+        report["summary"], settings.thresholds, report["comparison"], report["cases"], baseline.note
+    )
+    report["gate"] = gate.to_json()
+    paths = write_reports(report, settings, render_markdown(report), stamp)
     log.info("[RetrievalEval] %s", summary_line(report))
-    for check in gate:
+    if report["comparison"] is not None:
+        log.info("[RetrievalEval] %s", baseline_line(report["comparison"], k_label(report)))
+    else:
+        log.info("[RetrievalEval] no baseline: %s", baseline.note)
+    for check in gate.checks:
         (log.info if check.passed else log.error)(
             "[RetrievalEval] gate %s %s", "ok" if check.passed else "FAILED", check.describe()
         )
+    for note in gate.notes:
+        log.info("[RetrievalEval] gate note: %s", note)
     _log_paths(paths)
     return EvaluationOutcome(report, evaluation, gate, paths)
 
 
 def summary_line(report: dict[str, Any]) -> str:
     s = report["summary"]
-    lat = s["latencyMs"] or {}
+    lat = s["latencyMs"] or s.get("batchLatencyMs") or {}
 
     def f(v: Any) -> str:
         return "n/a" if v is None else f"{v:.2f}"
@@ -103,10 +193,10 @@ def summary_line(report: dict[str, Any]) -> str:
     return line
 
 
-def run_description(sieve: Sieve) -> dict[str, Any]:
-    described = sieve.describe()
+def run_header(described: dict[str, Any]) -> dict[str, Any]:
+    """The human part of the run description: models, store, chain (from `Sieve.describe()`)."""
     chain = described["chain"]
-    enabled = [name for name, cfg in chain.items() if cfg.get("enabled")]  # type: ignore[union-attr]
+    enabled = [name for name, cfg in chain.items() if cfg.get("enabled")]
     return {
         "models": {"embedder": described["embedder"], "reranker": described["reranker"]},
         "store": described["store"],
@@ -116,7 +206,26 @@ def run_description(sieve: Sieve) -> dict[str, Any]:
         "chain": chain,
         "chainSummary": " → ".join(enabled),
         "chainSettings": _settings_line(described["retrieval"], chain),
-        "codeVersion": code_version(),
+    }
+
+
+def run_description(described: dict[str, Any], evaluation: Evaluation, known: KnownIds) -> dict[str, Any]:
+    """The report's `run`: the header plus the fingerprint (what exactly was run)."""
+    from datetime import UTC, date, datetime
+
+    evaluated_at = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
+    return {
+        **run_header(described),
+        **run_fingerprint(
+            evaluation.golden,
+            known.chunk,
+            described["embedder"],
+            described["retrieval"],
+            described["chain"],
+            evaluation.default_k,
+            evaluation.as_of or date.today(),
+            evaluated_at,
+        ),
     }
 
 
@@ -133,33 +242,6 @@ def _settings_line(retrieval: Any, chain: Any) -> str:
         shown = {k: v for k, v in cfg.items() if k != "enabled" and v not in (None, [], {})}
         parts.append(f"{name}(" + ", ".join(f"{k}={v}" for k, v in shown.items()) + ")")
     return "; ".join(parts)
-
-
-def code_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        pkg = version("sieve")
-    except PackageNotFoundError:
-        pkg = "unknown"
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha, dirty = "", ""
-    return f"{pkg}+{sha}{'-dirty' if dirty else ''}" if sha else pkg
 
 
 def _log_paths(paths: list[Path]) -> None:

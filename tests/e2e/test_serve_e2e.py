@@ -86,7 +86,7 @@ def serve(tmp_path: Path, free_port: Callable[[], int]) -> Iterator[Callable[...
         output_dir = tmp_path / "retrieval-eval"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
         env |= {
-            # a second start in one test reopens the first one's store
+            # a second start in the same test reuses the store, as a second `make run` does
             "RAG__STORE__PATH": str(store if (store := tmp_path / "store").exists() else seeded_store(store)),
             "RAG__EVALUATE__OUTPUT_DIR": str(output_dir),
             "RAG__MODELS__CACHE_DIR": str(MODELS_CACHE),
@@ -161,7 +161,7 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
 
     # the JSON report
     report = json.loads(latest_json.read_text(encoding="utf-8"))
-    assert report["schemaVersion"] == 1
+    assert report["schemaVersion"] == 2
     assert report["status"] == "ok"
     summary = report["summary"]
     for key in ("cases", "recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate"):
@@ -197,7 +197,7 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
     # the Markdown
     markdown = latest_md.read_text(encoding="utf-8")
     assert "## Summary" in markdown and "| Metric | Value |" in markdown
-    assert f"| nDCG@5 | {summary['ndcg']:.3f} |" in markdown
+    assert f"| nDCG@K | {summary['ndcg']:.3f} |" in markdown  # a case has its own topK: "at each case's K"
     assert "## Per-stage filter statistics" in markdown
     for name in STAGE_NAMES:
         assert f"| {name} |" in markdown
@@ -218,6 +218,39 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
 
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit(EXIT_TIMEOUT_S) == 0, server.tail()
+
+
+BASELINE_LOG_LINE = re.compile(
+    r"\[RetrievalEval\] vs baseline (?P<when>\S+) \((?P<paired>\d+) paired\): "
+    r"nDCG@(?:K|\d+) \d\.\d{3} -> \d\.\d{3} "
+    r"\([+-]\d\.\d{3}, 95% CI \[-?\d\.\d{3}, -?\d\.\d{3}\], p=[\d.e-]+\) fixed=\d+ broken=\d+$",
+    re.MULTILINE,
+)
+
+
+def test_second_start_compares_itself_with_the_first(serve) -> None:
+    first = serve()
+    first.wait_ready()
+    assert "[RetrievalEval] no baseline: no previous report at" in first.log()
+    first_report = json.loads((first.output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    assert first_report["comparison"] is None
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait_exit(EXIT_TIMEOUT_S) == 0, first.tail()
+
+    second = serve()
+    second.wait_ready()
+    match = BASELINE_LOG_LINE.search(second.log())
+    assert match, second.tail()
+    assert match["when"] == first_report["run"]["evaluatedAt"]
+    report = json.loads((second.output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    comparison = report["comparison"]
+    assert comparison["baseline"]["evaluatedAt"] == first_report["run"]["evaluatedAt"]
+    assert comparison["comparable"] and comparison["pairedCases"] == int(match["paired"])
+    assert not [d for d in comparison["differences"] if d.startswith("rag.")]  # same settings both times
+    stamped = sorted(p for p in second.output_dir.glob("retrieval-eval-*.json") if "latest" not in p.name)
+    assert len(stamped) == 2
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.wait_exit(EXIT_TIMEOUT_S) == 0, second.tail()
 
 
 def test_failed_gate_with_fail_on_gate_stops_the_server_non_zero(serve) -> None:

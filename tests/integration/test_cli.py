@@ -50,7 +50,7 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, store_path: Path, output_dir: Path,
     monkeypatch.chdir(REPO)
     for name in [n for n in os.environ if n.startswith("RAG__")]:
         monkeypatch.delenv(name)
-    monkeypatch.delenv("SIEVE_CONFIG", raising=False)  # main() sets it for --config; undone after the test
+    monkeypatch.delenv("SIEVE_CONFIG", raising=False)
     monkeypatch.setenv("RAG__STORE__PATH", str(store_path))
     monkeypatch.setenv("RAG__EVALUATE__OUTPUT_DIR", str(output_dir))
     monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))
@@ -310,6 +310,7 @@ def test_unknown_config_key_exits_2_naming_key_and_file(capsys, tmp_path: Path) 
     assert code == EXIT_INPUT
     assert out == ""
     assert f"{config}: unknown key 'rag.retrieval.top_kk'" in err
+    assert "SIEVE_CONFIG" not in os.environ  # --config is passed to the loader, not through the environment
 
 
 def test_python_dash_m_app_help() -> None:

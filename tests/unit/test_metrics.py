@@ -204,3 +204,35 @@ def test_latency_summary():
 def test_conventions_text_states_the_rules():
     for phrase in ["cut at K first", "counts once", "duplicate", "<= 0 is not relevant", "nearest-rank"]:
         assert phrase in CONVENTIONS
+
+
+@pytest.mark.parametrize(
+    ("ranked", "texts", "k", "expected"),
+    [
+        # the same text under another id (a mirrored page) is a duplicate: 1 of 2 positions
+        (["vpn", "vpn-mirror"], ["Connect with GlobalProtect.", "connect  with\nGlobalProtect."], 2, 1 / 2),
+        # different texts, different ids: none
+        (["a", "b", "c"], ["one", "two", "three"], 3, 0 / 3),
+        # an id repeat and a content repeat: 2 of 4
+        (["a", "a", "b", "c"], ["x", "y", "z", "x"], 4, 2 / 4),
+        # beyond K nothing counts
+        (["a", "b", "c"], ["x", "y", "x"], 2, 0 / 2),
+        # empty texts are never content duplicates
+        (["a", "b"], ["", ""], 2, 0 / 2),
+    ],
+)
+def test_duplicate_rate_counts_content_duplicates(ranked, texts, k, expected):
+    assert duplicate_rate_at_k(ranked, k, texts) == pytest.approx(expected)
+
+
+def test_hit_counts_are_the_numbers_behind_the_ratios():
+    from app.evaluation.metrics import hit_counts
+
+    relevance = {"a": 1.0, "b": 2.0, "c": 1.0, "x": 0.0}
+    assert hit_counts(["z", "b", "b", "a", "c"], relevance, 4) == {
+        "expectedCount": 3,
+        "hitCount": 2,
+        "firstHitRank": 2,
+    }
+    assert hit_counts(["z"], relevance, 1) == {"expectedCount": 3, "hitCount": 0, "firstHitRank": None}
+    assert hit_counts(["z"], {}, 1) == {"expectedCount": 0, "hitCount": 0, "firstHitRank": None}

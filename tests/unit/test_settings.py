@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.settings import RagSettings, Settings, SettingsError, load_settings, merge, nested
+from app.settings import (
+    RagSettings,
+    Settings,
+    SettingsError,
+    config_source,
+    load_settings,
+    merge,
+    nested,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,7 +166,7 @@ def _key_tree(node: object) -> object:
 def test_repo_application_yml_lists_every_key_with_its_default(monkeypatch):
     monkeypatch.chdir(REPO)  # load_settings() finds config/application.yml relative to the working directory
     loaded = load_settings()
-    assert loaded._source == "config/application.yml"
+    assert config_source() == Path("config/application.yml")
     assert loaded.rag == RagSettings()  # every value written there is the model's default
     # ... and every key of the model is written there, none left for the reader to guess.
     documented = yaml.safe_load((REPO / "config" / "application.yml").read_text(encoding="utf-8"))
@@ -168,5 +176,41 @@ def test_repo_application_yml_lists_every_key_with_its_default(monkeypatch):
 def test_without_any_yaml_settings_are_the_model_defaults(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no config/application.yml here and no SIEVE_CONFIG
     loaded = load_settings()
-    assert loaded._source == "defaults"
+    assert config_source() is None
     assert loaded.rag == Settings().rag == RagSettings()
+
+
+def test_config_path_argument_beats_sieve_config_and_leaves_the_environment_alone(tmp_path, monkeypatch):
+    write_config(tmp_path, monkeypatch, "rag:\n  server:\n    port: 9100\n")
+    other = tmp_path / "other.yml"
+    other.write_text("rag:\n  server:\n    port: 9300\n", encoding="utf-8")
+    assert load_settings(config_path=other).rag.server.port == 9300
+    assert os.environ["SIEVE_CONFIG"] == str(tmp_path / "sieve.yml")
+    assert load_settings().rag.server.port == 9100  # the argument applied to that one load only
+
+
+def test_a_bad_key_in_the_config_path_argument_names_that_file(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("rag:\n  evaluate:\n    keep_report: 3\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match=r"bad\.yml.*unknown key 'rag\.evaluate\.keep_report'"):
+        load_settings(config_path=bad)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("k_values", [0, 5], "k_values must be between 1 and 100"),
+        ("k_values", [], "at least one cut-off"),
+        ("alpha", 1.5, "alpha"),
+        ("keep_reports", 0, "keep_reports"),
+        ("as_of", "not-a-date", "as_of"),
+    ],
+)
+def test_evaluate_settings_reject_bad_values(key, value, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings(nested(f"rag.evaluate.{key}", value))
+
+
+def test_evaluate_as_of_parses_an_iso_date_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RAG__EVALUATE__AS_OF", "2030-01-31")
+    assert str(load_settings().rag.evaluate.as_of) == "2030-01-31"

@@ -1,0 +1,205 @@
+"""`sieve eval`, `sieve compare` and `sieve trec-eval`: the evaluation commands of the `sieve` face.
+
+Exit codes: the table in `app.exit_codes` (0 every gate check held; 1 a gate check failed, each named
+on stderr; 2 bad input: configuration, golden set, baseline report, BEIR or TREC files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from app import exit_codes
+
+_THRESHOLD_FLAGS = {
+    "min_recall": "--min-recall",
+    "min_hit_rate": "--min-hit-rate",
+    "min_mrr": "--min-mrr",
+    "min_ndcg": "--min-ndcg",
+    "max_duplicate_rate": "--max-duplicate-rate",
+    "max_p95_ms": "--max-p95-ms",
+}
+
+
+def add_eval_commands(sub: Any) -> None:
+    ev = sub.add_parser("eval", help="run the golden set (or a BEIR dataset) through the chain and report")
+    ev.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    ev.add_argument("--top-k", type=int, help="K for the metrics (default rag.evaluate.top_k)")
+    ev.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
+    ev.add_argument(
+        "--baseline",
+        metavar="previous|none|FILE",
+        help="compare with the previous -latest report (default), nothing, or a report JSON "
+        "(rag.evaluate.baseline)",
+    )
+    for name, flag in _THRESHOLD_FLAGS.items():
+        ev.add_argument(flag, type=float, dest=name, help=f"gate: rag.evaluate.thresholds.{name}")
+    ev.add_argument(
+        "--beir", metavar="DIR", help="evaluate a BEIR directory (corpus.jsonl, queries.jsonl, qrels/)"
+    )
+    ev.add_argument("--split", default="test", help="BEIR qrels split (default test)")
+    ev.add_argument("--collection", help="collection for the BEIR corpus (default beir-<dir name>)")
+    ev.add_argument(
+        "--export-trec", metavar="DIR", help="also write run.trec and qrels.trec for trec_eval/ranx"
+    )
+    ev.set_defaults(func=eval_command)
+
+    cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
+    cmp.add_argument("baseline", help="the baseline report JSON")
+    cmp.add_argument("current", help="the report JSON to compare with it")
+    cmp.add_argument("--json", action="store_true", help="print the comparison object as JSON")
+    cmp.set_defaults(func=compare_command)
+
+    te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
+    te.add_argument("qrels")
+    te.add_argument("run")
+    te.add_argument("--k", default="1,5,10", help="comma-separated cut-offs (default 1,5,10)")
+    te.add_argument("--per-query", action="store_true", help="print every query's figures")
+    te.add_argument("--complete", action="store_true", help="like trec_eval -c: missing queries score 0")
+    te.add_argument("--json", action="store_true")
+    te.set_defaults(func=trec_eval_command)
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.beir import load_beir_cases
+    from app.evaluation.compare import BaselineError, baseline_line
+    from app.evaluation.golden_set import load_golden_set
+    from app.evaluation.report import k_label
+    from app.evaluation.runner import KnownIds
+    from app.evaluation.startup import (
+        finish_evaluation,
+        resolve_baseline,
+        run_description,
+        run_evaluation,
+        summary_line,
+    )
+    from app.evaluation.trec import export_evaluation
+    from app.settings import nested
+
+    overrides: list[dict[str, Any]] = []
+    if args.top_k is not None:
+        if not 1 <= args.top_k <= 100:
+            print(f"error: --top-k must be between 1 and 100, got {args.top_k}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        overrides.append(nested("rag.evaluate.top_k", args.top_k))
+    if args.output_dir:
+        overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
+    if args.baseline:
+        overrides.append(nested("rag.evaluate.baseline", args.baseline))
+    for name in _THRESHOLD_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(nested(f"rag.evaluate.thresholds.{name}", value))
+    if args.beir:
+        beir = Path(args.beir)
+        collection = args.collection or f"beir-{beir.resolve().name}"
+        overrides.append(nested("rag.store.collection", collection))
+    settings = settings_with(*overrides)
+    ev = settings.rag.evaluate
+    if args.beir:
+        golden = load_beir_cases(Path(args.beir), args.split)
+    else:
+        golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    try:
+        baseline = resolve_baseline(ev)  # before anything runs: a bad baseline file costs nothing
+    except BaselineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+
+    sieve = open_sieve(settings)
+    try:
+        if args.beir:
+            report = sieve.ingest([Path(args.beir) / "corpus.jsonl"], progress=True)
+            if report.errors:
+                for error in report.errors[:20]:
+                    print(f"error: {error}", file=sys.stderr)
+                return exit_codes.BAD_INPUT
+        elif settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        known = KnownIds.from_store(sieve.store)
+        evaluation = run_evaluation(sieve.chain, golden, known, ev)
+        described = sieve.describe()
+    finally:
+        sieve.close()
+    outcome = finish_evaluation(evaluation, ev, run_description(described, evaluation, known), baseline)
+    report = outcome.report or {}
+    print(summary_line(report))
+    if report.get("comparison") is not None:
+        print(baseline_line(report["comparison"], k_label(report)))
+        for difference in report["comparison"]["differences"]:
+            print(f"  changed: {difference}")
+    else:
+        print(f"no baseline: {baseline.note}")
+    for path in outcome.paths:
+        print(f"report: {path}")
+    if args.export_trec:
+        run_path, qrels_path = export_evaluation(evaluation, Path(args.export_trec))
+        print(f"trec run: {run_path}\ntrec qrels: {qrels_path}")
+    for note in outcome.gate.notes:
+        print(f"gate note: {note}")
+    failures = outcome.gate.failures
+    for failure in failures:
+        print(f"gate failed: {failure.message}", file=sys.stderr)
+    return exit_codes.GATE_FAILED if failures else exit_codes.OK
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from app.cli import settings_with
+    from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
+    from app.evaluation.records import to_json
+    from app.evaluation.report import comparison_markdown, k_label
+
+    try:
+        base = load_report(args.baseline)
+        current = load_report(args.current)
+    except BaselineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    ev = settings_with().rag.evaluate
+    comparison = to_json(compare_reports(base, current, args.baseline, seed=ev.seed, alpha=ev.alpha))
+    if args.json:
+        print(json.dumps(comparison, ensure_ascii=False, indent=2))
+        return exit_codes.OK
+    label = k_label(current)
+    print(baseline_line(comparison, label))
+    print()
+    print("\n".join(comparison_markdown({**current, "comparison": comparison}, label)))
+    return exit_codes.OK
+
+
+def trec_eval_command(args: argparse.Namespace) -> int:
+    from app.evaluation import trec
+
+    try:
+        ks = [int(k) for k in args.k.split(",") if k.strip()]
+        if not ks or min(ks) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: --k must be comma-separated integers >= 1, got {args.k!r}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    result = trec.evaluate_run(
+        trec.read_qrels(args.qrels), trec.read_run(args.run), ks, complete=args.complete
+    )
+    if args.json:
+        out = {
+            "aggregate": result["aggregate"],
+            "perQuery": result["perQuery"],
+            "queries": result["queries"],
+            "convention": result["convention"],
+        }
+        print(json.dumps(out, indent=2))
+        return exit_codes.OK
+    keys = list(result["aggregate"])  # type: ignore[arg-type]
+    if args.per_query:
+        for qid, values in result["perQuery"].items():  # type: ignore[union-attr]
+            for key in keys:
+                print(f"{key:<16}{qid:<12}{values[key]:.4f}")
+    for key in keys:
+        value = result["aggregate"][key]  # type: ignore[index]
+        print(f"{key:<16}{'all':<12}{'n/a' if value is None else f'{value:.4f}'}")
+    print(f"{'queries':<16}{'all':<12}{result['queries']}")
+    return exit_codes.OK

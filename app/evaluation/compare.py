@@ -1,0 +1,321 @@
+"""Compare an evaluation report with a baseline report: what changed between the runs (from their
+fingerprints), and, per metric, the paired difference with its bootstrap CI, sign-flip p-value and
+Holm-adjusted p-value. Works on report JSON, so `sieve compare A.json B.json` and the comparison inside a
+run are the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from app.evaluation import stats
+from app.evaluation.records import (
+    BaselineRef,
+    BeforeAfter,
+    CaseChanges,
+    CaseDelta,
+    Comparison,
+    MetricComparison,
+    StageDelta,
+)
+
+COMPARED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
+METRIC_LABELS = {
+    "recall": "Recall",
+    "hitRate": "HitRate",
+    "mrr": "MRR",
+    "ndcg": "nDCG",
+    "precision": "Precision",
+    "top1Accuracy": "Top-1",
+}
+SMALL_SAMPLE = 30
+
+
+class BaselineError(ValueError):
+    """The baseline report cannot be used; the message names the file and what is wrong."""
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A report JSON written by Sieve (status ok, with cases). Raises BaselineError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BaselineError(f"{p}: baseline report not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"{p}: cannot read the baseline report: {exc}") from None
+    try:
+        report = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise BaselineError(f"{p}: not a JSON report: {exc}") from None
+    if not isinstance(report, dict) or "cases" not in report or "run" not in report:
+        raise BaselineError(f"{p}: not a Sieve evaluation report (no 'run' and 'cases')")
+    if report.get("status") != "ok":
+        raise BaselineError(
+            f"{p}: the baseline run did not evaluate anything (status {report.get('status')!r})"
+        )
+    if not isinstance(report["cases"], list) or not all(
+        isinstance(c, dict) and isinstance(c.get("id"), str) for c in report["cases"]
+    ):
+        raise BaselineError(f"{p}: 'cases' must be a list of case records with an 'id'")
+    _check_shape(p, report)
+    return report
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_shape(p: Path, report: dict[str, Any]) -> None:
+    """What the comparison reads must have the right types; a hand-edited report gets a message naming the
+    case and field instead of a traceback."""
+    if not isinstance(report["run"], dict):
+        raise BaselineError(f"{p}: 'run' must be an object")
+    seen: set[str] = set()
+    for index, case in enumerate(report["cases"]):
+        where = f"{p}: case {case['id']!r} (cases[{index}])"
+        if case["id"] in seen:
+            raise BaselineError(f"{where}: duplicate case id")
+        seen.add(case["id"])
+        values = case.get("metrics")
+        if values is not None:
+            if not isinstance(values, dict):
+                raise BaselineError(f"{where}: 'metrics' must be an object or null")
+            for name in COMPARED_METRICS:
+                if not _is_number(values.get(name)):
+                    raise BaselineError(f"{where}: metrics.{name} must be a number, got {values.get(name)!r}")
+        ranked = case.get("rankedDocuments", [])
+        if not isinstance(ranked, list) or not all(isinstance(d, dict) for d in ranked):
+            raise BaselineError(f"{where}: 'rankedDocuments' must be a list of objects")
+    stages = report.get("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(st, dict) and "name" in st for st in stages):
+        raise BaselineError(f"{p}: 'stages' must be a list of objects with a 'name'")
+
+
+def compare_reports(
+    baseline: dict[str, Any],
+    current: dict[str, Any],
+    baseline_path: str,
+    seed: int = 42,
+    alpha: float = 0.05,
+) -> Comparison:
+    """Pair the cases by id; figures over the paired cases that have metrics on both sides (no-answer and
+    failed cases excluded, as in the summary). With K different the runs are not comparable and no
+    statistics are computed."""
+    b_cases = {c["id"]: c for c in baseline["cases"]}
+    c_cases = {c["id"]: c for c in current["cases"]}
+    paired = sorted(set(b_cases) & set(c_cases))
+    changes = CaseChanges(
+        only_in_baseline=sorted(set(b_cases) - set(c_cases)),
+        only_in_current=sorted(set(c_cases) - set(b_cases)),
+    )
+    b_run, c_run = baseline.get("run", {}), current.get("run", {})
+    differences = describe_differences(b_run, c_run, b_cases, c_cases)
+    k_changes = _k_changes(b_run, c_run, b_cases, c_cases, paired)
+    ref = BaselineRef(path=baseline_path, evaluated_at=_evaluated_at(b_run), run=_fingerprint_only(b_run))
+    stage_rows = _stage_deltas(baseline.get("stages") or [], current.get("stages") or [])
+    if k_changes:
+        return Comparison(ref, False, differences, len(paired), {}, changes, stage_rows)
+    scored = [i for i in paired if b_cases[i].get("metrics") and c_cases[i].get("metrics")]
+    rows: dict[str, MetricComparison] = {}
+    for name in COMPARED_METRICS:
+        before = [float(b_cases[i]["metrics"][name]) for i in scored]
+        after = [float(c_cases[i]["metrics"][name]) for i in scored]
+        if not scored:
+            continue
+        diffs = [a - b for a, b in zip(after, before, strict=True)]
+        rows[name] = MetricComparison(
+            baseline=fmean(before),
+            current=fmean(after),
+            delta=fmean(diffs),
+            ci95=stats.bootstrap_ci(diffs, seed=seed),
+            p_value=stats.sign_flip_p_value(diffs, seed=seed),
+        )
+    adjusted = stats.holm([rows[m].p_value for m in rows])
+    for name, p_holm in zip(list(rows), adjusted, strict=True):
+        row = rows[name]
+        rows[name] = MetricComparison(
+            row.baseline, row.current, row.delta, row.ci95, row.p_value, p_holm, bool(p_holm < alpha)
+        )
+    b_hits = {i: float(b_cases[i]["metrics"]["hitRate"]) for i in scored}
+    c_hits = {i: float(c_cases[i]["metrics"]["hitRate"]) for i in scored}
+    changes.fixed, changes.broken = stats.fixed_and_broken(b_hits, c_hits)
+    improved, worsened = stats.changed_by(
+        {i: float(b_cases[i]["metrics"]["ndcg"]) for i in scored},
+        {i: float(c_cases[i]["metrics"]["ndcg"]) for i in scored},
+    )
+    changes.improved = [CaseDelta(i, d) for i, d in improved]
+    changes.worsened = [CaseDelta(i, d) for i, d in worsened]
+    details = {
+        i: {"query": c_cases[i].get("query"), "before": _top(b_cases[i]), "now": _top(c_cases[i])}
+        for i in changes.fixed + changes.broken
+    }
+    return Comparison(ref, True, differences, len(scored), rows, changes, stage_rows, details)
+
+
+def _top(case: dict[str, Any], n: int = 3) -> list[str]:
+    return [d.get("docId", "?") for d in (case.get("rankedDocuments") or [])[:n]]
+
+
+def _evaluated_at(run: dict[str, Any]) -> str | None:
+    return run.get("evaluatedAt") or run.get("startedAt")
+
+
+_FINGERPRINT_KEYS = (
+    "goldenSetSha256",
+    "corpusFingerprint",
+    "embedder",
+    "chainSha256",
+    "k",
+    "codeVersion",
+    "evaluatedAt",
+    "asOf",
+)
+
+
+def _fingerprint_only(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: run[k] for k in _FINGERPRINT_KEYS if k in run}
+
+
+def _k_changes(
+    b_run: dict[str, Any],
+    c_run: dict[str, Any],
+    b_cases: dict[str, Any],
+    c_cases: dict[str, Any],
+    paired: list[str],
+) -> list[str]:
+    out = []
+    if b_run.get("k") != c_run.get("k"):
+        out.append(f"K {b_run.get('k')} -> {c_run.get('k')}")
+    for i in paired:
+        if b_cases[i].get("topK") != c_cases[i].get("topK"):
+            out.append(f"case {i} topK {b_cases[i].get('topK')} -> {c_cases[i].get('topK')}")
+    return out
+
+
+def flatten(node: Any, prefix: str) -> dict[str, Any]:
+    """{"a": {"b": 1}} with prefix "rag" -> {"rag.a.b": 1}; lists and empty dicts are leaves."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: node}
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+
+
+def describe_differences(
+    b_run: dict[str, Any],
+    c_run: dict[str, Any],
+    b_cases: dict[str, Any] | None = None,
+    c_cases: dict[str, Any] | None = None,
+) -> list[str]:
+    """What changed between two runs, in words, from their fingerprints: each changed setting of
+    rag.retrieval and rag.chain (`rag.chain.bm25.dense_weight: 0.6 -> 0.7`), the embedder, the corpus,
+    the golden set (cases added, removed, changed), K, asOf and the code version."""
+    out: list[str] = []
+    if "settings" not in b_run:
+        out.append("the baseline report has no run fingerprint (written by an older Sieve): settings unknown")
+    else:
+        before = flatten(b_run.get("settings") or {}, "rag")
+        after = flatten(c_run.get("settings") or {}, "rag")
+        for key in sorted(set(before) | set(after)):
+            old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+            if old != new:
+                out.append(f"{key}: {_show(old)} -> {_show(new)}")
+    b_emb, c_emb = b_run.get("embedder"), c_run.get("embedder")
+    if b_emb is not None and b_emb != c_emb:
+        out.append(f"embedder: {_embedder(b_emb)} -> {_embedder(c_emb)}")
+    b_corpus, c_corpus = b_run.get("corpusFingerprint"), c_run.get("corpusFingerprint")
+    if isinstance(b_corpus, dict) and isinstance(c_corpus, dict) and b_corpus != c_corpus:
+        nb, nc = b_corpus.get("chunks", 0), c_corpus.get("chunks", 0)
+        out.append(
+            f"corpus: {nb} -> {nc} chunks ({nc - nb:+d} net; the chunk ids differ, so chunks were added, "
+            f"removed or re-chunked)"
+        )
+    if b_run.get("goldenSetSha256") and b_run.get("goldenSetSha256") != c_run.get("goldenSetSha256"):
+        out.append("golden set: " + _golden_changes(b_cases or {}, c_cases or {}))
+    for key, label in (("k", "K"), ("asOf", "asOf"), ("codeVersion", "code")):
+        if key in b_run and b_run.get(key) != c_run.get(key):
+            out.append(f"{label}: {b_run.get(key)} -> {c_run.get(key)}")
+    return out
+
+
+def _embedder(e: Any) -> str:
+    if not isinstance(e, dict):
+        return str(e)
+    return f"{e.get('name')} (dim {e.get('dimension')}, checksum {e.get('checksum')})"
+
+
+def _golden_changes(b_cases: dict[str, Any], c_cases: dict[str, Any]) -> str:
+    added = sorted(set(c_cases) - set(b_cases))
+    removed = sorted(set(b_cases) - set(c_cases))
+    changed = sorted(
+        i
+        for i in set(b_cases) & set(c_cases)
+        if b_cases[i].get("caseSha256") and b_cases[i].get("caseSha256") != c_cases[i].get("caseSha256")
+    )
+    parts = []
+    for label, ids in (("added", added), ("removed", removed), ("changed", changed)):
+        if ids:
+            shown = ", ".join(ids[:10]) + (f", … ({len(ids) - 10} more)" if len(ids) > 10 else "")
+            parts.append(f"{len(ids)} case(s) {label} ({shown})")
+    return "; ".join(parts) or "the cases' canonical JSON differs"
+
+
+def _stage_deltas(b_stages: list[dict[str, Any]], c_stages: list[dict[str, Any]]) -> list[StageDelta]:
+    b_by = {s["name"]: s for s in b_stages if isinstance(s, dict) and "name" in s}
+    rows = []
+    for s in c_stages:
+        b = b_by.get(s["name"])
+        rows.append(
+            StageDelta(
+                name=s["name"],
+                removed_relevant=BeforeAfter(
+                    b.get("removedRelevant") if b else None, s.get("removedRelevant")
+                ),
+                recall_after=BeforeAfter(
+                    ((b.get("afterStage") or {}).get("recall")) if b else None,
+                    (s.get("afterStage") or {}).get("recall"),
+                ),
+            )
+        )
+    return rows
+
+
+def _f(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def p_text(p: float | None) -> str:
+    """p-values in two significant digits (0.19, 0.0012, 1)."""
+    if p is None:
+        return "n/a"
+    return f"{p:.2g}"
+
+
+def baseline_line(comparison: dict[str, Any], k_label: str) -> str:
+    """The log line after the summary:
+    `vs baseline <evaluatedAt> (45 paired): nDCG@5 0.958 -> 0.967 (+0.009, 95% CI [-0.004, 0.022], p=0.19)
+    fixed=1 broken=0`. p is the per-metric sign-flip p-value (uncorrected; pHolm is in the report)."""
+    when = comparison["baseline"].get("evaluatedAt") or "?"
+    if not comparison["comparable"]:
+        return f"vs baseline {when}: not comparable ({'; '.join(comparison['differences']) or 'K differs'})"
+    row = comparison["metrics"].get("ndcg")
+    cases = comparison["cases"]
+    head = f"vs baseline {when} ({comparison['pairedCases']} paired): "
+    if row is None:
+        return head + "no paired scored cases"
+    ci = row["ci95"] or [None, None]
+    return (
+        head + f"nDCG{k_label} {row['baseline']:.3f} -> {row['current']:.3f} ({row['delta']:+.3f}, "
+        f"95% CI [{_f(ci[0])}, {_f(ci[1])}], p={p_text(row['pValue'])}) "
+        f"fixed={len(cases['fixed'])} broken={len(cases['broken'])}"
+    )

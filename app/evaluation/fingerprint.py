@@ -1,0 +1,97 @@
+"""What exactly was run: the fingerprint every report carries in `run`, so two reports can say in words
+what differs between them (`compare.describe_differences`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from app.evaluation.golden_set import GoldenCase, GoldenSet
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, UTF-8 as is: the same data always gives the same text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def case_sha256(case: GoldenCase) -> str:
+    """SHA-256 of one case in canonical JSON (every field, defaults filled in, JSON names)."""
+    return sha256_text(canonical_json(case.model_dump(mode="json", by_alias=True)))
+
+
+def golden_set_sha256(golden: GoldenSet) -> str:
+    """SHA-256 of the cases in canonical JSON, in file order: reformatting the file, or writing a default
+    value out, does not change it; editing, adding, removing or reordering cases does."""
+    return sha256_text(canonical_json([case.model_dump(mode="json", by_alias=True) for case in golden.cases]))
+
+
+def corpus_fingerprint(chunk_ids: Iterable[str]) -> dict[str, Any]:
+    """{"chunks": n, "sha256": SHA-256 of the sorted chunk ids joined by newlines}. Chunk ids are derived
+    from the chunk's content, so a changed text changes the fingerprint."""
+    ids = sorted(chunk_ids)
+    return {"chunks": len(ids), "sha256": sha256_text("\n".join(ids))}
+
+
+def chain_settings(retrieval: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]:
+    return {"retrieval": retrieval, "chain": chain}
+
+
+def chain_sha256(settings: dict[str, Any]) -> str:
+    """SHA-256 of rag.retrieval + rag.chain in canonical JSON."""
+    return sha256_text(canonical_json(settings))
+
+
+def code_version() -> str:
+    """`git describe --always --dirty` when the code runs from a git checkout, else the package version."""
+    here = Path(__file__).resolve().parent
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=here,
+        )
+        if described.returncode == 0 and described.stdout.strip():
+            return described.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sieve")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def run_fingerprint(
+    golden: GoldenSet,
+    chunk_ids: Iterable[str],
+    embedder: Any,
+    retrieval: dict[str, Any],
+    chain: dict[str, Any],
+    k: int,
+    as_of: date,
+    evaluated_at: str,
+) -> dict[str, Any]:
+    settings = chain_settings(retrieval, chain)
+    return {
+        "goldenSetSha256": golden_set_sha256(golden),
+        "corpusFingerprint": corpus_fingerprint(chunk_ids),
+        "embedder": embedder,
+        "chainSha256": chain_sha256(settings),
+        "settings": settings,
+        "k": k,
+        "codeVersion": code_version(),
+        "evaluatedAt": evaluated_at,
+        "asOf": as_of.isoformat(),
+    }

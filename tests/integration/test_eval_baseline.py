@@ -1,0 +1,205 @@
+"""`sieve eval` against a baseline, `sieve compare`, and the safety gate, in-process on the real e5 model and
+the sample base (each test has its own report folder; the module shares one seeded store)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.evaluation.stats import bootstrap_ci, holm, sign_flip_p_value
+from tests.fixtures.seeded_store import seeded_store
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS_CACHE = REPO / "target" / "models"
+METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
+BASELINE_LINE = re.compile(
+    r"vs baseline (?P<when>\S+) \((?P<paired>\d+) paired\): nDCG@(?:K|\d+) (?P<before>\d\.\d{3}) -> "
+    r"(?P<after>\d\.\d{3}) \((?P<delta>[+-]\d\.\d{3}), 95% CI \[(?P<lo>-?\d\.\d{3}), (?P<hi>-?\d\.\d{3})\], "
+    r"p=(?P<p>[\d.e-]+)\) fixed=(?P<fixed>\d+) broken=(?P<broken>\d+)$"
+)
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return seeded_store(tmp_path_factory.mktemp("eval-baseline") / "store")
+
+
+@pytest.fixture
+def output_dir(tmp_path: Path) -> Path:
+    return tmp_path / "retrieval-eval"
+
+
+@pytest.fixture(autouse=True)
+def cli_env(monkeypatch: pytest.MonkeyPatch, store_path: Path, output_dir: Path, real_embedder) -> None:
+    monkeypatch.chdir(REPO)
+    for name in [n for n in os.environ if n.startswith("RAG__")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("SIEVE_CONFIG", raising=False)
+    monkeypatch.setenv("RAG__STORE__PATH", str(store_path))
+    monkeypatch.setenv("RAG__EVALUATE__OUTPUT_DIR", str(output_dir))
+    monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))
+    monkeypatch.setattr("app.service.load_embedder", lambda settings: real_embedder)
+
+
+def run(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, *argv: str
+) -> tuple[int, str, str]:
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="sieve.evaluation")
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err + "\n".join(r.getMessage() for r in caplog.records)
+
+
+def latest(output_dir: Path) -> dict:
+    return json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+
+
+def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, output_dir: Path) -> None:
+    code, out, _ = run(capsys, caplog, "eval")
+    assert code == 0, out
+    assert "no baseline: no previous report at" in out
+    first = latest(output_dir)
+    assert first["comparison"] is None
+    (output_dir / "first.json").write_text(json.dumps(first), encoding="utf-8")
+
+    monkeypatch.setenv("RAG__CHAIN__BM25__ENABLED", "false")
+    code, out, logs = run(capsys, caplog, "eval", "--baseline", "previous")
+    assert code == 0, out
+    second = latest(output_dir)
+    comp = second["comparison"]
+    assert comp is not None and comp["comparable"]
+    # the previous run named by its own timestamped copy, which stays
+    assert comp["baseline"]["path"] == str(output_dir / first["run"]["reportFile"])
+    assert json.loads(Path(comp["baseline"]["path"]).read_text(encoding="utf-8")) == first
+    assert comp["baseline"]["evaluatedAt"] == first["run"]["evaluatedAt"]
+    assert comp["differences"] == ["rag.chain.bm25.enabled: true -> false"]
+
+    # every figure is the definition applied to the two reports' per-case metrics
+    before = {c["id"]: c["metrics"] for c in first["cases"] if c["metrics"]}
+    after = {c["id"]: c["metrics"] for c in second["cases"] if c["metrics"]}
+    paired = sorted(set(before) & set(after))
+    assert comp["pairedCases"] == len(paired)
+    p_values = []
+    for name in METRICS:
+        diffs = [after[i][name] - before[i][name] for i in paired]
+        row = comp["metrics"][name]
+        assert row["pValue"] == sign_flip_p_value(diffs, seed=42)
+        assert row["ci95"] == list(bootstrap_ci(diffs, seed=42))
+        assert row["delta"] == pytest.approx(sum(diffs) / len(diffs))
+        p_values.append(row["pValue"])
+    assert [comp["metrics"][m]["pHolm"] for m in METRICS] == holm(p_values)
+    assert all(comp["metrics"][m]["significant"] == (comp["metrics"][m]["pHolm"] < 0.05) for m in METRICS)
+    assert comp["cases"]["fixed"] == [
+        i for i in paired if before[i]["hitRate"] == 0 and after[i]["hitRate"] == 1
+    ]
+    assert comp["cases"]["broken"] == [
+        i for i in paired if before[i]["hitRate"] == 1 and after[i]["hitRate"] == 0
+    ]
+    assert {x["id"] for x in comp["cases"]["improved"]} == {
+        i for i in paired if after[i]["ndcg"] > before[i]["ndcg"] + 1e-12
+    }
+
+    # the log line after the summary, the same on stdout
+    (line,) = [x for x in out.splitlines() if x.startswith("vs baseline")]
+    match = BASELINE_LINE.fullmatch(line)
+    assert match, line
+    row = comp["metrics"]["ndcg"]
+    assert match["when"] == first["run"]["evaluatedAt"]
+    assert int(match["paired"]) == len(paired)
+    assert (match["before"], match["after"]) == (f"{row['baseline']:.3f}", f"{row['current']:.3f}")
+    assert (int(match["fixed"]), int(match["broken"])) == (
+        len(comp["cases"]["fixed"]),
+        len(comp["cases"]["broken"]),
+    )
+    assert f"[RetrievalEval] {line}" in logs
+    assert "changed: rag.chain.bm25.enabled: true -> false" in out
+
+    # the Markdown opens with the comparison
+    markdown = (output_dir / "retrieval-eval-latest.md").read_text(encoding="utf-8")
+    assert markdown.split("\n## ")[1].startswith("Compared with baseline")
+    assert "`rag.chain.bm25.enabled: true -> false`" in markdown
+    assert "| nDCG@K |" in markdown
+
+    # sieve compare on the two files gives the same comparison, without running anything
+    code, out, _ = run(
+        capsys,
+        caplog,
+        "compare",
+        str(output_dir / "first.json"),
+        str(output_dir / "retrieval-eval-latest.json"),
+        "--json",
+    )
+    assert code == 0
+    again = json.loads(out)
+    assert again["metrics"] == comp["metrics"] and again["cases"] == comp["cases"]
+    assert again["differences"] == comp["differences"]
+    code, out, _ = run(
+        capsys,
+        caplog,
+        "compare",
+        str(output_dir / "first.json"),
+        str(output_dir / "retrieval-eval-latest.json"),
+    )
+    assert code == 0 and BASELINE_LINE.fullmatch(out.splitlines()[0]) and "## Compared with baseline" in out
+
+
+def test_a_forbidden_document_in_the_top_k_fails_eval_with_exit_1_naming_it(
+    capsys, caplog, tmp_path: Path
+) -> None:
+    code, out, _ = run(capsys, caplog, "query", "工资什么时候发", "--json")
+    assert code == 0
+    second = json.loads(out)["documents"][1]["docId"]  # whatever ranks second is made forbidden
+    golden = tmp_path / "golden.json"
+    golden.write_text(
+        json.dumps(
+            {
+                "cases": [
+                    {
+                        "id": "pay-forbidden",
+                        "query": "工资什么时候发",
+                        "expectedDocIds": ["hr-payroll-zh"],
+                        "forbiddenDocIds": [second],
+                    }
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, caplog, "eval", "--golden-set", str(golden), "--baseline", "none")
+    assert code == 1, out
+    message = (
+        f"max_forbidden_hits: forbidden documents in top K: 1, allowed 0 ({second} in case pay-forbidden)"
+    )
+    assert f"gate failed: {message}" in err
+    report = json.loads(
+        (tmp_path / "retrieval-eval" / "retrieval-eval-latest.json").read_text(encoding="utf-8")
+    )
+    assert report["gate"]["failures"] == [
+        {
+            "check": "max_forbidden_hits",
+            "actual": 1.0,
+            "limit": 0.0,
+            "message": message,
+        }
+    ]
+
+
+def test_a_baseline_file_that_cannot_be_used_is_exit_2_before_anything_runs(
+    capsys, caplog, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope.json"
+    code, out, err = run(capsys, caplog, "eval", "--baseline", str(missing))
+    assert code == 2
+    assert f"{missing}: baseline report not found" in err
+    assert not (tmp_path / "retrieval-eval").exists()
+    code, _, err = run(capsys, caplog, "compare", str(missing), str(missing))
+    assert code == 2 and "baseline report not found" in err

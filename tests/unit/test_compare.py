@@ -1,0 +1,203 @@
+"""Comparing two reports: pairing by id, statistics equal to their definitions, differences in words."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from statistics import fmean
+
+import pytest
+
+from app.evaluation.compare import (
+    BaselineError,
+    baseline_line,
+    compare_reports,
+    describe_differences,
+    load_report,
+)
+from app.evaluation.records import to_json
+from app.evaluation.stats import bootstrap_ci, holm, sign_flip_p_value
+
+
+def metrics(ndcg: float, hit: float = 1.0) -> dict:
+    return {
+        "recall": hit,
+        "hitRate": hit,
+        "mrr": ndcg,
+        "ndcg": ndcg,
+        "precision": hit / 5,
+        "top1Accuracy": hit,
+    }
+
+
+def report(ndcgs: dict, settings: dict | None = None, k: int = 5, hits: dict | None = None, **run) -> dict:
+    hits = hits or {}
+    return {
+        "status": "ok",
+        "run": {
+            "settings": settings
+            or {"retrieval": {"top_k": 5}, "chain": {"bm25": {"enabled": True, "dense_weight": 0.6}}},
+            "k": k,
+            "evaluatedAt": "2026-12-01T00:00:00+00:00",
+            "goldenSetSha256": "g",
+            "asOf": "2026-12-01",
+            **run,
+        },
+        "stages": [{"name": "bm25", "removedRelevant": 0, "afterStage": {"recall": 0.9}}],
+        "cases": [
+            {
+                "id": cid,
+                "query": f"query {cid}",
+                "topK": k,
+                "caseSha256": "same",
+                "metrics": None if v is None else metrics(v, hits.get(cid, 1.0)),
+                "rankedDocuments": [{"docId": f"doc-{cid}"}],
+            }
+            for cid, v in ndcgs.items()
+        ],
+    }
+
+
+def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
+    base = report({"a": 0.5, "b": 1.0, "c": 0.0, "d": 1.0, "gone": 1.0, "na": None}, hits={"c": 0.0})
+    cur = report({"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0, "new": 1.0, "na": None}, hits={"d": 0.0})
+    comp = compare_reports(base, cur, "base.json", seed=42, alpha=0.05)
+    assert comp.comparable and comp.paired_cases == 4  # a, b, c, d (na has no metrics on either side)
+    assert comp.cases.only_in_baseline == ["gone"] and comp.cases.only_in_current == ["new"]
+    assert (comp.cases.fixed, comp.cases.broken) == (["c"], ["d"])
+    diffs = [1.0 - 0.5, 1.0 - 1.0, 1.0 - 0.0, 0.0 - 1.0]  # sorted ids a, b, c, d
+    row = comp.metrics["ndcg"]
+    assert row.baseline == pytest.approx(fmean([0.5, 1.0, 0.0, 1.0]))
+    assert row.delta == pytest.approx(fmean(diffs))
+    # exact sign-flip on d = [0.5, 0, 1, -1]: see test_exact_p_of_the_pairing_example
+    assert row.p_value == sign_flip_p_value(diffs) == 16 / 16
+    assert row.ci95 == bootstrap_ci(diffs, seed=42)
+    p_values = [comp.metrics[m].p_value for m in comp.metrics]
+    assert [comp.metrics[m].p_holm for m in comp.metrics] == holm(p_values)
+    assert [x.id for x in comp.cases.improved] == ["c", "a"] and [x.id for x in comp.cases.worsened] == ["d"]
+    assert comp.case_details["c"] == {"query": "query c", "before": ["doc-c"], "now": ["doc-c"]}
+    out = to_json(comp)
+    assert set(out) == {
+        "baseline",
+        "comparable",
+        "differences",
+        "pairedCases",
+        "metrics",
+        "cases",
+        "stages",
+        "caseDetails",
+    }
+    assert set(out["metrics"]["ndcg"]) == {
+        "baseline",
+        "current",
+        "delta",
+        "ci95",
+        "pValue",
+        "pHolm",
+        "significant",
+    }
+    assert set(out["cases"]) == {"fixed", "broken", "improved", "worsened", "onlyInBaseline", "onlyInCurrent"}
+    assert out["stages"] == [
+        {
+            "name": "bm25",
+            "removedRelevant": {"baseline": 0, "current": 0},
+            "recallAfter": {"baseline": 0.9, "current": 0.9},
+        }
+    ]
+
+
+def test_exact_p_of_the_pairing_example() -> None:
+    # d = [0.5, 0, 1, -1]: T = |0.5| / 4. Over the signs of (0.5, 1, 1) the sums are 2.5, 0.5, 0.5, -1.5 and
+    # their negatives: every |sum| >= 0.5, so all 8 count, doubled by the 0's sign: 16 of 16.
+    assert sign_flip_p_value([0.5, 0.0, 1.0, -1.0]) == 16 / 16
+
+
+def test_different_k_is_not_comparable_and_has_no_statistics() -> None:
+    comp = compare_reports(report({"a": 1.0}), report({"a": 1.0}, k=10), "b.json")
+    assert not comp.comparable and comp.metrics == {}
+    assert "K: 5 -> 10" in comp.differences
+
+
+def test_differences_name_each_changed_setting_with_old_and_new_value() -> None:
+    before = report({})["run"]
+    after = report(
+        {},
+        settings={"retrieval": {"top_k": 5}, "chain": {"bm25": {"enabled": False, "dense_weight": 0.7}}},
+        asOf="2027-01-01",
+        embedder={"name": "other", "dimension": 8, "checksum": "x"},
+        corpusFingerprint={"chunks": 12, "sha256": "b"},
+    )["run"]
+    before = {
+        **before,
+        "embedder": {"name": "e5", "dimension": 384, "checksum": "c"},
+        "corpusFingerprint": {"chunks": 10, "sha256": "a"},
+    }
+    assert describe_differences(before, after) == [
+        "rag.chain.bm25.dense_weight: 0.6 -> 0.7",
+        "rag.chain.bm25.enabled: true -> false",
+        "embedder: e5 (dim 384, checksum c) -> other (dim 8, checksum x)",
+        "corpus: 10 -> 12 chunks (+2 net; the chunk ids differ, so chunks were added, removed or re-chunked)",
+        "asOf: 2026-12-01 -> 2027-01-01",
+    ]
+
+
+def test_golden_set_changes_are_listed() -> None:
+    base = report({"a": 1.0, "b": 1.0})
+    cur = report({"a": 1.0, "c": 1.0}, goldenSetSha256="h")
+    cur["cases"][0]["caseSha256"] = "edited"
+    comp = compare_reports(base, cur, "b.json")
+    assert "golden set: 1 case(s) added (c); 1 case(s) removed (b); 1 case(s) changed (a)" in comp.differences
+
+
+def test_log_line_format() -> None:
+    base = report({"a": 0.5, "b": 1.0})
+    cur = report({"a": 1.0, "b": 1.0})
+    comp = to_json(compare_reports(base, cur, "b.json"))
+    ci = comp["metrics"]["ndcg"]["ci95"]
+    assert baseline_line(comp, "@5") == (
+        f"vs baseline 2026-12-01T00:00:00+00:00 (2 paired): nDCG@5 0.750 -> 1.000 (+0.250, "
+        f"95% CI [{ci[0]:.3f}, {ci[1]:.3f}], p=1) fixed=0 broken=0"
+    )
+
+
+def test_load_report_names_the_file_for_each_problem(tmp_path) -> None:
+    missing = tmp_path / "none.json"
+    with pytest.raises(BaselineError, match="none.json: baseline report not found"):
+        load_report(missing)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{", encoding="utf-8")
+    with pytest.raises(BaselineError, match="bad.json: not a JSON report"):
+        load_report(bad)
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text(json.dumps({"status": "invalid", "run": {}, "cases": []}), encoding="utf-8")
+    with pytest.raises(BaselineError, match="did not evaluate anything"):
+        load_report(invalid)
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]", encoding="utf-8")
+    with pytest.raises(BaselineError, match="not a Sieve evaluation report"):
+        load_report(other)
+    assert os.path.exists(bad)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda r: r["cases"][0]["metrics"].update(ndcg="high"),
+            "case 'a' (cases[0]): metrics.ndcg must be a number",
+        ),
+        (lambda r: r["cases"].append(dict(r["cases"][0])), "case 'a' (cases[1]): duplicate case id"),
+        (lambda r: r["cases"][0].update(metrics=[1]), "'metrics' must be an object or null"),
+        (lambda r: r["cases"][0].update(rankedDocuments="x"), "'rankedDocuments' must be a list of objects"),
+        (lambda r: r.update(stages=[1]), "'stages' must be a list of objects"),
+        (lambda r: r.update(run=[]), "'run' must be an object"),
+    ],
+)
+def test_load_report_rejects_a_hand_edited_report_naming_case_and_field(tmp_path, mutate, message) -> None:
+    data = report({"a": 1.0})
+    mutate(data)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BaselineError, match=re.escape(message)):
+        load_report(path)

@@ -1,0 +1,127 @@
+"""The gate: levels, regressions against the baseline, safety; failures as {check, actual, limit, message}."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.evaluation.gate import check_gate
+from app.settings import EvaluateThresholds
+
+SUMMARY = {
+    "recall": 0.9,
+    "hitRate": 0.95,
+    "mrr": 0.8,
+    "ndcg": 0.85,
+    "duplicateRate": 0.0,
+    "latencyMs": {"p50": 10.0, "p95": 20.0, "max": 30.0},
+    "noAnswer": {"cases": 4, "correctAbstentionRate": 0.25, "falseAnswerRate": 0.75},
+    "forbidden": {"hits": 0, "cases": 0},
+}
+
+
+def comparison(baseline: float, current: float, significant: bool, broken: list[str] | None = None) -> dict:
+    return {
+        "comparable": True,
+        "metrics": {
+            "ndcg": {
+                "baseline": baseline,
+                "current": current,
+                "pHolm": 0.01 if significant else 0.4,
+                "significant": significant,
+            }
+        },
+        "cases": {"broken": broken or []},
+    }
+
+
+def test_defaults_check_only_forbidden_hits_with_zero_tolerance() -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds())
+    assert [c.name for c in result.checks] == ["max_forbidden_hits"]
+    assert result.passed
+
+
+def test_one_forbidden_document_fails_and_names_the_case_and_document() -> None:
+    summary = {**SUMMARY, "forbidden": {"hits": 1, "cases": 1}}
+    cases = [
+        {"id": "zh-travel-001", "forbiddenFound": ["travel-expense-2022"]},
+        {"id": "x", "forbiddenFound": []},
+    ]
+    result = check_gate(summary, EvaluateThresholds(), cases=cases)
+    assert not result.passed
+    (failure,) = result.failures
+    assert (failure.check, failure.actual, failure.limit) == ("max_forbidden_hits", 1.0, 0.0)
+    assert "travel-expense-2022 in case zh-travel-001" in failure.message
+
+
+@pytest.mark.parametrize(
+    ("field", "limit", "passed"),
+    [
+        ("min_correct_abstention", 0.25, True),
+        ("min_correct_abstention", 0.5, False),
+        ("max_false_answer_rate", 0.75, True),
+        ("max_false_answer_rate", 0.5, False),
+        ("min_ndcg", 0.9, False),
+        ("max_p95_ms", 20.0, True),
+    ],
+)
+def test_level_and_no_answer_checks(field, limit, passed) -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds(**{field: limit}))
+    check = next(c for c in result.checks if c.name == field)
+    assert check.passed is passed
+
+
+def test_a_missing_figure_fails_its_check() -> None:
+    summary = {**SUMMARY, "noAnswer": {"cases": 0, "correctAbstentionRate": None, "falseAnswerRate": None}}
+    result = check_gate(summary, EvaluateThresholds(min_correct_abstention=0.5))
+    assert not result.passed
+
+
+@pytest.mark.parametrize(
+    ("baseline", "current", "significant", "requires", "passed"),
+    [
+        (0.90, 0.80, True, True, False),  # drop 0.10 > 0.05 and significant: fails
+        (0.90, 0.80, False, True, True),  # drop beyond the limit but not significant: passes
+        (0.90, 0.80, False, False, False),  # ... unless significance is not required
+        (0.90, 0.87, True, True, True),  # drop 0.03 within 0.05
+        (0.80, 0.90, True, True, True),  # an improvement
+    ],
+)
+def test_regression_gate(baseline, current, significant, requires, passed) -> None:
+    thresholds = EvaluateThresholds(max_drop={"ndcg": 0.05}, regression_requires_significance=requires)
+    result = check_gate(SUMMARY, thresholds, comparison(baseline, current, significant))
+    check = next(c for c in result.checks if c.name == "max_drop.ndcg")
+    assert check.passed is passed
+    assert check.value == pytest.approx(baseline - current)
+    if not passed:
+        assert result.failures[0].check == "max_drop.ndcg"
+        assert result.failures[0].limit == 0.05
+
+
+def test_broken_cases_gate_names_the_cases() -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds(max_broken_cases=0), comparison(0.9, 0.9, False, ["q7"]))
+    (failure,) = result.failures
+    assert (failure.check, failure.actual, failure.limit) == ("max_broken_cases", 1.0, 0.0)
+    assert "q7" in failure.message
+
+
+def test_without_a_baseline_the_regression_gate_passes_and_says_why() -> None:
+    thresholds = EvaluateThresholds(max_drop={"ndcg": 0.01}, max_broken_cases=0)
+    result = check_gate(SUMMARY, thresholds, None, no_baseline_reason="first run")
+    assert result.passed
+    assert result.notes == ["regression gate passed without checking: no baseline (first run)"]
+    not_comparable = check_gate(SUMMARY, thresholds, {"comparable": False, "metrics": {}, "cases": {}})
+    assert not_comparable.passed and "not comparable" in not_comparable.notes[0]
+
+
+def test_gate_json_has_failures_with_check_actual_limit_message() -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds(min_recall=0.95))
+    out = result.to_json()
+    assert out["passed"] is False
+    assert out["failures"] == [
+        {
+            "check": "min_recall",
+            "actual": 0.9,
+            "limit": 0.95,
+            "message": "min_recall: recall=0.9000, needs >= 0.95",
+        }
+    ]

@@ -1,0 +1,86 @@
+"""Segments (tag, knowledge tag, language) and paraphrase groups over case records."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.evaluation.segments import groups, query_language, segments
+
+
+def case(cid, tags=(), tag=None, query="pay day", group=None, ndcg=1.0, hit=1.0, top=None, scored=True):
+    metrics = (
+        {"recall": hit, "hitRate": hit, "mrr": ndcg, "ndcg": ndcg, "precision": hit / 5, "top1Accuracy": hit}
+        if scored
+        else None
+    )
+    docs = [{"docId": top}] if top else []
+    return {
+        "id": cid,
+        "tags": list(tags),
+        "knowledgeTag": tag,
+        "query": query,
+        "group": group,
+        "metrics": metrics,
+        "rankedDocuments": docs,
+    }
+
+
+@pytest.mark.parametrize(
+    ("query", "language"),
+    [
+        ("工资什么时候发", "zh"),
+        ("When is payday?", "en"),
+        ("VPN 怎么连", "en"),
+        ("怎么连VPN网络", "zh"),
+        ("12345", "en"),
+    ],
+)
+def test_query_language_is_zh_when_most_letters_are_cjk(query, language) -> None:
+    # "VPN 怎么连": 3 Latin letters, 3 CJK -> not more than half: en; "怎么连VPN网络": 5 CJK of 8
+    assert query_language(query) == language
+
+
+def test_segment_means_over_scored_cases_and_small_flag() -> None:
+    cases = [
+        case("a", ["x"], "hr", ndcg=1.0),
+        case("b", ["x"], "hr", ndcg=0.5),
+        case("c", ["x", "y"], None, ndcg=0.0, hit=0.0),
+        case("d", ["x"], None, scored=False),  # a no-answer case: counted, not averaged
+    ]
+    segs = {(s.kind, s.name): s for s in segments(cases)}
+    x = segs[("tag", "x")]
+    assert x.cases == 4 and x.small
+    assert x.metrics["ndcg"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+    assert x.metrics["hitRate"] == pytest.approx((1 + 1 + 0) / 3)
+    assert segs[("knowledgeTag", "hr")].metrics["ndcg"] == pytest.approx((1.0 + 0.5) / 2)
+    assert segs[("language", "en")].cases == 4
+    assert segs[("tag", "y")].delta is None
+
+
+def test_segment_delta_against_a_baseline() -> None:
+    base = [case("a", ["x"], ndcg=0.5), case("b", ["x"], ndcg=1.0)]
+    cur = [case("a", ["x"], ndcg=1.0), case("b", ["x"], ndcg=1.0), case("new", ["x"], ndcg=0.0)]
+    (x, *_) = segments(cur, base)
+    assert x.delta is not None and x.delta.paired_cases == 2
+    assert x.delta.metrics["ndcg"]["delta"] == pytest.approx((0.5 + 0.0) / 2)
+    # exact sign-flip on d = [0.5, 0]: every one of the 4 patterns has |mean| >= 0.25: p = 4/4
+    assert x.delta.metrics["ndcg"]["pValue"] == 4 / 4
+    assert x.delta.exploratory
+
+
+def test_groups_spread_hit_rate_and_same_top1() -> None:
+    cases = [
+        case("p1", group="pay", ndcg=1.0, top="hr-payroll"),
+        case("p2", group="pay", ndcg=0.63, top="hr-payroll"),
+        case("p3", group="pay", ndcg=0.0, hit=0.0, top="hr-offboarding"),
+        case("v1", group="vpn", ndcg=1.0, top="it-vpn"),
+        case("v2", group="vpn", ndcg=1.0, top="it-vpn"),
+        case("solo"),
+    ]
+    pay, vpn = groups(cases)
+    assert pay.name == "pay" and pay.cases == ["p1", "p2", "p3"]
+    assert pay.hit_rate == pytest.approx(2 / 3)
+    assert (pay.ndcg_min, pay.ndcg_max) == (0.0, 1.0)
+    assert pay.spread == pytest.approx(1.0 - 0.0)
+    assert not pay.same_top1
+    assert vpn.spread == 0.0 and vpn.same_top1
