@@ -173,3 +173,86 @@ class Group:
     ndcg_max: float | None
     spread: float | None
     same_top1: bool
+
+
+@dataclass(frozen=True)
+class RankedDocument:
+    """One document of a case's final top K (`matched`: the first hit of an expected id)."""
+
+    rank: int
+    doc_id: str
+    chunk_id: str
+    source: str
+    title: str
+    scores: dict[str, float]
+    origin: list[str]
+    matched: bool
+    reason: str  # "relevant (grade 1)", "duplicate of a higher-ranked hit", "FORBIDDEN", "not relevant"
+    snippet: str  # the first SNIPPET_CHARS characters of the chunk's text
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """One golden case as the report shows it: the case, its figures, its ranking and its trace."""
+
+    id: str
+    query: str
+    knowledge_tag: str | None
+    top_k: int
+    note: str | None
+    tags: list[str]
+    group: str | None
+    language: str
+    case_sha256: str
+    match_on: str
+    expected: dict[str, float]
+    forbidden_doc_ids: list[str]
+    expect_no_answer: bool
+    status: str
+    error: str | None
+    metrics: dict[str, float] | None
+    at_k: dict[str, dict[str, float]]
+    expected_count: int
+    hit_count: int | None
+    first_hit_rank: int | None
+    original_count: int | None
+    final_count: int | None
+    abstained: bool | None
+    latency_ms: float | None
+    single_latency_ms: float | None
+    fallback_used: bool | None
+    ranked_documents: list[RankedDocument]
+    filter_stats: list[StageStat]
+    after_stage: dict[str, Any]
+    lost: list[Loss]
+    forbidden_found: list[str]
+    missing_from_index: list[str]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The run's headline figures: macro means over the scored cases (those with relevant documents);
+    no-answer cases, forbidden hits and where expected ids were lost are counted apart."""
+
+    cases: int
+    succeeded: int
+    failed: int
+    scored_cases: int
+    recall: float | None
+    hit_rate: float | None
+    mrr: float | None
+    ndcg: float | None
+    precision: float | None
+    top1_accuracy: float | None
+    duplicate_rate: float | None
+    counts: dict[str, int]  # scoredCases, hits, relevantFound, relevantTotal
+    k_mixed: bool
+    at_k: dict[str, dict[str, float | None]]
+    latency_ms: dict[str, float] | None  # single-query retrieve() over the timed sample
+    latency_sample_cases: int
+    batch_latency_ms: dict[str, float] | None
+    no_answer: dict[str, Any]
+    forbidden: dict[str, int]
+    expected_missing_from_index: int
+    lost_by: dict[str, int]
+    failed_case_ids: list[str]

@@ -24,7 +24,7 @@ from typing import Any
 from app.evaluation import metrics
 from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
 from app.evaluation.fingerprint import case_sha256
-from app.evaluation.records import StageRow, to_json
+from app.evaluation.records import CaseRecord, RankedDocument, StageRow, Summary, to_json
 from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
 from app.evaluation.segments import groups, query_language, segments
 from app.settings import EvaluateSettings
@@ -39,63 +39,77 @@ SNIPPET_CHARS = 200
 
 
 def summarize(evaluation: Evaluation) -> dict[str, Any]:
+    """The report JSON's `summary`: `summary_record` through the one serialiser."""
+    return to_json(summary_record(evaluation))
+
+
+def summary_record(evaluation: Evaluation) -> Summary:
     """Macro averages over the cases with relevant documents; no-answer cases get their own figures."""
     cases = evaluation.cases
     scored = [c for c in cases if c.metrics is not None]
     no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
     batch_latencies = [c.latency_ms for c in cases if c.latency_ms is not None]
     single_latencies = [c.single_latency_ms for c in cases if c.single_latency_ms is not None]
-    summary: dict[str, Any] = {
-        "cases": len(cases),
-        "succeeded": sum(1 for c in cases if c.error is None),
-        "failed": sum(1 for c in cases if c.error is not None),
-        "scoredCases": len(scored),
-    }
-    for name in SUMMARY_METRICS:
-        summary[name] = fmean(c.metrics[name] for c in scored) if scored else None  # type: ignore[index]
-    summary["counts"] = {
-        "scoredCases": len(scored),
-        "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
-        "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
-        "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
-    }
-    summary["kMixed"] = evaluation.k_mixed
-    summary["atK"] = {
-        str(k): {
-            m: (
-                fmean(c.at_k[k][m] for c in scored if k in c.at_k)
-                if any(k in c.at_k for c in scored)
-                else None
-            )
-            for m in AT_K_METRICS
-        }
-        for k in evaluation.k_values
-    }
-    # single-query retrieve() latency over the timed sample; the batched per-case figure apart
-    summary["latencyMs"] = metrics.latency_summary(single_latencies) if single_latencies else None
-    summary["latencySampleCases"] = len(single_latencies)
-    summary["batchLatencyMs"] = metrics.latency_summary(batch_latencies) if batch_latencies else None
-    summary["noAnswer"] = {
-        "cases": len(no_answer),
-        "correctAbstentionRate": fmean(1.0 if c.abstained else 0.0 for c in no_answer) if no_answer else None,
-        "falseAnswerRate": fmean(0.0 if c.abstained else 1.0 for c in no_answer) if no_answer else None,
-    }
-    summary["forbidden"] = {
-        "hits": sum(len(c.forbidden_found) for c in cases),
-        "cases": sum(1 for c in cases if c.forbidden_found),
-    }
-    summary["expectedMissingFromIndex"] = sum(len(c.missing_from_index) for c in cases)
+
+    def mean_of(name: str) -> float | None:
+        return fmean(c.metrics[name] for c in scored) if scored else None  # type: ignore[index]
+
     lost: dict[str, int] = {}
     for c in cases:
         for item in c.lost:
             lost[item.where] = lost.get(item.where, 0) + 1
-    summary["lostBy"] = dict(sorted(lost.items()))
-    summary["failedCaseIds"] = [
-        c.case.id
-        for c in cases
-        if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
-    ]
-    return summary
+    return Summary(
+        cases=len(cases),
+        succeeded=sum(1 for c in cases if c.error is None),
+        failed=sum(1 for c in cases if c.error is not None),
+        scored_cases=len(scored),
+        recall=mean_of("recall"),
+        hit_rate=mean_of("hitRate"),
+        mrr=mean_of("mrr"),
+        ndcg=mean_of("ndcg"),
+        precision=mean_of("precision"),
+        top1_accuracy=mean_of("top1Accuracy"),
+        duplicate_rate=mean_of("duplicateRate"),
+        counts={
+            "scoredCases": len(scored),
+            "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
+            "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
+            "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
+        },
+        k_mixed=evaluation.k_mixed,
+        at_k={
+            str(k): {
+                m: (
+                    fmean(c.at_k[k][m] for c in scored if k in c.at_k)
+                    if any(k in c.at_k for c in scored)
+                    else None
+                )
+                for m in AT_K_METRICS
+            }
+            for k in evaluation.k_values
+        },
+        latency_ms=metrics.latency_summary(single_latencies) if single_latencies else None,
+        latency_sample_cases=len(single_latencies),
+        batch_latency_ms=metrics.latency_summary(batch_latencies) if batch_latencies else None,
+        no_answer={
+            "cases": len(no_answer),
+            "correctAbstentionRate": fmean(1.0 if c.abstained else 0.0 for c in no_answer)
+            if no_answer
+            else None,
+            "falseAnswerRate": fmean(0.0 if c.abstained else 1.0 for c in no_answer) if no_answer else None,
+        },
+        forbidden={
+            "hits": sum(len(c.forbidden_found) for c in cases),
+            "cases": sum(1 for c in cases if c.forbidden_found),
+        },
+        expected_missing_from_index=sum(len(c.missing_from_index) for c in cases),
+        lost_by=dict(sorted(lost.items())),
+        failed_case_ids=[
+            c.case.id
+            for c in cases
+            if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
+        ],
+    )
 
 
 def stage_table(evaluation: Evaluation) -> list[StageRow]:
@@ -157,7 +171,7 @@ def build_report(
             for k, v in c.result.trace.candidate_origins.items():
                 origins[k] = origins.get(k, 0) + v
     started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
-    cases = [_case_json(c) for c in evaluation.cases]
+    cases = [to_json(case_record(c)) for c in evaluation.cases]
     return {
         "schemaVersion": SCHEMA_VERSION,
         "status": "ok",
@@ -202,7 +216,7 @@ def invalid_report(golden_path: str, error: str, run_info: dict[str, Any]) -> di
     }
 
 
-def _case_json(c: CaseResult) -> dict[str, Any]:
+def case_record(c: CaseResult) -> CaseRecord:
     case = c.case
     docs = c.result.documents if c.result else []
     relevant = metrics.relevant_ids(c.relevance)
@@ -220,55 +234,55 @@ def _case_json(c: CaseResult) -> dict[str, Any]:
         else:
             reason = "not relevant"
         ranked.append(
-            {
-                "rank": rank,
-                "docId": d.doc_id,
-                "chunkId": d.chunk_id,
-                "source": d.source,
-                "title": d.title,
-                "scores": {k: round(v, 6) for k, v in d.scores.items()},
-                "origin": sorted(d.origin),
-                "matched": key in relevant and key not in seen,
-                "reason": reason,
-                "snippet": d.text[:SNIPPET_CHARS],
-            }
+            RankedDocument(
+                rank=rank,
+                doc_id=d.doc_id,
+                chunk_id=d.chunk_id,
+                source=d.source,
+                title=d.title,
+                scores={k: round(v, 6) for k, v in d.scores.items()},
+                origin=sorted(d.origin),
+                matched=key in relevant and key not in seen,
+                reason=reason,
+                snippet=d.text[:SNIPPET_CHARS],
+            )
         )
         seen.add(key)
     result = c.result
-    return {
-        "id": case.id,
-        "query": case.query,
-        "knowledgeTag": case.knowledge_tag,
-        "topK": c.k,
-        "note": case.note,
-        "tags": case.tags,
-        "group": case.group,
-        "language": query_language(case.query),
-        "caseSha256": case_sha256(case),
-        "matchOn": c.key,
-        "expected": {k: v for k, v in c.relevance.items()},
-        "forbiddenDocIds": case.forbidden_doc_ids,
-        "expectNoAnswer": case.expect_no_answer,
-        "status": c.status,
-        "error": c.error,
-        "metrics": c.metrics,
-        "atK": {str(k): {m: v[m] for m in AT_K_METRICS} for k, v in c.at_k.items()},
-        "expectedCount": c.counts.get("expectedCount", len(relevant)),
-        "hitCount": c.counts.get("hitCount"),
-        "firstHitRank": c.counts.get("firstHitRank"),
-        "originalCount": result.original_count if result else None,
-        "finalCount": len(result.documents) if result else None,
-        "abstained": c.abstained if case.expect_no_answer else None,
-        "latencyMs": c.latency_ms,
-        "singleLatencyMs": c.single_latency_ms,
-        "fallbackUsed": result.fallback_used if result else None,
-        "rankedDocuments": ranked,
-        "filterStats": to_json(c.stage_stats),
-        "afterStage": c.after_stage,
-        "lost": to_json(c.lost),
-        "forbiddenFound": c.forbidden_found,
-        "missingFromIndex": c.missing_from_index,
-    }
+    return CaseRecord(
+        id=case.id,
+        query=case.query,
+        knowledge_tag=case.knowledge_tag,
+        top_k=c.k,
+        note=case.note,
+        tags=case.tags,
+        group=case.group,
+        language=query_language(case.query),
+        case_sha256=case_sha256(case),
+        match_on=c.key,
+        expected=dict(c.relevance),
+        forbidden_doc_ids=case.forbidden_doc_ids,
+        expect_no_answer=case.expect_no_answer,
+        status=c.status,
+        error=c.error,
+        metrics=c.metrics,
+        at_k={str(k): {m: v[m] for m in AT_K_METRICS} for k, v in c.at_k.items()},
+        expected_count=c.counts.get("expectedCount", len(relevant)),
+        hit_count=c.counts.get("hitCount"),
+        first_hit_rank=c.counts.get("firstHitRank"),
+        original_count=result.original_count if result else None,
+        final_count=len(result.documents) if result else None,
+        abstained=c.abstained if case.expect_no_answer else None,
+        latency_ms=c.latency_ms,
+        single_latency_ms=c.single_latency_ms,
+        fallback_used=result.fallback_used if result else None,
+        ranked_documents=ranked,
+        filter_stats=list(c.stage_stats),
+        after_stage=c.after_stage,
+        lost=list(c.lost),
+        forbidden_found=c.forbidden_found,
+        missing_from_index=c.missing_from_index,
+    )
 
 
 # -- writing -----------------------------------------------------------------------------------------
