@@ -66,6 +66,9 @@ class IngestSettings(_Strict):
     chunk_size: int = Field(600, ge=50, description="characters per chunk, at most")
     chunk_overlap: int = Field(100, ge=0)
     min_chunk_chars: int = Field(1, ge=1)
+    follow_symlinks: bool = Field(
+        False, description="follow symbolic links inside ingested folders (off: each is reported, not read)"
+    )
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

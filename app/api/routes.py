@@ -11,10 +11,15 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import require_sieve, sieve_state
-from app.api.errors import ApiError
+from app.api.errors import ApiError, safe_text
+from app.api.readiness import store_probe
 from app.api.schemas import (
+    READ_ERRORS,
+    REPORT_ERRORS,
+    WRITE_ERRORS,
     DocumentsRequest,
     IngestResponse,
+    ReadyResponse,
     RetrieveRequest,
     RetrieveResponse,
     retrieve_response,
@@ -32,21 +37,34 @@ def health() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/ready", tags=["ops"], responses={503: {"description": "still starting, or startup failed"}})
+@router.get(
+    "/ready",
+    tags=["ops"],
+    response_model=ReadyResponse,
+    response_model_exclude_none=True,
+    responses={
+        503: {"model": ReadyResponse, "description": "starting, startup failed, or the store is down"}
+    },
+)
 def ready(request: Request) -> JSONResponse:
+    """Ready: models loaded, index built, startup evaluation done, and the store answers its heartbeat
+    (checked at most once a second)."""
     state = sieve_state(request)
-    if state.ready:
-        return JSONResponse({"status": "ready"})
+    if state.ready and state.sieve is not None:
+        problem = store_probe(request.app.state).problem(state.sieve.store)  # type: ignore[attr-defined]
+        if problem is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "reason": safe_text(problem)}, status_code=503)
     body: dict[str, Any] = {
         "status": "failed" if state.error else "starting",
-        "reason": state.error or state.phase,
+        "reason": safe_text(state.error or state.phase),
     }
     if state.evaluation_progress:
         body["evaluationProgress"] = state.evaluation_progress
     return JSONResponse(body, status_code=503)
 
 
-@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"])
+@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"], responses=READ_ERRORS)
 def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     sieve = require_sieve(request)
     limit = sieve.settings.rag.retrieval.max_query_chars
@@ -61,7 +79,7 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     return retrieve_response(result, debug=body.debug)
 
 
-@router.post("/api/documents", response_model=IngestResponse, tags=["ingest"])
+@router.post("/api/documents", response_model=IngestResponse, tags=["ingest"], responses=WRITE_ERRORS)
 def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
     """Add or replace documents (JSON objects with `id`, `title`, `text` and any scalar metadata)."""
     state = sieve_state(request)
@@ -93,7 +111,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> IngestResponse:
     )
 
 
-@router.get("/api/evaluations/latest", tags=["evaluation"])
+@router.get("/api/evaluations/latest", tags=["evaluation"], responses=REPORT_ERRORS)
 def latest_evaluation(request: Request) -> JSONResponse:
     from app.evaluation.startup import latest_report_path
 
@@ -108,7 +126,7 @@ def latest_evaluation(request: Request) -> JSONResponse:
     return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
 
 
-@router.post("/api/evaluations", tags=["evaluation"])
+@router.post("/api/evaluations", tags=["evaluation"], responses=WRITE_ERRORS)
 def run_evaluation(
     request: Request,
     authorization: str | None = Header(None),

@@ -10,6 +10,7 @@ with errors keeps whatever it had in the index: a typo never deletes good conten
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ class Ingestor:
 
     def ingest(self, paths: Sequence[str | Path], progress: bool = False) -> IngestReport:
         """Ingest files and directories; removes what disappeared from them (see the module docstring)."""
-        loaded = load_paths(list(paths))
+        loaded = load_paths(list(paths), follow_symlinks=self.settings.follow_symlinks)
         return self.ingest_documents(loaded.documents, loaded.errors, loaded.files, paths, progress)
 
     def ingest_documents(
@@ -152,13 +153,13 @@ def _stale_ids(
                 stale.append(chunk_id)  # an older version of a document we just loaded
         elif origin and _norm(origin) in clean_files:
             stale.append(chunk_id)  # the document was removed from a file that loaded cleanly
-        elif origin and not Path(origin).exists() and _under(Path(origin).resolve(), root_dirs):
+        elif origin and not Path(origin).exists() and _under(Path(_norm(origin)), root_dirs):
             stale.append(chunk_id)  # its file was deleted from an ingested directory
     return stale
 
 
 def _norm(path: str) -> str:
-    return str(Path(path).resolve())
+    return os.path.realpath(path)  # unlike Path.resolve() on 3.11, never raises on a symlink loop
 
 
 def _under(path: Path, roots: list[Path]) -> bool:

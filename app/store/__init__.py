@@ -8,6 +8,8 @@ from app.store.chroma import (
     StoreLockedError,
     StoreUnavailableError,
     drop_collection,
+    metadata_key_problem,
+    unicode_problem,
 )
 
 __all__ = [
@@ -18,4 +20,6 @@ __all__ = [
     "StoreUnavailableError",
     "StoredChunk",
     "drop_collection",
+    "metadata_key_problem",
+    "unicode_problem",
 ]
