@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from app.api.errors import safe_text
 from app.retrieval.types import Candidate, RetrievalResult
 from app.store import metadata_key_problem, unicode_problem
 
@@ -111,6 +112,21 @@ class DocumentIn(BaseModel):
     id: Text = Field(..., min_length=1)
     title: Text = ""
     text: Text = Field(..., min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode_keys_and_values(cls, data: Any) -> Any:
+        # before pydantic reads them: it turns a key it cannot decode into an error for the whole document
+        if isinstance(data, dict):
+            problems = []
+            for key, value in data.items():
+                if isinstance(key, str) and (problem := unicode_problem(key)):
+                    problems.append(_problem(f"field name {problem}", (safe_text(key),), safe_text(key)))
+                elif isinstance(value, str) and (problem := unicode_problem(value)):
+                    problems.append(_problem(problem, (key,), value))
+            if problems:
+                raise ValidationError.from_exception_data("DocumentIn", problems)
+        return data
 
     @model_validator(mode="after")
     def _valid_metadata(self) -> DocumentIn:
