@@ -317,7 +317,8 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
 
 
 def _key_line(lines: list[str], close: int, key: object) -> int:
-    pattern = re.compile(rf"^{re.escape(str(key))}\s*:")
+    name = re.escape(str(key))
+    pattern = re.compile(rf"""^(?:{name}|"{name}"|'{name}')\s*:""")
     return next((i + 1 for i in range(1, close) if pattern.match(lines[i])), 2)
 
 
