@@ -153,8 +153,10 @@ def _stale_ids(
                 stale.append(chunk_id)  # an older version of a document we just loaded
         elif origin and _norm(origin) in clean_files:
             stale.append(chunk_id)  # the document was removed from a file that loaded cleanly
-        elif origin and not Path(origin).exists() and _under(Path(_norm(origin)), root_dirs):
-            stale.append(chunk_id)  # its file was deleted from an ingested directory
+        elif origin and not os.path.lexists(origin) and _under(Path(_norm(origin)), root_dirs):
+            # its file was deleted from an ingested directory (a file turned into a bad link is reported
+            # as an error instead, and keeps its chunks)
+            stale.append(chunk_id)
     return stale
 
 
