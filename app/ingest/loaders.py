@@ -92,7 +92,7 @@ def load_paths(paths: list[str | Path], follow_symlinks: bool = False) -> LoadRe
             result.errors.append(LoadError(str(root), None, _stat_problem(root, exc)))
             continue
         if stat.S_ISDIR(info.st_mode):
-            targets = [(file, file.relative_to(root)) for file in _walk(root, follow_symlinks, result.errors)]
+            targets = _walk(root, follow_symlinks)
         elif not stat.S_ISREG(info.st_mode):
             result.errors.append(LoadError(str(root), None, "not a regular file or a directory"))
             continue
@@ -108,8 +108,11 @@ def load_paths(paths: list[str | Path], follow_symlinks: bool = False) -> LoadRe
             continue
         else:
             targets = [(root, Path(root.name))]
-        for file, relative in targets:
-            _load_file(file, relative, result, seen)
+        for target in targets:
+            if isinstance(target, LoadError):
+                result.errors.append(target)
+            else:
+                _load_file(*target, result, seen)
     return result
 
 
@@ -130,11 +133,12 @@ def _link_target(path: Path) -> str:
         return "?"
 
 
-def _walk(root: Path, follow_symlinks: bool, errors: list[LoadError]) -> list[Path]:
-    """Supported, non-hidden regular files under `root`, sorted by their relative path (so "a/z" before "b").
-
-    Problems (links not followed, loops, unreadable directories, special files) are appended to `errors`."""
+def _walk(root: Path, follow_symlinks: bool) -> list[tuple[Path, Path] | LoadError]:
+    """(file, path relative to `root`) for the supported, non-hidden regular files under `root`, and a
+    LoadError for each entry that cannot be read (links not followed, loops, unreadable directories, special
+    files), all in the order of their relative paths (so "a/z" before "b")."""
     found: list[Path] = []
+    errors: list[LoadError] = []
     walked: set[tuple[int, int]] = set()  # (device, inode) of every directory walked: a cycle stops here
 
     def visit(directory: Path) -> None:
@@ -188,7 +192,12 @@ def _walk(root: Path, follow_symlinks: bool, errors: list[LoadError]) -> list[Pa
                     errors.append(LoadError(str(path), None, "not a regular file (a FIFO, socket or device)"))
 
     visit(root)
-    return sorted(found, key=lambda file: file.relative_to(root).as_posix())
+    entries: list[tuple[Path, Path] | LoadError] = [(file, file.relative_to(root)) for file in found]
+    entries += errors
+    return sorted(
+        entries,
+        key=lambda e: (Path(e.path).relative_to(root) if isinstance(e, LoadError) else e[1]).as_posix(),
+    )
 
 
 def _load_file(file: Path, relative: Path, result: LoadResult, seen: dict[str, str]) -> None:
