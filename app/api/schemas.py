@@ -20,7 +20,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app.api.errors import safe_text
 from app.retrieval.types import Candidate, RetrievalResult
-from app.store import metadata_key_problem, unicode_problem
+from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
 
 def _valid_unicode(value: str) -> str:
@@ -132,9 +132,7 @@ class DocumentIn(BaseModel):
     def _valid_metadata(self) -> DocumentIn:
         problems = []
         for key, value in (self.model_extra or {}).items():
-            problem = metadata_key_problem(key)
-            if problem is None and isinstance(value, str):
-                problem = unicode_problem(value)
+            problem = metadata_key_problem(key) or metadata_value_problem(value)
             if problem:
                 problems.append(_problem(problem, (key,), value))
         if problems:

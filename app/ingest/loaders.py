@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from app.ingest.types import Document, LoadError
-from app.store import metadata_key_problem, unicode_problem
+from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 TEXT_SUFFIXES = frozenset({".txt"})
@@ -293,6 +293,8 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
     block = "".join(lines[1:close])
     try:
         raw = yaml.safe_load(block)
+    except RecursionError:
+        raise _Invalid("front matter is not valid YAML: nested too deeply to read", 2) from None
     except yaml.YAMLError as exc:
         # +1 for 1-based lines, +1 for the opening '---'
         problem_mark = getattr(exc, "problem_mark", None)
@@ -314,7 +316,7 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
             if problem:
                 raise _Invalid(problem)
             scalar = _pop_id({"id": value}, "id") if key == "id" else _metadata_value(value)
-            if isinstance(scalar, str) and (problem := unicode_problem(scalar)):
+            if problem := metadata_value_problem(scalar):
                 raise _Invalid(problem)
         except _Invalid as exc:
             raise _Invalid(
@@ -405,7 +407,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
             if problem:
                 raise _Invalid(problem)
             scalar = _metadata_value(value)
-            if isinstance(scalar, str) and (problem := unicode_problem(scalar)):
+            if problem := metadata_value_problem(scalar):
                 raise _Invalid(problem)
         except _Invalid as exc:
             raise _Invalid(f"field {name!r}: {exc.message}", number) from None

@@ -9,6 +9,7 @@ from app.store.chroma import (
     StoreUnavailableError,
     drop_collection,
     metadata_key_problem,
+    metadata_value_problem,
     unicode_problem,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "StoredChunk",
     "drop_collection",
     "metadata_key_problem",
+    "metadata_value_problem",
     "unicode_problem",
 ]

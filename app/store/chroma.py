@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,16 @@ def metadata_key_problem(key: str) -> str | None:
         reserved = ", ".join(repr(p) for p in RESERVED_KEY_PREFIXES)
         return f"metadata key {key!r} is reserved by the store (keys may not start with {reserved})"
     return unicode_problem(key)
+
+
+def metadata_value_problem(value: Any) -> str | None:
+    """Why scalar `value` cannot be a metadata value in the store, or None when it can. (Measured on Chroma
+    1.5: a NaN or infinite number is accepted and the chunk's whole metadata is silently stored as None.)"""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number (the store cannot keep NaN or infinite values)"
+    if isinstance(value, str):
+        return unicode_problem(value)
+    return None
 
 
 def unicode_problem(text: str) -> str | None:

@@ -187,6 +187,16 @@ def test_reserved_or_empty_metadata_keys_are_422_naming_the_key(
     assert fake.ingested == []  # nothing of the request was written, not even the good document
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+def test_a_metadata_number_the_store_cannot_keep_is_422(
+    client: TestClient, fake: FakeSieve, number: str
+) -> None:
+    # Chroma would accept it and silently store the chunk's whole metadata (doc_id included) as None
+    raw = '{"documents": [{"id": "a", "text": "t", "weight": ' + number + "}]}"
+    assert_422(post_json(client, "/api/documents", raw), "documents.0.weight", "is not a finite number")
+    assert fake.ingested == []
+
+
 def test_ordinary_metadata_keys_are_accepted(client: TestClient, fake: FakeSieve) -> None:
     document = {"id": "a", "text": "t", "knowledge": "hr", "x#": 1, "a.b": True, "chroma": "ok"}
     assert client.post("/api/documents", json={"documents": [document]}).status_code == 200

@@ -70,6 +70,8 @@ def test_an_unreadable_jsonl_line_is_a_load_error_naming_file_and_line(
         ),
         ('{"id": "x", "text": "t", "chroma:document": "v"}', "field 'chroma:document': metadata key"),
         ('{"id": "x", "text": "t", "$contains": "v"}', "is reserved by the store"),
+        ('{"id": "x", "text": "t", "w": NaN}', "field 'w': nan is not a finite number"),
+        ('{"id": "x", "text": "t", "w": -Infinity}', "field 'w': -inf is not a finite number"),
     ],
 )
 def test_bad_strings_and_metadata_keys_in_jsonl_name_file_line_and_field(
@@ -105,6 +107,13 @@ def test_a_surrogate_pair_in_jsonl_is_an_ordinary_character(tmp_path: Path) -> N
         ("title: T\nchroma:document: v\n", 3, "front matter key 'chroma:document'"),
         ('owner: "\\ud800"\n', 2, "front matter key 'owner': not valid Unicode"),
         ('title: "\\udc00"\n', 2, "front matter key 'title': not valid Unicode"),
+        ("title: T\nweight: .nan\n", 3, "front matter key 'weight': nan is not a finite number"),
+        ("title: T\nweight: -.inf\n", 3, "front matter key 'weight': -inf is not a finite number"),
+        (
+            "a: " + "[" * DEEP + "]" * DEEP + "\n",
+            2,
+            "front matter is not valid YAML: nested too deeply to read",
+        ),
     ],
 )
 def test_bad_front_matter_keys_and_values_name_file_and_line(
