@@ -7,9 +7,9 @@ problem is in the request), declared in the OpenAPI document by `app.api.schemas
 - `ApiError`: the status the route chose;
 - any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
 - the vector store unreachable: 503;
-- anything unexpected: 500 `{"error": "internal error", "requestId": "..."}`, the traceback logged under that
-  id. That last one is an ASGI middleware rather than an exception handler: Starlette's handler for
-  `Exception` re-raises after answering, and uvicorn then closes the keep-alive connection.
+- anything unexpected, raised anywhere (route, dependency, middleware): 500 `{"error": "internal error",
+  "requestId": "..."}`, the traceback logged under that id, and the keep-alive connection kept open (see
+  `KeepConnectionOpen`).
 
 Messages never carry a lone surrogate (a `\\ud800` escape in a JSON string decodes to one and cannot be
 encoded as UTF-8): they are written with `\\ud800`-style escapes instead.
@@ -119,14 +119,51 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("store unavailable: %s", exc)
         return JSONResponse({"error": safe_text(f"vector store unavailable: {exc}")}, status_code=503)
 
-    app.add_middleware(LastResortMiddleware)
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's ServerErrorMiddleware calls this for anything no other handler took, wherever it was
+        # raised (a route, a dependency, any middleware), answers with it, then re-raises the exception
+        return internal_error_response(request.scope, exc)
+
+    keep_connection_open(app)
 
 
-class LastResortMiddleware:
-    """Any exception no handler took becomes a JSON 500 with a request id; the traceback is logged under that
-    id. The exception is not re-raised, so the server keeps the connection open. (If the response had
-    already started there is nothing valid left to send: then it is re-raised and the server closes the
-    connection, as it must.)"""
+def internal_error_response(scope: Scope, exc: BaseException) -> JSONResponse:
+    """The JSON 500 for an unexpected exception; its traceback is logged under the request id it carries."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error(
+        "internal error requestId=%s on %s %s",
+        request_id,
+        scope.get("method", "?"),
+        safe_text(str(scope.get("path", "?"))),
+        exc_info=exc,
+    )
+    return JSONResponse(
+        {"error": INTERNAL_ERROR, "requestId": request_id},
+        status_code=500,
+        headers={REQUEST_ID_HEADER: request_id},
+    )
+
+
+def keep_connection_open(app: FastAPI) -> None:
+    """Wrap the app's whole middleware stack in `KeepConnectionOpen` (outside Starlette's
+    ServerErrorMiddleware, so it holds whatever middleware is added later)."""
+    build = app.build_middleware_stack
+
+    def build_wrapped() -> ASGIApp:
+        return KeepConnectionOpen(build())
+
+    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]
+
+
+class KeepConnectionOpen:
+    """Stops an exception that was already answered from reaching the server.
+
+    Starlette's ServerErrorMiddleware re-raises after sending the 500; uvicorn then logs "Exception in ASGI
+    application" and closes the keep-alive connection, so the client's next request on it fails. Here an
+    exception after a complete response is dropped (the handler logged it with its request id); one before
+    any response gets the JSON 500; one in the middle of a response is re-raised, since the server must then
+    close the connection."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -135,30 +172,21 @@ class LastResortMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        started = finished = False
 
         async def tracking_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, finished
             if message["type"] == "http.response.start":
                 started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            request_id = uuid.uuid4().hex[:16]
-            log.error(
-                "internal error requestId=%s on %s %s",
-                request_id,
-                scope.get("method", "?"),
-                safe_text(str(scope.get("path", "?"))),
-                exc_info=exc,
-            )
+            if finished:
+                return
             if started:
                 raise
-            response = JSONResponse(
-                {"error": INTERNAL_ERROR, "requestId": request_id},
-                status_code=500,
-                headers={REQUEST_ID_HEADER: request_id},
-            )
-            await response(scope, receive, send)
+            await internal_error_response(scope, exc)(scope, receive, send)

@@ -76,7 +76,18 @@ def installs(sieve: Any) -> Callable[[AppState], None]:
 def uvicorn_server(app: FastAPI) -> Iterator[tuple[str, int]]:
     """The app served by a real uvicorn on a free port, in a thread; stopped on exit."""
     port = find_free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            lifespan="on",
+            # restarting chroma can leave the connection idle for seconds; what is under test is that
+            # answers never close it, not uvicorn's idle timeout (5 s by default)
+            timeout_keep_alive=120,
+        )
+    )
     thread = threading.Thread(target=server.run, name="uvicorn-under-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -99,13 +110,21 @@ class OneConnection:
         self.conn.connect()
         self.sock = self.conn.sock
         self.requests = 0
+        self.last_answer = time.monotonic()
 
     def send(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, str], Any]:
         assert self.conn.sock is self.sock, "the connection was replaced"
         headers = {"Content-Type": "application/json"} if body is not None else {}
         self.conn.request(method, path, body=body, headers=headers)
-        response = self.conn.getresponse()
+        try:
+            response = self.conn.getresponse()
+        except http.client.RemoteDisconnected as exc:
+            idle = time.monotonic() - self.last_answer
+            raise AssertionError(
+                f"{method} {path}: connection closed, {idle:.1f}s after the last answer"
+            ) from exc
         raw = response.read()
+        self.last_answer = time.monotonic()
         self.requests += 1
         assert response.getheader("connection", "").lower() != "close", (method, path, raw[:200])
         assert self.conn.sock is self.sock, f"the server closed the connection after {method} {path}"
@@ -256,6 +275,32 @@ def test_an_unexpected_exception_is_a_json_500_with_a_request_id_and_the_connect
     assert record.exc_info is not None
     assert str(record.exc_info[1]) == "chain exploded on 'boom'"
     assert "Exception in ASGI application" not in caplog.text  # nothing escaped to uvicorn
+
+
+class FailingMiddleware:
+    """Middleware added after the error handlers, as a later feature (auth, a body limit) would be."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            raise ValueError("middleware bug")
+        await self.app(scope, receive, send)
+
+
+def test_an_exception_in_a_later_middleware_is_the_same_json_500_on_the_same_connection(
+    sieve: Sieve, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(
+        make_settings(Path(sieve.settings.rag.store.path), tmp_path / "eval"), start=installs(sieve)
+    )
+    app.add_middleware(FailingMiddleware)
+    with caplog.at_level(logging.ERROR), one_connection(app) as conn:
+        status, headers, body = conn.send("GET", "/health")
+        assert status == 500 and body == {"error": "internal error", "requestId": headers["x-request-id"]}
+        assert conn.post("/api/retrieve", {"query": "工资什么时候发"})[0] == 200
+    assert "Exception in ASGI application" not in caplog.text
 
 
 # -- readiness follows a real Chroma server ------------------------------------------------------------------

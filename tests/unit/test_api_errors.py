@@ -298,6 +298,32 @@ def test_an_unexpected_exception_is_a_json_500_with_a_request_id_logged_with_the
         assert second.status_code == 500 and second.json()["requestId"] != body["requestId"]
 
 
+class RaisingMiddleware:
+    """A middleware added after the error handlers (as a later feature would add one) that fails."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/health":
+            raise KeyError("middleware bug")
+        await self.app(scope, receive, send)
+
+
+def test_an_exception_in_a_middleware_added_later_is_the_same_json_500(
+    fake: FakeSieve, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = serve_fake(fake)
+    client.app.add_middleware(RaisingMiddleware)  # type: ignore[attr-defined]
+    with client, caplog.at_level(logging.ERROR):
+        response = client.get("/health")
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error", "requestId": response.headers["X-Request-Id"]}
+        assert client.post("/api/retrieve", json={"query": "pay"}).status_code == 200
+    [record] = [r for r in caplog.records if response.headers["X-Request-Id"] in r.getMessage()]
+    assert record.getMessage().endswith("on GET /health")
+
+
 def test_a_recursion_error_anywhere_is_the_same_json_500(settings: Settings) -> None:
     fake = FakeSieve(settings, fail_with=RecursionError("maximum recursion depth exceeded"))
     with serve_fake(fake) as client:
