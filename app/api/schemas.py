@@ -26,7 +26,7 @@ from app.store import metadata_key_problem, metadata_value_problem, unicode_prob
 def _valid_unicode(value: str) -> str:
     problem = unicode_problem(value)
     if problem:
-        raise PydanticCustomError("invalid_unicode", problem)
+        raise PydanticCustomError("invalid_unicode", "{problem}", {"problem": problem})
     return value
 
 
