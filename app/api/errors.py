@@ -39,12 +39,14 @@ class ApiError(Exception):
     """An answer a route chooses: `ApiError(422, "query: too long", field="query")`.
 
     `field=` names the request field at fault; the body then also lists it under `fields` (the shape every
-    422 has). Other keyword arguments are added to the body as they are."""
+    422 has). `headers` go on the response (`WWW-Authenticate`, ...). Other keyword arguments are added to
+    the body as they are."""
 
-    def __init__(self, status: int, message: str, **extra: Any):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
         self.extra = extra
 
     def body(self) -> dict[str, Any]:
@@ -92,7 +94,7 @@ def _body_problem(exc: BaseException | None) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -383,3 +383,16 @@ def test_openapi_declares_the_error_answers(client: TestClient) -> None:
     assert ready["503"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ReadyResponse"
     }
+
+
+def test_an_api_error_carries_its_headers_and_lists_its_field() -> None:
+    from app.api.errors import ApiError
+
+    error = ApiError(401, "missing token", headers={"WWW-Authenticate": "Bearer"}, field="authorization")
+    assert error.headers == {"WWW-Authenticate": "Bearer"}
+    assert error.body() == {
+        "error": "missing token",
+        "field": "authorization",
+        "fields": [{"field": "authorization", "message": "missing token"}],
+    }
+    assert ApiError(404, "no job '\ud800'").body() == {"error": "no job '\\ud800'"}
