@@ -221,10 +221,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
-# what a route can answer besides success, by kind of route
+# what a route can answer besides success, by kind of route: queries; writes; reads of admin resources
+# (reports, jobs), which need the admin token too
 READ_ERRORS = error_responses(401, 413, 422, 500, 503)
 WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503)
-REPORT_ERRORS = error_responses(401, 404, 500)
+REPORT_ERRORS = error_responses(401, 403, 404, 500)
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:

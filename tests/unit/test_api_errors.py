@@ -370,7 +370,7 @@ def test_openapi_declares_the_error_answers(client: TestClient) -> None:
         ("/api/retrieve", "post"): {"401", "413", "422", "500", "503"},
         ("/api/documents", "post"): {"401", "403", "409", "413", "422", "500", "503"},
         ("/api/evaluations", "post"): {"401", "403", "409", "413", "422", "500", "503"},
-        ("/api/evaluations/latest", "get"): {"401", "404", "500"},
+        ("/api/evaluations/latest", "get"): {"401", "403", "404", "500"},
     }
     for (path, method), statuses in expected.items():
         responses = spec["paths"][path][method]["responses"]
