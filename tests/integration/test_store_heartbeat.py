@@ -40,3 +40,20 @@ def test_a_chroma_server_heartbeat_fails_fast_once_the_server_is_gone(tmp_path: 
     assert str(info.value).startswith(
         f"Chroma server at http://127.0.0.1:{port} is unreachable: ConnectError"
     )
+
+
+def test_a_server_that_never_answers_fails_the_heartbeat_after_the_timeout() -> None:
+    import socket
+
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        store = ChromaStore(
+            None, None, "silent server", heartbeat_url=f"http://127.0.0.1:{port}/api/v2/heartbeat"
+        )
+        start = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match="^silent server is unreachable: ReadTimeout"):
+            store.heartbeat()
+        took = time.monotonic() - start
+    assert HEARTBEAT_TIMEOUT_S - 0.1 <= took < HEARTBEAT_TIMEOUT_S + 1.0
