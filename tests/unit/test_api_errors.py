@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from app.settings import Settings, load_settings, merge, nested
 from app.store import StoreUnavailableError
 
 DEEP = 100_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeStore:
@@ -69,7 +71,12 @@ class FakeSieve:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    # the repo's configuration whatever an earlier test left in the environment
+    # (`sieve --config` sets SIEVE_CONFIG for the process)
+    monkeypatch.setenv("SIEVE_CONFIG", str(REPO / "config" / "application.yml"))
+    for name in [n for n in os.environ if n.startswith("RAG__")]:
+        monkeypatch.delenv(name)
     return load_settings(
         merge(
             nested("rag.store.path", str(tmp_path / "store")),
