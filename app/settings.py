@@ -75,6 +75,9 @@ class IngestSettings(_Strict):
     min_chunk_chars: int = Field(1, ge=1)
     # A longer document is refused (422 over HTTP, a load error naming the file from disk).
     max_document_chars: int = Field(500_000, ge=1)
+    follow_symlinks: bool = Field(
+        False, description="follow symbolic links inside ingested folders (off: each is reported, not read)"
+    )
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

@@ -1,48 +1,194 @@
-"""API errors: `ApiError` for answers the routes choose, and the handlers that turn every error into JSON."""
+"""API errors: `ApiError` for answers the routes choose, and the handlers that turn every error into JSON.
+
+Every error body has the same shape, `{"error": "...", "fields": [{"field", "message"}]}` (`fields` when the
+problem is in the request), declared in the OpenAPI document by `app.api.schemas.ErrorResponse`:
+
+- request validation (pydantic), malformed JSON, a body that is not UTF-8 or is nested too deeply: 422;
+- `ApiError`: the status the route chose;
+- any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
+- the vector store unreachable: 503;
+- anything unexpected, raised anywhere (route, dependency, middleware): 500 `{"error": "internal error",
+  "requestId": "..."}`, the traceback logged under that id, and the keep-alive connection kept open (see
+  `KeepConnectionOpen`).
+
+Messages never carry a lone surrogate (a `\\ud800` escape in a JSON string decodes to one and cannot be
+encoded as UTF-8): they are written with `\\ud800`-style escapes instead.
+"""
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.store import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
+INTERNAL_ERROR = "internal error"
+REQUEST_ID_HEADER = "X-Request-Id"
+
 
 class ApiError(Exception):
-    """An answer a route chose: `{"error": message, **extra}` with `status` (and `headers`)."""
+    """An answer a route chooses: `ApiError(422, "query: too long", field="query")`.
+
+    `field=` names the request field at fault; the body then also lists it under `fields` (the shape every
+    422 has). `headers` go on the response (`WWW-Authenticate`, ...). Other keyword arguments are added to
+    the body as they are."""
 
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
         self.extra = extra
 
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": safe_text(self.message), **self.extra}
+        field = self.extra.get("field")
+        if isinstance(field, str):
+            body["field"] = safe_text(field)
+            body.setdefault("fields", [{"field": body["field"], "message": body["error"]}])
+        return body
+
+
+def safe_text(text: str) -> str:
+    """`text` with every lone surrogate written as a `\\udXXX` escape, so that it encodes as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def field_problem(field: str, message: str) -> dict[str, str]:
+    return {"field": safe_text(field), "message": safe_text(message)}
+
+
+def validation_response(problems: list[dict[str, str]]) -> JSONResponse:
+    """The 422 every invalid request gets: a one-line summary and the problems field by field."""
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+    return JSONResponse({"error": summary, "fields": problems}, status_code=422)
+
+
+def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _body_problem(exc: BaseException | None) -> str:
+    """Why FastAPI could not parse a JSON body (it answers 400 and keeps the reason as the cause)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not valid UTF-8: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+    if isinstance(exc, RecursionError):
+        return "malformed JSON: nested too deeply"
+    if isinstance(exc, ValueError) and str(exc):
+        return f"malformed JSON: {exc}"
+    return "malformed JSON: the body cannot be parsed"
+
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse({"error": exc.message, **exc.extra}, status_code=exc.status, headers=exc.headers)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = []
         for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-            field = ".".join(loc) or "body"
+            field = _field_name(err.get("loc", ()))
             msg = err.get("msg", "invalid")
             if err.get("type") == "json_invalid":
                 field, msg = "body", f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
-            problems.append({"field": field, "message": msg})
-        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-        return JSONResponse({"error": summary, "fields": problems}, status_code=422)
+            problems.append(field_problem(field, msg))
+        return validation_response(problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's answer for a JSON body json.loads could not take (not UTF-8, too deep, a number
+            # too long): it is a malformed body like any other, so the same 422 as malformed JSON
+            return validation_response([field_problem("body", _body_problem(exc.__cause__))])
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return JSONResponse({"error": safe_text(detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(StoreUnavailableError)
     async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
         log.error("store unavailable: %s", exc)
-        return JSONResponse({"error": f"vector store unavailable: {exc}"}, status_code=503)
+        return JSONResponse({"error": safe_text(f"vector store unavailable: {exc}")}, status_code=503)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's ServerErrorMiddleware calls this for anything no other handler took, wherever it was
+        # raised (a route, a dependency, any middleware), answers with it, then re-raises the exception
+        return internal_error_response(request.scope, exc)
+
+    keep_connection_open(app)
+
+
+def internal_error_response(scope: Scope, exc: BaseException) -> JSONResponse:
+    """The JSON 500 for an unexpected exception; its traceback is logged under the request id it carries."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error(
+        "internal error requestId=%s on %s %s",
+        request_id,
+        scope.get("method", "?"),
+        safe_text(str(scope.get("path", "?"))),
+        exc_info=exc,
+    )
+    return JSONResponse(
+        {"error": INTERNAL_ERROR, "requestId": request_id},
+        status_code=500,
+        headers={REQUEST_ID_HEADER: request_id},
+    )
+
+
+def keep_connection_open(app: FastAPI) -> None:
+    """Wrap the app's whole middleware stack in `KeepConnectionOpen` (outside Starlette's
+    ServerErrorMiddleware, so it holds whatever middleware is added later)."""
+    build = app.build_middleware_stack
+
+    def build_wrapped() -> ASGIApp:
+        return KeepConnectionOpen(build())
+
+    app.build_middleware_stack = build_wrapped  # type: ignore[method-assign]
+
+
+class KeepConnectionOpen:
+    """Stops an exception that was already answered from reaching the server.
+
+    Starlette's ServerErrorMiddleware re-raises after sending the 500; uvicorn then logs "Exception in ASGI
+    application" and closes the keep-alive connection, so the client's next request on it fails. Here an
+    exception after a complete response is dropped (the handler logged it with its request id); one before
+    any response gets the JSON 500; one in the middle of a response is re-raised, since the server must then
+    close the connection."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = finished = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started, finished
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finished = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if finished:
+                return
+            if started:
+                raise
+            await internal_error_response(scope, exc)(scope, receive, send)

@@ -12,12 +12,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import require_admin, require_reader, require_sieve, sieve_state
-from app.api.errors import ApiError
+from app.api.errors import ApiError, safe_text
 from app.api.jobs import Job, JobInterrupted
+from app.api.readiness import store_probe
 from app.api.schemas import (
+    JOB_ERRORS,
+    READ_ERRORS,
+    REPORT_ERRORS,
+    WRITE_ERRORS,
     DocumentsRequest,
     IngestResponse,
     JobAccepted,
+    ReadyResponse,
     RetrieveRequest,
     RetrieveResponse,
     retrieve_response,
@@ -39,21 +45,40 @@ def health() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/ready", tags=["ops"], responses={503: {"description": "still starting, or startup failed"}})
+@router.get(
+    "/ready",
+    tags=["ops"],
+    response_model=ReadyResponse,
+    response_model_exclude_none=True,
+    responses={
+        503: {"model": ReadyResponse, "description": "starting, startup failed, or the store is down"}
+    },
+)
 def ready(request: Request) -> JSONResponse:
+    """Ready: models loaded, index built, startup evaluation done, and the store answers its heartbeat
+    (checked at most once a second)."""
     state = sieve_state(request)
-    if state.ready:
-        return JSONResponse({"status": "ready"})
+    if state.ready and state.sieve is not None:
+        problem = store_probe(request.app.state).problem(state.sieve.store)  # type: ignore[attr-defined]
+        if problem is None:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "reason": safe_text(problem)}, status_code=503)
     body: dict[str, Any] = {
         "status": "failed" if state.error else "starting",
-        "reason": state.error or state.phase,
+        "reason": safe_text(state.error or state.phase),
     }
     if state.evaluation_progress:
         body["evaluationProgress"] = state.evaluation_progress
     return JSONResponse(body, status_code=503)
 
 
-@router.post("/api/retrieve", response_model=RetrieveResponse, tags=["retrieval"], dependencies=reader)
+@router.post(
+    "/api/retrieve",
+    response_model=RetrieveResponse,
+    tags=["retrieval"],
+    dependencies=reader,
+    responses=READ_ERRORS,
+)
 def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     sieve = require_sieve(request)
     limit = sieve.settings.rag.retrieval.max_query_chars
@@ -73,7 +98,10 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     response_model=IngestResponse,
     tags=["ingest"],
     dependencies=admin,
-    responses={202: {"model": JobAccepted, "description": "a large write, accepted as a background job"}},
+    responses={
+        **WRITE_ERRORS,
+        202: {"model": JobAccepted, "description": "a large write, accepted as a background job"},
+    },
 )
 def add_documents(body: DocumentsRequest, request: Request) -> Any:
     """Add or replace documents (JSON objects with `id`, `title`, `text` and any scalar metadata).
@@ -149,22 +177,24 @@ def ingest_view(report: IngestReport) -> IngestResponse:
     )
 
 
-@router.get("/api/jobs", tags=["ingest"], dependencies=admin)
+@router.get("/api/jobs", tags=["ingest"], dependencies=admin, responses=REPORT_ERRORS)
 def list_jobs(request: Request) -> JSONResponse:
     """Write jobs, newest first: the running and queued ones and the last `rag.server.keep_jobs` finished."""
     return JSONResponse({"jobs": [job.view() for job in sieve_state(request).jobs.all()]})
 
 
-@router.get("/api/jobs/{job_id}", tags=["ingest"], dependencies=admin)
+@router.get("/api/jobs/{job_id}", tags=["ingest"], dependencies=admin, responses=JOB_ERRORS)
 def get_job(job_id: str, request: Request) -> JSONResponse:
     """One job: `state` (queued, running, done, failed, interrupted), `progress`, `report` or `error`."""
     job = sieve_state(request).jobs.get(job_id)
     if job is None:
-        raise ApiError(404, f"no job {job_id!r} (GET /api/jobs lists the known ones)", field="job_id")
+        raise ApiError(
+            404, f"no job {safe_text(job_id)!r} (GET /api/jobs lists the known ones)", field="job_id"
+        )
     return JSONResponse(job.view())
 
 
-@router.get("/api/evaluations/latest", tags=["evaluation"], dependencies=admin)
+@router.get("/api/evaluations/latest", tags=["evaluation"], dependencies=admin, responses=REPORT_ERRORS)
 def latest_evaluation(request: Request) -> JSONResponse:
     """The latest evaluation report (JSON). It holds every golden query and the ids of draft and retired
     documents, so it needs the admin token."""
@@ -181,7 +211,7 @@ def latest_evaluation(request: Request) -> JSONResponse:
     return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
 
 
-@router.post("/api/evaluations", tags=["evaluation"], dependencies=admin)
+@router.post("/api/evaluations", tags=["evaluation"], dependencies=admin, responses=WRITE_ERRORS)
 def run_evaluation(request: Request) -> JSONResponse:
     """Run an evaluation now (admin token) and return its report."""
     from app.evaluation.startup import run_startup_evaluation

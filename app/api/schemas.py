@@ -5,21 +5,44 @@ The CLI's `--json` prints these too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from app.api.errors import safe_text
 from app.retrieval.types import Candidate, RetrievalResult
+from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
+
+
+def _valid_unicode(value: str) -> str:
+    problem = unicode_problem(value)
+    if problem:
+        raise PydanticCustomError("invalid_unicode", "{problem}", {"problem": problem})
+    return value
+
+
+# A string that can be encoded as UTF-8: JSON lets a "\\ud800" escape through as a lone surrogate, which the
+# tokenizer, Chroma and the response encoder would all fail on later.
+Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class RetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., description="the question; not blank, at most rag.retrieval.max_query_chars")
+    query: Text = Field(..., description="the question; not blank, at most rag.retrieval.max_query_chars")
     topK: int | None = Field(
         None, ge=1, le=100, description="how many documents; default rag.retrieval.top_k"
     )
-    knowledgeTag: str | None = Field(None, description="only chunks with this `knowledge` metadata")
+    knowledgeTag: Text | None = Field(None, description="only chunks with this `knowledge` metadata")
     debug: bool = Field(False, description="add every removed id with its reason to each stage")
 
     @field_validator("query")
@@ -81,17 +104,73 @@ class RetrieveResponse(BaseModel):
 
 
 class DocumentIn(BaseModel):
+    """A document; every other key is scalar metadata. Metadata keys must be non-empty and not reserved by the
+    store (see `app.store.metadata_key_problem`); strings anywhere must be valid Unicode."""
+
     model_config = ConfigDict(extra="allow")
 
-    id: str = Field(..., min_length=1)
-    title: str = ""
-    text: str = Field(..., min_length=1)
+    id: Text = Field(..., min_length=1)
+    title: Text = ""
+    text: Text = Field(..., min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode_keys_and_values(cls, data: Any) -> Any:
+        # before pydantic reads them: it turns a key it cannot decode into an error for the whole document
+        if isinstance(data, dict):
+            problems = []
+            for key, value in data.items():
+                if isinstance(key, str) and (problem := unicode_problem(key)):
+                    problems.append(_problem(f"field name {problem}", (safe_text(key),), safe_text(key)))
+                elif isinstance(value, str) and (problem := unicode_problem(value)):
+                    problems.append(_problem(problem, (key,), value))
+            if problems:
+                raise ValidationError.from_exception_data("DocumentIn", problems)
+        return data
+
+    @model_validator(mode="after")
+    def _valid_metadata(self) -> DocumentIn:
+        problems = []
+        for key, value in (self.model_extra or {}).items():
+            problem = metadata_key_problem(key) or metadata_value_problem(value)
+            if problem:
+                problems.append(_problem(problem, (key,), value))
+        if problems:
+            # a ValidationError raised here keeps each problem's location: documents.<i>.<key>
+            raise ValidationError.from_exception_data("DocumentIn", problems)
+        return self
 
 
 class DocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(..., min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> DocumentsRequest:
+        first: dict[str, int] = {}
+        problems = []
+        for i, doc in enumerate(self.documents):
+            if doc.id in first:
+                problems.append(
+                    _problem(
+                        f"duplicate id (also documents.{first[doc.id]}.id); "
+                        "ids must be unique within a request",
+                        ("documents", i, "id"),
+                        doc.id,
+                    )
+                )
+            else:
+                first[doc.id] = i
+        if problems:
+            raise ValidationError.from_exception_data("DocumentsRequest", problems)
+        return self
+
+
+def _problem(message: str, loc: tuple[str | int, ...], value: Any) -> InitErrorDetails:
+    # the message goes in as a template argument, so braces in it are kept as they are
+    error = PydanticCustomError("invalid_document", "{problem}", {"problem": message})
+    return InitErrorDetails(type=error, loc=loc, input=value)
 
 
 class IngestResponse(BaseModel):
@@ -106,6 +185,53 @@ class IngestResponse(BaseModel):
 
 class JobAccepted(BaseModel):
     job: str = Field(description="the job id; GET /api/jobs/{job} shows its progress and result")
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(..., description="where in the request: `query`, `documents.3.id`, `body`")
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer."""
+
+    error: str = Field(..., description="what went wrong, in one line")
+    fields: list[FieldProblem] | None = Field(None, description="the request fields at fault (422)")
+    field: str | None = Field(None, description="the first of `fields` (kept for older clients)")
+    requestId: str | None = Field(None, description="500 only: the id the traceback is logged under")
+
+
+class ReadyResponse(BaseModel):
+    status: str = Field(..., description="ready | starting | failed | unavailable")
+    reason: str | None = Field(
+        None, description="why not ready: the startup phase, its error, or the store's"
+    )
+    evaluationProgress: str | None = None
+
+
+ERROR_DESCRIPTIONS = {
+    401: "missing or wrong token (`Authorization: Bearer ...`)",
+    403: "not allowed: writes need rag.server.admin_token to be configured and given",
+    404: "no such resource",
+    409: "another write or evaluation is running",
+    413: "the request body is larger than rag.server.max_body_bytes",
+    422: "invalid request: `fields` names every field at fault",
+    500: "internal error: the traceback is logged under `requestId`",
+    503: "not ready yet, or the vector store is unreachable",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route: these statuses, each answered with an `ErrorResponse`."""
+    return {s: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}
+
+
+# what a route can answer besides success, by kind of route: queries; writes; reads of admin resources
+# (reports, jobs), which need the admin token too
+READ_ERRORS = error_responses(401, 413, 422, 500, 503)
+WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503)
+REPORT_ERRORS = error_responses(401, 403, 404, 500)
+JOB_ERRORS = error_responses(401, 403, 404, 422, 500)  # 422: a path parameter FastAPI could not read
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:

@@ -223,7 +223,10 @@ def _did_you_mean(name: str, valid: list[str]) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else json.dumps(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else json.dumps(value)
+    except (ValueError, RecursionError):  # nested too deeply to show
+        text = f"({_json_type(value)} nested too deeply to show)"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -277,6 +280,13 @@ def _json_error(path: str, exc: json.JSONDecodeError, line: int | None = None) -
     return f"{path}:{line if line is not None else exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}"
 
 
+def _unreadable_json(where: str, exc: ValueError | RecursionError) -> str:
+    """The message for JSON that json.loads refused with something other than a JSONDecodeError: nesting
+    deeper than the parser's recursion limit, an integer longer than Python converts."""
+    reason = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+    return f"{where}: invalid JSON: {reason}"
+
+
 def _split_jsonl(path: str, text: str) -> list[_RawCase]:
     raw: list[_RawCase] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -287,16 +297,74 @@ def _split_jsonl(path: str, text: str) -> list[_RawCase]:
         except json.JSONDecodeError as exc:
             raw.append(_RawCase(f"{path}:{number}", None, _json_error(path, exc, number)))
             continue
+        except (ValueError, RecursionError) as exc:
+            raw.append(_RawCase(f"{path}:{number}", None, _unreadable_json(f"{path}:{number}", exc)))
+            continue
         raw.append(_RawCase(f"{path}:{number}", value))
     return raw
+
+
+def _deepest_line(text: str) -> int:
+    """The 1-based line where JSON `text` reaches its deepest nesting (strings skipped)."""
+    depth = deepest = 0
+    line = deepest_line = 1
+    in_string = escaped = False
+    for char in text:
+        if char == "\n":
+            line += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, deepest_line = depth, line
+        elif char in "]}":
+            depth -= 1
+    return deepest_line
 
 
 def _looks_like_jsonl(text: str) -> bool:
     first = next((line for line in text.splitlines() if line.strip()), "")
     try:
         return isinstance(json.loads(first), dict)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
+
+
+def _surrogate_problem(value: Any) -> str | None:
+    """Where `value` holds a string that is not valid Unicode (a lone surrogate, from a JSON "\\ud800"
+    escape), or None. Iterative, so any depth the parser accepted is fine."""
+    stack: list[tuple[tuple[int | str, ...], Any]] = [((), value)]
+    while stack:
+        loc, item = stack.pop()
+        texts = [(loc, item)] if isinstance(item, str) else []
+        if isinstance(item, dict):
+            texts += [((*loc, "(a field name)"), key) for key in item if isinstance(key, str)]
+            stack.extend(((*loc, key), child) for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend(((*loc, index), child) for index, child in enumerate(item))
+        for where, text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                at = f'field "{_loc_text(where)}": ' if where else ""
+                return (
+                    f"{at}not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+                    f"(a \\u{ord(text[exc.start]):04x} escape without its pair)"
+                )
+    return None
+
+
+def _safe(text: str) -> str:
+    """`text` with lone surrogates escaped, so that a message can be printed and written as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _split_json(path: str, document: Any, errors: list[str]) -> tuple[str | None, list[_RawCase]]:
@@ -355,6 +423,13 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
                 raw = _split_jsonl(path, text)
             else:
                 raise GoldenSetError(path, [_json_error(path, exc)]) from None
+        except (ValueError, RecursionError) as exc:
+            if _looks_like_jsonl(text):  # one line of a JSONL file is too deep: report that line
+                raw = _split_jsonl(path, text)
+            else:
+                line = _deepest_line(text) if isinstance(exc, RecursionError) else None
+                where = f"{path}:{line}" if line else path
+                raise GoldenSetError(path, [_unreadable_json(where, exc)]) from None
         else:
             if (
                 isinstance(document, dict)
@@ -375,6 +450,10 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
         if not isinstance(item.value, dict):
             errors.append(f"{item.where}: expected a case object, got {_json_type(item.value)}")
             continue
+        unicode_problem = _surrogate_problem(item.value)
+        if unicode_problem:
+            errors.append(f"{item.label()}: {unicode_problem}")
+            continue
         case_id = item.value.get("id")
         if isinstance(case_id, str):
             if case_id in first_position:
@@ -391,7 +470,7 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
     if not errors and not cases:
         errors.append(f"{path}: the golden set is empty: it has no cases")
     if errors:
-        raise GoldenSetError(path, errors)
+        raise GoldenSetError(path, [_safe(error) for error in errors])
     return GoldenSet(dataset_version=version, cases=cases, path=path)
 
 

@@ -14,15 +14,30 @@ Formats, by suffix (case-insensitive):
 Directories are walked recursively in sorted order; hidden files and directories are skipped, and so are files
 with other suffixes. A file named directly with another suffix is an error.
 
+Symbolic links inside a directory are not followed unless `follow_symlinks` (rag.ingest.follow_symlinks) is
+true: each one is reported as a LoadError ("symbolic link not followed"), so nothing outside the folder given
+is read by accident (a link to /etc/hostname) and the report says what was left out. A path named directly is
+read even when it is a link (it was asked for). With `follow_symlinks`, links are followed, and a directory
+reached twice (a link to an ancestor) is reported instead of walked again. A link loop (a link to itself), a
+broken link, an unreadable directory and anything that is not a regular file (a FIFO would block the read) are
+reported as bad files.
+
+Metadata keys (front matter keys, JSONL fields) must be non-empty and not reserved by the store (see
+`app.store.metadata_key_problem`); every string must be valid Unicode (a JSON "\\ud800" escape is not). A JSON
+line nested too deeply for the parser is a bad line like any other.
+
 A bad JSONL line skips that document only; a bad file skips that file only. A document id seen twice in one
-run keeps the first and reports the second, naming both places.
+run keeps the first and reports the second, naming both places. `load_paths` never raises for bad input:
+every problem is a LoadError, so ingest reads and validates everything it was given before writing anything.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -31,6 +46,7 @@ from typing import Any
 import yaml
 
 from app.ingest.types import Document, LoadError
+from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
 TEXT_SUFFIXES = frozenset({".txt"})
@@ -62,45 +78,126 @@ class _Invalid(Exception):
         self.line = line
 
 
-def load_paths(paths: list[str | Path]) -> LoadResult:
-    """Load every supported file under `paths` (files or directories) in order; never raises for bad input."""
+def load_paths(paths: list[str | Path], follow_symlinks: bool = False) -> LoadResult:
+    """Load every supported file under `paths` (files or directories) in order; never raises for bad input.
+
+    `follow_symlinks`: follow symbolic links found inside the directories (see the module docstring)."""
     result = LoadResult()
     seen: dict[str, str] = {}  # doc id -> "file:line" where it was first defined
     for given in paths:
         root = Path(given)
-        if root.is_dir():
-            targets = [(file, file.relative_to(root)) for file in _walk(root)]
-        elif root.is_file():
-            if root.suffix.lower() not in SUPPORTED_SUFFIXES:
-                result.errors.append(
-                    LoadError(
-                        str(root),
-                        None,
-                        f"unsupported file type '{root.suffix or '(none)'}' "
-                        f"(expected one of {', '.join(sorted(SUPPORTED_SUFFIXES))})",
-                    )
-                )
-                continue
-            targets = [(root, Path(root.name))]
-        else:
-            result.errors.append(LoadError(str(root), None, "no such file or directory"))
+        try:
+            info = root.stat()
+        except OSError as exc:
+            result.errors.append(LoadError(str(root), None, _stat_problem(root, exc)))
             continue
-        for file, relative in targets:
-            _load_file(file, relative, result, seen)
+        if stat.S_ISDIR(info.st_mode):
+            targets = _walk(root, follow_symlinks)
+        elif not stat.S_ISREG(info.st_mode):
+            result.errors.append(LoadError(str(root), None, "not a regular file or a directory"))
+            continue
+        elif root.suffix.lower() not in SUPPORTED_SUFFIXES:
+            result.errors.append(
+                LoadError(
+                    str(root),
+                    None,
+                    f"unsupported file type '{root.suffix or '(none)'}' "
+                    f"(expected one of {', '.join(sorted(SUPPORTED_SUFFIXES))})",
+                )
+            )
+            continue
+        else:
+            targets = [(root, Path(root.name))]
+        for target in targets:
+            if isinstance(target, LoadError):
+                result.errors.append(target)
+            else:
+                _load_file(*target, result, seen)
     return result
 
 
-def _walk(root: Path) -> list[Path]:
-    """Supported, non-hidden files under `root`, sorted by their relative path (so "a/z" before "b")."""
+def _stat_problem(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "symbolic link loop (the link leads back to itself)"
+    if exc.errno == errno.ENOENT:
+        if path.is_symlink():
+            return f"broken symbolic link (its target {_link_target(path)} does not exist)"
+        return "no such file or directory"
+    return f"cannot read: {exc.strerror or exc}"
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def _walk(root: Path, follow_symlinks: bool) -> list[tuple[Path, Path] | LoadError]:
+    """(file, path relative to `root`) for the supported, non-hidden regular files under `root`, and a
+    LoadError for each entry that cannot be read (links not followed, loops, unreadable directories, special
+    files), all in the order of their relative paths (so "a/z" before "b")."""
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found.extend(
-            Path(dirpath) / name
-            for name in filenames
-            if not name.startswith(".") and Path(name).suffix.lower() in SUPPORTED_SUFFIXES
-        )
-    return sorted(found, key=lambda file: file.relative_to(root).as_posix())
+    errors: list[LoadError] = []
+    walked: set[tuple[int, int]] = set()  # (device, inode) of every directory walked: a cycle stops here
+
+    def visit(directory: Path) -> None:
+        try:
+            info = directory.stat()
+            if (info.st_dev, info.st_ino) in walked:
+                errors.append(
+                    LoadError(
+                        str(directory),
+                        None,
+                        f"symbolic link loop: it leads to {os.path.realpath(directory)}, a directory "
+                        f"already walked; not walked again",
+                    )
+                )
+                return
+            walked.add((info.st_dev, info.st_ino))
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            errors.append(LoadError(str(directory), None, f"cannot list directory: {exc.strerror or exc}"))
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            supported = path.suffix.lower() in SUPPORTED_SUFFIXES
+            try:
+                is_link = entry.is_symlink()
+                info = path.stat()  # follows links
+            except OSError as exc:
+                errors.append(LoadError(str(path), None, _stat_problem(path, exc)))
+                continue
+            is_dir = stat.S_ISDIR(info.st_mode)
+            if is_link and not follow_symlinks:
+                if is_dir or supported:
+                    errors.append(
+                        LoadError(
+                            str(path),
+                            None,
+                            f"symbolic link not followed (it points to {_link_target(path)}); "
+                            f"set rag.ingest.follow_symlinks: true to read links",
+                        )
+                    )
+                continue
+            if is_dir:
+                visit(path)
+            elif supported:
+                if stat.S_ISREG(info.st_mode):
+                    found.append(path)
+                else:
+                    errors.append(LoadError(str(path), None, "not a regular file (a FIFO, socket or device)"))
+
+    visit(root)
+    entries: list[tuple[Path, Path] | LoadError] = [(file, file.relative_to(root)) for file in found]
+    entries += errors
+    return sorted(
+        entries,
+        key=lambda e: (Path(e.path).relative_to(root) if isinstance(e, LoadError) else e[1]).as_posix(),
+    )
 
 
 def _load_file(file: Path, relative: Path, result: LoadResult, seen: dict[str, str]) -> None:
@@ -110,7 +207,8 @@ def _load_file(file: Path, relative: Path, result: LoadResult, seen: dict[str, s
     try:
         data = file.read_bytes()
     except OSError as exc:
-        result.errors.append(LoadError(origin, None, f"cannot read file: {exc.strerror or exc}"))
+        message = _stat_problem(file, exc) if exc.errno in (errno.ELOOP, errno.ENOENT) else None
+        result.errors.append(LoadError(origin, None, message or f"cannot read file: {exc.strerror or exc}"))
         return
     try:
         if suffix in JSONL_SUFFIXES:
@@ -195,6 +293,8 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
     block = "".join(lines[1:close])
     try:
         raw = yaml.safe_load(block)
+    except RecursionError:
+        raise _Invalid("front matter is not valid YAML: nested too deeply to read", 2) from None
     except yaml.YAMLError as exc:
         # +1 for 1-based lines, +1 for the opening '---'
         problem_mark = getattr(exc, "problem_mark", None)
@@ -212,16 +312,24 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
     metadata: dict[str, Scalar] = {}
     for key, value in raw.items():
         try:
+            problem = metadata_key_problem(str(key))
+            if problem:
+                raise _Invalid(problem)
             scalar = _pop_id({"id": value}, "id") if key == "id" else _metadata_value(value)
+            if problem := metadata_value_problem(scalar):
+                raise _Invalid(problem)
         except _Invalid as exc:
-            raise _Invalid(f"front matter key '{key}': {exc.message}", _key_line(lines, close, key)) from None
+            raise _Invalid(
+                f"front matter key {str(key)!r}: {exc.message}", _key_line(lines, close, key)
+            ) from None
         if scalar is not None:
             metadata[str(key)] = scalar
     return metadata, "".join(lines[close + 1 :])
 
 
 def _key_line(lines: list[str], close: int, key: object) -> int:
-    pattern = re.compile(rf"^{re.escape(str(key))}\s*:")
+    name = re.escape(str(key))
+    pattern = re.compile(rf"""^(?:{name}|"{name}"|'{name}')\s*:""")
     return next((i + 1 for i in range(1, close) if pattern.match(lines[i])), 2)
 
 
@@ -262,6 +370,10 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise _Invalid(f"invalid JSON: {exc.msg} (column {exc.colno})", number) from None
+    except RecursionError:
+        raise _Invalid("invalid JSON: nested too deeply to read", number) from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise _Invalid(f"invalid JSON: {exc}", number) from None
     if not isinstance(record, dict):
         raise _Invalid(f"expected a JSON object, got {_json_type(record)}", number)
 
@@ -284,12 +396,21 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
     if title is not None and not isinstance(title, str | int | float):
         raise _Invalid(f"'title' must be a string, got {_json_type(title)}", number)
 
+    for name, value in (("id", doc_id), ("text", text), ("title", title)):
+        if isinstance(value, str) and (problem := unicode_problem(value)):
+            raise _Invalid(f"field '{name}': {problem}", number)
+
     metadata: dict[str, Scalar] = {}
     for name, value in record.items():
         try:
+            problem = metadata_key_problem(name)
+            if problem:
+                raise _Invalid(problem)
             scalar = _metadata_value(value)
+            if problem := metadata_value_problem(scalar):
+                raise _Invalid(problem)
         except _Invalid as exc:
-            raise _Invalid(f"field '{name}': {exc.message}", number) from None
+            raise _Invalid(f"field {name!r}: {exc.message}", number) from None
         if scalar is not None:
             metadata[name] = scalar
     return Document(

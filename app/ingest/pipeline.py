@@ -12,6 +12,7 @@ store as it was.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ class Ingestor:
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
         """Ingest files and directories; removes what disappeared from them (see the module docstring)."""
-        loaded = load_paths(list(paths))
+        loaded = load_paths(list(paths), follow_symlinks=self.settings.follow_symlinks)
         documents, too_long = self.split_too_long(loaded.documents)
         return self.ingest_documents(
             documents, [*loaded.errors, *too_long], loaded.files, paths, progress, should_stop=should_stop
@@ -197,13 +198,15 @@ def _stale_ids(
                 stale.append(chunk_id)  # an older version of a document we just loaded
         elif origin and _norm(origin) in clean_files:
             stale.append(chunk_id)  # the document was removed from a file that loaded cleanly
-        elif origin and not Path(origin).exists() and _under(Path(origin).resolve(), root_dirs):
-            stale.append(chunk_id)  # its file was deleted from an ingested directory
+        elif origin and not os.path.lexists(origin) and _under(Path(_norm(origin)), root_dirs):
+            # its file was deleted from an ingested directory (a file turned into a bad link is reported
+            # as an error instead, and keeps its chunks)
+            stale.append(chunk_id)
     return stale
 
 
 def _norm(path: str) -> str:
-    return str(Path(path).resolve())
+    return os.path.realpath(path)  # unlike Path.resolve() on 3.11, never raises on a symlink loop
 
 
 def _under(path: Path, roots: list[Path]) -> bool:

@@ -8,6 +8,9 @@ from app.store.chroma import (
     StoreLockedError,
     StoreUnavailableError,
     drop_collection,
+    metadata_key_problem,
+    metadata_value_problem,
+    unicode_problem,
 )
 
 __all__ = [
@@ -18,4 +21,7 @@ __all__ = [
     "StoreUnavailableError",
     "StoredChunk",
     "drop_collection",
+    "metadata_key_problem",
+    "metadata_value_problem",
+    "unicode_problem",
 ]

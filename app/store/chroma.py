@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import chromadb
+import httpx
 import numpy as np
 from chromadb.config import Settings as ChromaClientSettings
 
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "sieve.lock"
 _PAGE = 2000
+HEARTBEAT_TIMEOUT_S = 2.0
+# Metadata keys Chroma refuses ("#document" and other '#' keys, '$' operators) or silently drops ("chroma:*").
+RESERVED_KEY_PREFIXES = ("#", "$", "chroma:")
 
 
 class StoreError(RuntimeError):
@@ -45,6 +50,41 @@ class StoreLockedError(StoreError):
 
 class EmbedderMismatchError(StoreError):
     """The collection was built with another embedder than the one configured."""
+
+
+def metadata_key_problem(key: str) -> str | None:
+    """Why `key` cannot be a metadata key in the store, or None when it can. (Measured on Chroma 1.5: "" and
+    keys starting with '#' or '$' are refused with an opaque "Invalid metadata at index 0", "chroma:document"
+    with a ValueError, other "chroma:" keys are accepted and silently not stored.)"""
+    if not key:
+        return "metadata key must not be empty"
+    if key.startswith(RESERVED_KEY_PREFIXES):
+        reserved = ", ".join(repr(p) for p in RESERVED_KEY_PREFIXES)
+        return f"metadata key {key!r} is reserved by the store (keys may not start with {reserved})"
+    return unicode_problem(key)
+
+
+def metadata_value_problem(value: Any) -> str | None:
+    """Why scalar `value` cannot be a metadata value in the store, or None when it can. (Measured on Chroma
+    1.5: a NaN or infinite number is accepted and the chunk's whole metadata is silently stored as None.)"""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number (the store cannot keep NaN or infinite values)"
+    if isinstance(value, str):
+        return unicode_problem(value)
+    return None
+
+
+def unicode_problem(text: str) -> str | None:
+    """None when `text` encodes as UTF-8; else where its first lone surrogate is (a JSON "\\ud800" escape
+    decodes to one; neither Chroma nor the tokenizer can take it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start} "
+            f"(a \\u{ord(text[exc.start]):04x} escape without its pair)"
+        )
+    return None
 
 
 @dataclass
@@ -65,11 +105,20 @@ class _Identity:
 
 
 class ChromaStore:
-    def __init__(self, client: Any, collection: Any, description: str, lock_fd: int | None = None):
+    def __init__(
+        self,
+        client: Any,
+        collection: Any,
+        description: str,
+        lock_fd: int | None = None,
+        heartbeat_url: str | None = None,
+    ):
+        """`heartbeat_url`: the Chroma server's heartbeat endpoint (http mode); None for an embedded store."""
         self._client = client
         self._collection = collection
         self.description = description
         self._lock_fd = lock_fd
+        self._heartbeat_url = heartbeat_url
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -77,6 +126,7 @@ class ChromaStore:
     def open(cls, settings: StoreSettings, embedder_identity: dict[str, Any]) -> ChromaStore:
         """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}."""
         lock_fd = None
+        heartbeat_url = None
         telemetry_off = ChromaClientSettings(anonymized_telemetry=False, allow_reset=False)
         try:
             if settings.mode == "embedded":
@@ -89,6 +139,7 @@ class ChromaStore:
                 description = f"Chroma server at http://{settings.host}:{settings.port}"
                 client = chromadb.HttpClient(host=settings.host, port=settings.port, settings=telemetry_off)
                 client.heartbeat()
+                heartbeat_url = f"http://{settings.host}:{settings.port}/api/v2/heartbeat"
             collection = _get_or_create(client, settings, embedder_identity)
         except StoreError:
             _unlock(lock_fd)
@@ -101,11 +152,29 @@ class ChromaStore:
                 else f"Chroma server at http://{settings.host}:{settings.port}"
             )
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
-        return cls(client, collection, description, lock_fd)
+        return cls(client, collection, description, lock_fd, heartbeat_url)
 
     def close(self) -> None:
         _unlock(self._lock_fd)
         self._lock_fd = None
+
+    def heartbeat(self) -> None:
+        """Raise `StoreUnavailableError` unless the store answers now. A Chroma server is asked its
+        heartbeat with a timeout of HEARTBEAT_TIMEOUT_S (the client's own calls have none, and a readiness
+        probe must not hang); an embedded store counts its collection."""
+        if self._heartbeat_url is None:
+            try:
+                self._collection.count()
+            except Exception as exc:
+                raise StoreUnavailableError(f"{self.description} cannot be read: {exc}") from exc
+            return
+        try:
+            response = httpx.get(self._heartbeat_url, timeout=HEARTBEAT_TIMEOUT_S)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise StoreUnavailableError(
+                f"{self.description} is unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -171,6 +171,13 @@ def test_a_document_over_max_document_chars_is_422_naming_it(sieve: Sieve, tmp_p
         "error": "documents[1] (id long-one): text has 101 characters, more than "
         "rag.ingest.max_document_chars=100",
         "field": "documents.1.text",
+        "fields": [
+            {
+                "field": "documents.1.text",
+                "message": "documents[1] (id long-one): text has 101 characters, more than "
+                "rag.ingest.max_document_chars=100",
+            }
+        ],
     }
     assert sieve.store.count() == before  # the good document in the same request was not written either
 
