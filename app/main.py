@@ -56,6 +56,7 @@ class AppState:
     def __post_init__(self) -> None:
         server = self.settings.rag.server
         self.jobs = JobBook(Path(server.jobs_dir), server.keep_jobs)
+        self.job_runner = JobRunner(self.jobs)
 
 
 def create_app(
@@ -71,7 +72,6 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for job in state.jobs.recover():
             log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
-        state.job_runner = JobRunner(state.jobs)
         worker = threading.Thread(
             target=_startup,
             args=(state, start or startup_sequence, on_fatal),

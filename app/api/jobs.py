@@ -145,16 +145,23 @@ class JobRunner:
         self.book = book
         self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="sieve-jobs", daemon=True)
-        self._thread.start()
+        self._start_lock = threading.Lock()
 
     def submit(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> None:
         """Run `work(job)` after the jobs before it; its return value becomes the job's report.
-        `JobInterrupted` marks the job interrupted, any other exception failed."""
+        `JobInterrupted` marks the job interrupted, any other exception failed. The worker thread starts
+        with the first job."""
+        with self._start_lock:
+            if not self._thread.is_alive() and self._thread.ident is None:
+                self._thread.start()
         self._queue.put(_Queued(job, work))
 
     def stop(self, timeout: float) -> bool:
         """Stop taking jobs and wait up to `timeout` s for the running one; False if it is still running.
         Jobs still queued stay `queued` on disk and are reported interrupted at the next start."""
+        with self._start_lock:
+            if self._thread.ident is None:
+                return True  # never started: nothing runs
         self._queue.put(None)
         self._thread.join(timeout)
         return not self._thread.is_alive()

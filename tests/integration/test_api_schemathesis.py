@@ -58,6 +58,7 @@ def ready_app(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterat
             nested("rag.ingest.paths", []),
             nested("rag.evaluate.output_dir", str(base / "eval")),
             nested("rag.server.admin_token", ADMIN_TOKEN),
+            nested("rag.server.jobs_dir", str(base / "jobs")),
         )
     )
     store = ChromaStore.open(app_settings.rag.store, real_embedder.identity())
