@@ -30,7 +30,7 @@ from app.retrieval.stages import build_stages
 from app.retrieval.types import Candidate
 from app.settings import ChainSettings, EvaluateThresholds
 
-# -- the grid ------------------------------------------------------------------------------------------------
+# -- the grid ------------------------------------------------------------------
 
 
 def test_a_float_range_is_inclusive_and_exact() -> None:
@@ -161,7 +161,7 @@ def test_a_per_tag_threshold_is_set_in_the_dict() -> None:
     assert [s.similarity_threshold.per_knowledge_tag for s in grid.settings] == [{"hr": 0.5}, {"hr": 0.8}]
 
 
-# -- replay on fakes ---------------------------------------------------------------------------------------------
+# -- replay on fakes ------------------------------------------------------------------
 
 TAGS = ("hr", "it")
 
@@ -353,7 +353,7 @@ def test_a_replay_asked_for_an_unrecorded_score_fails_loudly() -> None:
         replay(recording, ChainSettings())
 
 
-# -- recommendation and Pareto ------------------------------------------------------------------------------------
+# -- recommendation and Pareto ------------------------------------------------------------------
 
 
 def row(ndcg, recall, abst, passes=True, n=4):
@@ -395,7 +395,7 @@ def test_no_abstention_recommendation_when_nothing_abstains() -> None:
     assert recommend([row(0.9, 1, 0)], row(0.9, 1, 0)["metrics"], 0.005)["abstention"] is None
 
 
-# -- the startup sweep ----------------------------------------------------------------------------------------------
+# -- the startup sweep ------------------------------------------------------------------
 
 
 def test_sweep_values_span_the_observed_scores_in_21_steps() -> None:
