@@ -31,11 +31,11 @@ from app.evaluation.golden_set import GoldenCase, GoldenSet
 from app.evaluation.report import summarize
 from app.evaluation.runner import CaseResult, Evaluation, score_case
 from app.retrieval.candidates import CandidateSet
-from app.retrieval.chain import RetrievalChain, RetrievalRequest
+from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.bm25 import Bm25Stage
 from app.retrieval.stages.rerank import RerankStage
-from app.retrieval.types import SCORE_DENSE
+from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
 from app.settings import ChainSettings, EvaluateThresholds
 
 # The figures of one point, in the order the tables show them.
@@ -116,6 +116,8 @@ class Recording:
     replays: int = 0
     replay_ms: float = 0.0
     dense_scores: list[float] = field(default_factory=list)
+    # stage outcomes already computed, by stage settings and input (see _MemoStage)
+    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
     @property
     def candidates_ms(self) -> float:
@@ -194,10 +196,83 @@ class _NoCandidates:
         raise ReplayError("replay: the store must not be called")
 
 
+MEMO_LIMIT = 200_000  # stage outcomes kept per recording; past it, stages just run
+
+
+class _MemoStage:
+    """A stage whose outcome is reused when the same case reaches it again with the same settings and the
+    same input, as a grid often does (two thresholds that remove the same candidates leave every later stage
+    the same list). The stages are deterministic functions of their settings, the query and their input, so a
+    reused outcome is the outcome.
+
+    The key is the input's chunk ids in order, plus every score when the stage reads the scores or returns new
+    candidate objects (bm25, rerank, diversity with MMR). The others (similarity_threshold, which reads only
+    the raw dense score; hard_filter; diversity without MMR; fallback, which reads the raw dense scores and
+    the hard filter's removals, part of its key) keep or add given objects, so a reused outcome is rebuilt
+    from this input's own objects and keeps this point's scores."""
+
+    def __init__(self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, order_only: bool):
+        self.stage = stage
+        self.name = stage.name
+        self.memo = memo
+        self.settings_key = settings_key
+        self.order_only = order_only
+
+    def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        if self.order_only:
+            content: tuple[Any, ...] = tuple(c.chunk_id for c in candidates)
+        else:
+            content = tuple((c.chunk_id, tuple(sorted(c.scores.items()))) for c in candidates)
+        barred = ()
+        if self.name == "fallback":
+            barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
+        key = (self.name, self.settings_key, query.text, query.knowledge_tag, query.today, content, barred)
+        hit = self.memo.get(key)
+        if hit is None:
+            outcome = self.stage.run(query, candidates)
+            if len(self.memo) < MEMO_LIMIT:
+                self.memo[key] = (
+                    ([c.chunk_id for c in outcome.kept], [c.chunk_id for c in outcome.added], outcome)
+                    if self.order_only
+                    else outcome
+                )
+            return outcome
+        if self.order_only:
+            kept_ids, added_ids, old = hit
+            given = {c.chunk_id: c for c in candidates}
+            raw = {c.chunk_id: c for c in query.raw_candidates}
+            return StageOutcome(
+                kept=[given[i] if i in given else raw[i] for i in kept_ids],
+                removed=list(old.removed),
+                added=[raw[i] for i in added_ids],
+                skipped=old.skipped,
+                score_key=old.score_key,
+            )
+        return StageOutcome(list(hit.kept), list(hit.removed), list(hit.added), hit.skipped, hit.score_key)
+
+
+def _memoised(
+    stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
+) -> list[ChainStage]:
+    out = []
+    for item in stages:
+        own = getattr(chain_settings, item.name)
+        key = own.model_dump_json()
+        if item.name == "fallback":  # its refills must pass the hard filter's rules
+            key += chain_settings.hard_filter.model_dump_json()
+        order_only = item.name in ("similarity_threshold", "hard_filter", "fallback") or (
+            item.name == "diversity" and not chain_settings.diversity.mmr
+        )
+        out.append(ChainStage(_MemoStage(item.stage, memo, key, order_only), item.enabled))
+    return out
+
+
 def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
     """The evaluation `chain_settings` would give on the recorded candidates: stages only."""
     t0 = time.perf_counter()
-    stages = build_stages(chain_settings, recording.lexical, recording.reranker)
+    stages = _memoised(
+        build_stages(chain_settings, recording.lexical, recording.reranker), chain_settings, recording.memo
+    )
     chain = RetrievalChain(_NoEmbedder(), _NoCandidates(), stages)  # type: ignore[arg-type]
     cases: list[CaseResult] = []
     for rc in recording.cases:
