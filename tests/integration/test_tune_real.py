@@ -246,3 +246,41 @@ def test_a_bad_grid_exits_2_before_any_model_loads(cli_env, capsys, monkeypatch,
     code = main(["tune", *argv])
     _, err = capsys.readouterr()
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_sieve_eval_reports_the_threshold_sweep_unless_switched_off(
+    cli_env, capsys, monkeypatch, enabled
+) -> None:
+    monkeypatch.setenv("RAG__EVALUATE__SWEEP__ENABLED", str(enabled).lower())
+    code = main(["eval", "--baseline", "none"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads((cli_env / "retrieval-eval-latest.json").read_text())
+    markdown = (cli_env / "retrieval-eval-latest.md").read_text()
+    if not enabled:
+        assert (
+            report["sweep"] is None and "## Threshold sweep" not in markdown and "sweep min_dense" not in out
+        )
+        return
+    sweep = report["sweep"]
+    assert sweep["param"] == "chain.similarity_threshold.min_dense" and len(sweep["rows"]) == 21
+    values = sweep["grid"]["chain.similarity_threshold.min_dense"]
+    assert values == sorted(values) and sweep["grid"]["chain.fallback.enabled"] == [False]
+    assert sweep["current"]["point"] == {
+        "chain.similarity_threshold.min_dense": 0.0,
+        "chain.fallback.enabled": True,
+    }
+    # the replayed current configuration is this very evaluation
+    for key in ("recall", "hitRate", "mrr", "ndcg"):
+        assert sweep["current"]["metrics"][key] == pytest.approx(report["summary"][key], abs=1e-9)
+    rec = sweep["recommendation"]["abstention"]
+    assert rec is not None  # the sample set has 4 no-answer cases a threshold can separate
+    line = next(x for x in out.splitlines() if x.startswith("sweep min_dense: "))
+    m = rec["metrics"]
+    assert line == (
+        f"sweep min_dense: {rec['point']['chain.similarity_threshold.min_dense']} abstains on "
+        f"{m['correctAbstentions']}/{m['noAnswerCases']} no-answer cases, recall "
+        f"{sweep['current']['metrics']['recall']:.3f} -> {m['recall']:.3f} (fallback off)"
+    )
+    assert "## Threshold sweep" in markdown and "Recommended abstention threshold" in markdown
