@@ -112,8 +112,9 @@ def run_startup_evaluation(
         "[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k
     )
     known = KnownIds.from_store(sieve.store)
-    evaluation = run_evaluation(sieve.chain, golden, known, settings, progress)
-    sweep = run_sweep(evaluation, sieve.chain, sieve.settings.rag.chain, settings)
+    chain = sieve.chain  # one chain for the run and its sweep, even if an ingest rebuilds the index meanwhile
+    evaluation = run_evaluation(chain, golden, known, settings, progress)
+    sweep = run_sweep(evaluation, chain, sieve.settings.rag.chain, settings)
     return finish_evaluation(
         evaluation, settings, run_description(described, evaluation, known), baseline, sweep
     )
