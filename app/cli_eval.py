@@ -47,6 +47,26 @@ def add_eval_commands(sub: Any) -> None:
     )
     ev.set_defaults(func=eval_command)
 
+    tune = sub.add_parser(
+        "tune",
+        help="replay chain settings over one run's candidates and recommend (no model call per point)",
+        description="Each PARAM is a replayable rag.chain.* key (the rag. prefix optional); GRID is "
+        "start:stop:step (inclusive) or a,b,c. Several PARAMs form their cartesian product.",
+    )
+    tune.add_argument("grid", nargs="+", metavar="PARAM=GRID", help="e.g. chain.bm25.dense_weight=0:1:0.05")
+    tune.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    tune.add_argument("--top-k", type=int, help="K for the metrics (default rag.evaluate.top_k)")
+    tune.add_argument("--max-points", type=int, default=2000, help="refuse larger grids (default 2000)")
+    tune.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.005,
+        help="recall and nDCG the abstention recommendation may lose against the current (default 0.005)",
+    )
+    tune.add_argument("--json", action="store_true", help="print the tune JSON")
+    tune.add_argument("--output-dir", help="folder of the tune files (default rag.evaluate.output_dir)")
+    tune.set_defaults(func=tune_command)
+
     cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
     cmp.add_argument("baseline", help="the baseline report JSON")
     cmp.add_argument("current", help="the report JSON to compare with it")
@@ -75,9 +95,11 @@ def eval_command(args: argparse.Namespace) -> int:
         resolve_baseline,
         run_description,
         run_evaluation,
+        run_sweep,
         summary_line,
     )
     from app.evaluation.trec import export_evaluation
+    from app.evaluation.tune import sweep_line
     from app.settings import nested
 
     overrides: list[dict[str, Any]] = []
@@ -122,10 +144,13 @@ def eval_command(args: argparse.Namespace) -> int:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         known = KnownIds.from_store(sieve.store)
         evaluation = run_evaluation(sieve.chain, golden, known, ev)
+        sweep = run_sweep(evaluation, sieve.chain, settings.rag.chain, ev)
         described = sieve.describe()
     finally:
         sieve.close()
-    outcome = finish_evaluation(evaluation, ev, run_description(described, evaluation, known), baseline)
+    outcome = finish_evaluation(
+        evaluation, ev, run_description(described, evaluation, known), baseline, sweep
+    )
     report = outcome.report or {}
     print(summary_line(report))
     if report.get("comparison") is not None:
@@ -134,6 +159,9 @@ def eval_command(args: argparse.Namespace) -> int:
             print(f"  changed: {difference}")
     else:
         print(f"no baseline: {baseline.note}")
+    line = sweep_line(report.get("sweep"))
+    if line:
+        print(line)
     for path in outcome.paths:
         print(f"report: {path}")
     if args.export_trec:
@@ -145,6 +173,115 @@ def eval_command(args: argparse.Namespace) -> int:
     for failure in failures:
         print(f"gate failed: {failure.message}", file=sys.stderr)
     return exit_codes.GATE_FAILED if failures else exit_codes.OK
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    import math
+    import time
+    from datetime import UTC, datetime
+
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.golden_set import load_golden_set
+    from app.evaluation.replay import record
+    from app.evaluation.runner import KnownIds
+    from app.evaluation.startup import run_evaluation
+    from app.evaluation.tune import GridError, parse_grid, run_grid, tune_markdown, write_tune
+    from app.settings import nested
+
+    overrides: list[dict[str, Any]] = []
+    if args.top_k is not None:
+        if not 1 <= args.top_k <= 100:
+            print(f"error: --top-k must be between 1 and 100, got {args.top_k}", file=sys.stderr)
+            return exit_codes.BAD_INPUT
+        overrides.append(nested("rag.evaluate.top_k", args.top_k))
+    if args.max_points < 1:
+        print(f"error: --max-points must be >= 1, got {args.max_points}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if not (math.isfinite(args.tolerance) and 0 <= args.tolerance <= 1):
+        print(f"error: --tolerance must be between 0 and 1, got {args.tolerance}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    if args.output_dir:
+        overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
+    settings = settings_with(*overrides)
+    chain_settings = settings.rag.chain
+    try:  # every point is checked before any model loads
+        grid = parse_grid(args.grid, chain_settings, args.max_points)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    ev = settings.rag.evaluate.model_copy(update={"latency_sample": 0})
+    golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    opening = settings
+    if any(s.rerank.enabled for s in grid.settings) and not chain_settings.rerank.enabled:
+        # a point turns the reranker on: load it (the current configuration still runs without it)
+        opening = settings_with(*overrides, nested("rag.chain.rerank.enabled", True))
+
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    sieve = open_sieve(opening)
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        current = sieve.with_settings(settings) if opening is not settings else sieve
+        known = KnownIds.from_store(sieve.store)
+        evaluation = run_evaluation(current.chain, golden, known, ev)
+        recording = record(evaluation, current.chain)
+        described = sieve.describe()
+    finally:
+        sieve.close()
+    t0 = time.perf_counter()
+    result = run_grid(recording, grid, chain_settings, ev.thresholds, args.tolerance)
+    replay_s = time.perf_counter() - t0
+    check = _self_check(result.current["metrics"], evaluation)
+    doc = {
+        "run": {
+            "startedAt": started,
+            "goldenSet": golden.path,
+            "cases": len(golden.cases),
+            "k": ev.top_k,
+            "asOf": recording.as_of.isoformat(),
+            "tolerance": args.tolerance,
+            "maxPoints": args.max_points,
+            "points": len(grid.points),
+            "embedder": described["embedder"],
+            "reranker": described["reranker"],
+            "collection": described["collection"],
+            "chunks": described["chunks"],
+            "chain": described["chain"],
+            "selfCheck": check,
+        },
+        **result.to_json(),
+    }
+    paths = write_tune(doc, ev.output_dir, ev.report_prefix)
+    if args.json:
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
+    else:
+        print(tune_markdown(doc))
+        print(
+            f"{len(grid.points)} points replayed in {replay_s:.2f} s "
+            f"({result.cost_ms['perPoint']:.1f} ms per point; one real evaluation "
+            f"{result.cost_ms['realEvaluation']:.0f} ms)"
+        )
+        for path in paths:
+            print(f"tune: {path}")
+    if not check.startswith("ok"):
+        print(f"warning: {check}", file=sys.stderr)
+    return exit_codes.OK
+
+
+def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
+    """The replayed current configuration against the real evaluation it was recorded from."""
+    from app.evaluation.replay import POINT_METRICS, point_metrics
+
+    real = point_metrics(evaluation)
+    off = [
+        f"{name} replay {replayed[name]} != evaluation {real[name]}"
+        for name in POINT_METRICS
+        if (replayed[name] is None) != (real[name] is None)
+        or (real[name] is not None and abs(replayed[name] - real[name]) > 1e-9)
+    ]
+    if off:
+        return "MISMATCH (a replay bug; please report): " + "; ".join(off)
+    return "ok: the replayed current configuration equals the real evaluation on every metric"
 
 
 def compare_command(args: argparse.Namespace) -> int:

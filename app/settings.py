@@ -265,6 +265,14 @@ class EvaluateThresholds(_Strict):
     max_false_answer_rate: float | None = Field(None, ge=0.0, le=1.0)
 
 
+class SweepSettings(_Strict):
+    """The startup evaluation's threshold sweep (`similarity_threshold.min_dense`, replayed)."""
+
+    enabled: bool = True
+    # the abstention threshold recommended may lose at most this much recall and nDCG
+    tolerance: float = Field(0.005, ge=0.0, le=1.0)
+
+
 class EvaluateSettings(_Strict):
     enabled: bool = False
     resource_location: str = "golden_set/golden-set.json"
@@ -286,6 +294,7 @@ class EvaluateSettings(_Strict):
     latency_sample: int = Field(20, ge=0)
     # timestamped report sets kept in output_dir (the -latest files are never pruned); None = keep all
     keep_reports: int | None = Field(50, ge=1)
+    sweep: SweepSettings = SweepSettings()
 
     @field_validator("k_values")
     @classmethod

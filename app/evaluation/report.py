@@ -209,6 +209,7 @@ def invalid_report(golden_path: str, error: str, run_info: dict[str, Any]) -> di
         "summary": None,
         "comparison": None,
         "gate": {"passed": False, "checks": [], "failures": [], "notes": []},
+        "sweep": None,
         "stages": [],
         "segments": [],
         "groups": [],
@@ -473,6 +474,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
         lines.append("")
     lines += _gate_markdown(report["gate"])
+    from app.evaluation.tune import sweep_markdown  # tune imports this module
+
+    lines += sweep_markdown(report)
     lines += _segments_markdown(report)
     lines += [
         "## Per-stage filter statistics",

@@ -291,6 +291,11 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked)
 
 
+def score_case(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Sequence[int] = ()) -> None:
+    """Score one case's outcome into `item` exactly as `evaluate` does (the replay scores its points so)."""
+    _score(item, outcome, k_values)
+
+
 def _where_lost(
     item: CaseResult,
     outcome: RetrievalResult,

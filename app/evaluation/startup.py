@@ -14,6 +14,7 @@ from app.evaluation.fingerprint import run_fingerprint
 from app.evaluation.gate import GateResult, check_gate
 from app.evaluation.golden_set import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.records import to_json
+from app.evaluation.replay import record
 from app.evaluation.report import (
     build_report,
     invalid_report,
@@ -24,7 +25,8 @@ from app.evaluation.report import (
 )
 from app.evaluation.runner import Evaluation, KnownIds, evaluate
 from app.evaluation.segments import segments
-from app.settings import EvaluateSettings
+from app.evaluation.tune import sweep_line, threshold_sweep
+from app.settings import ChainSettings, EvaluateSettings
 
 if TYPE_CHECKING:
     from app.service import Sieve
@@ -110,8 +112,28 @@ def run_startup_evaluation(
         "[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k
     )
     known = KnownIds.from_store(sieve.store)
-    evaluation = run_evaluation(sieve.chain, golden, known, settings, progress)
-    return finish_evaluation(evaluation, settings, run_description(described, evaluation, known), baseline)
+    chain = sieve.chain  # one chain for the run and its sweep, even if an ingest rebuilds the index meanwhile
+    evaluation = run_evaluation(chain, golden, known, settings, progress)
+    sweep = run_sweep(evaluation, chain, sieve.settings.rag.chain, settings)
+    return finish_evaluation(
+        evaluation, settings, run_description(described, evaluation, known), baseline, sweep
+    )
+
+
+def run_sweep(
+    evaluation: Evaluation, chain: Any, chain_settings: ChainSettings, settings: EvaluateSettings
+) -> dict[str, Any] | None:
+    """The report's `sweep` (None when `rag.evaluate.sweep.enabled` is false): the similarity threshold
+    replayed over the candidates `evaluation` recorded. A sweep that fails is logged and left out; it never
+    costs the report."""
+    if not settings.sweep.enabled:
+        return None
+    try:
+        recording = record(evaluation, chain)
+        return threshold_sweep(recording, chain_settings, settings.thresholds, settings.sweep.tolerance)
+    except Exception as exc:  # the sweep is an extra; the evaluation's report must still be written
+        log.error("[RetrievalEval] threshold sweep not run: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def run_evaluation(
@@ -139,10 +161,12 @@ def finish_evaluation(
     settings: EvaluateSettings,
     run_info: dict[str, Any],
     baseline: Baseline | None = None,
+    sweep: dict[str, Any] | None = None,
 ) -> EvaluationOutcome:
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
     stamp = report_stamp()
     report = build_report(evaluation, run_info)
+    report["sweep"] = sweep
     if settings.write_json:
         report["run"]["reportFile"] = f"{settings.report_prefix}-{stamp}.json"
     if baseline.report is not None:
@@ -163,6 +187,9 @@ def finish_evaluation(
         log.info("[RetrievalEval] %s", baseline_line(report["comparison"], k_label(report)))
     else:
         log.info("[RetrievalEval] no baseline: %s", baseline.note)
+    line = sweep_line(sweep)
+    if line:
+        log.info("[RetrievalEval] %s", line)
     for check in gate.checks:
         (log.info if check.passed else log.error)(
             "[RetrievalEval] gate %s %s", "ok" if check.passed else "FAILED", check.describe()

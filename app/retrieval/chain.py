@@ -91,6 +91,11 @@ class RetrievalChain:
                 on_result(len(out) - 1, out[-1])
         return out
 
+    def run_stages(self, request: RetrievalRequest, cset: CandidateSet, today: date) -> RetrievalResult:
+        """The stages alone over candidates generated before (the replay of `sieve tune`): no model or
+        store call, the same code path as `retrieve_many` after its candidate generation."""
+        return self._run(request, cset, 0.0, 0.0, today)
+
     def _run(
         self,
         request: RetrievalRequest,

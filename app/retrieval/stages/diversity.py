@@ -3,6 +3,7 @@ optionally MMR-order."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -25,6 +26,7 @@ RELEVANCE_KEYS = (SCORE_RERANK, SCORE_FUSED, SCORE_DENSE)
 _SPACE = re.compile(r"\s+")
 
 
+@functools.lru_cache(maxsize=65536)  # pure; the replay of `sieve tune` sees the same texts for every point
 def normalise_text(text: str) -> str:
     """NFKC, whitespace runs collapsed to one space, stripped, casefolded: what "the same text" means here."""
     return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().casefold()
@@ -63,6 +65,7 @@ class DiversityStage:
         seen_text: dict[str, str] = {}
         kept_documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
         kept_vectors: list[tuple[str, np.ndarray]] = []
+        kept_matrix: np.ndarray | None = None  # np.stack of kept_vectors, rebuilt only after a keep
         per_source: dict[str, int] = {}
         per_doc: dict[str, int] = {}
         cap = self.settings.max_per_source
@@ -79,7 +82,9 @@ class DiversityStage:
             elif self.settings.drop_document_copies and original is not None and original != candidate.doc_id:
                 why = f"copy of doc {original}"
             elif self.settings.max_cosine is not None and vector is not None and kept_vectors:
-                sims = np.stack([v for _, v in kept_vectors]) @ vector
+                if kept_matrix is None or len(kept_matrix) != len(kept_vectors):
+                    kept_matrix = np.stack([v for _, v in kept_vectors])
+                sims = kept_matrix @ vector
                 best = int(np.argmax(sims))
                 if sims[best] > self.settings.max_cosine:
                     shown, bound = format_pair(float(sims[best]), self.settings.max_cosine)

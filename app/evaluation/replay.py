@@ -1,0 +1,354 @@
+"""Replay: the chain's stages re-run over recorded candidates, for another configuration, with no model or
+store call.
+
+The expensive part of an evaluation is the candidate generation (query embedding, the store's dense search,
+BM25 top-N). Every stage after it is a deterministic function of the candidates, their scores, metadata and
+vectors. So one real evaluation is recorded (`record`): each case's raw candidate set as the chain saw it
+(`RetrievalResult.raw_candidates`, which keep their stored vectors for the cosine checks), the BM25 score of
+every candidate, and, when a reranker is loaded, its score for every candidate's text. `replay` then builds
+the stages of any `ChainSettings` around recorded scorers and runs them through `RetrievalChain.run_stages`,
+the very code `retrieve_many` runs after its candidate generation, and scores each case with
+`runner.score_case` and the summary with `report.summarize`, the evaluation's own functions. A point's
+figures are therefore those `sieve eval` reports with that setting (the tests check it to 1e-9).
+
+What cannot be replayed: anything that changes the candidates (`retrieval.candidate_k`, `bm25_candidate_k`,
+`hybrid`, chunking, the embedder, BM25 `k1`/`b`, the store) and latency (a replayed point has no real
+latency: `max_p95_ms` is not checked for it). With a real cross-encoder, the recorded rerank scores come
+from one call per case over all candidates; the model's batching pads windows differently from the head-only
+call of a live run, which can move a score in its last float digits (ranks change only on such near-ties).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from statistics import fmean
+from typing import Any
+
+from app.evaluation.gate import check_gate
+from app.evaluation.golden_set import GoldenCase, GoldenSet
+from app.evaluation.report import summarize
+from app.evaluation.runner import CaseResult, Evaluation, score_case
+from app.retrieval.candidates import CandidateSet
+from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
+from app.retrieval.stages import build_stages
+from app.retrieval.stages.bm25 import Bm25Stage
+from app.retrieval.stages.rerank import RerankStage
+from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
+from app.settings import ChainSettings, EvaluateThresholds
+
+# The figures of one point, in the order the tables show them.
+POINT_METRICS = (
+    "recall",
+    "hitRate",
+    "mrr",
+    "ndcg",
+    "correctAbstention",
+    "falseAnswerRate",
+    "forbiddenHits",
+    "meanResults",
+)
+
+
+class ReplayError(RuntimeError):
+    """The replay was asked for something it did not record (a bug, never a silent model or store call)."""
+
+
+@dataclass
+class RecordedCase:
+    case: GoldenCase
+    k: int
+    key: str
+    relevance: dict[str, float]
+    missing_from_index: list[str]
+    request: RetrievalRequest
+    candidates: CandidateSet | None  # None: the case failed before its stages ran
+    error: str | None = None
+
+
+class RecordedLexical:
+    """The BM25 scorer of the replayed `bm25` stage: the scores recorded for every candidate."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[str, float]] = {}
+
+    def scores(self, query: str, ids: Any) -> dict[str, float]:
+        known = self.table.get(query, {})
+        missing = [i for i in ids if i not in known]
+        if missing:
+            raise ReplayError(f"replay: no recorded BM25 score for {missing[0]!r} (query {query[:60]!r})")
+        return {i: known[i] for i in ids}
+
+
+class RecordedReranker:
+    """The scorer of the replayed `rerank` stage: the reranker's recorded score of every candidate's text
+    (None for a query the reranker returned no scores for, as the live stage sees it)."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        self.table: dict[str, dict[str, float] | None] = {}
+
+    def score(self, query: str, passages: list[str]) -> list[float] | None:
+        if query not in self.table:
+            raise ReplayError(f"replay: no recorded rerank scores for query {query[:60]!r}")
+        known = self.table[query]
+        if known is None:
+            return None
+        missing = [p for p in passages if p not in known]
+        if missing:
+            raise ReplayError(f"replay: no recorded rerank score for a passage of query {query[:60]!r}")
+        return [known[p] for p in passages]
+
+
+@dataclass
+class Recording:
+    """What every replay needs, in memory: per case its candidates, and the recorded scorers."""
+
+    golden: GoldenSet
+    default_k: int
+    as_of: date
+    cases: list[RecordedCase]
+    lexical: RecordedLexical
+    reranker: RecordedReranker | None
+    record_ms: float  # the time spent scoring every candidate with BM25 (and the reranker)
+    evaluation_ms: float  # the evaluation the candidates came from
+    replays: int = 0
+    replay_ms: float = 0.0
+    dense_scores: list[float] = field(default_factory=list)
+    # stage outcomes already computed, by stage settings and input (see _MemoStage)
+    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    @property
+    def candidates_ms(self) -> float:
+        """What it cost to get the candidates into memory: the evaluation plus the extra scoring."""
+        return self.evaluation_ms + self.record_ms
+
+    @property
+    def per_point_ms(self) -> float:
+        return self.replay_ms / self.replays if self.replays else 0.0
+
+
+def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
+    """Record the candidates of `evaluation` (a run of `chain`) and score each of them with the chain's BM25
+    index and reranker, once, so any configuration of the stages can be replayed from memory."""
+    t0 = time.perf_counter()
+    lexical_index = next((s.stage.index for s in chain.stages if isinstance(s.stage, Bm25Stage)), None)
+    scorer = next((s.stage.scorer for s in chain.stages if isinstance(s.stage, RerankStage)), None)
+    lexical = RecordedLexical()
+    reranker = RecordedReranker(getattr(scorer, "name", None)) if scorer is not None else None
+    cases: list[RecordedCase] = []
+    dense: list[float] = []
+    for item in evaluation.cases:
+        request = RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag)
+        result = item.result
+        cset = None
+        if result is not None:
+            raw = list(result.raw_candidates)
+            cset = CandidateSet(raw, dict(result.trace.candidate_origins))
+            dense += [c.scores[SCORE_DENSE] for c in raw if SCORE_DENSE in c.scores]
+            ids = [c.chunk_id for c in raw]
+            if lexical_index is not None and ids:
+                lexical.table.setdefault(request.query, {}).update(lexical_index.scores(request.query, ids))
+            else:
+                lexical.table.setdefault(request.query, {}).update(dict.fromkeys(ids, 0.0))
+            if reranker is not None and scorer is not None:
+                texts = list(dict.fromkeys(c.text for c in raw))
+                values = scorer.score(request.query, texts) if texts else []
+                previous = reranker.table.get(request.query, {})
+                if values is None or previous is None:
+                    reranker.table[request.query] = None
+                else:
+                    scores = dict(zip(texts, (float(v) for v in values), strict=True))
+                    reranker.table[request.query] = {**previous, **scores}
+        cases.append(
+            RecordedCase(
+                case=item.case,
+                k=item.k,
+                key=item.key,
+                relevance=dict(item.relevance),
+                missing_from_index=list(item.missing_from_index),
+                request=request,
+                candidates=cset,
+                error=item.error if result is None else None,
+            )
+        )
+    return Recording(
+        golden=evaluation.golden,
+        default_k=evaluation.default_k,
+        as_of=evaluation.as_of or date.today(),
+        cases=cases,
+        lexical=lexical,
+        reranker=reranker,
+        record_ms=(time.perf_counter() - t0) * 1000,
+        evaluation_ms=evaluation.duration_ms,
+        dense_scores=dense,
+    )
+
+
+class _NoEmbedder:
+    def embed_queries(self, texts: list[str]) -> Any:
+        raise ReplayError("replay: the embedder must not be called")
+
+
+class _NoCandidates:
+    def generate_many(self, *args: Any, **kwargs: Any) -> Any:
+        raise ReplayError("replay: the store must not be called")
+
+
+MEMO_LIMIT = 200_000  # stage outcomes kept per recording; past it, stages just run
+
+
+class _MemoStage:
+    """A stage whose outcome is reused when the same case reaches it again with the same settings and the
+    same input, as a grid often does (two thresholds that remove the same candidates leave every later stage
+    the same list). The stages are deterministic functions of their settings, the query and their input, so a
+    reused outcome is the outcome.
+
+    The key is the input's chunk ids in order, plus every score when the stage reads the scores or returns new
+    candidate objects (bm25, rerank, diversity with MMR). The others (similarity_threshold, which reads only
+    the raw dense score; hard_filter; diversity without MMR; fallback, which reads the raw dense scores and
+    the hard filter's removals, part of its key) keep or add given objects, so a reused outcome is rebuilt
+    from this input's own objects and keeps this point's scores."""
+
+    def __init__(self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, order_only: bool):
+        self.stage = stage
+        self.name = stage.name
+        self.memo = memo
+        self.settings_key = settings_key
+        self.order_only = order_only
+
+    def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        if self.order_only:
+            content: tuple[Any, ...] = tuple(c.chunk_id for c in candidates)
+        else:
+            content = tuple((c.chunk_id, tuple(sorted(c.scores.items()))) for c in candidates)
+        barred = ()
+        if self.name == "fallback":
+            barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
+        key = (self.name, self.settings_key, query.text, query.knowledge_tag, query.today, content, barred)
+        hit = self.memo.get(key)
+        if hit is None:
+            outcome = self.stage.run(query, candidates)
+            if len(self.memo) < MEMO_LIMIT:
+                self.memo[key] = (
+                    ([c.chunk_id for c in outcome.kept], [c.chunk_id for c in outcome.added], outcome)
+                    if self.order_only
+                    else outcome
+                )
+            return outcome
+        if self.order_only:
+            kept_ids, added_ids, old = hit
+            given = {c.chunk_id: c for c in candidates}
+            raw = {c.chunk_id: c for c in query.raw_candidates}
+            return StageOutcome(
+                kept=[given[i] if i in given else raw[i] for i in kept_ids],
+                removed=list(old.removed),
+                added=[raw[i] for i in added_ids],
+                skipped=old.skipped,
+                score_key=old.score_key,
+            )
+        return StageOutcome(list(hit.kept), list(hit.removed), list(hit.added), hit.skipped, hit.score_key)
+
+
+def _memoised(
+    stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
+) -> list[ChainStage]:
+    out = []
+    for item in stages:
+        own = getattr(chain_settings, item.name)
+        key = own.model_dump_json()
+        if item.name == "fallback":  # its refills must pass the hard filter's rules
+            key += chain_settings.hard_filter.model_dump_json()
+        order_only = item.name in ("similarity_threshold", "hard_filter", "fallback") or (
+            item.name == "diversity" and not chain_settings.diversity.mmr
+        )
+        out.append(ChainStage(_MemoStage(item.stage, memo, key, order_only), item.enabled))
+    return out
+
+
+def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
+    """The evaluation `chain_settings` would give on the recorded candidates: stages only."""
+    t0 = time.perf_counter()
+    stages = _memoised(
+        build_stages(chain_settings, recording.lexical, recording.reranker), chain_settings, recording.memo
+    )
+    chain = RetrievalChain(_NoEmbedder(), _NoCandidates(), stages)  # type: ignore[arg-type]
+    cases: list[CaseResult] = []
+    for rc in recording.cases:
+        item = CaseResult(
+            rc.case, rc.k, rc.key, dict(rc.relevance), missing_from_index=list(rc.missing_from_index)
+        )
+        if rc.candidates is None:
+            item.error = rc.error or "failed before its stages ran"
+        else:
+            try:
+                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of)
+            except ReplayError:
+                raise
+            except Exception as exc:  # as retrieve_many: one case's failure is that case's
+                outcome = exc
+            score_case(item, outcome)
+        cases.append(item)
+    elapsed = (time.perf_counter() - t0) * 1000
+    recording.replays += 1
+    recording.replay_ms += elapsed
+    return Evaluation(
+        golden=recording.golden,
+        default_k=recording.default_k,
+        cases=cases,
+        stage_names=chain.stage_names,
+        started_at=time.time(),
+        duration_ms=elapsed,
+        as_of=recording.as_of,
+    )
+
+
+def point_metrics(evaluation: Evaluation) -> dict[str, Any]:
+    """A point's figures, from `report.summarize` (the evaluation's summary) plus two counts.
+
+    meanResults = mean number of documents returned per case that ran (no-answer cases included);
+    correctAbstentions / noAnswerCases: the counts behind correctAbstention.
+    """
+    s = summarize(evaluation)
+    ran = [c for c in evaluation.cases if c.result is not None]
+    no_answer = [c for c in evaluation.cases if c.case.expect_no_answer and c.error is None]
+    return {
+        "recall": s["recall"],
+        "hitRate": s["hitRate"],
+        "mrr": s["mrr"],
+        "ndcg": s["ndcg"],
+        "correctAbstention": s["noAnswer"]["correctAbstentionRate"],
+        "falseAnswerRate": s["noAnswer"]["falseAnswerRate"],
+        "forbiddenHits": s["forbidden"]["hits"],
+        "meanResults": fmean(len(c.result.documents) for c in ran) if ran else None,  # type: ignore[union-attr]
+        "correctAbstentions": sum(1 for c in no_answer if c.abstained),
+        "noAnswerCases": len(no_answer),
+    }
+
+
+def passes_gate(evaluation: Evaluation, thresholds: EvaluateThresholds) -> bool:
+    """The configured gate's level and safety checks on a replayed point. Latency is not replayed, so
+    `max_p95_ms` is left out; regressions need a baseline run and are not checked either."""
+    summary = summarize(evaluation)
+    return check_gate(
+        summary, thresholds.model_copy(update={"max_p95_ms": None}), None, None, "replay"
+    ).passed
+
+
+def pareto_front(points: list[dict[str, Any]]) -> list[bool]:
+    """For each point's metrics: True when no other point is at least as good on both nDCG and correct
+    abstention and strictly better on one (a missing figure counts as the worst)."""
+
+    def pair(m: dict[str, Any]) -> tuple[float, float]:
+        return (
+            m["ndcg"] if m["ndcg"] is not None else float("-inf"),
+            m["correctAbstention"] if m["correctAbstention"] is not None else float("-inf"),
+        )
+
+    pairs = [pair(m) for m in points]
+    out = []
+    for a in pairs:
+        dominated = any(b[0] >= a[0] and b[1] >= a[1] and (b[0] > a[0] or b[1] > a[1]) for b in pairs)
+        out.append(not dominated)
+    return out
