@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -149,8 +150,10 @@ def _serve(args: argparse.Namespace) -> int:
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             # Writers stop at their next slice from this moment, not after uvicorn has drained connections.
+            if state.stop_deadline is None:
+                state.stop_deadline = time.monotonic() + deadline
+                _exit_after(deadline - 0.25)
             state.stopping.set()
-            _exit_after(deadline + 2.0)
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
@@ -159,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.rag.server.port,
         log_level="info",
         log_config=None,
-        timeout_graceful_shutdown=max(1, int(deadline) - 2),
+        timeout_graceful_shutdown=max(1, int(deadline / 3)),
     )
     server = _Server(config)
     # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the

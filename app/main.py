@@ -33,6 +33,8 @@ from app.settings import Settings
 log = logging.getLogger("sieve")
 
 # the one exit-code table (app/exit_codes.py), shared with the CLI
+# of rag.server.shutdown_seconds, what the shutdown keeps for the process's own exit after the writers stop
+EXIT_ALLOWANCE_S = 1.5
 EXIT_STARTUP_FAILED = exit_codes.UNAVAILABLE
 EXIT_GATE_FAILED = exit_codes.GATE_FAILED
 EXIT_INVALID_GOLDEN_SET = exit_codes.BAD_INPUT
@@ -50,6 +52,8 @@ class AppState:
     # serialises writers (ingest, evaluation) against each other; reads need no lock
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
+    # monotonic time by which the process must be gone; set when the stop is asked (SIGTERM)
+    stop_deadline: float | None = None
     jobs: JobBook = field(init=False)
     job_runner: JobRunner = field(init=False)
 
@@ -101,12 +105,15 @@ def stop_writers(state: AppState) -> None:
     A write still running at the deadline is left to die with the process: ingest writes only after it has
     embedded everything, and each store write is one Chroma call, so what is stored stays consistent."""
     state.stopping.set()
-    deadline = time.monotonic() + state.settings.rag.server.shutdown_seconds
-    if not state.job_runner.stop(timeout=max(0.0, deadline - time.monotonic() - 0.5)):
+    if state.stop_deadline is None:
+        state.stop_deadline = time.monotonic() + state.settings.rag.server.shutdown_seconds
+    # what is left after the writers stop is the process's own exit (torch, Chroma): keep time for it
+    deadline = state.stop_deadline - EXIT_ALLOWANCE_S
+    if not state.job_runner.stop(timeout=max(0.0, deadline - time.monotonic())):
         log.error("shutdown: the running job did not stop in time; it will be reported as interrupted")
         return
     # the startup thread or a request may still be writing; close only when no writer holds the lock
-    if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic() - 0.2)):
+    if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         try:
             if state.sieve is not None:
                 state.sieve.close()  # type: ignore[attr-defined]

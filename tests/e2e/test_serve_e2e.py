@@ -310,7 +310,7 @@ def big_document(doc_id: str, sections: int) -> dict[str, str]:
 
 
 def test_sigterm_during_a_large_write_stops_in_time_and_the_next_start_reports_the_job(serve) -> None:
-    shutdown_seconds = 5
+    shutdown_seconds = 8  # headroom for a loaded machine; the assertion is against this same figure
     env = {"RAG__SERVER__SHUTDOWN_SECONDS": str(shutdown_seconds)}
     server = serve(**env)
     server.wait_ready()

@@ -40,9 +40,9 @@ class CountingEmbedder:
         self.inner = inner
         self.embedded: list[str] = []
 
-    def embed_passages(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
+    def embed_passages(self, texts: list[str], show_progress: bool = False, **slicing) -> np.ndarray:
         self.embedded.extend(texts)
-        return self.inner.embed_passages(texts, show_progress=show_progress)
+        return self.inner.embed_passages(texts, show_progress=show_progress, **slicing)
 
 
 def test_reingesting_with_only_a_new_title_gives_new_ids_and_vectors_of_the_new_text(
