@@ -162,9 +162,10 @@ def _delta(row: dict[str, Any] | None) -> dict[str, Any] | None:
 
 # -- funnel ------------------------------------------------------------------------------------------
 
-FUNNEL_WIDTH = 640
+FUNNEL_WIDTH = 900  # label, bar, then the figures as text
 FUNNEL_ROW = 34
 FUNNEL_LABEL = 150
+FUNNEL_BAR = 420
 
 
 def funnel(report: dict[str, Any]) -> dict[str, Any]:
@@ -197,18 +198,20 @@ def funnel(report: dict[str, Any]) -> dict[str, Any]:
                 "note": note,
             }
         )
+    # the grey bar is scaled to the most candidates, the green one to the relevant ids among the
+    # candidates (a few dozen against thousands would not show on one scale)
     top = max([r["kept"] for r in rows] + [1])
-    bar_space = FUNNEL_WIDTH - FUNNEL_LABEL - 10
     for i, r in enumerate(rows):
         r["y"] = i * FUNNEL_ROW
-        r["width"] = round(bar_space * max(r["kept"], 0) / top, 2)
-        r["relWidth"] = round(bar_space * max(r["relevantKept"], 0) / top, 2)
+        r["width"] = round(FUNNEL_BAR * max(r["kept"], 0) / top, 2)
+        r["relWidth"] = round(FUNNEL_BAR * max(r["relevantKept"], 0) / max(relevant, 1), 2)
     return {
         "rows": rows,
         "candidates": candidates,
         "relevant": relevant,
         "width": FUNNEL_WIDTH,
         "label": FUNNEL_LABEL,
+        "bar": FUNNEL_BAR,
         "height": max(len(rows), 1) * FUNNEL_ROW,
     }
 
@@ -305,8 +308,8 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
     marks = []
     rec = sweep.get("recommendation") or {}
     for name, label, colour in (
-        ("abstention", "recommended (abstention)", "#16a34a"),
-        ("best", "best nDCG", "#7c3aed"),
+        ("abstention", "Recommended for abstention", "#16a34a"),
+        ("best", "Best nDCG passing the gate", "#7c3aed"),
     ):
         point = (rec.get(name) or {}).get("point") or {}
         if isinstance(point.get(param), int | float):
@@ -325,7 +328,7 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
         marks.append(
             {
                 "name": "current",
-                "label": "current",
+                "label": "Current setting",
                 "colour": "#6b7280",
                 "value": current,
                 "x": px(float(current)),

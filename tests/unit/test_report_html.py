@@ -87,7 +87,7 @@ def test_sweep_curve_has_a_point_per_row_and_marks_the_recommendation() -> None:
         assert block is not None and block.group(1).count('class="sweep-point"') == 21
     assert re.search(r'class="sweep-mark" data-mark="abstention" data-value="0.85"', html)
     assert re.search(r'class="sweep-mark" data-mark="best" data-value="0.7"', html)
-    assert f"Recommended (abstention): {SWEEP_PARAM} = 0.85" in html
+    assert f"Recommended for abstention: {SWEEP_PARAM} = 0.85</b>" in html
 
 
 def test_without_a_sweep_the_section_says_so() -> None:
@@ -116,7 +116,8 @@ def test_a_thousand_cases_collapse_into_one_section() -> None:
     base = report["cases"][1]
     report["cases"] = [{**base, "id": f"c{i:04d}"} for i in range(1000)]
     html = render_html(report)
-    assert html.count("<details") == 1 + 0  # all cases in one collapsed section; no worst case here
+    # one collapsed section holds every case; none is a worst case, so nothing else is per case
+    assert '<details class="all" id="all-cases">' in html and '<details class="case"' not in html
     assert html.count('<td class="mono">c') == 1000
 
 
