@@ -16,6 +16,7 @@ Charts:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -339,8 +340,12 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
     y_ticks = [
         {"y": py(i / 4), "label": f"{i / 4:.2f}", "right": f"{max_results * i / 4:.1f}"} for i in range(5)
     ]
+    # the other parameters of the rows (e.g. chain.fallback.enabled=false during a threshold sweep)
+    others = sorted({k for r in rows for k in r["params"] if k != param})
+    held = {k: sorted({json.dumps(r["params"].get(k)) for r in rows}) for k in others}
     return {
         "param": param,
+        "held": {k: ", ".join(v) for k, v in held.items()},
         "rows": rows,
         "series": series,
         "marks": marks,
