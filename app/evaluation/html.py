@@ -267,7 +267,11 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
     if not sweep or not sweep.get("rows"):
         return None
     param = sweep.get("param") or next(iter(sweep.get("grid") or {}), "")
-    rows = [r for r in sweep["rows"] if isinstance((r.get("params") or {}).get(param), int | float)]
+    rows = [
+        r
+        for r in sweep["rows"]
+        if isinstance((r.get("params") or {}).get(param), int | float) and isinstance(r.get("metrics"), dict)
+    ]
     if not rows:
         return None
     rows.sort(key=lambda r: r["params"][param])

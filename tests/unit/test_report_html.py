@@ -152,3 +152,17 @@ def test_prune_removes_old_html_with_its_set(tmp_path) -> None:
         f"retrieval-eval-20261201T000000Z.{e}" for e in ("html", "json", "md")
     ]
     assert (tmp_path / "retrieval-eval-latest.html").exists()
+
+
+def test_a_sweep_without_no_answer_cases_draws_no_abstention_curve() -> None:
+    sweep = sample_sweep()
+    for row in sweep["rows"]:
+        row["metrics"]["correctAbstention"] = None
+    sweep["recommendation"]["abstention"] = None
+    html = render_html({**sample_report(), "sweep": sweep})
+    block = re.search(r'data-series="correctAbstention">(.*?)</g>', html, re.S)
+    assert block is not None and 'class="sweep-point"' not in block.group(1)
+    assert (
+        re.search(r'data-series="recall">(.*?)</g>', html, re.S).group(1).count('class="sweep-point"') == 21
+    )
+    assert 'data-mark="abstention"' not in html and 'data-mark="best"' in html
