@@ -24,7 +24,6 @@ from typing import Any
 from app.evaluation import metrics
 from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
 from app.evaluation.fingerprint import case_sha256
-from app.evaluation.html import render_html
 from app.evaluation.records import StageRow, to_json
 from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
 from app.evaluation.segments import groups, query_language, segments
@@ -295,6 +294,8 @@ def write_reports(
     if settings.write_markdown and markdown is not None:
         payloads.append(("md", markdown))
     if settings.write_html:
+        from app.evaluation.html import render_html  # Jinja2 is loaded only when a page is written
+
         try:
             payloads.append(("html", render_html(report)))
         except Exception:  # a rendering bug must not cost the JSON and Markdown reports
