@@ -280,6 +280,8 @@ class EvaluateSettings(_Strict):
     report_prefix: str = "retrieval-eval"
     write_markdown: bool = True
     write_json: bool = True
+    # <prefix>-<ts>.html and <prefix>-latest.html: one self-contained page (inline CSS/SVG, no network)
+    write_html: bool = True
     top_k: int = Field(5, ge=1, le=100)
     k_values: list[int] = Field(default_factory=lambda: [1, 3, 5, 10])
     thresholds: EvaluateThresholds = EvaluateThresholds()

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.api.deps import require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
@@ -209,6 +209,41 @@ def latest_evaluation(request: Request) -> JSONResponse:
             f"or start with rag.evaluate.enabled=true",
         )
     return JSONResponse(json.loads(path.read_text(encoding="utf-8")))
+
+
+# the page carries golden queries and document text: it may run its own inline script, and fetch nothing
+HTML_REPORT_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+    "img-src data:",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@router.get(
+    "/api/evaluations/latest.html",
+    tags=["evaluation"],
+    dependencies=admin,
+    response_class=HTMLResponse,
+    responses={
+        **REPORT_ERRORS,
+        200: {"content": {"text/html": {}}, "description": "the latest report as one self-contained page"},
+    },
+)
+def latest_evaluation_html(request: Request) -> HTMLResponse:
+    """The latest evaluation report as HTML (inline CSS and SVG, no outside resource); admin token, like
+    the JSON."""
+    from app.evaluation.startup import latest_report_path
+
+    settings = sieve_state(request).settings.rag.evaluate
+    path = latest_report_path(settings).with_suffix(".html")
+    if not path.exists():
+        hint = (
+            "rag.evaluate.write_html is false"
+            if not settings.write_html
+            else "run one with POST /api/evaluations or start with rag.evaluate.enabled=true"
+        )
+        raise ApiError(404, f"no HTML evaluation report yet ({path.name} does not exist); {hint}")
+    return HTMLResponse(path.read_text(encoding="utf-8"), headers=HTML_REPORT_HEADERS)
 
 
 @router.post("/api/evaluations", tags=["evaluation"], dependencies=admin, responses=WRITE_ERRORS)

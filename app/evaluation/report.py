@@ -1,8 +1,8 @@
 """The evaluation report: one JSON document (`schemaVersion` 2) and its Markdown rendering.
 
-Files: `<output_dir>/<prefix>-<UTC timestamp>.{md,json}` plus `<prefix>-latest.{md,json}`, each written to
-a temporary file in the same folder and renamed into place, so a reader never sees half a report. Files
-get the ordinary mode (0666 minus the umask, 0644 usually); only the newest `keep_reports` timestamped
+Files: `<output_dir>/<prefix>-<UTC timestamp>.{md,json,html}` plus `<prefix>-latest.{md,json,html}`, each
+written to a temporary file in the same folder and renamed into place, so a reader never sees half a report.
+Files get the ordinary mode (0666 minus the umask, 0644 usually); only the newest `keep_reports` timestamped
 sets are kept (the `-latest` files are never pruned).
 
 The Markdown is rendered from the report JSON alone, so a report read back from disk renders the same.
@@ -308,6 +308,13 @@ def write_reports(
         payloads.append(("json", json.dumps(report, ensure_ascii=False, indent=2) + "\n"))
     if settings.write_markdown and markdown is not None:
         payloads.append(("md", markdown))
+    if settings.write_html:
+        from app.evaluation.html import render_html  # Jinja2 is loaded only when a page is written
+
+        try:
+            payloads.append(("html", render_html(report)))
+        except Exception:  # a rendering bug must not cost the JSON and Markdown reports
+            log.exception("[RetrievalEval] the HTML report could not be rendered; JSON and Markdown written")
     for suffix, text in payloads:
         for name in (
             f"{settings.report_prefix}-{stamp}.{suffix}",
@@ -323,10 +330,10 @@ def write_reports(
 
 
 def prune_reports(directory: Path, prefix: str, keep: int) -> list[Path]:
-    """Delete the timestamped report sets (`<prefix>-<YYYYmmddTHHMMSSZ>.json/.md`) beyond the newest
+    """Delete the timestamped report sets (`<prefix>-<YYYYmmddTHHMMSSZ>.json/.md/.html`) beyond the newest
     `keep` timestamps; the `-latest` files and anything else in the folder are never touched. Returns the
     paths deleted."""
-    pattern = re.compile(rf"^{re.escape(prefix)}-(\d{{8}}T\d{{6}}Z)\.(json|md)$")
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d{{8}}T\d{{6}}Z)\.(json|md|html)$")
     by_stamp: dict[str, list[Path]] = {}
     for path in directory.iterdir():
         match = pattern.match(path.name)

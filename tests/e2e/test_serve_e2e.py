@@ -158,6 +158,8 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
     latest_md = server.output_dir / "retrieval-eval-latest.md"
     assert f"[RetrievalEval] report {latest_json}" in after_summary
     assert f"[RetrievalEval] report {latest_md}" in after_summary
+    latest_html = server.output_dir / "retrieval-eval-latest.html"
+    assert f"[RetrievalEval] report {latest_html}" in after_summary
 
     # the JSON report
     report = json.loads(latest_json.read_text(encoding="utf-8"))

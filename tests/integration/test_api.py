@@ -5,6 +5,7 @@ around it with `create_app(settings, start=...)`, so startup costs nothing and s
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -341,6 +342,34 @@ def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
     assert latest.status_code == 200
     assert latest.json() == report
     assert (Path(app_settings.rag.evaluate.output_dir) / "retrieval-eval-latest.md").exists()
+
+
+def test_latest_html_is_404_with_a_json_error_before_any_run(client: TestClient) -> None:
+    response = client.get("/api/evaluations/latest.html", headers=ADMIN)
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/json")
+    assert (
+        "no HTML evaluation report yet (retrieval-eval-latest.html does not exist)"
+        in response.json()["error"]
+    )
+
+
+def test_latest_html_serves_the_page_of_the_latest_evaluation(
+    client: TestClient, app_settings: Settings
+) -> None:
+    assert client.get("/api/evaluations/latest.html").status_code == 401
+    report = client.post("/api/evaluations", headers=ADMIN).json()
+    response = client.get("/api/evaluations/latest.html", headers=ADMIN)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    on_disk = Path(app_settings.rag.evaluate.output_dir) / "retrieval-eval-latest.html"
+    assert response.text == on_disk.read_text(encoding="utf-8")
+    assert f'<div class="value">{report["summary"]["ndcg"]:.3f}</div>' in response.text
+    assert html.escape(report["cases"][0]["query"], quote=True) in response.text
+    spec = client.get("/openapi.json").json()["paths"]["/api/evaluations/latest.html"]["get"]
+    assert "text/html" in spec["responses"]["200"]["content"]
+    assert spec["security"]
 
 
 # -- the store goes away -----------------------------------------------------------------------------------

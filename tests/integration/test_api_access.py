@@ -46,6 +46,7 @@ def test_writes_are_403_when_no_admin_token_is_configured(sieve: Sieve, tmp_path
             post_docs(client, [doc("x-doc", "some text")], ADMIN),
             client.post("/api/evaluations", headers=ADMIN),
             client.get("/api/evaluations/latest", headers=ADMIN),
+            client.get("/api/evaluations/latest.html", headers=ADMIN),
             client.get("/api/jobs", headers=ADMIN),
         ):
             assert response.status_code == 403
@@ -126,6 +127,7 @@ def test_with_an_api_token_reads_need_it_and_ops_pages_stay_open(sieve: Sieve, t
         assert client.post("/api/retrieve", json=QUERY, headers=ADMIN).status_code == 200
         # the reader token does not open the reports (they hold the golden queries) or the jobs
         assert client.get("/api/evaluations/latest", headers=READER).status_code == 401
+        assert client.get("/api/evaluations/latest.html", headers=READER).status_code == 401
         assert client.get("/api/jobs", headers=READER).status_code == 401
         for path in ("/health", "/ready", "/docs", "/openapi.json"):
             assert client.get(path).status_code == 200, path

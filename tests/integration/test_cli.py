@@ -162,10 +162,11 @@ def test_eval_prints_the_summary_and_writes_the_reports(capsys, output_dir: Path
     for figure in ("avgMRR=", "avgNDCG=", "hitRate=", "p50=", "p95="):
         assert figure in lines[0]
     reports = [line.removeprefix("report: ") for line in lines[1:] if line.startswith("report: ")]
-    assert len(reports) == 4
+    assert len(reports) == 6  # json, md and html (issue 10), each timestamped and -latest
     assert {Path(p).parent for p in reports} == {output_dir}
     assert str(output_dir / "retrieval-eval-latest.json") in reports
     assert str(output_dir / "retrieval-eval-latest.md") in reports
+    assert str(output_dir / "retrieval-eval-latest.html") in reports
     assert all(Path(p).is_file() for p in reports)
     report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
     assert report["summary"]["cases"] == cases

@@ -54,7 +54,9 @@ def test_write_reports_prunes_to_keep_reports(tmp_path, monkeypatch) -> None:
     for i in range(3):
         (tmp_path / f"retrieval-eval-2026010{i + 1}T000000Z.json").write_text("{}")
     write_reports(
-        {"a": 1}, EvaluateSettings(output_dir=str(tmp_path), keep_reports=2, write_markdown=False), None
+        {"a": 1},
+        EvaluateSettings(output_dir=str(tmp_path), keep_reports=2, write_markdown=False, write_html=False),
+        None,
     )
     stamped = sorted(p.name for p in tmp_path.iterdir() if "latest" not in p.name)
     assert len(stamped) == 2 and stamped[0] == "retrieval-eval-20260103T000000Z.json"
