@@ -3,9 +3,11 @@ caught up with other processes' writes through the store's change log.
 
 - Start (`open`): load the snapshot and replay the journal (app/retrieval/lexical_files.py), nothing read
   back from the store, nothing re-tokenised but the journal's tail; then read the change log since the
-  saved watermark and apply what is new; then compare the store's chunk count with the index's and, if they
-  differ (a writer killed between its store write and its change-log entry, or an older Sieve wrote),
-  repair by id difference (read all ids, fetch only the missing chunks, drop the extra ones). No usable
+  saved watermark and apply what is new; then compare the store's ids with the index's (ids only, no
+  text) and repair the difference (fetch only the missing chunks, drop the extra ones): that catches a
+  writer killed between its store write and its change-log entry, or a Sieve without the change log. A
+  retag (metadata only) lost in that same window is not detected: it is corrected when the document is
+  next written, or by deleting the index directory (rebuilt at start). No usable
   files (first start, other k1/b/analyzer, a rebuilt collection): build from the store once and save.
 - Own writes (`apply_commit(upserted, deleted_ids)`, the ingest pipeline's on_commit hook): update the
   index in memory, append to the journal (fsync), and add a change-log entry for the other processes.
@@ -124,31 +126,33 @@ class LexicalSync:
                         exc,
                     )
         if not loaded:
-            started = time.time_ns()
+            # A change-log entry is written after the write it records: whatever is logged now is in the
+            # store the build reads, so it counts as applied; entries logged during the build are not.
+            logged = self.store.changes_since(0)
             self.index = build_from_store(self.store, self.analyzer, self.k1, self.b, self.text_of)
-            self._watermark, self._seen = started - GRACE_NS, {}
+            self._seen = dict(logged)
+            self._watermark = max((stamp for _, stamp in logged), default=0)
             self._manifest = dict(identity)
             self._snapshot()
             self.how_opened = f"built from the store ({len(self.index)} chunks)"
         t1 = time.perf_counter()
         caught = self._catch_up_now()
-        stored = self.store.count()
-        repaired = self._repair() if stored != len(self.index) else (0, 0)
+        added, dropped = self._repair()
         log.info(
-            "BM25 index %s in %.1fs; change log: %d chunk(s) caught up; count check: %d store / %d index%s "
-            "(%.1fs)",
+            "BM25 index %s in %.1fs; change log: %d chunk(s) caught up; id check against the store: "
+            "+%d missing, -%d extra (%.1fs)",
             self.how_opened,
             t1 - t0,
             caught,
-            stored,
-            len(self.index),
-            f", repaired +{repaired[0]} -{repaired[1]}" if stored != len(self.index) or any(repaired) else "",
+            added,
+            dropped,
             time.perf_counter() - t1,
         )
         return self.index
 
     def _load(self, manifest: dict[str, Any]) -> None:
-        assert self.directory is not None
+        if self.directory is None:
+            raise LexicalFilesError("no lexical index directory to load from")
         state, tags = load_snapshot(self.directory, manifest)
         index = Bm25Index.from_state(state, tags, self.analyzer, k1=self.k1, b=self.b, epsilon=EPSILON)
         journal = Journal(self.directory, int(manifest["generation"]))
@@ -180,7 +184,8 @@ class LexicalSync:
         in_index = set(self.index.ids)
         missing = [i for i in in_store if i not in in_index]
         extra = [i for i in in_index if i not in in_store]
-        self._apply_ids(missing + extra, [])
+        if missing or extra:
+            self._apply_ids(missing + extra, [])
         return len(missing), len(extra)
 
     # -- writes ----------------------------------------------------------------------------------
