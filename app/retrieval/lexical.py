@@ -173,6 +173,10 @@ class Bm25Index:
         self._version = 0  # bumped by every change; keys the caches below
         self._norm: tuple[int, np.ndarray] | None = None
         self._mean_idf: tuple[int, float] | None = None
+        self._alive_mask: tuple[int, np.ndarray] | None = None
+        # term number -> (postings length when converted, slots as int64, tfs as int64): postings only grow
+        # between compactions, so a cached conversion is valid while the length is unchanged
+        self._post_np: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
 
     # -- building and updating ----------------------------------------------------------------------
 
@@ -461,10 +465,23 @@ class Bm25Index:
         norm = self._length_norm()
         score = np.zeros(len(self._slot_ids))
         for number in query_terms:
-            at = np.frombuffer(self._post_slots[number], dtype=np.uint32).astype(np.int64)
-            tf = np.frombuffer(self._post_tf[number], dtype=np.uint32).astype(np.int64)
+            at, tf = self._postings_np(number)
             score[at] += (self._idf(number) or 0) * (tf * (self.k1 + 1) / (tf + norm[at]))
         return score
+
+    def _postings_np(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        size = len(self._post_slots[number])
+        cached = self._post_np.get(number)
+        if cached is None or cached[0] != size:
+            at = np.frombuffer(self._post_slots[number], dtype=np.uint32).astype(np.int64)
+            tf = np.frombuffer(self._post_tf[number], dtype=np.uint32).astype(np.int64)
+            cached = self._post_np[number] = (size, at, tf)
+        return cached[1], cached[2]
+
+    def _alive_now(self) -> np.ndarray:
+        if self._alive_mask is None or self._alive_mask[0] != self._version:
+            self._alive_mask = (self._version, np.frombuffer(self._alive, dtype=np.uint8).astype(bool))
+        return self._alive_mask[1]
 
     def scores(self, query: str, ids: Sequence[str]) -> dict[str, float]:
         """BM25 of `query` against each of `ids`; an id the index does not hold scores 0.0 (no evidence)."""
@@ -491,7 +508,7 @@ class Bm25Index:
                 return []
             all_scores = self._all_scores(q)
             keep = all_scores > 0
-            keep &= np.frombuffer(self._alive, dtype=np.uint8).astype(bool)
+            keep &= self._alive_now()
             if knowledge_tag is not None:
                 number = self._tag_no.get(knowledge_tag)
                 if number is None:
