@@ -19,6 +19,7 @@ from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.lexical_files import LexicalFilesError, check_free
 from app.retrieval.lexical_sync import LexicalSync, build_from_store
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
@@ -155,9 +156,17 @@ class Sieve:
         Chroma server) under target/lexical/."""
         if self._sync is None:
             rag = self.settings.rag
+            directory: Path | None = lexical_directory(self.settings)
+            try:
+                check_free(directory)
+            except LexicalFilesError as exc:
+                # e.g. `sieve ingest` into a Chroma server while `sieve serve` holds the default directory:
+                # work on an in-memory index (its writes still reach the others through the change log)
+                log.warning("%s; using an in-memory BM25 index built from the store", exc)
+                directory = None
             self._sync = LexicalSync(
                 self.store,
-                lexical_directory(self.settings),
+                directory,
                 self.analyzer,
                 rag.chain.bm25.k1,
                 rag.chain.bm25.b,

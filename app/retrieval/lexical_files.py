@@ -64,6 +64,11 @@ def lock(directory: Path) -> int:
     return fd
 
 
+def check_free(directory: Path) -> None:
+    """Raise LexicalFilesError now if another process holds the directory (take the lock, release it)."""
+    unlock(lock(directory))
+
+
 def unlock(fd: int | None) -> None:
     if fd is not None:
         try:
