@@ -5,11 +5,12 @@ The API, the CLI and the evaluation all retrieve through `Sieve.chain`, the one 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from app.ingest.chunker import embedding_text
 from app.ingest.pipeline import Ingestor, IngestReport
@@ -18,6 +19,8 @@ from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.lexical_files import LexicalFilesError, check_free
+from app.retrieval.lexical_sync import LexicalSync, build_from_store
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
@@ -45,6 +48,7 @@ class Sieve:
         self.analyzer = lexical.analyzer if lexical else Analyzer(settings.rag.retrieval.jieba_user_dict)
         self.lexical: Bm25Index
         self.chain: RetrievalChain
+        self._sync: LexicalSync | None = None
         if lexical is None:
             self.refresh_index()
         else:
@@ -73,6 +77,8 @@ class Sieve:
         return cls(settings, embedder, store, reranker)
 
     def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
         self.store.close()
 
     def with_settings(self, settings: Settings) -> Sieve:
@@ -84,7 +90,13 @@ class Sieve:
             and (settings.rag.chain.bm25.k1, settings.rag.chain.bm25.b)
             == (self.settings.rag.chain.bm25.k1, self.settings.rag.chain.bm25.b)
         )
-        return Sieve(settings, self.embedder, self.store, self.reranker, self.lexical if same_index else None)
+        if same_index:
+            lexical = self.lexical
+        else:  # a variant's own index, in memory only (the persisted one belongs to this Sieve)
+            bm25 = settings.rag.chain.bm25
+            analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
+            lexical = build_from_store(self.store, analyzer, bm25.k1, bm25.b, _index_text)
+        return Sieve(settings, self.embedder, self.store, self.reranker, lexical)
 
     # -- ingest ------------------------------------------------------------------------------------
 
@@ -94,10 +106,7 @@ class Sieve:
         progress: bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
-        report = self._ingestor().ingest(paths, progress, should_stop)
-        if report.added or report.updated or report.deleted:
-            self.refresh_index()
-        return report
+        return self._ingestor().ingest(paths, progress, should_stop)
 
     def ingest_documents(
         self,
@@ -107,32 +116,69 @@ class Sieve:
     ) -> IngestReport:
         """Add or replace `documents`; `should_stop()` -> True stops it before anything is written
         (`EmbeddingInterrupted`)."""
-        report = self._ingestor().ingest_documents(
-            documents, on_progress=on_progress, should_stop=should_stop
-        )
-        if report.added or report.updated or report.deleted:
-            self.refresh_index()
-        return report
+        return self._ingestor().ingest_documents(documents, on_progress=on_progress, should_stop=should_stop)
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
         return len(self._ingestor().chunk(documents))
 
     def _ingestor(self) -> Ingestor:
-        return Ingestor(self.store, self.embedder, self.settings.rag.ingest)
+        if "on_commit" in inspect.signature(Ingestor).parameters:
+            ingestor_with_hook: Any = Ingestor
+            return cast(
+                "Ingestor",
+                ingestor_with_hook(
+                    self.store, self.embedder, self.settings.rag.ingest, on_commit=self.on_commit
+                ),
+            )
+        # A pipeline without the hook: every store write it makes goes through a recorder that calls it.
+        return Ingestor(
+            cast("ChromaStore", _CommitRecorder(self.store, self.on_commit)),
+            self.embedder,
+            self.settings.rag.ingest,
+        )
+
+    def on_commit(self, upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
+        """The ingest pipeline committed `upserted` (id, text, metadata) and deleted `deleted_ids`: update
+        the BM25 index in step (and, through the change log, every other process's)."""
+        if self._sync is not None:
+            self._sync.apply_commit(upserted, deleted_ids)
+        else:  # an index handed in from outside (tests, variants): update it in memory
+            self.lexical.upsert(
+                [(c.chunk_id, _index_text(c), knowledge_tag_of(c.metadata)) for c in upserted]
+            )
+            self.lexical.delete(deleted_ids)
 
     def refresh_index(self) -> None:
-        """Rebuild the BM25 index over the whole collection and the chain that uses it."""
-        t0 = time.perf_counter()
-        ids, texts, tags = [], [], []
-        for stored in self.store.iter_all(include_text=True):
-            ids.append(stored.chunk_id)
-            texts.append(_index_text(stored))
-            tags.append(knowledge_tag_of(stored.metadata))
-        bm25 = self.settings.rag.chain.bm25
-        self.lexical = Bm25Index.build(ids, texts, self.analyzer, k1=bm25.k1, b=bm25.b, knowledge_tags=tags)
+        """Open the persisted BM25 index (first call) or catch it up with the store, and (re)build the chain.
+
+        Where the index lives: `rag.lexical.path`, or by default under the embedded store's path, or (a
+        Chroma server) under target/lexical/."""
+        if self._sync is None:
+            rag = self.settings.rag
+            directory: Path | None = lexical_directory(self.settings)
+            try:
+                check_free(directory)
+            except LexicalFilesError as exc:
+                # e.g. `sieve ingest` into a Chroma server while `sieve serve` holds the default directory:
+                # work on an in-memory index (its writes still reach the others through the change log)
+                log.warning("%s; using an in-memory BM25 index built from the store", exc)
+                directory = None
+            self._sync = LexicalSync(
+                self.store,
+                directory,
+                self.analyzer,
+                rag.chain.bm25.k1,
+                rag.chain.bm25.b,
+                rag.lexical.refresh_seconds,
+                _index_text,
+            )
+            self.lexical = self._sync.open()
+            self.lexical.refresher = self._sync.catch_up
+        else:
+            self._sync._last_check = float("-inf")
+            self._sync.catch_up()
         self.chain = self._build_chain()
-        log.info("BM25 index over %d chunks built in %.1fs", len(ids), time.perf_counter() - t0)
 
     # -- retrieval ---------------------------------------------------------------------------------
 
@@ -161,6 +207,38 @@ class Sieve:
             "retrieval": rag.retrieval.model_dump(),
             "chain": rag.chain.model_dump(),
         }
+
+
+def lexical_directory(settings: Settings) -> Path:
+    rag = settings.rag
+    if rag.lexical.path:
+        return Path(rag.lexical.path)
+    if rag.store.mode == "embedded":
+        return Path(rag.store.path) / "lexical" / rag.store.collection
+    return Path("target") / "lexical" / f"{rag.store.host}-{rag.store.port}-{rag.store.collection}"
+
+
+class _CommitRecorder:
+    """A store that reports each write it passes on (for an ingest pipeline without an on_commit hook)."""
+
+    def __init__(self, store: ChromaStore, on_commit: Callable[[list[StoredChunk], list[str]], None]):
+        self._store = store
+        self._on_commit = on_commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def upsert(self, chunks: Sequence[StoredChunk], embeddings: Any) -> None:
+        self._store.upsert(chunks, embeddings)
+        self._on_commit(list(chunks), [])
+
+    def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
+        self._store.update_metadata(ids, metadatas)
+        self._on_commit(self._store.get(list(ids), include_embeddings=False), [])
+
+    def delete(self, ids: Sequence[str]) -> None:
+        self._store.delete(ids)
+        self._on_commit([], list(ids))
 
 
 def _index_text(stored: StoredChunk) -> str:

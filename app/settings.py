@@ -99,6 +99,25 @@ class StoreSettings(_Strict):
     hnsw_search_ef: int = Field(200, ge=10)
 
 
+class LexicalSettings(_Strict):
+    """The persisted BM25 index (see README "Lexical index")."""
+
+    path: str | None = Field(
+        None,
+        description="directory of this process's BM25 index files; null: "
+        "<rag.store.path>/lexical/<collection> "
+        "(embedded) or target/lexical/<host>-<port>-<collection> (http). One process per directory.",
+    )
+    refresh_seconds: float = Field(
+        1.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="check the store's change log for other processes' writes at most this often "
+        "(before a query)",
+    )
+
+
 class RetrievalSettings(_Strict):
     top_k: int = Field(5, ge=1, le=100)
     candidate_k: int = Field(
@@ -359,6 +378,7 @@ class RagSettings(_Strict):
     models: ModelsSettings = ModelsSettings()
     ingest: IngestSettings = IngestSettings()
     store: StoreSettings = StoreSettings()
+    lexical: LexicalSettings = LexicalSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
     chain: ChainSettings = ChainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()

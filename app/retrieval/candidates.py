@@ -43,6 +43,9 @@ class CandidateGenerator:
         self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
     ) -> list[CandidateSet]:
         """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
+        refresh = getattr(self.lexical, "refresh", None)
+        if refresh is not None:
+            refresh()  # other processes' writes, at most every rag.lexical.refresh_seconds
         dense: list[list[StoredChunk]] = [[] for _ in queries]
         if self.settings.candidate_k > 0:  # 0: lexical candidates only
             for tag in dict.fromkeys(knowledge_tags):

@@ -6,15 +6,22 @@ Facts this module is built around (measured on Chroma 1.5):
 - an embedded path must be opened by one process only: two writers silently corrupt it, so we hold an
   exclusive lock file for as long as the store is open;
 - the embedder that wrote the vectors is recorded in the collection metadata, and opening the collection
-  with a different embedder is an error rather than silently mixed vectors.
+  with a different embedder is an error rather than silently mixed vectors;
+- every write is also recorded in a small companion collection, `<collection>-changes` (the change log: one
+  entry per committed batch, its `stamp` = the writer's clock in ns, its document = the chunk ids it upserted
+  and deleted), so every process sharing the store can bring its lexical index up to date by reading only
+  what changed (`changes_since`, then `get` of those ids), see app/retrieval/lexical_sync.py.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import math
 import os
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +126,7 @@ class ChromaStore:
         self.description = description
         self._lock_fd = lock_fd
         self._heartbeat_url = heartbeat_url
+        self._changes: Any = None  # the change-log collection, opened on first use
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -153,6 +161,11 @@ class ChromaStore:
             )
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
         return cls(client, collection, description, lock_fd, heartbeat_url)
+
+    @property
+    def collection_id(self) -> str:
+        """Chroma's id of the collection: a rebuilt collection (same name) has a new one."""
+        return str(self._collection.id)
 
     def close(self) -> None:
         _unlock(self._lock_fd)
@@ -283,6 +296,65 @@ class ChromaStore:
         for start in range(0, len(ids), batch):
             self._call(self._collection.delete, ids=list(ids[start : start + batch]))
 
+    # -- the change log ----------------------------------------------------------------------------
+
+    def _change_log(self) -> Any:
+        if self._changes is None:
+            self._changes = self._call(
+                self._client.get_or_create_collection,
+                changes_collection_name(self.name),
+                metadata={"sieve_change_log_of": self.name},
+                embedding_function=None,
+            )
+        return self._changes
+
+    def record_change(self, upserted_ids: Sequence[str], deleted_ids: Sequence[str]) -> tuple[str, int]:
+        """Append one change-log entry (after the write it describes); returns (entry id, stamp)."""
+        entry = uuid.uuid4().hex
+        stamp = time.time_ns()
+        self._call(
+            self._change_log().add,
+            ids=[entry],
+            embeddings=[[1.0]],
+            documents=[json.dumps({"put": list(upserted_ids), "del": list(deleted_ids)})],
+            metadatas=[{"stamp": stamp}],
+        )
+        return entry, stamp
+
+    def changes_since(self, stamp: int) -> list[tuple[str, int]]:
+        """(entry id, stamp) of every change-log entry stamped at or after `stamp`, oldest first."""
+        page = self._call(
+            self._change_log().get, where={"stamp": {"$gte": int(stamp)}}, include=["metadatas"]
+        )
+        entries = [
+            (cid, int((meta or {}).get("stamp", 0)))
+            for cid, meta in zip(page["ids"], page["metadatas"], strict=True)
+        ]
+        return sorted(entries, key=lambda e: (e[1], e[0]))
+
+    def change_ids(self, entry_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The chunk ids the entries upserted and deleted (each list without repeats)."""
+        if not entry_ids:
+            return [], []
+        page = self._call(self._change_log().get, ids=list(entry_ids), include=["documents"])
+        put: dict[str, None] = {}
+        deleted: dict[str, None] = {}
+        for doc in page["documents"]:
+            body = json.loads(doc or "{}")
+            put.update(dict.fromkeys(body.get("put", [])))
+            deleted.update(dict.fromkeys(body.get("del", [])))
+        return list(put), list(deleted)
+
+    def iter_ids(self) -> Iterator[str]:
+        """Every chunk id, page by page (no text, no vectors)."""
+        offset = 0
+        while True:
+            page = self._call(self._collection.get, include=[], limit=_PAGE * 5, offset=offset)
+            yield from page["ids"]
+            if len(page["ids"]) < _PAGE * 5:
+                return
+            offset += _PAGE * 5
+
     # -- helpers ---------------------------------------------------------------------------------
 
     def _max_batch(self) -> int:
@@ -345,10 +417,15 @@ def drop_collection(settings: StoreSettings) -> None:
         else:
             store_client = chromadb.HttpClient(host=settings.host, port=settings.port)
         names = {c if isinstance(c, str) else c.name for c in store_client.list_collections()}
-        if settings.collection in names:
-            store_client.delete_collection(settings.collection)
+        for name in (settings.collection, changes_collection_name(settings.collection)):
+            if name in names:
+                store_client.delete_collection(name)
     finally:
         _unlock(lock_fd)
+
+
+def changes_collection_name(collection: str) -> str:
+    return f"{collection}-changes"
 
 
 def _lock(path: Path) -> int:
