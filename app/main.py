@@ -48,6 +48,7 @@ class AppState:
     error: str | None = None
     exit_code: int = 0
     sieve: object | None = None  # app.service.Sieve once loaded
+    owns_sieve: bool = False  # opened by this app's startup (then its shutdown closes it)
     evaluation_progress: str | None = None
     # serialises writers (ingest, evaluation) against each other; reads need no lock
     write_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -74,6 +75,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # an app started again in the same process (test clients do) is no longer stopping
+        state.stopping.clear()
+        state.stop_deadline = None
         for job in state.jobs.recover():
             log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
         worker = threading.Thread(
@@ -115,7 +119,7 @@ def stop_writers(state: AppState) -> None:
     # the startup thread or a request may still be writing; close only when no writer holds the lock
     if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         try:
-            if state.sieve is not None:
+            if state.sieve is not None and state.owns_sieve:
                 state.sieve.close()  # type: ignore[attr-defined]
         finally:
             state.write_lock.release()
@@ -152,6 +156,7 @@ def startup_sequence(state: AppState) -> None:
     state.phase = "loading models and opening the store"
     sieve = Sieve.open(state.settings)
     state.sieve = sieve
+    state.owns_sieve = True
     if rag.ingest.on_startup and rag.ingest.paths:
         state.phase = f"ingesting {', '.join(rag.ingest.paths)}"
         with state.write_lock:

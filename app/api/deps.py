@@ -61,7 +61,11 @@ def token_matches(given: bytes | None, expected: str | None) -> bool:
     return given is not None and expected is not None and hmac.compare_digest(given, expected.encode("ascii"))
 
 
-def require_reader(request: Request, _: object = Security(bearer)) -> None:
+# Reads take a token only when rag.server.api_token is set: in OpenAPI terms, no security or the bearer.
+READER_SECURITY = {"security": [{}, {"HTTPBearer": []}]}
+
+
+def require_reader(request: Request) -> None:
     """Reads: open unless `rag.server.api_token` is set; then that token or the admin token."""
     server = sieve_state(request).settings.rag.server
     if server.api_token is None:

@@ -11,11 +11,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from app.api.deps import require_admin, require_reader, require_sieve, sieve_state
+from app.api.deps import READER_SECURITY, require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
 from app.api.jobs import Job, JobInterrupted
 from app.api.readiness import store_probe
 from app.api.schemas import (
+    HTML_REPORT_ERRORS,
     JOB_ERRORS,
     READ_ERRORS,
     REPORT_ERRORS,
@@ -78,6 +79,7 @@ def ready(request: Request) -> JSONResponse:
     tags=["retrieval"],
     dependencies=reader,
     responses=READ_ERRORS,
+    openapi_extra=READER_SECURITY,
 )
 def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
     sieve = require_sieve(request)
@@ -225,7 +227,7 @@ HTML_REPORT_HEADERS = {
     dependencies=admin,
     response_class=HTMLResponse,
     responses={
-        **REPORT_ERRORS,
+        **HTML_REPORT_ERRORS,
         200: {"content": {"text/html": {}}, "description": "the latest report as one self-contained page"},
     },
 )

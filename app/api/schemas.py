@@ -231,7 +231,16 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 READ_ERRORS = error_responses(401, 413, 422, 500, 503)
 WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503)
 REPORT_ERRORS = error_responses(401, 403, 404, 500)
-JOB_ERRORS = error_responses(401, 403, 404, 422, 500)  # 422: a path parameter FastAPI could not read
+JOB_ERRORS = error_responses(401, 403, 404, 422, 500)
+# a route whose success is not JSON (the HTML report): FastAPI would give a `model` its media type, so the
+# JSON error body is declared by reference (ErrorResponse is in the components through the other routes)
+HTML_REPORT_ERRORS = {
+    s: {
+        "description": ERROR_DESCRIPTIONS[s],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+    for s in (401, 403, 404, 500)
+}  # 422: a path parameter FastAPI could not read
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:
