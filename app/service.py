@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import cast
 
 from app.ingest.chunker import embedding_text
-from app.ingest.pipeline import Ingestor, IngestReport
+from app.ingest.pipeline import Ingestor, IngestReport, Progress
 from app.ingest.types import Chunk, Document
 from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
@@ -91,35 +91,51 @@ class Sieve:
     def ingest(
         self,
         paths: Sequence[str | Path],
-        progress: bool = False,
+        progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
-        report = self._ingestor().ingest(paths, progress, should_stop)
-        if report.added or report.updated or report.deleted:
-            self.refresh_index()
-        return report
+        writes: list[int] = []
+        try:
+            return self._ingestor(writes).ingest(paths, progress, should_stop)
+        finally:
+            if writes:  # also after an interrupted ingest: its committed batches are stored
+                self.refresh_index()
 
     def ingest_documents(
         self,
         documents: Sequence[Document],
         on_progress: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        on_committed: Callable[[int, int], None] | None = None,
     ) -> IngestReport:
-        """Add or replace `documents`; `should_stop()` -> True stops it before anything is written
-        (`EmbeddingInterrupted`)."""
-        report = self._ingestor().ingest_documents(
-            documents, on_progress=on_progress, should_stop=should_stop
-        )
-        if report.added or report.updated or report.deleted:
-            self.refresh_index()
-        return report
+        """Add or replace `documents`; `should_stop()` -> True stops it at the next slice
+        (`IngestInterrupted`, the batches committed so far stay stored). Progress goes to the log."""
+        writes: list[int] = []
+        try:
+            return self._ingestor(writes).ingest_documents(
+                documents,
+                progress="log",
+                on_progress=on_progress,
+                should_stop=should_stop,
+                on_committed=on_committed,
+            )
+        finally:
+            if writes:
+                self.refresh_index()
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
         return len(self._ingestor().chunk(documents))
 
-    def _ingestor(self) -> Ingestor:
-        return Ingestor(self.store, self.embedder, self.settings.rag.ingest)
+    def _ingestor(self, writes: list[int] | None = None) -> Ingestor:
+        """An Ingestor whose commit hook counts committed writes into `writes` (the index is rebuilt after
+        an ingest that wrote anything)."""
+
+        def on_commit(upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
+            if writes is not None:
+                writes.append(len(upserted) + len(deleted_ids))
+
+        return Ingestor(self.store, self.embedder, self.settings.rag.ingest, on_commit=on_commit)
 
     def refresh_index(self) -> None:
         """Rebuild the BM25 index over the whole collection and the chain that uses it."""

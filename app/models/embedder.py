@@ -14,13 +14,15 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
+from app.models.batcher import QueryBatcher
 from app.models.e5_convert import PASSAGE_PROMPT, QUERY_PROMPT, E5ConversionError, ensure_e5_folder
 from app.models.priority import PriorityLock
 from app.settings import ModelsSettings
@@ -63,7 +65,12 @@ class Embedder:
         query_prompt: str = "",
         passage_prompt: str = "",
         slice_ms: float = 250.0,
+        ingest_threads: int | None = None,
+        max_query_batch: int = 1,
+        query_batch_wait_ms: float = 0.0,
     ):
+        """`ingest_threads`: torch intra-op threads while an ingest slice runs (None: leave torch's setting).
+        `max_query_batch` > 1: concurrent `embed_queries` calls are embedded together (see batcher.py)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         dimension = _embedding_dimension(model)
@@ -79,17 +86,24 @@ class Embedder:
         self.slice_ms = slice_ms
         # Wall time spent inside the model's encode calls; benchmarks print it.
         self.model_seconds = 0.0
+        self.ingest_threads = ingest_threads
         self._lock = PriorityLock()
         self._ms_per_passage: float | None = None  # measured on the slices so far
+        self.query_batcher = QueryBatcher(
+            lambda texts: self._encode(texts, self.query_prompt, show_progress=False),
+            self._lock.urgent,
+            max_batch=max_query_batch,
+            wait_ms=query_batch_wait_ms,
+        )
 
     def identity(self) -> dict[str, Any]:
         """What the vector store records, so vectors of different models are never mixed."""
         return {"name": self.name, "dimension": self.dimension, "checksum": self.checksum}
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        """Query vectors; a query goes before any waiting ingest slice."""
-        with self._lock.urgent():
-            return self._encode(texts, self.query_prompt, show_progress=False)
+        """Query vectors; a query goes before any waiting ingest slice, and queries that arrive together
+        share one model call (up to `max_query_batch` texts)."""
+        return self.query_batcher.embed(texts)
 
     def embed_passages(
         self,
@@ -115,7 +129,7 @@ class Embedder:
                     raise EmbeddingInterrupted(done, total)
                 size = self._slice_size()
                 idx = order[done : done + size]
-                with self._lock.background():
+                with self._lock.background(), torch_threads(self.ingest_threads):
                     started = time.perf_counter()
                     out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
                     self._learn((time.perf_counter() - started) * 1000 / len(idx))
@@ -195,7 +209,16 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
     if settings.passage_prompt is not None:
         passage_prompt = settings.passage_prompt
     return Embedder(
-        model, name, checksum, settings.batch_size, query_prompt, passage_prompt, settings.ingest_slice_ms
+        model,
+        name,
+        checksum,
+        settings.batch_size,
+        query_prompt,
+        passage_prompt,
+        settings.ingest_slice_ms,
+        ingest_threads=settings.threads or usable_cores(),
+        max_query_batch=settings.max_query_batch,
+        query_batch_wait_ms=settings.query_batch_wait_ms,
     )
 
 
@@ -312,6 +335,37 @@ def parameters_checksum(model: Any) -> str:
 _threads_configured = False
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` torch intra-op threads, then restore the previous count.
+
+    The count is process-wide, so the caller holds the model lock: no other encode runs meanwhile, and
+    queries find torch back at their own count. (With the OpenMP backend each thread also keeps the count it
+    last set, so the restore matters only for threads that start their first torch op during the block.)
+    """
+    if threads is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    if previous == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def configure_torch_threads() -> None:
     """Intra-op threads: $OMP_NUM_THREADS if set, else half the cores this process may use (at least one);
     one inter-op thread.
@@ -325,7 +379,7 @@ def configure_torch_threads() -> None:
     import torch
 
     explicit = os.environ.get("OMP_NUM_THREADS", "")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     threads = int(explicit) if explicit.isdigit() and int(explicit) > 0 else max(1, cores // 2)
     torch.set_num_threads(threads)
     try:
