@@ -80,11 +80,14 @@ def onnx_encoder(model: Any, prompt: str, threads: int, batch: int, path: Path):
     import torch
 
     if not path.exists():
-        bert = model[0].auto_model.eval()
 
         class Hidden(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = model[0].auto_model.eval()
+
             def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-                return bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
         sample = model.tokenizer(["passage: a sample"], return_tensors="pt")
         with torch.no_grad():
@@ -252,7 +255,7 @@ def render(rows, runs, args, cores: int, n_texts: int, docs: int, cosine_ab: flo
         "|---:|---|---:|---:|---:|---:|",
     ]
     for i, r in enumerate(runs, 1):
-        name = "default (threads: all cores)" if r["config"] == "A" else "RAG__MODELS__THREADS=1"
+        name = "default (threads: auto)" if r["config"] == "A" else "RAG__MODELS__THREADS=1"
         lines.append(
             f"| {i} | {name} | {r['seconds']:.1f} | {r['added'] / r['seconds']:.1f} | "
             f"{r['load_before']:.1f} | {r['load_after']:.1f} |"

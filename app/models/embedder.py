@@ -65,11 +65,12 @@ class Embedder:
         query_prompt: str = "",
         passage_prompt: str = "",
         slice_ms: float = 250.0,
-        ingest_threads: int | None = None,
+        ingest_threads: int | str | None = None,
         max_query_batch: int = 1,
         query_batch_wait_ms: float = 0.0,
     ):
-        """`ingest_threads`: torch intra-op threads while an ingest slice runs (None: leave torch's setting).
+        """`ingest_threads`: torch intra-op threads while an ingest slice runs: a number, "auto" (every usable
+        core or one, whichever the slices measure faster, see `ThreadChooser`), or None (torch's setting).
         `max_query_batch` > 1: concurrent `embed_queries` calls are embedded together (see batcher.py)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
@@ -87,6 +88,8 @@ class Embedder:
         # Wall time spent inside the model's encode calls; benchmarks print it.
         self.model_seconds = 0.0
         self.ingest_threads = ingest_threads
+        cores = usable_cores()
+        self.thread_chooser = ThreadChooser([cores, 1] if ingest_threads == "auto" else [])
         self._lock = PriorityLock()
         self._ms_per_passage: float | None = None  # measured on the slices so far
         self.query_batcher = QueryBatcher(
@@ -129,10 +132,15 @@ class Embedder:
                     raise EmbeddingInterrupted(done, total)
                 size = self._slice_size()
                 idx = order[done : done + size]
-                with self._lock.background(), torch_threads(self.ingest_threads):
+                first = self._ms_per_passage is None
+                threads = self._slice_threads()
+                with self._lock.background(), torch_threads(threads):
                     started = time.perf_counter()
                     out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
-                    self._learn((time.perf_counter() - started) * 1000 / len(idx))
+                    ms = (time.perf_counter() - started) * 1000
+                    self._learn(ms / len(idx))
+                if threads is not None and not first:  # the first slice also warms the model up
+                    self.thread_chooser.learn(threads, ms, sum(len(texts[i]) for i in idx))
                 done += len(idx)
                 if bar is not None:
                     bar.update(len(idx))
@@ -142,6 +150,11 @@ class Embedder:
             if bar is not None:
                 bar.close()
         return out
+
+    def _slice_threads(self) -> int | None:
+        if self.ingest_threads == "auto":
+            return self.thread_chooser.next()
+        return self.ingest_threads if isinstance(self.ingest_threads, int) else None
 
     def _slice_size(self) -> int:
         if self._ms_per_passage is None:
@@ -169,6 +182,42 @@ class Embedder:
         finally:
             self.model_seconds += time.perf_counter() - started
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+class ThreadChooser:
+    """The torch thread count for the next ingest slice, chosen by measurement while the ingest runs.
+
+    On an idle machine every core encodes fastest; on a shared one, OpenMP workers that wait for a busy
+    core make two threads slower than one (measured here: 0.56x at load 6 on 2 cores). So the slices try
+    each candidate, keep a moving average of each one's cost (milliseconds per 1,000 characters embedded,
+    0.7 old + 0.3 new), run the cheapest, and every `probe_every`-th slice re-measure another candidate,
+    so a machine that gets busier or quieter is followed. No candidates (or one): nothing to choose.
+    """
+
+    def __init__(self, candidates: list[int], probe_every: int = 12):
+        self.candidates = sorted(set(candidates), reverse=True)
+        self.probe_every = probe_every
+        self.cost: dict[int, float] = {}
+        self.slices = 0
+
+    def next(self) -> int:
+        self.slices += 1
+        for threads in self.candidates:
+            if threads not in self.cost:
+                return threads
+        best = self.best()
+        if self.slices % self.probe_every == 0:
+            others = [t for t in self.candidates if t != best]
+            return others[(self.slices // self.probe_every) % len(others)]
+        return best
+
+    def best(self) -> int:
+        return min(self.candidates, key=lambda t: self.cost.get(t, float("inf")))
+
+    def learn(self, threads: int, ms: float, chars: int) -> None:
+        value = ms * 1000 / max(chars, 1)
+        previous = self.cost.get(threads)
+        self.cost[threads] = value if previous is None else 0.7 * previous + 0.3 * value
 
 
 def _progress_bar(total: int) -> Any:
@@ -216,7 +265,7 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_prompt,
         passage_prompt,
         settings.ingest_slice_ms,
-        ingest_threads=settings.threads or usable_cores(),
+        ingest_threads=settings.threads or ("auto" if usable_cores() > 1 else 1),
         max_query_batch=settings.max_query_batch,
         query_batch_wait_ms=settings.query_batch_wait_ms,
     )
@@ -376,6 +425,11 @@ def configure_torch_threads() -> None:
     global _threads_configured
     if _threads_configured:
         return
+    # Idle OpenMP workers sleep instead of spinning (read once, when torch loads its OpenMP runtime): on a
+    # shared machine a spinning worker takes the core another process needs, and ingest slices that run on
+    # several threads are then slower than on one (measured: 2 threads 0.56x of 1 thread spinning, 1.05-1.15x
+    # sleeping, at load 5-6 on 2 cores). Set OMP_WAIT_POLICY yourself to choose otherwise.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     explicit = os.environ.get("OMP_NUM_THREADS", "")
