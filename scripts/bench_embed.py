@@ -160,7 +160,9 @@ def backends(texts: list[str], cores: int, tmp: Path) -> list[dict[str, Any]]:
                 encode = onnx_encoder(model, prompt, threads, batch, tmp / "e5.onnx")
                 encode(texts[:8])  # warm up the session
         except Exception as exc:  # an optional backend that cannot run here is reported, not fatal
-            rows.append({"backend": backend, "threads": threads, "batch": batch, "error": f"{exc}"[:200]})
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+            rows.append({"backend": backend, "threads": threads, "batch": batch, "error": error})
+            print(json.dumps(rows[-1]), flush=True)
             continue
         load = os.getloadavg()[0]
         started = time.perf_counter()

@@ -247,7 +247,7 @@ class Ingestor:
         finally:
             shown.close()
             chooser = getattr(self.embedder, "thread_chooser", None)
-            if chooser is not None and chooser.cost:
+            if chooser is not None and chooser.candidates and chooser.cost:
                 costs = ", ".join(f"{t} thread(s) {ms:.0f}" for t, ms in sorted(chooser.cost.items()))
                 log.info("ingest slices, ms per 1000 characters: %s; running on %d", costs, chooser.best())
 

@@ -139,7 +139,7 @@ class Embedder:
                     out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
                     ms = (time.perf_counter() - started) * 1000
                     self._learn(ms / len(idx))
-                if threads is not None and not first:  # the first slice also warms the model up
+                if self.ingest_threads == "auto" and not first:  # the first slice also warms the model up
                     self.thread_chooser.learn(threads, ms, sum(len(texts[i]) for i in idx))
                 done += len(idx)
                 if bar is not None:
