@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 SIEVE = Path(sys.executable).with_name("sieve")
 DATASETS = Path(os.environ.get("SIEVE_DATASETS", REPO.parent / "shared" / "datasets"))
 SUMMARY = re.compile(r"added=(\d+) .* in ([0-9.]+)s")
+CHOICE = re.compile(r"ingest slices, ms per 1000 characters: (.*?); running on (\d+)")
 
 
 def subset(corpus: Path, docs: int, folder: Path) -> Path:
@@ -203,7 +204,9 @@ def ingest_once(corpus_dir: Path, store: Path, threads: str | None) -> dict[str,
     found = SUMMARY.search(done.stdout)
     if done.returncode != 0 or not found:
         sys.exit(f"sieve ingest failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    choice = CHOICE.findall(done.stdout + done.stderr)
     return {
+        "auto": f"{choice[-1][0]} -> {choice[-1][1]}" if choice else "",
         "seconds": float(found.group(2)),
         "added": int(found.group(1)),
         "load_before": load,
@@ -253,14 +256,15 @@ def render(rows, runs, args, cores: int, n_texts: int, docs: int, cosine_ab: flo
         f"`sieve ingest` of the first {docs} SciFact documents ({a[0]['added']} chunks) into a fresh store, "
         "alternately; seconds from the ingest's own summary line:",
         "",
-        "| run | configuration | seconds | chunks/s | load before | load after |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| run | configuration | seconds | chunks/s | load before | load after "
+        "| auto: ms per 1000 chars -> threads |",
+        "|---:|---|---:|---:|---:|---:|---|",
     ]
     for i, r in enumerate(runs, 1):
         name = "default (threads: auto)" if r["config"] == "A" else "RAG__MODELS__THREADS=1"
         lines.append(
             f"| {i} | {name} | {r['seconds']:.1f} | {r['added'] / r['seconds']:.1f} | "
-            f"{r['load_before']:.1f} | {r['load_after']:.1f} |"
+            f"{r['load_before']:.1f} | {r['load_after']:.1f} | {r['auto']} |"
         )
     lines += [
         "",
