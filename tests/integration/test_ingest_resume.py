@@ -28,8 +28,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 SIEVE = Path(sys.executable).with_name("sieve")
-DOCUMENTS = 3000
-COMMIT = 100
+DOCUMENTS = 1200
+COMMIT = 50
 BAR = re.compile(r"(\d+)/(\d+) \[")
 SUMMARY = re.compile(r"chunks=(\d+) added=(\d+) updated=(\d+) unchanged=(\d+)")
 
