@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed clean
 
 install: $(STAMP)
 
@@ -46,6 +46,10 @@ bench-tune: install
 # Query latency idle, during a 300-chunk write, and with 8 concurrent clients -> docs/benchmarks.md.
 bench-load: install
 	$(BIN)/python scripts/bench_load.py
+
+# Embedding speed: torch threads and batch sizes, ONNX Runtime, and the default ingest against one thread.
+bench-embed: install
+	$(BIN)/python scripts/bench_embed.py
 
 clean:
 	rm -rf $(VENV)

@@ -7,8 +7,8 @@ current phase until all of that is done. A fatal startup error, or a failed gate
 `fail_on_gate: true`, asks the server to stop with a non-zero exit code.
 
 Stopping: `AppState.stopping` is set as soon as the server is asked to stop (the CLI sets it on SIGTERM),
-so a running ingest, startup's or a job's, stops at its next slice with nothing written; the shutdown then
-waits for the job worker at most `rag.server.shutdown_seconds`.
+so a running ingest, startup's or a job's, stops at its next slice, keeping the batches it committed; the
+shutdown then waits for the job worker at most `rag.server.shutdown_seconds`.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def create_app(
 def stop_writers(state: AppState) -> None:
     """Ask every writer to stop, wait for the job worker within the deadline, then close the store.
 
-    A write still running at the deadline is left to die with the process: ingest writes only after it has
-    embedded everything, and each store write is one Chroma call, so what is stored stays consistent."""
+    A write still running at the deadline is left to die with the process: ingest writes committed batches,
+    each one Chroma call, and deletes stale chunks only at its end, so what is stored stays consistent."""
     state.stopping.set()
     if state.stop_deadline is None:
         state.stop_deadline = time.monotonic() + state.settings.rag.server.shutdown_seconds
@@ -160,7 +160,7 @@ def startup_sequence(state: AppState) -> None:
     if rag.ingest.on_startup and rag.ingest.paths:
         state.phase = f"ingesting {', '.join(rag.ingest.paths)}"
         with state.write_lock:
-            report = sieve.ingest(rag.ingest.paths, progress=True, should_stop=state.stopping.is_set)
+            report = sieve.ingest(rag.ingest.paths, progress="log", should_stop=state.stopping.is_set)
         for error in report.errors:
             log.error("ingest error: %s", error)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)

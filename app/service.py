@@ -5,15 +5,14 @@ The API, the CLI and the evaluation all retrieve through `Sieve.chain`, the one 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from app.ingest.chunker import embedding_text
-from app.ingest.pipeline import Ingestor, IngestReport
+from app.ingest.pipeline import Ingestor, IngestReport, Progress
 from app.ingest.types import Chunk, Document
 from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
@@ -103,40 +102,52 @@ class Sieve:
     def ingest(
         self,
         paths: Sequence[str | Path],
-        progress: bool = False,
+        progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
-        return self._ingestor().ingest(paths, progress, should_stop)
+        writes: list[int] = []
+        try:
+            return self._ingestor(writes).ingest(paths, progress, should_stop)
+        finally:
+            if writes:  # also after an interrupted ingest: its committed batches are stored
+                self.refresh_index()
 
     def ingest_documents(
         self,
         documents: Sequence[Document],
         on_progress: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        on_committed: Callable[[int, int], None] | None = None,
     ) -> IngestReport:
-        """Add or replace `documents`; `should_stop()` -> True stops it before anything is written
-        (`EmbeddingInterrupted`)."""
-        return self._ingestor().ingest_documents(documents, on_progress=on_progress, should_stop=should_stop)
+        """Add or replace `documents`; `should_stop()` -> True stops it at the next slice
+        (`IngestInterrupted`, the batches committed so far stay stored). Progress goes to the log."""
+        writes: list[int] = []
+        try:
+            return self._ingestor(writes).ingest_documents(
+                documents,
+                progress="log",
+                on_progress=on_progress,
+                should_stop=should_stop,
+                on_committed=on_committed,
+            )
+        finally:
+            if writes:
+                self.refresh_index()
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
         return len(self._ingestor().chunk(documents))
 
-    def _ingestor(self) -> Ingestor:
-        if "on_commit" in inspect.signature(Ingestor).parameters:
-            ingestor_with_hook: Any = Ingestor
-            return cast(
-                "Ingestor",
-                ingestor_with_hook(
-                    self.store, self.embedder, self.settings.rag.ingest, on_commit=self.on_commit
-                ),
-            )
-        # A pipeline without the hook: every store write it makes goes through a recorder that calls it.
-        return Ingestor(
-            cast("ChromaStore", _CommitRecorder(self.store, self.on_commit)),
-            self.embedder,
-            self.settings.rag.ingest,
-        )
+    def _ingestor(self, writes: list[int] | None = None) -> Ingestor:
+        """An Ingestor whose commit hook updates the BM25 index in step with every store write (and so,
+        through the change log, every other process's) and counts the writes into `writes`."""
+
+        def on_commit(upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
+            self.on_commit(upserted, deleted_ids)
+            if writes is not None:
+                writes.append(len(upserted) + len(deleted_ids))
+
+        return Ingestor(self.store, self.embedder, self.settings.rag.ingest, on_commit=on_commit)
 
     def on_commit(self, upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
         """The ingest pipeline committed `upserted` (id, text, metadata) and deleted `deleted_ids`: update
@@ -216,29 +227,6 @@ def lexical_directory(settings: Settings) -> Path:
     if rag.store.mode == "embedded":
         return Path(rag.store.path) / "lexical" / rag.store.collection
     return Path("target") / "lexical" / f"{rag.store.host}-{rag.store.port}-{rag.store.collection}"
-
-
-class _CommitRecorder:
-    """A store that reports each write it passes on (for an ingest pipeline without an on_commit hook)."""
-
-    def __init__(self, store: ChromaStore, on_commit: Callable[[list[StoredChunk], list[str]], None]):
-        self._store = store
-        self._on_commit = on_commit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    def upsert(self, chunks: Sequence[StoredChunk], embeddings: Any) -> None:
-        self._store.upsert(chunks, embeddings)
-        self._on_commit(list(chunks), [])
-
-    def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
-        self._store.update_metadata(ids, metadatas)
-        self._on_commit(self._store.get(list(ids), include_embeddings=False), [])
-
-    def delete(self, ids: Sequence[str]) -> None:
-        self._store.delete(ids)
-        self._on_commit([], list(ids))
 
 
 def _index_text(stored: StoredChunk) -> str:

@@ -65,6 +65,14 @@ class ModelsSettings(_Strict):
     # Ingest embeds in slices of about this many milliseconds and lets waiting queries go first between
     # slices, so a query waits for at most one slice behind a large write.
     ingest_slice_ms: float = Field(250.0, gt=0.0)
+    # torch intra-op threads while embedding ingest slices. None = auto: every core this process may use,
+    # or one thread while the slices measure that faster (a busy shared machine); see ThreadChooser.
+    # Queries keep their own measured choice ($OMP_NUM_THREADS, else half the cores): see embedder.py.
+    threads: int | None = Field(None, ge=1, le=256)
+    # Queries that arrive together are embedded in one model call, up to this many texts (1 = no batching).
+    max_query_batch: int = Field(16, ge=1, le=256)
+    # How long the first query of a batch waits for others to join when the model is idle (milliseconds).
+    query_batch_wait_ms: float = Field(2.0, ge=0.0, le=100.0)
 
 
 class IngestSettings(_Strict):
@@ -78,6 +86,11 @@ class IngestSettings(_Strict):
     follow_symlinks: bool = Field(
         False, description="follow symbolic links inside ingested folders (off: each is reported, not read)"
     )
+    # New chunks are embedded and stored in committed batches of this many: a stopped or killed ingest
+    # keeps what it committed, and the rerun embeds only what is missing.
+    commit_chunks: int = Field(512, ge=1)
+    # A long ingest in the server logs its progress this often (seconds); the CLI shows a bar instead.
+    progress_log_seconds: float = Field(10.0, gt=0.0)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

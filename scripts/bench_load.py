@@ -7,7 +7,11 @@ base is ingested at its start), an admin token and the evaluation off, then meas
 1. idle: sequential queries (the golden set's, in turn), latency p50/p95;
 2. during a write: one document of `--write-chunks` chunks is posted (above rag.server.sync_write_chunks it
    runs as a job) and sequential queries run until the job is done; p50/p95 and the ratio to idle p95;
-3. `--clients` threads each sending `--queries` queries on their own connection: errors, throughput, p95.
+3. `--clients` threads each sending `--queries` queries on their own connection: errors, throughput, p95,
+   and the throughput ratio to one sequential client (the idle phase);
+4. unless --no-compare, the server is restarted on the same store with `RAG__MODELS__MAX_QUERY_BATCH=1`
+   (queries embedded one model call each, as before issue 11) and phases 1 and 3 run again, so the
+   batcher's gain and its p95 are compared within one run.
 Prints a Markdown block and writes it between the `bench-load` markers of `--doc` (unless --no-doc).
 Figures vary with what else the machine runs: compare the ratios of one run, not runs with each other.
 """
@@ -27,6 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -80,6 +85,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=1000, help="queries per client")
     parser.add_argument("--idle-queries", type=int, default=200)
     parser.add_argument("--write-chunks", type=int, default=300)
+    parser.add_argument("--no-compare", action="store_true", help="skip the max_query_batch=1 server")
     parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args()
@@ -105,18 +111,10 @@ def main() -> int:
             "RAG__EVALUATE__ENABLED": "false",
             "RAG__MODELS__CACHE_DIR": str(REPO / "target" / "models"),
         }
-        log_path = Path(tmp) / "serve.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [str(SIEVE), "serve", "--port", str(port)],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
         url = f"http://127.0.0.1:{port}"
+        proc = start_server(env, port, Path(tmp) / "serve.log")
         try:
-            wait_ready(url, proc, log_path)
+            wait_ready(url, proc, Path(tmp) / "serve.log")
             with httpx.Client(base_url=url, timeout=120) as client:
                 for q in queries[:10]:  # warm up
                     timed_query(client, q)
@@ -124,12 +122,22 @@ def main() -> int:
                 during, write_s, job = measure_during_write(client, admin, queries, args.write_chunks)
             concurrent = measure_concurrent(url, queries, args.clients, args.queries)
         finally:
-            proc.send_signal(signal.SIGTERM)
+            stop_server(proc)
+        unbatched: dict[str, Any] | None = None
+        if not args.no_compare:
+            env["RAG__MODELS__MAX_QUERY_BATCH"] = "1"
+            env["RAG__INGEST__ON_STARTUP"] = "false"
+            proc = start_server(env, port, Path(tmp) / "serve-unbatched.log")
             try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    block = render(idle, during, write_s, job, concurrent, args, time.perf_counter() - wall)
+                wait_ready(url, proc, Path(tmp) / "serve-unbatched.log")
+                with httpx.Client(base_url=url, timeout=120) as client:
+                    for q in queries[:10]:
+                        timed_query(client, q)
+                    idle1 = [timed_query(client, queries[i % len(queries)]) for i in range(args.idle_queries)]
+                unbatched = {"idle": idle1, **measure_concurrent(url, queries, args.clients, args.queries)}
+            finally:
+                stop_server(proc)
+    block = render(idle, during, write_s, job, concurrent, args, time.perf_counter() - wall, unbatched)
     print(block)
     if not args.no_doc:
         text = doc.read_text(encoding="utf-8")
@@ -139,6 +147,26 @@ def main() -> int:
         doc.write_text(f"{head}{begin}\n{block}\n{end}{tail}", encoding="utf-8")
         print(f"written to {doc}")
     return 0
+
+
+def start_server(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen:
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [str(SIEVE), "serve", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log_path: Path) -> None:
@@ -203,32 +231,51 @@ def measure_concurrent(url: str, queries: list[str], clients: int, per_client: i
     }
 
 
-def render(idle, during, write_s, job, concurrent, args, wall: float) -> str:
+def render(idle, during, write_s, job, concurrent, args, wall: float, unbatched=None) -> str:
     idle_ms = [ms for ms, _ in idle]
     during_ms = [ms for ms, _ in during]
     idle_p95, during_p95 = percentile(idle_ms, 95), percentile(during_ms, 95)
     errors = sum(1 for _, ok in idle + during if not ok)
-    return "\n".join(
-        [
-            f"Measured by `make bench-load` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, "
-            f"wall {wall / 60:.1f} min. Latency is the client's, over HTTP on 127.0.0.1 (nearest-rank p95).",
-            "",
-            "| phase | queries | errors | p50 ms | p95 ms | p95 / idle p95 |",
-            "|---|---:|---:|---:|---:|---:|",
-            f"| idle, one client | {len(idle)} | {sum(1 for _, ok in idle if not ok)} | "
-            f"{statistics.median(idle_ms):.0f} | {idle_p95:.0f} | 1.00 |",
-            f"| during a {job['chunks']}-chunk write (job, {write_s:.0f} s), one client | {len(during)} | "
-            f"{sum(1 for _, ok in during if not ok)} | {statistics.median(during_ms):.0f} | "
-            f"{during_p95:.0f} | {during_p95 / idle_p95:.2f} |",
-            f"| {args.clients} clients x {args.queries} | {concurrent['queries']:.0f} | "
-            f"{concurrent['errors']:.0f} | {concurrent['p50']:.0f} | {concurrent['p95']:.0f} | "
-            f"{concurrent['p95'] / idle_p95:.2f} |",
-            "",
-            f"{args.clients} clients: {concurrent['qps']:.1f} queries/s over {concurrent['seconds']:.0f} s "
-            f"(one sequential client: {1000 / statistics.mean(idle_ms):.1f} queries/s). "
-            f"Errors in the two single-client phases: {errors}.",
-        ]
+    one_client = 1000 / statistics.mean(idle_ms)  # queries/s of one sequential client
+    lines = [
+        f"Measured by `make bench-load` on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, "
+        f"wall {wall / 60:.1f} min, load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the "
+        "end. Latency is the client's, over HTTP on 127.0.0.1 (nearest-rank p95).",
+        "",
+        "| server | phase | queries | errors | p50 ms | p95 ms | p95 / idle p95 | queries/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| default | idle, one client | {len(idle)} | {sum(1 for _, ok in idle if not ok)} | "
+        f"{statistics.median(idle_ms):.0f} | {idle_p95:.0f} | 1.00 | {one_client:.1f} |",
+        f"| default | during a {job['chunks']}-chunk write (job, {write_s:.0f} s), one client | "
+        f"{len(during)} | "
+        f"{sum(1 for _, ok in during if not ok)} | {statistics.median(during_ms):.0f} | "
+        f"{during_p95:.0f} | {during_p95 / idle_p95:.2f} | |",
+        f"| default | {args.clients} clients x {args.queries} | {concurrent['queries']:.0f} | "
+        f"{concurrent['errors']:.0f} | {concurrent['p50']:.0f} | {concurrent['p95']:.0f} | "
+        f"{concurrent['p95'] / idle_p95:.2f} | {concurrent['qps']:.1f} |",
+    ]
+    ratio_line = (
+        f"Default server: {args.clients} clients get **{concurrent['qps'] / one_client:.2f}x** the "
+        f"throughput of one sequential client ({concurrent['qps']:.1f} vs {one_client:.1f} queries/s)."
     )
+    if unbatched is not None:
+        idle1_ms = [ms for ms, _ in unbatched["idle"]]
+        one1 = 1000 / statistics.mean(idle1_ms)
+        lines += [
+            f"| max_query_batch=1 | idle, one client | {len(idle1_ms)} | "
+            f"{sum(1 for _, ok in unbatched['idle'] if not ok)} | {statistics.median(idle1_ms):.0f} | "
+            f"{percentile(idle1_ms, 95):.0f} | {percentile(idle1_ms, 95) / idle_p95:.2f} | {one1:.1f} |",
+            f"| max_query_batch=1 | {args.clients} clients x {args.queries} | {unbatched['queries']:.0f} | "
+            f"{unbatched['errors']:.0f} | {unbatched['p50']:.0f} | {unbatched['p95']:.0f} | "
+            f"{unbatched['p95'] / idle_p95:.2f} | {unbatched['qps']:.1f} |",
+        ]
+        ratio_line += (
+            f" Without batching (max_query_batch=1, the same store, right after): "
+            f"{unbatched['qps'] / one1:.2f}x ({unbatched['qps']:.1f} vs {one1:.1f} queries/s); "
+            f"{args.clients}-client p95 {concurrent['p95']:.0f} ms batched vs {unbatched['p95']:.0f} ms not."
+        )
+    lines += ["", ratio_line + f" Errors in the two single-client phases: {errors}."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

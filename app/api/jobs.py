@@ -4,8 +4,10 @@
 thread runs jobs in the order they came, under the same write lock as every other writer. Each job is a JSON
 file in `rag.server.jobs_dir`, rewritten atomically at every change of state, so a job that was queued or
 running when the process stopped (a deploy, a crash, kill -9) is found at the next start and reported as
-`interrupted`: its documents were not written (ingest writes nothing until it has embedded everything) and
-can be sent again.
+`interrupted`. Ingest stores new chunks in committed batches (`rag.ingest.commit_chunks`), and `stored` in
+the record counts those committed: they stay stored after an interruption, the rest of the job was not
+written. Sending the documents again finishes it, embedding only the chunks still missing (and deleting the
+older versions of changed documents, which an interrupted job leaves beside the new ones).
 """
 
 from __future__ import annotations
@@ -45,13 +47,17 @@ class Job:
     documents: int
     chunks: int
     embedded: int = 0
+    stored: int = 0  # new chunks committed to the store so far
     startedAt: str | None = None
     finishedAt: str | None = None
     report: dict[str, Any] | None = None
     error: str | None = None
 
     def view(self) -> dict[str, Any]:
-        return {**asdict(self), "progress": {"embedded": self.embedded, "chunks": self.chunks}}
+        return {
+            **asdict(self),
+            "progress": {"embedded": self.embedded, "stored": self.stored, "chunks": self.chunks},
+        }
 
 
 @dataclass
@@ -82,10 +88,7 @@ class JobBook:
             if job.state not in FINISHED:
                 job.state = "interrupted"
                 job.finishedAt = job.finishedAt or _now()
-                job.error = (
-                    "the server stopped before this job finished; nothing of it was written. "
-                    "Send the documents again."
-                )
+                job.error = interrupted_error(job.stored)
                 self._save(job)
                 interrupted.append(job)
             self._jobs[job.id] = job
@@ -184,6 +187,21 @@ class JobRunner:
                 continue
             self.book.update(job, state="done", finishedAt=_now(), report=report)
             log.info("job %s done in %.1fs", job.id, time.perf_counter() - started)
+
+
+def interrupted_error(stored: int) -> str:
+    """What a job found unfinished at the next start says: what of it is stored, and what to do."""
+    if stored:
+        done = (
+            f"{stored} of its new chunks had been stored in committed batches and stay stored; the rest "
+            "was not written"
+        )
+    else:
+        done = "none of its chunks had been stored (nothing of it was written)"
+    return (
+        f"the server stopped before this job finished; {done}. Send the documents again: chunks already "
+        "stored are not embedded again."
+    )
 
 
 def _now() -> str:

@@ -119,7 +119,11 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         try:
             report = sieve.ingest_documents(docs, should_stop=state.stopping.is_set)
         except EmbeddingInterrupted as exc:
-            raise ApiError(503, f"the server is shutting down; nothing was written ({exc})") from None
+            raise ApiError(
+                503,
+                f"the server is shutting down; the write stopped before it finished ({exc}). Send it "
+                "again: chunks already stored are not embedded again",
+            ) from None
         finally:
             state.write_lock.release()
         return ingest_view(report)
@@ -129,11 +133,19 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         def progress(done: int, total: int) -> None:
             state.jobs.update(job, embedded=done)
 
+        def committed(stored: int, total: int) -> None:
+            state.jobs.update(job, stored=stored)
+
         with state.write_lock:
             try:
-                report = sieve.ingest_documents(docs, on_progress=progress, should_stop=state.stopping.is_set)
+                report = sieve.ingest_documents(
+                    docs, on_progress=progress, should_stop=state.stopping.is_set, on_committed=committed
+                )
             except EmbeddingInterrupted as exc:
-                raise JobInterrupted(f"the server shut down; nothing was written ({exc})") from None
+                raise JobInterrupted(
+                    f"the server shut down before this job finished ({exc}). Send the documents again: "
+                    "chunks already stored are not embedded again"
+                ) from None
         return ingest_view(report).model_dump()
 
     state.job_runner.submit(job, work)

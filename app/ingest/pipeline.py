@@ -1,35 +1,59 @@
 """Ingest: files → documents → chunks with stable ids → embeddings → the vector store.
 
 Idempotent: a chunk whose id is already stored is neither embedded nor written again (its id is derived
-from its content). A changed document gets its new chunks written first and its stale chunks deleted
-after, so a crash in between leaves extra chunks, never missing ones. Documents that disappeared from a
-file that loaded cleanly, or whose file was deleted from an ingested directory, lose their chunks. A file
-with errors keeps whatever it had in the index: a typo never deletes good content. Every new chunk is
-embedded before anything is written, so an ingest stopped during the embedding (a shutdown) leaves the
-store as it was.
+from its content). Everything is read, validated and chunked before anything is written. New chunks are
+then embedded and stored in committed batches of `rag.ingest.commit_chunks`: an ingest stopped (a shutdown)
+or killed (kill -9) keeps every batch it committed, and the rerun embeds only the chunks still missing.
+`on_commit(upserted, deleted_ids)` is called after each committed write, so an index kept beside the store
+can follow it batch by batch.
+
+A changed document gets its new chunks written first and its stale chunks deleted only at the very end,
+so an ingest that stops anywhere leaves extra chunks (old and new versions side by side, until the rerun),
+never missing ones. Documents that disappeared from a file that loaded cleanly, or whose file was deleted
+from an ingested directory, lose their chunks at that end too. A file with errors keeps whatever it had in
+the index: a typo never deletes good content.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from app.ingest.chunker import CHUNKER_VERSION, chunk_document, embedding_text
 from app.ingest.loaders import load_paths
 from app.ingest.types import Chunk, Document, LoadError
+from app.models.embedder import EmbeddingInterrupted
 from app.settings import IngestSettings
 from app.store import ChromaStore, StoredChunk
 
 log = logging.getLogger(__name__)
 
-PROGRESS_THRESHOLD = 200  # show a progress bar when embedding at least this many chunks
+PROGRESS_THRESHOLD = 200  # show progress (a bar, or log lines) when embedding at least this many chunks
+
+Progress = Literal["off", "bar", "log"]
+CommitHook = Callable[[list[StoredChunk], list[str]], None]
+
+
+class IngestInterrupted(EmbeddingInterrupted):
+    """An ingest was asked to stop; the batches committed before that are stored, the rest is not."""
+
+    def __init__(self, done: int, total: int, committed: int):
+        RuntimeError.__init__(
+            self,
+            f"ingest interrupted after embedding {done} of {total} new chunks; {committed} of them were "
+            "stored in committed batches, the rest were not",
+        )
+        self.done = done
+        self.total = total
+        self.committed = committed
 
 
 class PassageEmbedder(Protocol):
@@ -63,15 +87,24 @@ class IngestReport:
 
 
 class Ingestor:
-    def __init__(self, store: ChromaStore, embedder: PassageEmbedder, settings: IngestSettings):
+    def __init__(
+        self,
+        store: ChromaStore,
+        embedder: PassageEmbedder,
+        settings: IngestSettings,
+        on_commit: CommitHook | None = None,
+    ):
+        """`on_commit(upserted_chunks, deleted_ids)`: called after every committed store write (new chunks,
+        rewritten metadata, deletions), in the order of the writes."""
         self.store = store
         self.embedder = embedder
         self.settings = settings
+        self.on_commit = on_commit
 
     def ingest(
         self,
         paths: Sequence[str | Path],
-        progress: bool = False,
+        progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
         """Ingest files and directories; removes what disappeared from them (see the module docstring)."""
@@ -113,15 +146,18 @@ class Ingestor:
         errors: Sequence[LoadError] = (),
         files: Sequence[str] = (),
         roots: Sequence[str | Path] = (),
-        progress: bool = False,
+        progress: Progress | bool = False,
         on_progress: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        on_committed: Callable[[int, int], None] | None = None,
     ) -> IngestReport:
         """Add or replace `documents`; `files`/`roots` (what was read) let deletions be detected.
 
-        Nothing is written until every new chunk is embedded: `should_stop()` returning True during the
-        embedding raises `EmbeddingInterrupted` with the store untouched. `on_progress(done, total)` counts
-        embedded chunks."""
+        New chunks are embedded and stored in batches of `commit_chunks`. `should_stop()` returning True
+        raises `IngestInterrupted` at the next slice: the batches committed so far stay stored, stale
+        chunks are not deleted yet (a rerun finishes both). `on_progress(done, total)` counts embedded new
+        chunks, `on_committed(stored, total)` stored ones. `progress`: "bar" (a terminal, True) or "log"
+        (a line every `progress_log_seconds`, for a server) when there are many new chunks."""
         start = time.perf_counter()
         titles = {doc.doc_id: doc.title for doc in documents}
         origins = {doc.doc_id: doc.origin for doc in documents}
@@ -134,26 +170,22 @@ class Ingestor:
         # in its front matter keeps its chunk ids, so its stored metadata is rewritten in place (no
         # re-embedding).
         retagged = [
-            (c.chunk_id, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
+            (c, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
             for c in chunks
             if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
         ]
-        vectors = None
-        if fresh:
-            texts = [embedding_text(c, titles[c.doc_id]) for c in fresh]
-            show = progress and len(fresh) >= PROGRESS_THRESHOLD
-            vectors = self.embedder.embed_passages(
-                texts, show_progress=show, on_progress=on_progress, should_stop=should_stop
-            )
         if retagged:
-            self.store.update_metadata([cid for cid, _ in retagged], [meta for _, meta in retagged])
+            self.store.update_metadata([c.chunk_id for c, _ in retagged], [meta for _, meta in retagged])
+            self._committed(
+                [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c, _ in retagged], []
+            )
         if fresh:
-            stored = [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c in fresh]
-            self.store.upsert(stored, vectors)
+            self._embed_and_store(fresh, titles, origins, progress, on_progress, should_stop, on_committed)
 
         stale = _stale_ids(existing, new_ids, documents, errors, files, roots)
         if stale:
             self.store.delete(stale)
+            self._committed([], stale)
         for error in errors:
             log.error("ingest: %s", error)
         report = IngestReport(
@@ -169,6 +201,113 @@ class Ingestor:
         )
         log.info("%s", report.summary())
         return report
+
+    def _embed_and_store(
+        self,
+        fresh: list[Chunk],
+        titles: dict[str, str],
+        origins: dict[str, str],
+        progress: Progress | bool,
+        on_progress: Callable[[int, int], None] | None,
+        should_stop: Callable[[], bool] | None,
+        on_committed: Callable[[int, int], None] | None,
+    ) -> None:
+        """Embed `fresh` (in document order) batch by batch, committing each batch before the next."""
+        total = len(fresh)
+        size = self.settings.commit_chunks
+        mode = ("bar" if progress else "off") if isinstance(progress, bool) else progress
+        shown = _ProgressView(
+            mode if total >= PROGRESS_THRESHOLD else "off",
+            total,
+            [c.doc_id for c in fresh],
+            self.settings.progress_log_seconds,
+        )
+        stored = 0
+        try:
+            for offset in range(0, total, size):
+                batch = fresh[offset : offset + size]
+                texts = [embedding_text(c, titles[c.doc_id]) for c in batch]
+
+                def embedded(done: int, _: int, offset: int = offset) -> None:
+                    shown.update(offset + done)
+                    if on_progress is not None:
+                        on_progress(offset + done, total)
+
+                try:
+                    vectors = self.embedder.embed_passages(
+                        texts, on_progress=embedded, should_stop=should_stop
+                    )
+                except EmbeddingInterrupted as exc:
+                    raise IngestInterrupted(offset + exc.done, total, stored) from None
+                rows = [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c in batch]
+                self.store.upsert(rows, vectors)
+                stored += len(rows)
+                self._committed(rows, [])
+                if on_committed is not None:
+                    on_committed(stored, total)
+        finally:
+            shown.close()
+            chooser = getattr(self.embedder, "thread_chooser", None)
+            if chooser is not None and chooser.candidates and chooser.cost:
+                costs = ", ".join(f"{t} thread(s) {ms:.0f}" for t, ms in sorted(chooser.cost.items()))
+                log.info("ingest slices, ms per 1000 characters: %s; running on %d", costs, chooser.best())
+
+    def _committed(self, upserted: list[StoredChunk], deleted: list[str]) -> None:
+        if self.on_commit is not None:
+            self.on_commit(upserted, deleted)
+
+
+class _ProgressView:
+    """Ingest progress (documents, chunks, chunks/s, ETA): a tqdm bar, a log line every `every` seconds,
+    or nothing."""
+
+    def __init__(self, mode: str, total: int, doc_ids: list[str], every: float):
+        self.mode = mode
+        self.total = total
+        self.every = every
+        # documents finished once this many new chunks are embedded: the index of each document's last one
+        last: dict[str, int] = {}
+        for i, doc_id in enumerate(doc_ids):
+            last[doc_id] = i
+        self.doc_ends = sorted(last.values())
+        self.started = time.monotonic()
+        self.logged = self.started
+        self.done = 0
+        self.bar: Any = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="ingest", unit="chunk", dynamic_ncols=True)
+        elif mode == "log":
+            log.info("ingest: embedding %d new chunks of %d documents", total, len(self.doc_ends))
+
+    def documents_done(self, chunks_done: int) -> int:
+        return bisect.bisect_left(self.doc_ends, chunks_done)
+
+    def update(self, done: int) -> None:
+        step, self.done = done - self.done, done
+        docs = f"{self.documents_done(done)}/{len(self.doc_ends)}"
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"documents {docs}", refresh=False)
+            self.bar.update(step)
+        elif self.mode == "log" and (now := time.monotonic()) - self.logged >= self.every:
+            self.logged = now
+            log.info("%s", progress_line(done, self.total, docs, now - self.started))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress_line(done: int, total: int, documents: str, seconds: float) -> str:
+    """'ingest progress: chunks 1024/17986 (5.7%), documents 310/5183, 12.3 chunks/s, ETA 23m00s'.
+    Rate = done / seconds; ETA = (total - done) / rate."""
+    rate = done / seconds if seconds > 0 else 0.0
+    eta = f"{int((total - done) / rate) // 60}m{int((total - done) / rate) % 60:02d}s" if rate > 0 else "?"
+    return (
+        f"ingest progress: chunks {done}/{total} ({100 * done / total:.1f}%), documents {documents}, "
+        f"{rate:.1f} chunks/s, ETA {eta}"
+    )
 
 
 def _metadata(chunk: Chunk, origin: str) -> dict[str, Any]:

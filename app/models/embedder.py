@@ -14,13 +14,15 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
+from app.models.batcher import QueryBatcher
 from app.models.e5_convert import PASSAGE_PROMPT, QUERY_PROMPT, E5ConversionError, ensure_e5_folder
 from app.models.priority import PriorityLock
 from app.settings import ModelsSettings
@@ -63,7 +65,13 @@ class Embedder:
         query_prompt: str = "",
         passage_prompt: str = "",
         slice_ms: float = 250.0,
+        ingest_threads: int | str | None = None,
+        max_query_batch: int = 1,
+        query_batch_wait_ms: float = 0.0,
     ):
+        """`ingest_threads`: torch intra-op threads while an ingest slice runs: a number, "auto" (every usable
+        core or one, whichever the slices measure faster, see `ThreadChooser`), or None (torch's setting).
+        `max_query_batch` > 1: concurrent `embed_queries` calls are embedded together (see batcher.py)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         dimension = _embedding_dimension(model)
@@ -79,17 +87,26 @@ class Embedder:
         self.slice_ms = slice_ms
         # Wall time spent inside the model's encode calls; benchmarks print it.
         self.model_seconds = 0.0
+        self.ingest_threads = ingest_threads
+        cores = usable_cores()
+        self.thread_chooser = ThreadChooser([cores, 1] if ingest_threads == "auto" else [])
         self._lock = PriorityLock()
         self._ms_per_passage: float | None = None  # measured on the slices so far
+        self.query_batcher = QueryBatcher(
+            lambda texts: self._encode(texts, self.query_prompt, show_progress=False),
+            self._lock.urgent,
+            max_batch=max_query_batch,
+            wait_ms=query_batch_wait_ms,
+        )
 
     def identity(self) -> dict[str, Any]:
         """What the vector store records, so vectors of different models are never mixed."""
         return {"name": self.name, "dimension": self.dimension, "checksum": self.checksum}
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        """Query vectors; a query goes before any waiting ingest slice."""
-        with self._lock.urgent():
-            return self._encode(texts, self.query_prompt, show_progress=False)
+        """Query vectors; a query goes before any waiting ingest slice, and queries that arrive together
+        share one model call (up to `max_query_batch` texts)."""
+        return self.query_batcher.embed(texts)
 
     def embed_passages(
         self,
@@ -115,10 +132,15 @@ class Embedder:
                     raise EmbeddingInterrupted(done, total)
                 size = self._slice_size()
                 idx = order[done : done + size]
-                with self._lock.background():
+                first = self._ms_per_passage is None
+                threads = self._slice_threads()
+                with self._lock.background(), torch_threads(threads):
                     started = time.perf_counter()
                     out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
-                    self._learn((time.perf_counter() - started) * 1000 / len(idx))
+                    ms = (time.perf_counter() - started) * 1000
+                    self._learn(ms / len(idx))
+                if self.ingest_threads == "auto" and not first:  # the first slice also warms the model up
+                    self.thread_chooser.learn(threads, ms, sum(len(texts[i]) for i in idx))
                 done += len(idx)
                 if bar is not None:
                     bar.update(len(idx))
@@ -128,6 +150,11 @@ class Embedder:
             if bar is not None:
                 bar.close()
         return out
+
+    def _slice_threads(self) -> int | None:
+        if self.ingest_threads == "auto":
+            return self.thread_chooser.next()
+        return self.ingest_threads if isinstance(self.ingest_threads, int) else None
 
     def _slice_size(self) -> int:
         if self._ms_per_passage is None:
@@ -155,6 +182,42 @@ class Embedder:
         finally:
             self.model_seconds += time.perf_counter() - started
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+class ThreadChooser:
+    """The torch thread count for the next ingest slice, chosen by measurement while the ingest runs.
+
+    On an idle machine every core encodes fastest; on a shared one, OpenMP workers that wait for a busy
+    core make two threads slower than one (measured here: 0.56x at load 6 on 2 cores). So the slices try
+    each candidate, keep a moving average of each one's cost (milliseconds per 1,000 characters embedded,
+    0.7 old + 0.3 new), run the cheapest, and every `probe_every`-th slice re-measure another candidate,
+    so a machine that gets busier or quieter is followed. No candidates (or one): nothing to choose.
+    """
+
+    def __init__(self, candidates: list[int], probe_every: int = 12):
+        self.candidates = sorted(set(candidates), reverse=True)
+        self.probe_every = probe_every
+        self.cost: dict[int, float] = {}
+        self.slices = 0
+
+    def next(self) -> int:
+        self.slices += 1
+        for threads in self.candidates:
+            if threads not in self.cost:
+                return threads
+        best = self.best()
+        if self.slices % self.probe_every == 0:
+            others = [t for t in self.candidates if t != best]
+            return others[(self.slices // self.probe_every) % len(others)]
+        return best
+
+    def best(self) -> int:
+        return min(self.candidates, key=lambda t: self.cost.get(t, float("inf")))
+
+    def learn(self, threads: int, ms: float, chars: int) -> None:
+        value = ms * 1000 / max(chars, 1)
+        previous = self.cost.get(threads)
+        self.cost[threads] = value if previous is None else 0.7 * previous + 0.3 * value
 
 
 def _progress_bar(total: int) -> Any:
@@ -195,7 +258,16 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
     if settings.passage_prompt is not None:
         passage_prompt = settings.passage_prompt
     return Embedder(
-        model, name, checksum, settings.batch_size, query_prompt, passage_prompt, settings.ingest_slice_ms
+        model,
+        name,
+        checksum,
+        settings.batch_size,
+        query_prompt,
+        passage_prompt,
+        settings.ingest_slice_ms,
+        ingest_threads=settings.threads or ("auto" if usable_cores() > 1 else 1),
+        max_query_batch=settings.max_query_batch,
+        query_batch_wait_ms=settings.query_batch_wait_ms,
     )
 
 
@@ -312,6 +384,37 @@ def parameters_checksum(model: Any) -> str:
 _threads_configured = False
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least one."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with `threads` torch intra-op threads, then restore the previous count.
+
+    The count is process-wide, so the caller holds the model lock: no other encode runs meanwhile, and
+    queries find torch back at their own count. (With the OpenMP backend each thread also keeps the count it
+    last set, so the restore matters only for threads that start their first torch op during the block.)
+    """
+    if threads is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    if previous == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def configure_torch_threads() -> None:
     """Intra-op threads: $OMP_NUM_THREADS if set, else half the cores this process may use (at least one);
     one inter-op thread.
@@ -322,10 +425,15 @@ def configure_torch_threads() -> None:
     global _threads_configured
     if _threads_configured:
         return
+    # Idle OpenMP workers sleep instead of spinning (read once, when torch loads its OpenMP runtime): on a
+    # shared machine a spinning worker takes the core another process needs, and ingest slices that run on
+    # several threads are then slower than on one (measured: 2 threads 0.56x of 1 thread spinning, 1.05-1.15x
+    # sleeping, at load 5-6 on 2 cores). Set OMP_WAIT_POLICY yourself to choose otherwise.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     explicit = os.environ.get("OMP_NUM_THREADS", "")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     threads = int(explicit) if explicit.isdigit() and int(explicit) > 0 else max(1, cores // 2)
     torch.set_num_threads(threads)
     try:

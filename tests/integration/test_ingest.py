@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ingest.pipeline import Ingestor
-from app.models import EmbeddingInterrupted, load_embedder
+from app.ingest.pipeline import IngestInterrupted, Ingestor
+from app.models import load_embedder
 from app.settings import IngestSettings, ModelsSettings, StoreSettings
 from app.store import ChromaStore
 
@@ -302,7 +302,11 @@ def test_a_document_over_max_document_chars_is_an_error_naming_its_line_and_keep
     assert harness.ids_by_doc()["j2"] == before["j2"]  # the file had an error: j2 keeps its old chunk
 
 
-def test_an_ingest_stopped_during_the_embedding_writes_nothing(tmp_path, harness, tiny_embedder, monkeypatch):
+# Issue 11 changed what an interrupted ingest leaves: it used to write nothing (issue 8); it now keeps the
+# batches it committed (rag.ingest.commit_chunks), and the rerun embeds only the rest.
+def test_an_ingest_stopped_before_its_first_commit_writes_nothing(
+    tmp_path, harness, tiny_embedder, monkeypatch
+):
     kb = write_kb(tmp_path)
     monkeypatch.setattr(tiny_embedder, "slice_ms", 1e-9)  # one passage a slice
     asked = {"n": 0}
@@ -311,7 +315,61 @@ def test_an_ingest_stopped_during_the_embedding_writes_nothing(tmp_path, harness
         asked["n"] += 1
         return asked["n"] > 1
 
-    with pytest.raises(EmbeddingInterrupted):
+    with pytest.raises(IngestInterrupted) as info:
         harness.ingestor.ingest([kb], should_stop=stop_after_first_slice)
+    assert (info.value.done, info.value.total, info.value.committed) == (1, 6, 0)
     assert harness.store.count() == 0
     assert harness.ingest(kb).added == 6  # and the next run does all of it
+
+
+@pytest.mark.parametrize(
+    ("commit_chunks", "stop_after_slices", "committed"), [(1, 1, 1), (2, 3, 2), (4, 5, 4)]
+)
+def test_an_ingest_stopped_after_commits_keeps_them_and_the_rerun_embeds_only_the_rest(
+    tmp_path, tiny_embedder, monkeypatch, commit_chunks, stop_after_slices, committed
+):
+    kb = write_kb(tmp_path)
+    opened = Harness(tmp_path, tiny_embedder)
+    try:
+        opened.ingestor.settings = IngestSettings(paths=[], commit_chunks=commit_chunks)
+        monkeypatch.setattr(tiny_embedder, "slice_ms", 1e-9)  # one passage a slice
+        asked = {"n": 0}
+
+        def stop() -> bool:
+            asked["n"] += 1
+            return asked["n"] > stop_after_slices
+
+        with pytest.raises(IngestInterrupted) as info:
+            opened.ingestor.ingest([kb], should_stop=stop)
+        assert (info.value.done, info.value.committed) == (stop_after_slices, committed)
+        assert opened.store.count() == committed
+        report = opened.ingest(kb)
+        assert (report.added, report.unchanged) == (6 - committed, committed)
+        assert len(opened.embedder.embedded) == 6 - committed
+        assert opened.store.count() == 6
+    finally:
+        opened.close()
+
+
+def test_on_commit_sees_every_committed_batch_then_the_deletions_in_order(tmp_path, tiny_embedder):
+    kb = write_kb(tmp_path)
+    calls: list[tuple[list[str], list[str]]] = []
+    opened = Harness(tmp_path, tiny_embedder)
+    try:
+        opened.ingestor = Ingestor(
+            opened.store,
+            opened.embedder,
+            IngestSettings(paths=[], commit_chunks=4),
+            on_commit=lambda up, deleted: calls.append(([c.chunk_id for c in up], list(deleted))),
+        )
+        first = opened.ingest(kb)
+        assert [(len(up), len(deleted)) for up, deleted in calls] == [(4, 0), (2, 0)]
+        assert {cid for up, _ in calls for cid in up} == {c.chunk_id for c in opened.store.iter_all(False)}
+        assert first.added == 6
+        # the StoredChunks carry the text and metadata the store holds
+        calls.clear()
+        (kb / "docs.jsonl").write_text(json.dumps(JSONL[0]) + "\n", encoding="utf-8")  # j2, j3 removed
+        second = opened.ingest(kb)
+        assert second.deleted == 2 and calls == [([], calls[-1][1])] and len(calls[-1][1]) == 2
+    finally:
+        opened.close()

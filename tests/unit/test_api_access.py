@@ -101,15 +101,25 @@ def test_unfinished_jobs_are_reported_interrupted_at_the_next_start(tmp_path: Pa
     done = book.create("ingest", documents=1, chunks=65)
     book.update(done, state="done", report={"added": 65})
 
+    committed = book.create("ingest", documents=9, chunks=1500)
+    book.update(committed, state="running", embedded=1100, stored=1024)
+
     again = JobBook(tmp_path)
     interrupted = again.recover()
-    assert sorted(j.id for j in interrupted) == sorted([running.id, queued.id])
-    for job_id in (running.id, queued.id):
+    assert sorted(j.id for j in interrupted) == sorted([running.id, queued.id, committed.id])
+    for job_id in (running.id, queued.id, committed.id):
         job = again.get(job_id)
         assert job is not None and job.state == "interrupted"
-        assert "nothing of it was written" in (job.error or "")
         on_disk = json.loads((tmp_path / f"{job_id}.json").read_text())
         assert on_disk["state"] == "interrupted"
+    # Issue 11: ingest commits in batches, so the record says what of the job is stored (issue 8's
+    # "nothing was written" holds only for a job that committed no batch).
+    for job_id in (running.id, queued.id):
+        assert "nothing of it was written" in (again.get(job_id).error or "")  # type: ignore[union-attr]
+    error = again.get(committed.id).error or ""  # type: ignore[union-attr]
+    assert "1024 of its new chunks had been stored in committed batches and stay stored" in error
+    assert "not embedded again" in error
+    assert again.get(committed.id).view()["progress"] == {"embedded": 1100, "stored": 1024, "chunks": 1500}  # type: ignore[union-attr]
     assert again.get(done.id).state == "done"  # type: ignore[union-attr]
     assert again.get(running.id).embedded == 120  # type: ignore[union-attr]
 
