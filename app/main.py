@@ -171,7 +171,7 @@ def startup_sequence(state: AppState) -> None:
             state.evaluation_progress = f"{done}/{total} cases"
 
         with state.write_lock:
-            outcome = run_startup_evaluation(sieve, rag.evaluate, progress)
+            outcome = run_startup_evaluation(sieve.evaluation_target(), rag.evaluate, progress)
         if outcome.gate_failures and rag.evaluate.fail_on_gate:
             state.phase = "failed"
             state.error = "evaluation gate failed: " + "; ".join(outcome.gate_failures)

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from app.ingest.chunker import embedding_text
 from app.ingest.pipeline import Ingestor, IngestReport, Progress
@@ -25,6 +25,9 @@ from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, drop_collection
+
+if TYPE_CHECKING:
+    from app.evaluation.startup import EvaluationTarget
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +208,18 @@ class Sieve:
         stages = build_stages(rag.chain, self.lexical, cast("PassageScorer | None", self.reranker))
         candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical)
         return RetrievalChain(self.embedder, candidates, stages)
+
+    def evaluation_target(self) -> EvaluationTarget:
+        """What an evaluation of this service needs: its chain, the ids its store holds, its description."""
+        from app.evaluation.runner import KnownIds
+        from app.evaluation.startup import EvaluationTarget
+
+        return EvaluationTarget(
+            chain=self.chain,  # one chain for the run and its sweep, even if an ingest rebuilds it meanwhile
+            known=KnownIds.from_store(self.store),
+            described=self.describe(),
+            chain_settings=self.settings.rag.chain,
+        )
 
     def describe(self) -> dict[str, object]:
         """What a report header needs: models, store and the chain's settings."""

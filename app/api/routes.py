@@ -270,7 +270,7 @@ def run_evaluation(request: Request) -> JSONResponse:
     if not state.write_lock.acquire(blocking=False):
         raise ApiError(409, "an evaluation or ingest is already running")
     try:
-        outcome = run_startup_evaluation(sieve, state.settings.rag.evaluate, None)
+        outcome = run_startup_evaluation(sieve.evaluation_target(), state.settings.rag.evaluate, None)
     finally:
         state.write_lock.release()
     if outcome.report is None:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
 from app.evaluation.fingerprint import run_fingerprint
@@ -27,9 +27,6 @@ from app.evaluation.runner import Evaluation, KnownIds, evaluate
 from app.evaluation.segments import segments
 from app.evaluation.tune import sweep_line, threshold_sweep
 from app.settings import ChainSettings, EvaluateSettings
-
-if TYPE_CHECKING:
-    from app.service import Sieve
 
 log = logging.getLogger("sieve.evaluation")
 
@@ -84,16 +81,28 @@ def resolve_baseline(settings: EvaluateSettings) -> Baseline:
     return Baseline(load_report(choice), choice, f"report {choice}")
 
 
+@dataclass(frozen=True)
+class EvaluationTarget:
+    """What an evaluation needs of the service, and nothing more: the chain to run the cases through, the
+    ids the store holds (for stale-expectation checks and the corpus fingerprint), the header describing
+    models, store and settings, and the chain settings the threshold sweep replays."""
+
+    chain: Any
+    known: KnownIds
+    described: dict[str, Any]
+    chain_settings: ChainSettings
+
+
 def run_startup_evaluation(
-    sieve: Sieve,
+    target: EvaluationTarget,
     settings: EvaluateSettings,
     progress: Callable[[int, int], None] | None = None,
     golden: GoldenSet | None = None,
 ) -> EvaluationOutcome:
-    """Evaluate `golden` (default: the file at settings.resource_location) on the service's chain. A
-    broken golden set is logged and reported (the report says why nothing ran); it never raises. A
-    configured baseline file that cannot be used is logged and the run goes on without a comparison."""
-    described = sieve.describe()
+    """Evaluate `golden` (default: the file at settings.resource_location) on `target.chain`. A broken
+    golden set is logged and reported (the report says why nothing ran); it never raises. A configured
+    baseline file that cannot be used is logged and the run goes on without a comparison."""
+    described = target.described
     if golden is None:
         try:
             golden = load_golden_set(settings.resource_location)
@@ -111,12 +120,10 @@ def run_startup_evaluation(
     log.info(
         "[RetrievalEval] start cases=%d goldenSet=%s k=%d", len(golden.cases), golden.path, settings.top_k
     )
-    known = KnownIds.from_store(sieve.store)
-    chain = sieve.chain  # one chain for the run and its sweep, even if an ingest rebuilds the index meanwhile
-    evaluation = run_evaluation(chain, golden, known, settings, progress)
-    sweep = run_sweep(evaluation, chain, sieve.settings.rag.chain, settings)
+    evaluation = run_evaluation(target.chain, golden, target.known, settings, progress)
+    sweep = run_sweep(evaluation, target.chain, target.chain_settings, settings)
     return finish_evaluation(
-        evaluation, settings, run_description(described, evaluation, known), baseline, sweep
+        evaluation, settings, run_description(described, evaluation, target.known), baseline, sweep
     )
 
 
