@@ -14,6 +14,7 @@ from app.ingest.loaders import load_paths
 from app.ingest.pipeline import Ingestor
 from app.settings import IngestSettings, StoreSettings
 from app.store import ChromaStore
+from tests.integration.test_ingest import CountingEmbedder
 
 pytestmark = pytest.mark.integration
 
@@ -33,16 +34,6 @@ A refund is paid to the card used for the order within 5 days.
 
 Return shipping is free for orders over 50.
 """
-
-
-class CountingEmbedder:
-    def __init__(self, inner):
-        self.inner = inner
-        self.embedded: list[str] = []
-
-    def embed_passages(self, texts: list[str], show_progress: bool = False, **slicing) -> np.ndarray:
-        self.embedded.extend(texts)
-        return self.inner.embed_passages(texts, show_progress=show_progress, **slicing)
 
 
 def test_reingesting_with_only_a_new_title_gives_new_ids_and_vectors_of_the_new_text(
