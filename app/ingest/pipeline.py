@@ -226,19 +226,30 @@ class Ingestor:
         try:
             for offset in range(0, total, size):
                 batch = fresh[offset : offset + size]
+                # Identical texts (a document copied under another id) are embedded once, so they get the
+                # very same vector: their scores tie exactly and the documented tie-break (doc id) decides,
+                # not float noise from being embedded in different slices.
                 texts = [embedding_text(c, titles[c.doc_id]) for c in batch]
+                unique = list(dict.fromkeys(texts))
+                row_of = {text: i for i, text in enumerate(unique)}
 
-                def embedded(done: int, _: int, offset: int = offset) -> None:
-                    shown.update(offset + done)
+                def embedded(
+                    done: int, _: int, offset: int = offset, n: int = len(batch), u: int = len(unique)
+                ) -> None:
+                    chunks_done = n if done >= u else done * n // u
+                    shown.update(offset + chunks_done)
                     if on_progress is not None:
-                        on_progress(offset + done, total)
+                        on_progress(offset + chunks_done, total)
 
                 try:
-                    vectors = self.embedder.embed_passages(
-                        texts, on_progress=embedded, should_stop=should_stop
+                    unique_vectors = self.embedder.embed_passages(
+                        unique, on_progress=embedded, should_stop=should_stop
                     )
                 except EmbeddingInterrupted as exc:
-                    raise IngestInterrupted(offset + exc.done, total, stored) from None
+                    raise IngestInterrupted(
+                        offset + exc.done * len(batch) // len(unique), total, stored
+                    ) from None
+                vectors = unique_vectors[[row_of[text] for text in texts]]
                 rows = [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c in batch]
                 self.store.upsert(rows, vectors)
                 stored += len(rows)

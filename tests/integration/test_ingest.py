@@ -373,3 +373,19 @@ def test_on_commit_sees_every_committed_batch_then_the_deletions_in_order(tmp_pa
         assert second.deleted == 2 and calls == [([], calls[-1][1])] and len(calls[-1][1]) == 2
     finally:
         opened.close()
+
+
+def test_a_copy_under_another_id_gets_the_very_same_vector_and_is_embedded_once(tmp_path, harness):
+    # Identical texts must tie exactly, so the documented tie-break (doc id) decides which copy ranks first,
+    # not float noise from being embedded in different slices or thread counts.
+    kb = tmp_path / "copies"
+    kb.mkdir()
+    body = "# VPN\n\nInstall the client, then sign in with your badge number."
+    (kb / "guide.md").write_text("---\nid: guide\ntitle: VPN guide\n---\n" + body, encoding="utf-8")
+    (kb / "mirror.md").write_text("---\nid: mirror\ntitle: VPN guide\n---\n" + body, encoding="utf-8")
+    report = harness.ingest(kb)
+    assert report.added == 2
+    assert len(harness.embedder.embedded) == 1  # one text for the model
+    ids = [c.chunk_id for c in harness.store.iter_all(include_text=False)]
+    stored = {c.metadata["doc_id"]: c.embedding for c in harness.store.get(ids, include_embeddings=True)}
+    assert np.array_equal(stored["guide"], stored["mirror"])
