@@ -52,7 +52,7 @@ class Sieve:
         self.chain: RetrievalChain
         self._sync: LexicalSync | None = None
         if lexical is None:
-            self.refresh_index()
+            self._open_index()
         else:
             self.lexical = lexical
             self.chain = self._build_chain()
@@ -108,12 +108,8 @@ class Sieve:
         progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
-        writes: list[int] = []
-        try:
-            return self._ingestor(writes).ingest(paths, progress, should_stop)
-        finally:
-            if writes:  # also after an interrupted ingest: its committed batches are stored
-                self.refresh_index()
+        """Ingest files and directories; the BM25 index follows every committed batch (`on_commit`)."""
+        return self._ingestor().ingest(paths, progress, should_stop)
 
     def ingest_documents(
         self,
@@ -123,34 +119,24 @@ class Sieve:
         on_committed: Callable[[int, int], None] | None = None,
     ) -> IngestReport:
         """Add or replace `documents`; `should_stop()` -> True stops it at the next slice
-        (`IngestInterrupted`, the batches committed so far stay stored). Progress goes to the log."""
-        writes: list[int] = []
-        try:
-            return self._ingestor(writes).ingest_documents(
-                documents,
-                progress="log",
-                on_progress=on_progress,
-                should_stop=should_stop,
-                on_committed=on_committed,
-            )
-        finally:
-            if writes:
-                self.refresh_index()
+        (`IngestInterrupted`; the batches committed so far stay stored and indexed). Progress goes to the
+        log."""
+        return self._ingestor().ingest_documents(
+            documents,
+            progress="log",
+            on_progress=on_progress,
+            should_stop=should_stop,
+            on_committed=on_committed,
+        )
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
         return len(self._ingestor().chunk(documents))
 
-    def _ingestor(self, writes: list[int] | None = None) -> Ingestor:
-        """An Ingestor whose commit hook updates the BM25 index in step with every store write (and so,
-        through the change log, every other process's) and counts the writes into `writes`."""
-
-        def on_commit(upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
-            self.on_commit(upserted, deleted_ids)
-            if writes is not None:
-                writes.append(len(upserted) + len(deleted_ids))
-
-        return Ingestor(self.store, self.embedder, self.settings.rag.ingest, on_commit=on_commit)
+    def _ingestor(self) -> Ingestor:
+        """An Ingestor whose commit hook updates the BM25 index in step with every store write (the index is
+        the chain's own object, updated in place, so the chain needs no rebuild)."""
+        return Ingestor(self.store, self.embedder, self.settings.rag.ingest, on_commit=self.on_commit)
 
     def on_commit(self, upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
         """The ingest pipeline committed `upserted` (id, text, metadata) and deleted `deleted_ids`: update
@@ -163,35 +149,32 @@ class Sieve:
             )
             self.lexical.delete(deleted_ids)
 
-    def refresh_index(self) -> None:
-        """Open the persisted BM25 index (first call) or catch it up with the store, and (re)build the chain.
+    def _open_index(self) -> None:
+        """Open the persisted BM25 index, catching it up with the store, and build the chain over it.
 
         Where the index lives: `rag.lexical.path`, or by default under the embedded store's path, or (a
-        Chroma server) under target/lexical/."""
-        if self._sync is None:
-            rag = self.settings.rag
-            directory: Path | None = lexical_directory(self.settings)
-            try:
-                check_free(directory)
-            except LexicalFilesError as exc:
-                # e.g. `sieve ingest` into a Chroma server while `sieve serve` holds the default directory:
-                # work on an in-memory index (its writes still reach the others through the change log)
-                log.warning("%s; using an in-memory BM25 index built from the store", exc)
-                directory = None
-            self._sync = LexicalSync(
-                self.store,
-                directory,
-                self.analyzer,
-                rag.chain.bm25.k1,
-                rag.chain.bm25.b,
-                rag.lexical.refresh_seconds,
-                _index_text,
-            )
-            self.lexical = self._sync.open()
-            self.lexical.refresher = self._sync.catch_up
-        else:
-            self._sync._last_check = float("-inf")
-            self._sync.catch_up()
+        Chroma server) under target/lexical/. Afterwards the index follows this process's writes through
+        `on_commit` and other processes' through the change log, checked before queries."""
+        rag = self.settings.rag
+        directory: Path | None = lexical_directory(self.settings)
+        try:
+            check_free(directory)
+        except LexicalFilesError as exc:
+            # e.g. `sieve ingest` into a Chroma server while `sieve serve` holds the default directory:
+            # work on an in-memory index (its writes still reach the others through the change log)
+            log.warning("%s; using an in-memory BM25 index built from the store", exc)
+            directory = None
+        self._sync = LexicalSync(
+            self.store,
+            directory,
+            self.analyzer,
+            rag.chain.bm25.k1,
+            rag.chain.bm25.b,
+            rag.lexical.refresh_seconds,
+            _index_text,
+        )
+        self.lexical = self._sync.open()
+        self.lexical.refresher = self._sync.catch_up
         self.chain = self._build_chain()
 
     # -- retrieval ---------------------------------------------------------------------------------
