@@ -65,8 +65,8 @@ class ModelsSettings(_Strict):
     # Ingest embeds in slices of about this many milliseconds and lets waiting queries go first between
     # slices, so a query waits for at most one slice behind a large write.
     ingest_slice_ms: float = Field(250.0, gt=0.0)
-    # torch intra-op threads while embedding ingest slices. None = auto: every core this process may use,
-    # or one thread while the slices measure that faster (a busy shared machine); see ThreadChooser.
+    # Ingest workers: threads that embed ingest slices side by side, each on one torch intra-op thread.
+    # None = every core this process may use; 1 = one slice at a time (the path before issue 11).
     # Queries keep their own measured choice ($OMP_NUM_THREADS, else half the cores): see embedder.py.
     threads: int | None = Field(None, ge=1, le=256)
     # Queries that arrive together are embedded in one model call, up to this many texts (1 = no batching).

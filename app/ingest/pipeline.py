@@ -258,10 +258,6 @@ class Ingestor:
                     on_committed(stored, total)
         finally:
             shown.close()
-            chooser = getattr(self.embedder, "thread_chooser", None)
-            if chooser is not None and chooser.candidates and chooser.cost:
-                costs = ", ".join(f"{t} thread(s) {ms:.0f}" for t, ms in sorted(chooser.cost.items()))
-                log.info("ingest slices, ms per 1000 characters: %s; running on %d", costs, chooser.best())
 
     def _committed(self, upserted: list[StoredChunk], deleted: list[str]) -> None:
         if self.on_commit is not None:

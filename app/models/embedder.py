@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,15 +67,20 @@ class Embedder:
         query_prompt: str = "",
         passage_prompt: str = "",
         slice_ms: float = 250.0,
-        ingest_threads: int | str | None = None,
+        workers: int = 1,
         max_query_batch: int = 1,
         query_batch_wait_ms: float = 0.0,
+        query_threads: int | None = None,
     ):
-        """`ingest_threads`: torch intra-op threads while an ingest slice runs: a number, "auto" (every usable
-        core or one, whichever the slices measure faster, see `ThreadChooser`), or None (torch's setting).
-        `max_query_batch` > 1: concurrent `embed_queries` calls are embedded together (see batcher.py)."""
+        """`workers`: ingest slices run on this many threads at once, each on one torch intra-op thread
+        (1: one slice at a time in the caller's thread, the path before issue 11; see `embed_passages`).
+        `query_threads`: torch intra-op threads for query calls, set in the calling thread before each one
+        (None: leave torch as it is). `max_query_batch` > 1: concurrent `embed_queries` calls are embedded
+        together (see batcher.py)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1 (got {workers})")
         dimension = _embedding_dimension(model)
         if not dimension:
             raise ValueError(f"embedder {name!r} does not report an embedding dimension")
@@ -85,15 +92,20 @@ class Embedder:
         self.query_prompt = query_prompt
         self.passage_prompt = passage_prompt
         self.slice_ms = slice_ms
-        # Wall time spent inside the model's encode calls; benchmarks print it.
+        self.workers = workers
+        self.query_threads = query_threads
+        # Wall time spent inside model calls, summed over the threads that made them; benchmarks print it.
         self.model_seconds = 0.0
-        self.ingest_threads = ingest_threads
-        cores = usable_cores()
-        self.thread_chooser = ThreadChooser([cores, 1] if ingest_threads == "auto" else [])
-        self._lock = PriorityLock()
-        self._ms_per_passage: float | None = None  # measured on the slices so far
+        self._seconds_lock = threading.Lock()
+        # Ingest workers share the model's one fast tokenizer, which fails with "Already borrowed" when two
+        # threads use it at once: they tokenise under this lock and run the model outside it.
+        self._tokenize_lock = threading.Lock()
+        self._lock = PriorityLock(background_slots=workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._ms_per_passage: float | None = None  # measured on the slices so far (per worker)
         self.query_batcher = QueryBatcher(
-            lambda texts: self._encode(texts, self.query_prompt, show_progress=False),
+            self._encode_queries,
             self._lock.urgent,
             max_batch=max_query_batch,
             wait_ms=query_batch_wait_ms,
@@ -118,43 +130,130 @@ class Embedder:
         """Passage vectors, computed in slices of about `slice_ms` each so that queries can go between them.
 
         Passages are sliced in order of length (similar lengths pad little) and returned in input order.
-        `on_progress(done, total)` is called after each slice; `should_stop()` is asked before each one and
-        True raises `EmbeddingInterrupted` (a shutdown does not wait for a long ingest to finish).
+        With `workers` > 1 the slices are handed out in that order to the worker threads, at most one each
+        at a time; every worker runs one torch intra-op thread (data parallelism: measured on 2 idle cores,
+        2 workers x 1 thread embedded 1.93x one thread, 2 intra-op threads only 1.64x).
+        `on_progress(done, total)` is called in this thread after each slice; `should_stop()` is asked
+        before each slice is handed out and True raises `EmbeddingInterrupted` once the slices in progress
+        are done (a shutdown does not wait for a long ingest to finish).
         """
         total = len(texts)
         out = np.zeros((total, self.dimension), dtype=np.float32)
         order = sorted(range(total), key=lambda i: -len(texts[i]))
         bar = _progress_bar(total) if show_progress and total else None
-        done = 0
+
+        def finished(idx: list[int], vectors: np.ndarray, ms: float, done: int) -> None:
+            out[idx] = vectors
+            self._learn(ms / len(idx))
+            if bar is not None:
+                bar.update(len(idx))
+            if on_progress is not None:
+                on_progress(done, total)
+
         try:
-            while done < total:
-                if should_stop is not None and should_stop():
-                    raise EmbeddingInterrupted(done, total)
-                size = self._slice_size()
-                idx = order[done : done + size]
-                first = self._ms_per_passage is None
-                threads = self._slice_threads()
-                with self._lock.background(), torch_threads(threads):
-                    started = time.perf_counter()
-                    out[idx] = self._encode([texts[i] for i in idx], self.passage_prompt, False)
-                    ms = (time.perf_counter() - started) * 1000
-                    self._learn(ms / len(idx))
-                if self.ingest_threads == "auto" and not first:  # the first slice also warms the model up
-                    self.thread_chooser.learn(threads, ms, sum(len(texts[i]) for i in idx))
-                done += len(idx)
-                if bar is not None:
-                    bar.update(len(idx))
-                if on_progress is not None:
-                    on_progress(done, total)
+            if self.workers == 1:
+                self._embed_serial(texts, order, finished, should_stop)
+            else:
+                self._embed_parallel(texts, order, finished, should_stop)
         finally:
             if bar is not None:
                 bar.close()
         return out
 
-    def _slice_threads(self) -> int | None:
-        if self.ingest_threads == "auto":
-            return self.thread_chooser.next()
-        return self.ingest_threads if isinstance(self.ingest_threads, int) else None
+    def _embed_serial(
+        self,
+        texts: list[str],
+        order: list[int],
+        finished: Callable[[list[int], np.ndarray, float, int], None],
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        """One slice at a time, in this thread, on one torch thread."""
+        done, total = 0, len(texts)
+        while done < total:
+            if should_stop is not None and should_stop():
+                raise EmbeddingInterrupted(done, total)
+            idx = order[done : done + self._slice_size()]
+            with self._lock.background(), torch_threads(1):
+                started = time.perf_counter()
+                vectors = self._encode([texts[i] for i in idx], self.passage_prompt, False)
+                ms = (time.perf_counter() - started) * 1000
+            done += len(idx)
+            finished(idx, vectors, ms, done)
+
+    def _embed_parallel(
+        self,
+        texts: list[str],
+        order: list[int],
+        finished: Callable[[list[int], np.ndarray, float, int], None],
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
+        """Slices on the worker threads, at most `workers` in flight; results are gathered in this thread."""
+        pool = self._worker_pool()
+        done, handed, total = 0, 0, len(texts)
+        running: dict[Future[tuple[np.ndarray, float]], list[int]] = {}
+        stopping = False
+        failure: BaseException | None = None
+        while True:
+            while not stopping and failure is None and handed < total and len(running) < self.workers:
+                if should_stop is not None and should_stop():
+                    stopping = True
+                    break
+                idx = order[handed : handed + self._slice_size()]
+                handed += len(idx)
+                running[pool.submit(self._worker_slice, [texts[i] for i in idx])] = idx
+            if not running:
+                break
+            ready, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in ready:
+                idx = running.pop(future)
+                try:
+                    vectors, ms = future.result()
+                except BaseException as exc:  # raised below, once the other slices in flight are done
+                    failure = failure or exc
+                    continue
+                done += len(idx)
+                finished(idx, vectors, ms, done)
+        if failure is not None:
+            raise failure
+        if stopping:
+            raise EmbeddingInterrupted(done, total)
+
+    def _worker_slice(self, texts: list[str]) -> tuple[np.ndarray, float]:
+        """One slice on a worker thread: (vectors, milliseconds inside the model)."""
+        with self._lock.background():
+            started = time.perf_counter()
+            vectors = self._encode_split(texts, self.passage_prompt)
+            return vectors, (time.perf_counter() - started) * 1000
+
+    def _worker_pool(self) -> ThreadPoolExecutor:
+        """The `workers` threads, started once, each set to one torch intra-op thread for its lifetime.
+
+        torch's thread count (OpenMP backend) is kept per thread once a thread has run torch, but
+        `set_num_threads` also sets the count that threads which have not run torch yet start with; so
+        once the workers are set, this thread puts that back to the query count.
+        """
+        with self._pool_lock:
+            if self._pool is None:
+                started = threading.Barrier(self.workers + 1)
+                pool = ThreadPoolExecutor(
+                    self.workers, thread_name_prefix="sieve-embed", initializer=_one_torch_thread
+                )
+                for _ in range(self.workers):  # each task holds its thread, so every worker is started
+                    pool.submit(started.wait)
+                started.wait()
+                if self.query_threads is not None:
+                    import torch
+
+                    torch.set_num_threads(self.query_threads)  # even if this thread is there already
+                self._pool = pool
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the ingest worker threads (started again if another ingest comes)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _slice_size(self) -> int:
         if self._ms_per_passage is None:
@@ -165,8 +264,13 @@ class Embedder:
         previous = self._ms_per_passage
         self._ms_per_passage = ms_per_passage if previous is None else 0.7 * previous + 0.3 * ms_per_passage
 
+    def _encode_queries(self, texts: list[str]) -> np.ndarray:
+        """Queries run at `query_threads`, set in this thread whatever an ingest set in its own."""
+        _use_torch_threads(self.query_threads)
+        return self._encode(texts, self.query_prompt, show_progress=False)
+
     def _encode(self, texts: list[str], prompt: str, show_progress: bool) -> np.ndarray:
-        """One model call; the caller holds the lock (one call at a time keeps model_seconds honest)."""
+        """One `model.encode` call; the caller holds the lock alone (a query, or a slice of one worker)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         started = time.perf_counter()
@@ -180,44 +284,44 @@ class Embedder:
                 normalize_embeddings=True,
             )
         finally:
-            self.model_seconds += time.perf_counter() - started
+            self._add_seconds(time.perf_counter() - started)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
+    def _encode_split(self, texts: list[str], prompt: str) -> np.ndarray:
+        """What `model.encode` computes, with the tokenizer under `_tokenize_lock` and the model outside
+        it, so that several workers can run the model at once: per batch of `batch_size`, the model's
+        `preprocess` (prompt + tokenizer), its forward pass, and the sentence embedding scaled to length 1.
+        A model without `preprocess` (sentence-transformers before 5) runs whole under the lock."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        if not hasattr(self.model, "preprocess"):
+            with self._tokenize_lock:
+                return self._encode(texts, prompt, False)
+        import torch
 
-class ThreadChooser:
-    """The torch thread count for the next ingest slice, chosen by measurement while the ingest runs.
+        started = time.perf_counter()
+        rows: list[np.ndarray] = []
+        try:
+            for start in range(0, len(texts), self.batch_size):
+                batch = list(texts[start : start + self.batch_size])
+                with self._tokenize_lock:
+                    features = self.model.preprocess(batch, prompt=prompt or None)
+                device = getattr(self.model, "device", None)
+                features = {
+                    k: v.to(device) if device is not None and isinstance(v, torch.Tensor) else v
+                    for k, v in features.items()
+                }
+                with torch.inference_mode():
+                    pooled = self.model(features)["sentence_embedding"]
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                rows.append(pooled.detach().to("cpu", torch.float32).numpy())
+        finally:
+            self._add_seconds(time.perf_counter() - started)
+        return np.ascontiguousarray(np.concatenate(rows), dtype=np.float32)
 
-    On an idle machine every core encodes fastest; on a shared one, OpenMP workers that wait for a busy
-    core make two threads slower than one (measured here: 0.56x at load 6 on 2 cores). So the slices try
-    each candidate, keep a moving average of each one's cost (milliseconds per 1,000 characters embedded,
-    0.7 old + 0.3 new), run the cheapest, and every `probe_every`-th slice re-measure another candidate,
-    so a machine that gets busier or quieter is followed. No candidates (or one): nothing to choose.
-    """
-
-    def __init__(self, candidates: list[int], probe_every: int = 12):
-        self.candidates = sorted(set(candidates), reverse=True)
-        self.probe_every = probe_every
-        self.cost: dict[int, float] = {}
-        self.slices = 0
-
-    def next(self) -> int:
-        self.slices += 1
-        for threads in self.candidates:
-            if threads not in self.cost:
-                return threads
-        best = self.best()
-        if self.slices % self.probe_every == 0:
-            others = [t for t in self.candidates if t != best]
-            return others[(self.slices // self.probe_every) % len(others)]
-        return best
-
-    def best(self) -> int:
-        return min(self.candidates, key=lambda t: self.cost.get(t, float("inf")))
-
-    def learn(self, threads: int, ms: float, chars: int) -> None:
-        value = ms * 1000 / max(chars, 1)
-        previous = self.cost.get(threads)
-        self.cost[threads] = value if previous is None else 0.7 * previous + 0.3 * value
+    def _add_seconds(self, seconds: float) -> None:
+        with self._seconds_lock:
+            self.model_seconds += seconds
 
 
 def _progress_bar(total: int) -> Any:
@@ -265,9 +369,10 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_prompt,
         passage_prompt,
         settings.ingest_slice_ms,
-        ingest_threads=settings.threads or ("auto" if usable_cores() > 1 else 1),
+        workers=settings.threads or usable_cores(),
         max_query_batch=settings.max_query_batch,
         query_batch_wait_ms=settings.query_batch_wait_ms,
+        query_threads=configure_torch_threads(),
     )
 
 
@@ -381,7 +486,7 @@ def parameters_checksum(model: Any) -> str:
     return digest.hexdigest()[:CHECKSUM_CHARS]
 
 
-_threads_configured = False
+_query_threads: int | None = None  # set by configure_torch_threads
 
 
 def usable_cores() -> int:
@@ -393,11 +498,11 @@ def usable_cores() -> int:
 
 @contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block with `threads` torch intra-op threads, then restore the previous count.
+    """Run the block with `threads` torch intra-op threads in this thread, then restore the previous count.
 
-    The count is process-wide, so the caller holds the model lock: no other encode runs meanwhile, and
-    queries find torch back at their own count. (With the OpenMP backend each thread also keeps the count it
-    last set, so the restore matters only for threads that start their first torch op during the block.)
+    With torch's OpenMP backend the count is kept per thread once a thread has run torch (each thread's
+    OpenMP setting); `set_num_threads` also sets the count that threads which have not run torch yet will
+    start with, which the restore puts back.
     """
     if threads is None:
         yield
@@ -415,16 +520,37 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def configure_torch_threads() -> None:
-    """Intra-op threads: $OMP_NUM_THREADS if set, else half the cores this process may use (at least one);
-    one inter-op thread.
+def _use_torch_threads(threads: int | None) -> None:
+    """Set this thread's torch intra-op count to `threads` (None: leave it)."""
+    if threads is None:
+        return
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def _one_torch_thread() -> None:
+    """An ingest worker's start: one torch intra-op thread in this thread, for its lifetime."""
+    import torch
+
+    # torch gives a thread its starting count at the thread's first torch call (from the count last set
+    # anywhere); make that call first, or it would later overwrite the count set here
+    torch.get_num_threads()
+    torch.set_num_threads(1)
+
+
+def configure_torch_threads() -> int:
+    """Set torch up once per process and return the intra-op thread count queries run at:
+    $OMP_NUM_THREADS if set, else half the cores this process may use (at least one); one inter-op thread.
 
     The service shares its cores with Chroma, BM25 and the API; measured on a busy 2-core machine, two
-    torch threads encoded 3.5x slower than one (the OpenMP workers wait on each other for a core).
+    torch threads encoded 3.5x slower than one (the OpenMP workers wait on each other for a core). Ingest
+    does not use this count: its workers run one thread each (see `Embedder.embed_passages`).
     """
-    global _threads_configured
-    if _threads_configured:
-        return
+    global _query_threads
+    if _query_threads is not None:
+        return _query_threads
     # Idle OpenMP workers sleep instead of spinning (read once, when torch loads its OpenMP runtime): on a
     # shared machine a spinning worker takes the core another process needs, and ingest slices that run on
     # several threads are then slower than on one (measured: 2 threads 0.56x of 1 thread spinning, 1.05-1.15x
@@ -440,4 +566,5 @@ def configure_torch_threads() -> None:
         torch.set_num_interop_threads(1)
     except RuntimeError:  # only allowed before the first parallel op; keep whatever is set
         pass
-    _threads_configured = True
+    _query_threads = threads
+    return threads

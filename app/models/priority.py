@@ -1,8 +1,9 @@
 """A lock that lets urgent work (queries) go before background work (ingest slices).
 
-The embedder runs one model call at a time: torch already uses every core it was given, and two calls at
-once only slow each other down. A large ingest therefore holds the model in short slices; between two slices
-every waiting query runs first, so a query waits for at most the one slice in progress.
+A query runs alone on the model: it waits for the ingest slices in progress and for nothing else. A large
+ingest holds the model in short slices, up to `background_slots` of them at once (one per ingest worker,
+each on its own core); while a query waits, no new slice starts, so a query waits for at most the slices
+already running, which run side by side and so take about one slice's time.
 """
 
 from __future__ import annotations
@@ -13,16 +14,21 @@ from contextlib import contextmanager
 
 
 class PriorityLock:
-    """Mutual exclusion with two classes of holder.
+    """Mutual exclusion between urgent holders, and between urgent and background holders.
 
-    `urgent()` waits only for the current holder. `background()` also waits while any urgent caller is
-    waiting, so a stream of background slices can never starve a query. Urgent callers among themselves,
-    and background callers among themselves, are served in no particular order.
+    `urgent()` waits until nobody holds the lock: one urgent holder at a time, never beside a slice.
+    `background()` waits while any urgent caller holds or waits for the lock and while `background_slots`
+    background holders are in; so a stream of background slices can never starve a query. Callers of one
+    class are served in no particular order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, background_slots: int = 1) -> None:
+        if background_slots < 1:
+            raise ValueError(f"background_slots must be at least 1 (got {background_slots})")
+        self.background_slots = background_slots
         self._cond = threading.Condition()
-        self._held = False
+        self._urgent_held = False
+        self._background_held = 0
         self._urgent_waiting = 0
 
     @contextmanager
@@ -30,26 +36,31 @@ class PriorityLock:
         with self._cond:
             self._urgent_waiting += 1
             try:
-                self._cond.wait_for(lambda: not self._held)
+                self._cond.wait_for(lambda: not self._urgent_held and self._background_held == 0)
             finally:
                 self._urgent_waiting -= 1
-            self._held = True
+            self._urgent_held = True
         try:
             yield
         finally:
-            self._release()
+            with self._cond:
+                self._urgent_held = False
+                self._cond.notify_all()
 
     @contextmanager
     def background(self) -> Iterator[None]:
         with self._cond:
-            self._cond.wait_for(lambda: not self._held and self._urgent_waiting == 0)
-            self._held = True
+            self._cond.wait_for(
+                lambda: (
+                    not self._urgent_held
+                    and self._urgent_waiting == 0
+                    and self._background_held < self.background_slots
+                )
+            )
+            self._background_held += 1
         try:
             yield
         finally:
-            self._release()
-
-    def _release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
+            with self._cond:
+                self._background_held -= 1
+                self._cond.notify_all()

@@ -1,4 +1,4 @@
-"""The real e5 model shared by concurrent queries (the dynamic batcher) and ingest on several torch threads:
+"""The real e5 model shared by concurrent queries (the dynamic batcher) and ingest on several workers:
 vectors equal to one-by-one, one-thread embedding (cosine >= 0.9999 per row)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.models import ensure_e5_folder, load_embedder
-from app.models.embedder import torch_threads
+from app.models.embedder import Embedder
 from app.settings import ModelsSettings
 
 pytestmark = pytest.mark.integration
@@ -75,13 +75,74 @@ def test_eight_threads_of_queries_get_the_vectors_of_one_by_one_embedding(e5) ->
     assert calls < THREADS * PER_THREAD  # queries that arrived together shared a model call
 
 
-def test_ingest_slices_on_every_core_give_the_one_thread_vectors(e5) -> None:
+def test_ingest_workers_give_the_one_thread_vectors(e5) -> None:
+    # The same model and tokenizer behind a one-worker embedder (the path before issue 11) and a
+    # four-worker one with one-passage slices, so that the workers tokenise and run the model side by side.
     passages = [q * 5 for q in QUERIES]
-    with torch_threads(1):
-        before = e5.ingest_threads
-        e5.ingest_threads = 1
-        one = e5.embed_passages(passages)
-        e5.ingest_threads = 4
-        many = e5.embed_passages(passages)
-        e5.ingest_threads = before
-    assert cosines(one, many).min() >= 0.9999
+    one = Embedder(e5.model, e5.name, e5.checksum, 32, e5.query_prompt, e5.passage_prompt, workers=1)
+    many = Embedder(
+        e5.model, e5.name, e5.checksum, 32, e5.query_prompt, e5.passage_prompt, slice_ms=1e-6, workers=4
+    )
+    try:
+        assert cosines(one.embed_passages(passages), many.embed_passages(passages)).min() >= 0.9999
+    finally:
+        many.close()
+
+
+def test_eight_threads_of_ingest_and_queries_on_eight_workers_get_the_sequential_vectors(e5) -> None:
+    # 8 client threads x 4 calls of 3 passages each, beside queries, on 8 workers of one real model: its
+    # one fast tokenizer is used by every worker (tokenised under a lock), and nothing raises
+    # ("Already borrowed") or mixes rows up.
+    shared = Embedder(
+        e5.model,
+        e5.name,
+        e5.checksum,
+        32,
+        e5.query_prompt,
+        e5.passage_prompt,
+        slice_ms=1e-6,
+        workers=8,
+        max_query_batch=16,
+        query_batch_wait_ms=2.0,
+    )
+    texts = [f"{q} ({i})" for i, q in enumerate(QUERIES * 4)]
+    sequential = dict(zip(texts, e5.embed_passages(texts), strict=True))
+    query_one_by_one = {q: e5.embed_queries([q])[0] for q in QUERIES}
+    got: list[tuple[str, np.ndarray]] = []
+    got_queries: list[tuple[str, np.ndarray]] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS + 1)
+
+    def ingest_client(slot: int) -> None:
+        start.wait()
+        try:
+            for call in range(4):
+                mine = [texts[(slot * 4 + call + k * 11) % len(texts)] for k in range(3)]
+                got.extend(zip(mine, shared.embed_passages(mine), strict=True))
+        except BaseException as exc:  # handed to the test thread
+            errors.append(exc)
+
+    def query_client() -> None:
+        start.wait()
+        try:
+            for q in QUERIES:
+                got_queries.append((q, shared.embed_queries([q])[0]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ingest_client, args=(slot,)) for slot in range(THREADS)]
+    threads.append(threading.Thread(target=query_client))
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        shared.close()
+    assert not errors
+    assert len(got) == THREADS * 4 * 3 and len(got_queries) == len(QUERIES)
+    batched = np.stack([v for _, v in got])
+    alone = np.stack([sequential[t] for t, _ in got])
+    assert cosines(batched, alone).min() >= 0.9999
+    queries = np.stack([v for _, v in got_queries])
+    assert cosines(queries, np.stack([query_one_by_one[q] for q, _ in got_queries])).min() >= 0.9999

@@ -1,77 +1,12 @@
-"""Issue 11 §3 pieces without a model: the ingest thread chooser, the progress line, slice threads."""
+"""Issue 11 §3 pieces without a model: the progress line and view (ingest workers: test_embed_workers.py)."""
 
 from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 
 from app.ingest.pipeline import _ProgressView, progress_line
-from app.models.embedder import Embedder, ThreadChooser
-
-
-def test_the_chooser_measures_each_candidate_first_then_runs_the_cheapest() -> None:
-    chooser = ThreadChooser([1, 2], probe_every=100)
-    assert chooser.next() == 2
-    chooser.learn(2, ms=500.0, chars=1000)  # 500 ms per 1000 characters
-    assert chooser.next() == 1
-    chooser.learn(1, ms=300.0, chars=1000)
-    assert [chooser.next() for _ in range(5)] == [1] * 5
-    assert chooser.cost == {2: 500.0, 1: 300.0}
-
-
-def test_the_chooser_reprobes_and_follows_a_machine_that_gets_quieter() -> None:
-    chooser = ThreadChooser([2, 1], probe_every=4)
-    chooser.next()
-    chooser.learn(2, 600.0, 1000)
-    chooser.next()
-    chooser.learn(1, 300.0, 1000)
-    picks = []
-    for _ in range(40):
-        threads = chooser.next()
-        picks.append(threads)
-        chooser.learn(threads, 150.0 if threads == 2 else 300.0, 1000)  # two threads got cheaper
-    assert picks[:3] == [1, 2, 1]  # slice 4 (every 4th) re-measures two threads
-    # two threads' average falls 600 -> 465 -> 370.5 -> 304.35 -> 258.0 (< 300) at the 4th probe, slice 16
-    # (picks[i] is slice i + 3); from then on two threads, with a one-thread probe every 4th slice
-    assert picks[13:] == [2] + [2 if slice_no % 4 else 1 for slice_no in range(17, 43)]
-    assert chooser.best() == 2
-
-
-def test_the_moving_average_is_0_7_old_plus_0_3_new() -> None:
-    chooser = ThreadChooser([1])
-    chooser.learn(1, 100.0, 1000)
-    chooser.learn(1, 200.0, 2000)  # 100 ms per 1000 characters again
-    chooser.learn(1, 400.0, 1000)
-    assert chooser.cost[1] == pytest.approx(0.7 * (0.7 * 100 + 0.3 * 100) + 0.3 * 400)
-
-
-class FakeModel:
-    def __init__(self) -> None:
-        self.threads_seen: list[int] = []
-
-    def get_sentence_embedding_dimension(self) -> int:
-        return 2
-
-    def encode(self, texts, **_: object) -> np.ndarray:
-        import torch
-
-        self.threads_seen.append(torch.get_num_threads())
-        return np.ones((len(texts), 2), dtype=np.float32) / np.sqrt(2)
-
-
-def test_ingest_slices_run_on_their_thread_count_and_torch_is_restored_after() -> None:
-    import torch
-
-    before = torch.get_num_threads()
-    model = FakeModel()
-    emb = Embedder(model, "fake", "0", 32, "", "", 250.0, ingest_threads=3)
-    emb.embed_passages(["x"] * 4)
-    assert set(model.threads_seen) == {3}
-    assert torch.get_num_threads() == before
-    emb.embed_queries(["q"])
-    assert model.threads_seen[-1] == before
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The embedder's priority lock and its sliced passage embedding, with a fake model (no torch)."""
+"""The priority lock and sliced embedding on one worker, with a fake model (workers: test_embed_workers)."""
 
 from __future__ import annotations
 
@@ -120,3 +120,46 @@ def test_background_waits_while_an_urgent_caller_waits() -> None:
     for t in (first, waiting_bg, waiting_urgent):
         t.join(5)
     assert order == ["first background", "urgent", "background"]
+
+
+def test_background_slots_let_that_many_slices_in_and_an_urgent_caller_waits_for_all_of_them() -> None:
+    lock = PriorityLock(background_slots=2)
+    order: list[str] = []
+    both_in = threading.Barrier(3)
+    release = threading.Event()
+
+    def slice_(name: str) -> None:
+        with lock.background():
+            both_in.wait(5)  # two background holders at once, or this times out
+            release.wait(5)
+            order.append(name)
+
+    def third_slice() -> None:
+        with lock.background():
+            order.append("third slice")
+
+    def urgent() -> None:
+        with lock.urgent():
+            order.append("urgent")
+
+    slices = [threading.Thread(target=slice_, args=(f"slice {i}",)) for i in (1, 2)]
+    for t in slices:
+        t.start()
+    both_in.wait(5)
+    waiting_urgent = threading.Thread(target=urgent)
+    waiting_urgent.start()
+    time.sleep(0.05)
+    waiting_bg = threading.Thread(target=third_slice)  # a free slot, but an urgent caller waits
+    waiting_bg.start()
+    time.sleep(0.05)
+    assert order == []
+    release.set()
+    for t in (*slices, waiting_urgent, waiting_bg):
+        t.join(5)
+    assert sorted(order[:2]) == ["slice 1", "slice 2"]
+    assert order[2:] == ["urgent", "third slice"]
+
+
+def test_background_slots_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="background_slots must be at least 1"):
+        PriorityLock(background_slots=0)
