@@ -1,19 +1,26 @@
 """Benchmark: how fast can this machine embed passages, and how much faster is the default ingest?
 
-    python scripts/bench_embed.py [--docs 120] [--passages 96] [--rounds 2] [--doc FILE | --no-doc]
+    python scripts/bench_embed.py [--quick] [--docs 120] [--passages 96] [--rounds 2] [--doc FILE | --no-doc]
 
-Two parts, in one run (the machine is shared: compare the ratios of one run, not runs with each other):
+Three parts, in one run (the machine may be shared: compare the ratios of one run, not runs with each other;
+the 1-minute load average is printed beside every figure):
 
 1. Backends side by side on the same `--passages` SciFact passages (the ingest's own chunks and texts):
-   torch with 1 thread and with every usable core, at several batch sizes, and ONNX Runtime fp32 (the
-   model exported with `torch.onnx.export`) with 1 thread and every core. Passages/s, and the smallest cosine
-   of each configuration's vectors to today's (torch, 1 thread, batch 32).
-2. The ingest itself: `sieve ingest` of the first `--docs` SciFact documents (copied to a temporary folder)
+   torch `encode` on 1 intra-op thread at several batch sizes and on every usable core; Sieve's own ingest
+   path (`Embedder.embed_passages`: ~250 ms slices in length order) on 1 worker and on one worker per core,
+   each worker on 1 intra-op thread; ONNX Runtime fp32 (the model exported with `torch.onnx.export`) on
+   1 thread and every core. Passages/s, and the smallest cosine of each one's vectors to torch 1 thread
+   batch 32 (today's path).
+2. Two thirds of those passages through 1 worker and one worker per core while another process spins on
+   one core (`python -c 'while 1: pass'`, in a session of its own), alternately 1 N N 1 ..., `2 * --rounds`
+   times each: does a busy machine make the workers slower than one?
+3. The ingest itself: `sieve ingest` of the first `--docs` SciFact documents (copied to a temporary folder)
    into a fresh store, alternately with the default configuration (A) and `RAG__MODELS__THREADS=1` (B),
    A B A B ..., `--rounds` times each, read from the ingest's own "in N s" line; the ratio of the medians,
    the smallest cosine between the vectors A and B stored, and the load average around each run.
 
-Prints a Markdown block and writes it between the `bench-embed` markers of `--doc` (unless --no-doc).
+`--quick` (60 documents, 48 passages, two batch sizes) takes about 5 minutes on 2 idle cores. Prints a
+Markdown block and writes it between the `bench-embed` markers of `--doc` (unless --no-doc).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 SIEVE = Path(sys.executable).with_name("sieve")
 DATASETS = Path(os.environ.get("SIEVE_DATASETS", REPO.parent / "shared" / "datasets"))
 SUMMARY = re.compile(r"added=(\d+) .* in ([0-9.]+)s")
-CHOICE = re.compile(r"ingest slices, ms per 1000 characters: (.*?); running on (\d+)")
+SPIN = "while 1: pass"
 
 
 def subset(corpus: Path, docs: int, folder: Path) -> Path:
@@ -140,41 +147,75 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.min(np.sum(a * b, axis=1)))
 
 
-def backends(texts: list[str], cores: int, tmp: Path) -> list[dict[str, Any]]:
+def sieve_encoder(embedder: Any, workers: int):
+    """Sieve's ingest path: `embed_passages` (slices of ~250 ms in length order) on `workers` workers, each
+    on one torch intra-op thread: a fresh Embedder over the same model (warm it up, which also measures
+    its slice size, before timing it)."""
+    from app.models import Embedder
+
+    return Embedder(
+        embedder.model,
+        embedder.name,
+        embedder.checksum,
+        embedder.batch_size,
+        embedder.query_prompt,
+        embedder.passage_prompt,
+        embedder.slice_ms,
+        workers=workers,
+    )
+
+
+def backends(texts: list[str], cores: int, batches: list[int], tmp: Path) -> list[dict[str, Any]]:
+    """Part 1: every configuration on the same passages, in one process."""
     from app.models import load_embedder
     from app.settings import ModelsSettings
 
     embedder = load_embedder(ModelsSettings(cache_dir=str(REPO / "target" / "models")))
     model, prompt = embedder.model, embedder.passage_prompt
-    configs: list[tuple[str, int, int]] = [("torch", 1, 32), ("torch", 1, 8)]
-    configs += [("torch", cores, b) for b in (8, 32, 64)] if cores > 1 else [("torch", 1, 64)]
-    configs += [("onnxruntime", 1, 32)] + ([("onnxruntime", cores, 32)] if cores > 1 else [])
-    encode_once = torch_encoder(model, prompt, 1, 32)
-    encode_once(texts[:8])  # warm up
+    configs: list[tuple[str, int, int, int]] = [
+        ("torch encode", 1, 1, 32)
+    ]  # (backend, threads, workers, batch)
+    configs += [("torch encode", 1, 1, b) for b in batches if b != 32]
+    if cores > 1:
+        configs += [("torch encode", cores, 1, 32)]
+    configs += [("sieve slices", 1, 1, 32)]
+    if cores > 1:
+        configs += [("sieve slices", 1, cores, 32)]
+    configs += [("onnxruntime", 1, 1, 32)] + ([("onnxruntime", cores, 1, 32)] if cores > 1 else [])
+    torch_encoder(model, prompt, 1, 32)(texts[:8])  # warm up
     rows: list[dict[str, Any]] = []
     baseline: np.ndarray | None = None
-    for backend, threads, batch in configs:
+    for backend, threads, workers, batch in configs:
+        closing = None
         try:
-            if backend == "torch":
+            if backend == "torch encode":
                 encode = torch_encoder(model, prompt, threads, batch)
+            elif backend == "sieve slices":
+                sliced = sieve_encoder(embedder, workers)
+                sliced.embed_passages(texts[: 2 * workers])  # start the workers, measure the slice size
+                encode, closing = sliced.embed_passages, sliced.close
             else:
                 encode = onnx_encoder(model, prompt, threads, batch, tmp / "e5.onnx")
                 encode(texts[:8])  # warm up the session
         except Exception as exc:  # an optional backend that cannot run here is reported, not fatal
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
-            rows.append({"backend": backend, "threads": threads, "batch": batch, "error": error})
+            rows.append({"backend": backend, "threads": threads, "workers": workers, "batch": batch})
+            rows[-1]["error"] = error
             print(json.dumps(rows[-1]), flush=True)
             continue
         load = os.getloadavg()[0]
         started = time.perf_counter()
         vectors = np.asarray(encode(texts), dtype=np.float32)
         seconds = time.perf_counter() - started
+        if closing is not None:
+            closing()
         if baseline is None:
             baseline = vectors
         rows.append(
             {
                 "backend": backend,
                 "threads": threads,
+                "workers": workers,
                 "batch": batch,
                 "per_s": len(texts) / seconds,
                 "cosine": min_cosine(vectors, baseline),
@@ -185,6 +226,41 @@ def backends(texts: list[str], cores: int, tmp: Path) -> list[dict[str, Any]]:
     import torch
 
     torch.set_num_threads(1)
+    return rows
+
+
+def busy(texts: list[str], cores: int, rounds: int) -> list[dict[str, Any]]:
+    """Part 2: 1 worker and `cores` workers, alternately, while another process spins on one core."""
+    from app.models import load_embedder
+    from app.settings import ModelsSettings
+
+    embedder = load_embedder(ModelsSettings(cache_dir=str(REPO / "target" / "models")))
+    encoders = {w: sieve_encoder(embedder, w) for w in (1, cores)}
+    for sliced in encoders.values():
+        sliced.embed_passages(texts[:4])  # warm up, measure the slice size
+    # In a session of its own: where the kernel shares CPU time between sessions (autogroup), the spinner
+    # then takes a core from this process as another service would, rather than a share of its threads'.
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        time.sleep(2.0)  # the spinner has its core
+        for round_no in range(rounds):
+            for workers, sliced in sorted(encoders.items(), reverse=round_no % 2 == 1):  # 1 N N 1 1 N ...
+                load = os.getloadavg()[0]
+                started = time.perf_counter()
+                sliced.embed_passages(texts)
+                seconds = time.perf_counter() - started
+                rows.append({"workers": workers, "per_s": len(texts) / seconds, "load": load})
+                print(json.dumps({"busy": True, **rows[-1]}), flush=True)
+    finally:
+        spinner.terminate()
+        try:
+            spinner.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            spinner.kill()
+            spinner.wait(timeout=5)
+        for sliced in encoders.values():
+            sliced.close()
     return rows
 
 
@@ -204,9 +280,7 @@ def ingest_once(corpus_dir: Path, store: Path, threads: str | None) -> dict[str,
     found = SUMMARY.search(done.stdout)
     if done.returncode != 0 or not found:
         sys.exit(f"sieve ingest failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    choice = CHOICE.findall(done.stdout + done.stderr)
     return {
-        "auto": f"{choice[-1][0]} -> {choice[-1][1]}" if choice else "",
         "seconds": float(found.group(2)),
         "added": int(found.group(1)),
         "load_before": load,
@@ -228,26 +302,47 @@ def stored_vectors(store: Path) -> dict[str, np.ndarray]:
         opened.close()
 
 
-def render(rows, runs, args, cores: int, n_texts: int, docs: int, cosine_ab: float, wall: float) -> str:
+def render(rows, spun, runs, cores: int, n_texts: int, n_busy: int, docs: int, cosine_ab: float, wall: float):
     lines = [
-        f"Measured by `make bench-embed` on {cores} usable cores, {time.strftime('%Y-%m-%d')}, wall "
-        f"{wall / 60:.1f} min; load average (1 min) at the start of each measurement in the last column.",
-        "",
-        f"Backends on the same {n_texts} SciFact passages "
-        "(cosine: the smallest, to torch 1 thread batch 32):",
-        "",
-        "| backend | threads | batch | passages/s | x torch 1 thread | min cosine | load |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"Measured by `make bench-embed` on {cores} usable cores, {time.strftime('%Y-%m-%d %H:%M')}, wall "
+        f"{wall / 60:.1f} min; load average (1 min) at the start of each measurement in its last column.",
     ]
-    base = next((r["per_s"] for r in rows if "per_s" in r), 1.0)
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['backend']} | {r['threads']} | {r['batch']} | failed: {r['error']} | | | |")
-            continue
-        lines.append(
-            f"| {r['backend']} | {r['threads']} | {r['batch']} | {r['per_s']:.1f} | "
-            f"{r['per_s'] / base:.2f} | {r['cosine']:.6f} | {r['load']:.1f} |"
-        )
+    if rows:
+        lines += [
+            "",
+            f"Backends on the same {n_texts} SciFact passages (threads: torch or ONNX Runtime intra-op "
+            "threads per worker; cosine: the smallest, to torch encode 1 thread batch 32):",
+            "",
+            "| backend | threads | workers | batch | passages/s | x torch 1 thread | min cosine | load |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        base = next((r["per_s"] for r in rows if "per_s" in r), 1.0)
+        for r in rows:
+            head = f"| {r['backend']} | {r['threads']} | {r['workers']} | {r['batch']} |"
+            if "error" in r:
+                lines.append(f"{head} failed: {r['error']} | | | |")
+                continue
+            lines.append(
+                f"{head} {r['per_s']:.1f} | {r['per_s'] / base:.2f} | {r['cosine']:.6f} | {r['load']:.1f} |"
+            )
+    if spun:
+        one = statistics.median(r["per_s"] for r in spun if r["workers"] == 1)
+        many = statistics.median(r["per_s"] for r in spun if r["workers"] == cores)
+        lines += [
+            "",
+            f"Busy machine: the first {n_busy} of those passages through Sieve's slices while another "
+            "process spins on one core (`python -c 'while 1: pass'`, its own session), alternately:",
+            "",
+            "| run | workers | passages/s | load |",
+            "|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {i} | {r['workers']} | {r['per_s']:.1f} | {r['load']:.1f} |" for i, r in enumerate(spun, 1)
+        ]
+        lines += [
+            "",
+            f"{cores} workers vs 1 with a core taken: **{many / one:.2f}x** (ratio of the medians).",
+        ]
     a = [r for r in runs if r["config"] == "A"]
     b = [r for r in runs if r["config"] == "B"]
     ratio = statistics.median(r["seconds"] for r in b) / statistics.median(r["seconds"] for r in a)
@@ -256,15 +351,14 @@ def render(rows, runs, args, cores: int, n_texts: int, docs: int, cosine_ab: flo
         f"`sieve ingest` of the first {docs} SciFact documents ({a[0]['added']} chunks) into a fresh store, "
         "alternately; seconds from the ingest's own summary line:",
         "",
-        "| run | configuration | seconds | chunks/s | load before | load after "
-        "| auto: ms per 1000 chars -> threads |",
-        "|---:|---|---:|---:|---:|---:|---|",
+        "| run | configuration | seconds | chunks/s | load before | load after |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
     for i, r in enumerate(runs, 1):
-        name = "default (threads: auto)" if r["config"] == "A" else "RAG__MODELS__THREADS=1"
+        name = f"default ({cores} workers)" if r["config"] == "A" else "RAG__MODELS__THREADS=1"
         lines.append(
             f"| {i} | {name} | {r['seconds']:.1f} | {r['added'] / r['seconds']:.1f} | "
-            f"{r['load_before']:.1f} | {r['load_after']:.1f} | {r['auto']} |"
+            f"{r['load_before']:.1f} | {r['load_after']:.1f} |"
         )
     lines += [
         "",
@@ -278,13 +372,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--docs", type=int, default=120, help="SciFact documents for the ingest runs")
-    parser.add_argument("--passages", type=int, default=96, help="passages for the backend comparison")
-    parser.add_argument("--rounds", type=int, default=2, help="ingest runs of each configuration")
-    parser.add_argument("--skip-backends", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="60 documents, 48 passages, batch 8 and 32")
+    parser.add_argument("--docs", type=int, help="SciFact documents for the ingest runs (120; quick 60)")
+    parser.add_argument("--passages", type=int, help="passages for the backend comparison (96; quick 48)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each configuration in parts 2 and 3")
+    parser.add_argument("--skip-backends", action="store_true", help="skip parts 1 and 2")
     parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args()
+    docs = args.docs or (60 if args.quick else 120)
+    n_passages = args.passages or (48 if args.quick else 96)
+    batches = [8, 32] if args.quick else [8, 32, 64]
     logging.basicConfig(level=logging.WARNING)
     corpus = DATASETS / "scifact" / "corpus.jsonl"
     if not corpus.is_file():
@@ -301,12 +399,15 @@ def main() -> int:
 
     cores = usable_cores()
     wall = time.perf_counter()
+    print(f"{cores} usable cores; load average {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="sieve-bench-embed-") as name:
         tmp = Path(name)
         corpus_dir = tmp / "scifact"
-        corpus_file = subset(corpus, args.docs, corpus_dir)
-        texts = passages(corpus_file, args.passages)
-        rows = [] if args.skip_backends else backends(texts, cores, tmp)
+        corpus_file = subset(corpus, docs, corpus_dir)
+        texts = passages(corpus_file, n_passages)
+        busy_texts = texts[: max(8, len(texts) * 2 // 3)]
+        rows = [] if args.skip_backends else backends(texts, cores, batches, tmp)
+        spun = [] if args.skip_backends or cores < 2 else busy(busy_texts, cores, 2 * args.rounds)
         runs: list[dict[str, Any]] = []
         for _ in range(args.rounds):
             for config, threads in (("A", None), ("B", "1")):
@@ -320,7 +421,9 @@ def main() -> int:
         if len(ids) != len(a_vectors) or len(ids) != len(b_vectors):
             sys.exit(f"the two stores hold different chunks: {len(a_vectors)} vs {len(b_vectors)}")
         cosine_ab = min_cosine(np.stack([a_vectors[i] for i in ids]), np.stack([b_vectors[i] for i in ids]))
-    block = render(rows, runs, args, cores, len(texts), args.docs, cosine_ab, time.perf_counter() - wall)
+    block = render(
+        rows, spun, runs, cores, len(texts), len(busy_texts), docs, cosine_ab, time.perf_counter() - wall
+    )
     print(block)
     if not args.no_doc:
         text = doc.read_text(encoding="utf-8")
