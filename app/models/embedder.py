@@ -234,13 +234,17 @@ class Embedder:
         """
         with self._pool_lock:
             if self._pool is None:
-                started = threading.Barrier(self.workers + 1)
+                started = threading.Barrier(self.workers + 1, timeout=120)
                 pool = ThreadPoolExecutor(
                     self.workers, thread_name_prefix="sieve-embed", initializer=_one_torch_thread
                 )
                 for _ in range(self.workers):  # each task holds its thread, so every worker is started
                     pool.submit(started.wait)
-                started.wait()
+                try:
+                    started.wait()
+                except threading.BrokenBarrierError:  # a worker failed to start (or never got a core)
+                    pool.shutdown(wait=False)
+                    raise RuntimeError(f"the {self.workers} ingest worker threads did not start") from None
                 if self.query_threads is not None:
                     import torch
 
