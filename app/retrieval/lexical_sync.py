@@ -5,7 +5,10 @@ caught up with other processes' writes through the store's change log.
   back from the store, nothing re-tokenised but the journal's tail; then read the change log since the
   saved watermark and apply what is new; then compare the store's ids with the index's (ids only, no
   text) and repair the difference (fetch only the missing chunks, drop the extra ones): that catches a
-  writer killed between its store write and its change-log entry, or a Sieve without the change log. A
+  writer killed between its store write and its change-log entry, or a Sieve without the change log.
+  Listing a million ids takes seconds, so a server (`open(check_ids_in_background=True)`) does it in a
+  thread after start when the index holds as many chunks as the store (a missed write of new chunks or
+  a missed delete changes the count, and is then repaired before start-up goes on). A
   retag (metadata only) lost in that same window is not detected: it is corrected when the document is
   next written, or by deleting the index directory (rebuilt at start). No usable
   files (first start, other k1/b/analyzer, a rebuilt collection): build from the store once and save.
@@ -90,6 +93,8 @@ class LexicalSync:
         self._catching_up = threading.Lock()
         self._writing = threading.Lock()
         self.how_opened = ""
+        self.id_check: threading.Thread | None = None  # the background id check, when one runs
+        self._stop_check = threading.Event()
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -108,7 +113,12 @@ class LexicalSync:
             "user_dict": [user_dict, stamp],
         }
 
-    def open(self) -> Bm25Index:
+    def open(self, check_ids_in_background: bool = False) -> Bm25Index:
+        """Load (or build) the index and catch it up with the store. The id check against the store (it lists
+        every id: seconds at a million chunks) runs before this returns, or, with
+        `check_ids_in_background` and when the index and the store hold as many chunks, in a thread of
+        its own after it (the index is then current unless a write went unrecorded; the check repairs
+        that within seconds, and queries meanwhile use the index as loaded)."""
         t0 = time.perf_counter()
         identity = self._identity()
         loaded = False
@@ -137,18 +147,42 @@ class LexicalSync:
             self.how_opened = f"built from the store ({len(self.index)} chunks)"
         t1 = time.perf_counter()
         caught = self._catch_up_now()
-        added, dropped = self._repair()
+        in_store = self.store.count()
+        if check_ids_in_background and in_store == len(self.index):
+            self._stop_check.clear()
+            self.id_check = threading.Thread(target=self._repair_in_background, name="lexical-id-check")
+            self.id_check.daemon = True
+            self.id_check.start()
+            checked = f"running in the background ({in_store} chunks in both)"
+        else:
+            added, dropped = self._repair()
+            checked = f"+{added} missing, -{dropped} extra"
         log.info(
             "BM25 index %s in %.1fs; change log: %d chunk(s) caught up; id check against the store: "
-            "+%d missing, -%d extra (%.1fs)",
+            "%s (%.1fs)",
             self.how_opened,
             t1 - t0,
             caught,
-            added,
-            dropped,
+            checked,
             time.perf_counter() - t1,
         )
         return self.index
+
+    def _repair_in_background(self) -> None:
+        started = time.perf_counter()
+        try:
+            added, dropped = self._repair(self._stop_check)
+        except Exception as exc:  # the store closed under it, or unreachable: the next start checks again
+            if not self._stop_check.is_set():
+                log.warning("BM25 id check against the store failed: %s", exc)
+            return
+        if added >= 0:
+            log.info(
+                "BM25 id check against the store: +%d missing, -%d extra (%.1fs, in the background)",
+                added,
+                dropped,
+                time.perf_counter() - started,
+            )
 
     def _load(self, manifest: dict[str, Any]) -> None:
         if self.directory is None:
@@ -178,14 +212,21 @@ class LexicalSync:
             f"{len(records)} journal record(s))"
         )
 
-    def _repair(self) -> tuple[int, int]:
-        """Make the index hold exactly the store's ids: fetch the missing chunks, drop the extra ones."""
-        in_store = set(self.store.iter_ids())
-        in_index = set(self.index.ids)
-        missing = [i for i in in_store if i not in in_index]
-        extra = [i for i in in_index if i not in in_store]
-        if missing or extra:
-            self._apply_ids(missing + extra, [])
+    def _repair(self, stop: threading.Event | None = None) -> tuple[int, int]:
+        """Make the index hold exactly the store's ids: fetch the missing chunks, drop the extra ones.
+        Writes may land while the ids are listed: an id that differs is brought to its state in the store
+        at the time it is applied, so a concurrent write is never undone. (-1, -1): stopped by `stop`."""
+        in_store: set[str] = set()
+        for chunk_id in self.store.iter_ids():
+            in_store.add(chunk_id)
+            if stop is not None and stop.is_set():
+                return -1, -1
+        with self._writing:
+            in_index = set(self.index.ids)
+            missing = [i for i in in_store if i not in in_index]
+            extra = [i for i in in_index if i not in in_store]
+            if missing or extra:
+                self._apply_ids(missing + extra, [])
         return len(missing), len(extra)
 
     # -- writes ----------------------------------------------------------------------------------
@@ -267,6 +308,9 @@ class LexicalSync:
         )
 
     def close(self) -> None:
+        self._stop_check.set()
+        if self.id_check is not None:
+            self.id_check.join(timeout=30)
         with self._writing:
             if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
                 self._snapshot()
