@@ -381,65 +381,79 @@ def chain_and_recall(args: argparse.Namespace) -> int:
             chain.retrieve(text, 10, tag)
         profile.disable()
         pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
-    out["recall"] = dense_recall(store, Path(args.vectors), [vectors[q] for q, _ in queries], args.ef)
     print("BENCH-JSON " + json.dumps(out), flush=True)
     sieve.close()
     return 0
 
 
-def dense_recall(store: Any, vectors_path: Path, queries: list[np.ndarray], efs: list[int]) -> list[dict]:
-    """Recall@50 of Chroma's HNSW against exact cosine search over the same vectors, per ef_search value.
+def set_ef(args: argparse.Namespace) -> int:
+    """Persist the collection's ef_search (Chroma reads it when a process first loads the HNSW segment,
+    so a change made in a process that has queried already does not apply to that process)."""
+    import chromadb
+    from chromadb.config import Settings as ChromaClientSettings
+
+    client = chromadb.PersistentClient(
+        path=str(args.store), settings=ChromaClientSettings(anonymized_telemetry=False)
+    )
+    collection = client.get_collection(COLLECTION)
+    previous = int(collection.configuration["hnsw"]["ef_search"])
+    collection.modify(configuration={"hnsw": {"ef_search": args.ef}})
+    print("BENCH-JSON " + json.dumps({"previous": previous, "ef": args.ef}), flush=True)
+    return 0
+
+
+def dense_recall(args: argparse.Namespace) -> int:
+    """Recall@50 of Chroma's HNSW (at the collection's ef_search) against exact cosine search over the same
+    vectors, for the benchmark's queries, with the query time; prints BENCH-JSON.
 
     Exact: the built corpus's vectors (saved at build, row = chunk number) plus every chunk written later
     through the API (read back from the store), scored by dot product (all unit length), top 50 each."""
+    import chromadb
+    from chromadb.config import Settings as ChromaClientSettings
+
     k = 50
-    q = np.stack(queries).astype(np.float32)
-    corpus_vectors = np.load(vectors_path, mmap_mode="r")
+    client = chromadb.PersistentClient(
+        path=str(args.store), settings=ChromaClientSettings(anonymized_telemetry=False)
+    )
+    collection = client.get_collection(COLLECTION)
+    corpus = Corpus()
+    rng = np.random.default_rng(7)
+    q = HashEmbedder().embed([corpus.query(rng)[0] for _ in range(args.queries)])
+    t0 = time.perf_counter()
+    collection.query(query_embeddings=q[:1], n_results=k, include=[])  # loads the HNSW segment
+    load_s = time.perf_counter() - t0
+    times = []
+    found: list[list[str]] = []
+    for i in range(len(q)):
+        t = time.perf_counter()
+        r = collection.query(query_embeddings=q[i : i + 1], n_results=k, include=[])
+        times.append(time.perf_counter() - t)
+        found.append(r["ids"][0])
+    corpus_vectors = np.load(args.vectors, mmap_mode="r")
+    row_ids = np.asarray(corpus.chunk_ids(len(corpus_vectors)), dtype=object)
     best_scores = np.full((len(q), 0), -np.inf, dtype=np.float32)
     best_ids = np.zeros((len(q), 0), dtype=object)
-    row_ids = _corpus_ids(len(corpus_vectors))
-    blocks: list[tuple[np.ndarray, np.ndarray]] = []
     for lo in range(0, len(corpus_vectors), 100_000):
         block = np.asarray(corpus_vectors[lo : lo + 100_000])
-        blocks.append((block @ q.T, row_ids[lo : lo + 100_000]))
-        best_scores, best_ids = _merge_top(best_scores, best_ids, blocks.pop(), k)
-    api = store._call(store._collection.get, where={"origin": "api"}, include=["embeddings"])
+        best_scores, best_ids = _merge_top(
+            best_scores, best_ids, (block @ q.T, row_ids[lo : lo + 100_000]), k
+        )
+    api = collection.get(where={"origin": "api"}, include=["embeddings"])
     if api["ids"]:
         extra = np.asarray(api["embeddings"], dtype=np.float32)
         best_scores, best_ids = _merge_top(
             best_scores, best_ids, (extra @ q.T, np.asarray(api["ids"], dtype=object)), k
         )
-    exact = [set(row) for row in best_ids.tolist()]
-    collection = store._collection
-    default_ef = int(collection.configuration["hnsw"]["ef_search"])
-    results = []
-    try:
-        for ef in efs:
-            collection.modify(configuration={"hnsw": {"ef_search": ef}})
-            collection = store._client.get_collection(collection.name)
-            collection.query(query_embeddings=q[:5], n_results=k, include=[])  # warm-up
-            found = []
-            times = []
-            for i in range(len(q)):
-                t = time.perf_counter()
-                r = collection.query(query_embeddings=q[i : i + 1], n_results=k, include=[])
-                times.append(time.perf_counter() - t)
-                found.append(len(exact[i] & set(r["ids"][0])) / k)
-            results.append(
-                {
-                    "ef": ef,
-                    "recall": float(np.mean(found)),
-                    "p50_ms": percentile(times, 50) * 1000,
-                    "p95_ms": percentile(times, 95) * 1000,
-                }
-            )
-    finally:
-        collection.modify(configuration={"hnsw": {"ef_search": default_ef}})
-    return results
-
-
-def _corpus_ids(n: int) -> np.ndarray:
-    return np.asarray(Corpus().chunk_ids(n), dtype=object)
+    recall = [len(set(exact) & set(got)) / k for exact, got in zip(best_ids.tolist(), found, strict=True)]
+    out = {
+        "ef": int(collection.configuration["hnsw"]["ef_search"]),
+        "recall": float(np.mean(recall)),
+        "p50_ms": percentile(times, 50) * 1000,
+        "p95_ms": percentile(times, 95) * 1000,
+        "segment_load_s": load_s,
+    }
+    print("BENCH-JSON " + json.dumps(out), flush=True)
+    return 0
 
 
 def _merge_top(
@@ -452,6 +466,94 @@ def _merge_top(
     top = np.argpartition(-all_scores, min(k, all_scores.shape[1] - 1), axis=1)[:, :k]
     rows = np.arange(len(scores))[:, None]
     return all_scores[rows, top], all_ids[rows, top]
+
+
+# -- the lexical index alone (its own figures at sizes the vector store did not reach) ------------------
+
+
+def lexical_alone(args: argparse.Namespace) -> int:
+    """Build the BM25 index over `--size` corpus chunks straight from the generator (no store), save it,
+    load it again, and time top(), a one-document update and a snapshot. Prints BENCH-JSON."""
+    from app.retrieval.lexical import Analyzer, Bm25Index
+    from app.retrieval.lexical_files import Journal, load_snapshot, save_snapshot
+    from app.service import _index_text
+    from app.store import StoredChunk
+
+    directory = args.workdir / f"lexical-n{args.size}"
+    out: dict[str, Any] = {"size": args.size}
+    corpus = Corpus()
+    analyzer = Analyzer()
+    analyzer.tokens("预热")  # jieba's dictionary, loaded once (not part of the build figure)
+    if not (directory / "manifest.json").exists():
+        index = Bm25Index(analyzer, k1=1.2, b=0.75, epsilon=0.25)
+        t0 = time.perf_counter()
+        pending: list[tuple[str, str, str | None]] = []
+        done = 0
+        for doc in corpus.chunks(args.size):
+            for c in doc:
+                text = _index_text(StoredChunk(c.chunk_id, c.text, c.metadata()))
+                pending.append((c.chunk_id, text, c.knowledge))
+            if len(pending) >= 10_000:
+                index.upsert(pending)
+                done += len(pending)
+                pending = []
+                if done % 100_000 < 10_000:
+                    print(
+                        f"  lexical n={args.size}: {done} chunks, load {load()}", file=sys.stderr, flush=True
+                    )
+        index.upsert(pending)
+        out["build_s"] = time.perf_counter() - t0
+        out["build_rss_mib"] = rss_mib(os.getpid())[0]
+        t0 = time.perf_counter()
+        state, tags = index.export_state()
+        directory.mkdir(parents=True, exist_ok=True)
+        save_snapshot(directory, state, tags, {"bench": "lexical-alone"})
+        out["snapshot_s"] = time.perf_counter() - t0
+        (directory / "build.json").write_text(json.dumps(out))
+        print("BENCH-JSON " + json.dumps(out), flush=True)
+        return 0
+    out.update(json.loads((directory / "build.json").read_text()))
+    manifest = json.loads((directory / "manifest.json").read_text())
+    out["files_mib"] = sum(f.stat().st_size for f in directory.glob("snap-*")) / 2**20
+    before = rss_mib(os.getpid())[0]
+    t0 = time.perf_counter()
+    state, tags = load_snapshot(directory, manifest)
+    index = Bm25Index.from_state(state, tags, analyzer, k1=1.2, b=0.75, epsilon=0.25)
+    del state
+    out["load_s"] = time.perf_counter() - t0
+    out["loaded_rss_mib"] = rss_mib(os.getpid())[0]
+    out["index_mib"] = out["loaded_rss_mib"] - before
+    rng = np.random.default_rng(7)
+    queries = [corpus.query(rng) for _ in range(args.queries)]
+    for text, _ in queries[:10]:
+        index.top(text, 50)
+    for label, tagged in (("untagged", False), ("tagged", True)):
+        times = []
+        for text, tag in queries:
+            t = time.perf_counter()
+            index.top(text, 50, tag if tagged else None)
+            times.append(time.perf_counter() - t)
+        out[f"top_{label}_p50_ms"] = percentile(times, 50) * 1000
+        out[f"top_{label}_p95_ms"] = percentile(times, 95) * 1000
+    out["after_queries_rss_mib"] = rss_mib(os.getpid())[0]
+    journal = Journal(directory, int(manifest["generation"]))
+    times = []
+    for i in range(20):
+        doc = corpus.document(10_200_000 + i, chunks=3)
+        items = [
+            (f"{c.chunk_id}-w", _index_text(StoredChunk(c.chunk_id, c.text, c.metadata())), c.knowledge)
+            for c in doc
+        ]
+        t = time.perf_counter()
+        journal.append([{"analysed": index.upsert(items)}])
+        times.append(time.perf_counter() - t)
+    out["update_p50_ms"] = percentile(times, 50) * 1000
+    out["update_max_ms"] = max(times) * 1000
+    t0 = time.perf_counter()
+    index.export_state()
+    out["export_s"] = time.perf_counter() - t0
+    print("BENCH-JSON " + json.dumps(out), flush=True)
+    return 0
 
 
 # -- the run ------------------------------------------------------------------------------------------
@@ -499,33 +601,49 @@ def run_size(workdir: Path, size: int, args: argparse.Namespace) -> dict[str, An
     return row
 
 
-def run_chain(where: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_step(where: Path, command: str, extra: list[str]) -> dict[str, Any]:
+    """Run this script's `command` in a process of its own; its BENCH-JSON line, parsed."""
     import subprocess
 
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "chain",
-        "--store",
-        str(store),
-        "--vectors",
-        str(where / "vectors.npy"),
-        "--jobs-dir",
-        str(where / "jobs-chain"),
-        "--queries",
-        str(args.queries),
-        "--ef",
-        ",".join(str(e) for e in args.ef),
-    ]
-    if args.profile:
-        cmd.append("--profile")
-    log_path = where / "chain.log"
-    with log_path.open("wb") as log:
+    cmd = [sys.executable, str(Path(__file__).resolve()), command, *extra]
+    log_path = where / f"{command}.log"
+    with log_path.open("ab") as log:
         done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, check=False)
     lines = [x for x in done.stdout.decode().splitlines() if x.startswith("BENCH-JSON ")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"chain measurement failed ({done.returncode}): see {log_path}")
+        raise RuntimeError(f"{command} failed ({done.returncode}): see {log_path}")
     return dict(json.loads(lines[-1].split(" ", 1)[1]))
+
+
+def run_chain(where: Path, store: Path, args: argparse.Namespace) -> dict[str, Any]:
+    extra = ["--store", str(store), "--jobs-dir", str(where / "jobs-chain"), "--queries", str(args.queries)]
+    out = run_step(where, "chain", extra + (["--profile"] if args.profile else []))
+    recall = []
+    default_ef = None
+    try:
+        for ef in args.ef:
+            previous = run_step(where, "setef", ["--store", str(store), "--ef", str(ef)])["previous"]
+            default_ef = previous if default_ef is None else default_ef
+            print(f"   dense recall at ef_search {ef} (load {load()})", flush=True)
+            recall.append(
+                run_step(
+                    where,
+                    "recall",
+                    [
+                        "--store",
+                        str(store),
+                        "--vectors",
+                        str(where / "vectors.npy"),
+                        "--queries",
+                        str(args.queries),
+                    ],
+                )
+            )
+    finally:
+        if default_ef is not None:
+            run_step(where, "setef", ["--store", str(store), "--ef", str(default_ef)])
+    out["recall"] = recall
+    return out
 
 
 def run_replicas(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -725,13 +843,23 @@ def main() -> int:
     parser.add_argument("--singles", type=int, default=20, help="one-document writes timed")
     parser.add_argument("--batch", type=int, default=1000, help="documents in the batch write")
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--ef", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 200, 400])
+    parser.add_argument("--ef", type=lambda s: [int(x) for x in s.split(",")], default=[100, 200, 400, 800])
     parser.add_argument("--profile", action="store_true", help="cProfile the chain queries (to chain.log)")
     parser.add_argument("--replica-chunks", type=int, default=20_000)
     parser.add_argument("--refresh-seconds", type=float, default=1.0)
     sub = parser.add_subparsers(dest="command")
     b = sub.add_parser("build", help="build one size's store only")
     b.add_argument("--size", type=int, required=True)
+    se = sub.add_parser("setef", help="(internal) persist the collection's ef_search")
+    se.add_argument("--store", type=Path, required=True)
+    se.add_argument("--ef", type=int, required=True)
+    rc = sub.add_parser("recall", help="(internal) dense recall@50 at the collection's ef_search")
+    rc.add_argument("--store", type=Path, required=True)
+    rc.add_argument("--vectors", type=Path, required=True)
+    rc.add_argument("--queries", type=int, default=200)
+    lx = sub.add_parser("lexical", help="the BM25 index alone: build (first call), then load and time")
+    lx.add_argument("--size", type=int, required=True)
+    lx.add_argument("--queries", type=int, default=200)
     for name in ("serve", "chain"):
         p = sub.add_parser(name, help=f"(internal) the {name} process")
         p.add_argument("--store", type=Path)
@@ -741,9 +869,7 @@ def main() -> int:
         p.add_argument("--admin-token")
         p.add_argument("--refresh-seconds", type=float, default=1.0)
         p.add_argument("--port", type=int, default=0)
-        p.add_argument("--vectors")
         p.add_argument("--queries", type=int, default=200)
-        p.add_argument("--ef", type=lambda s: [int(x) for x in s.split(",")], default=[50, 100, 200, 400])
         p.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     if args.command == "build":
@@ -753,6 +879,12 @@ def main() -> int:
         return serve(args)
     if args.command == "chain":
         return chain_and_recall(args)
+    if args.command == "lexical":
+        return lexical_alone(args)
+    if args.command == "setef":
+        return set_ef(args)
+    if args.command == "recall":
+        return dense_recall(args)
     wall = time.perf_counter()
     sizes = [int(x) for x in args.sizes.split(",")]
     if not args.no_doc:  # fail before any long work

@@ -194,7 +194,14 @@ class LexicalSync:
         seen = {str(k): int(v) for k, v in dict(manifest.get("seen", {})).items()}
         records = journal.read()
         for record in records:
-            if "put" in record:
+            if "analysed" in record:  # tokens already counted: no analyzer needed
+                index.upsert_analysed(
+                    [
+                        (str(i), int(d), g, n, None if c is None else [(str(t), int(f)) for t, f in c])
+                        for i, d, g, n, c in record["analysed"]
+                    ]
+                )
+            if "put" in record:  # journals written before the analysed records: text, tokenised again
                 index.upsert([(str(i), str(t), g) for i, t, g in record["put"]])
             if "del" in record:
                 index.delete([str(i) for i in record["del"]])
@@ -238,11 +245,13 @@ class LexicalSync:
             return
         items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in upserted]
         with self._writing:
-            self.index.upsert(items)
+            analysed = self.index.upsert(items)
             self.index.delete(list(deleted_ids))
             entry, stamp = self.store.record_change([c.chunk_id for c in upserted], list(deleted_ids))
             self._seen[entry] = stamp
-            self._journal_append([{"put": items}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}])
+            self._journal_append(
+                [{"analysed": analysed}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}]
+            )
 
     # -- others' writes ----------------------------------------------------------------------------
 
@@ -276,14 +285,14 @@ class LexicalSync:
         found = {c.chunk_id for c in present}
         items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in present]
         gone = [i for i in ids if i not in found]
-        self.index.upsert(items)
+        analysed = self.index.upsert(items)
         self.index.delete(gone)
         for entry, stamp in entries:
             self._seen[entry] = stamp
             self._watermark = max(self._watermark, stamp)
         floor = self._watermark - 2 * GRACE_NS
         self._seen = {e: s for e, s in self._seen.items() if s >= floor}
-        self._journal_append([{"put": items}, {"del": gone}, {"seen": [list(e) for e in entries]}])
+        self._journal_append([{"analysed": analysed}, {"del": gone}, {"seen": [list(e) for e in entries]}])
         return len(ids)
 
     # -- files -----------------------------------------------------------------------------------
