@@ -227,8 +227,7 @@ class Server:
             "serve",
             "--port",
             str(self.port),
-            "--admin-token",
-            token,
+            f"--admin-token={token}",  # one argument: a token may start with "-"
             "--jobs-dir",
             str(workdir / f"jobs-{name}"),
             *extra,
@@ -601,11 +600,11 @@ def run_size(workdir: Path, size: int, args: argparse.Namespace) -> dict[str, An
     return row
 
 
-def run_step(where: Path, command: str, extra: list[str]) -> dict[str, Any]:
+def run_step(where: Path, command: str, extra: list[str], before: list[str] | None = None) -> dict[str, Any]:
     """Run this script's `command` in a process of its own; its BENCH-JSON line, parsed."""
     import subprocess
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), command, *extra]
+    cmd = [sys.executable, str(Path(__file__).resolve()), *(before or []), command, *extra]
     log_path = where / f"{command}.log"
     with log_path.open("ab") as log:
         done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, check=False)
@@ -746,7 +745,9 @@ def _fmt(value: Any, spec: str = ".1f", unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
-def markdown(rows: list[dict[str, Any]], replica: dict[str, Any] | None, wall_s: float) -> str:
+def markdown(
+    rows: list[dict[str, Any]], replica: dict[str, Any] | None, wall_s: float, lexical: list[dict[str, Any]]
+) -> str:
     import platform
 
     cores = len(os.sched_getaffinity(0))
@@ -807,6 +808,43 @@ def markdown(rows: list[dict[str, Any]], replica: dict[str, Any] | None, wall_s:
 
         line(f"Dense recall@50 vs exact, ef_search {ef} (query p50 / p95)", "≥ 0.99 at 100k", cell)
     line("Load average at the end", "", lambda r: r.get("load", "-"))
+    if lexical:
+        lines += [
+            "",
+            "The BM25 index alone (built from the generator, no store; the same code the server runs):",
+            "",
+            "| BM25 index | " + " | ".join(f"{r['size']:,} chunks" for r in lexical) + " |",
+            "|---|" + "---|" * len(lexical),
+        ]
+
+        def lex(label: str, cell: Any) -> None:
+            lines.append(f"| {label} | " + " | ".join(cell(r) for r in lexical) + " |")
+
+        lex("First build (analyse + index, one thread)", lambda r: f"{r['build_s']:.0f} s")
+        lex(
+            "Snapshot: export + write, files on disk",
+            lambda r: f"{r['snapshot_s']:.1f} s, {r['files_mib']:,.0f} MiB",
+        )
+        lex("Load at start (snapshot files -> index)", lambda r: f"{r['load_s']:.1f} s")
+        lex("Memory of the loaded index (RSS growth)", lambda r: f"{r['index_mib']:,.0f} MiB")
+        lex(
+            "top-50 p50 / p95, no tag",
+            lambda r: f"{r['top_untagged_p50_ms']:.1f} / {r['top_untagged_p95_ms']:.1f} ms",
+        )
+        lex(
+            "top-50 p50 / p95, with a tag",
+            lambda r: f"{r['top_tagged_p50_ms']:.1f} / {r['top_tagged_p95_ms']:.1f} ms",
+        )
+        lex("RSS after the queries (posting caches)", lambda r: f"{r['after_queries_rss_mib']:,.0f} MiB")
+        lex(
+            "A 3-chunk document indexed + journalled (median / worst of 20)",
+            lambda r: f"{r['update_p50_ms']:.0f} / {r['update_max_ms']:.0f} ms",
+        )
+        lex(
+            "Export of the whole index (what a snapshot holds the lock for)",
+            lambda r: f"{r['export_s']:.1f} s",
+        )
+        lex("Load average at the end", lambda r: r.get("load", "-"))
     if replica:
         lines += [
             "",
@@ -846,6 +884,9 @@ def main() -> int:
     parser.add_argument("--ef", type=lambda s: [int(x) for x in s.split(",")], default=[100, 200, 400, 800])
     parser.add_argument("--profile", action="store_true", help="cProfile the chain queries (to chain.log)")
     parser.add_argument("--replica-chunks", type=int, default=20_000)
+    parser.add_argument(
+        "--lexical-sizes", help="sizes for the BM25 index alone (default: --sizes), e.g. 100000,1000000"
+    )
     parser.add_argument("--refresh-seconds", type=float, default=1.0)
     sub = parser.add_subparsers(dest="command")
     b = sub.add_parser("build", help="build one size's store only")
@@ -897,8 +938,17 @@ def main() -> int:
     for size in sizes:
         rows.append(run_size(args.workdir, size, args))
         print(json.dumps(rows[-1], indent=1), flush=True)
+    lexical_rows = []
+    for size in [int(x) for x in (args.lexical_sizes or args.sizes).split(",")]:
+        print(f"== the BM25 index alone at {size:,} chunks (load {load()})", flush=True)
+        before = ["--workdir", str(args.workdir)]
+        if not (args.workdir / f"lexical-n{size}" / "manifest.json").exists():
+            run_step(args.workdir, "lexical", ["--size", str(size)], before)
+        lexical_rows.append(run_step(args.workdir, "lexical", ["--size", str(size)], before))
+        lexical_rows[-1]["load"] = load()
+        print(json.dumps(lexical_rows[-1], indent=1), flush=True)
     replica = None if args.no_replicas else run_replicas(args.workdir, args)
-    block = markdown(rows, replica, time.perf_counter() - wall)
+    block = markdown(rows, replica, time.perf_counter() - wall, lexical_rows)
     print(block)
     if not args.no_doc:
         write_block(args.doc, block)
