@@ -170,6 +170,8 @@ class LexicalSync:
 
     def _repair_in_background(self) -> None:
         started = time.perf_counter()
+        # jieba's dictionary takes seconds to load: here, not in the first query's or write's time
+        self.analyzer.tokens("预热 warm-up")
         try:
             added, dropped = self._repair(self._stop_check)
         except Exception as exc:  # the store closed under it, or unreachable: the next start checks again
