@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale clean
 
 install: $(STAMP)
 
@@ -50,6 +50,11 @@ bench-load: install
 # Embedding speed: torch threads and batch sizes, ONNX Runtime, and the default ingest against one thread.
 bench-embed: install
 	$(BIN)/python scripts/bench_embed.py
+
+# Scale: synthetic 100k and 1M chunk collections (kept in target/bench-scale), start-up, writes, query
+# time, dense recall, replicas -> docs/benchmarks.md. The first run builds the stores (hours for 1M on 2 cores).
+bench-scale: install
+	$(BIN)/python scripts/bench_scale.py
 
 clean:
 	rm -rf $(VENV)

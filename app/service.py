@@ -173,7 +173,8 @@ class Sieve:
             rag.lexical.refresh_seconds,
             _index_text,
         )
-        self.lexical = self._sync.open()
+        # a server must not wait for a million ids to be listed when the counts already agree
+        self.lexical = self._sync.open(check_ids_in_background=True)
         self.lexical.refresher = self._sync.catch_up
         self.chain = self._build_chain()
 

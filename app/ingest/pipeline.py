@@ -163,8 +163,11 @@ class Ingestor:
         origins = {doc.doc_id: doc.origin for doc in documents}
         chunks = self.chunk(documents)
 
-        existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
         new_ids = {c.chunk_id for c in chunks}
+        if files or roots:  # a removed file or document can leave stale chunks anywhere: look at all
+            existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
+        else:  # documents only (the API): only these documents' chunks can be stale, only these ids new
+            existing = self.store.metadata_of(sorted(new_ids), sorted(titles))
         fresh = [c for c in chunks if c.chunk_id not in existing]
         # Ids cover what is embedded (title, headings, text), not the other metadata: a document retired
         # in its front matter keeps its chunk ids, so its stored metadata is rewritten in place (no
@@ -336,17 +339,25 @@ def _stale_ids(
     clean_files = {_norm(f) for f in files_read} - dirty_files
     root_dirs = [Path(r).resolve() for r in roots if Path(r).is_dir()]
     stale = []
+    gone_by_origin: dict[str, bool] = {}  # origin -> its chunks are stale (a file's chunks share one origin)
     for chunk_id, meta in existing.items():
         doc_id = meta.get("doc_id")
         origin = str(meta.get("origin", ""))
         if doc_id in loaded_docs:
             if chunk_id not in new_ids:
                 stale.append(chunk_id)  # an older version of a document we just loaded
-        elif origin and _norm(origin) in clean_files:
-            stale.append(chunk_id)  # the document was removed from a file that loaded cleanly
-        elif origin and not os.path.lexists(origin) and _under(Path(_norm(origin)), root_dirs):
-            # its file was deleted from an ingested directory (a file turned into a bad link is reported
-            # as an error instead, and keeps its chunks)
+            continue
+        if not origin or not (clean_files or root_dirs):
+            continue
+        gone = gone_by_origin.get(origin)
+        if gone is None:
+            # the document was removed from a file that loaded cleanly, or its file was deleted from an
+            # ingested directory (a file turned into a bad link is reported as an error instead, and keeps
+            # its chunks)
+            gone = gone_by_origin[origin] = _norm(origin) in clean_files or (
+                not os.path.lexists(origin) and _under(Path(_norm(origin)), root_dirs)
+            )
+        if gone:
             stale.append(chunk_id)
     return stale
 

@@ -118,6 +118,11 @@ ANALYZER_VERSION = (
 )
 
 
+# (chunk id, crc32 of its text, knowledge tag, token count, [(term, frequency), ...] in first-appearance
+# order); token count and terms are None for a chunk whose text was unchanged (only its tag was set)
+Analysed = tuple[str, int, str | None, int | None, list[tuple[str, int]] | None]
+
+
 class Bm25Index:
     """BM25Okapi over every chunk in the collection, addressed by chunk id, with each chunk's tag, kept up
     to date in place (`upsert`, `delete`) instead of rebuilt.
@@ -206,22 +211,47 @@ class Bm25Index:
         index.upsert(list(zip(ids, texts, tags, strict=True)))
         return index
 
-    def upsert(self, items: Sequence[tuple[str, str, str | None]]) -> None:
+    def upsert(self, items: Sequence[tuple[str, str, str | None]]) -> list[Analysed]:
         """Add or replace chunks, each `(id, indexed text, knowledge tag)`. A chunk whose text is unchanged
-        only gets its tag updated; a changed one is re-indexed (in a new slot, at the end)."""
+        only gets its tag updated; a changed one is re-indexed (in a new slot, at the end).
+
+        Returns what was done as `Analysed` records (the tokens' counts, not the text), which
+        `upsert_analysed` applies again without the analyzer: a journal of them replays in milliseconds."""
         prepared = []
         for chunk_id, text, tag in items:
             digest = zlib.crc32(text.encode("utf-8"))
             prepared.append((chunk_id, digest, tag, text))
+        done: list[Analysed] = []
         with self._lock:
             for chunk_id, digest, tag, text in prepared:
                 slot = self._slot_of.get(chunk_id)
                 if slot is not None and self._digest[slot] == digest:
                     self._tag[slot] = self._tag_number(tag)
+                    done.append((chunk_id, digest, tag, None, None))
                     continue
                 if slot is not None:
                     self._kill(slot)
-                self._append(chunk_id, self.analyzer.tokens(text), tag, digest)
+                tokens = self.analyzer.tokens(text)
+                counts = _counts(tokens)
+                self._append_counts(chunk_id, counts, len(tokens), tag, digest)
+                done.append((chunk_id, digest, tag, len(tokens), list(counts.items())))
+            self._changed()
+        return done
+
+    def upsert_analysed(self, records: Sequence[Analysed]) -> None:
+        """Apply `upsert`'s records again, in order (on the index they were made on, this gives the very
+        same index): a record with counts replaces the chunk; one without only sets the tag of a chunk
+        whose text has that digest."""
+        with self._lock:
+            for chunk_id, digest, tag, length, counts in records:
+                slot = self._slot_of.get(chunk_id)
+                if counts is None or length is None:
+                    if slot is not None and self._digest[slot] == digest:
+                        self._tag[slot] = self._tag_number(tag)
+                    continue
+                if slot is not None:
+                    self._kill(slot)
+                self._append_counts(chunk_id, dict(counts), length, tag, digest)
             self._changed()
 
     def delete(self, ids: Sequence[str]) -> None:
@@ -242,10 +272,11 @@ class Bm25Index:
             self._tags.append(tag)
         return number
 
-    def _append(self, chunk_id: str, tokens: list[str], tag: str | None, digest: int) -> None:
-        counts: dict[str, int] = {}
-        for token in tokens:
-            counts[token] = counts.get(token, 0) + 1
+    def _append_counts(
+        self, chunk_id: str, counts: dict[str, int], length: int, tag: str | None, digest: int
+    ) -> None:
+        """Index a chunk in a new slot: `counts` = its tokens' frequencies in first-appearance order,
+        `length` = how many tokens it has."""
         slot = len(self._slot_ids)
         for term, tf in counts.items():
             number = self._term_no.get(term)
@@ -263,12 +294,12 @@ class Bm25Index:
         self._fwd_start.append(len(self._fwd_terms))
         self._slot_ids.append(chunk_id)
         self._slot_of[chunk_id] = slot
-        self._doc_len.append(len(tokens))
+        self._doc_len.append(length)
         self._tag.append(self._tag_number(tag))
         self._alive.append(1)
         self._digest.append(digest)
         self._live += 1
-        self._total_len += len(tokens)
+        self._total_len += length
 
     def _kill(self, slot: int) -> None:
         for number in self._fwd_terms[self._fwd_start[slot] : self._fwd_start[slot + 1]]:
@@ -524,6 +555,14 @@ class Bm25Index:
                 key=lambda pair: (-pair[1], pair[0]),
             )
         return ranked[:n]
+
+
+def _counts(tokens: list[str]) -> dict[str, int]:
+    """Each token's frequency, in the order the tokens first appear."""
+    counts: dict[str, int] = {}
+    for token in tokens:
+        counts[token] = counts.get(token, 0) + 1
+    return counts
 
 
 def _array(typecode: str, values: Any) -> array[int]:

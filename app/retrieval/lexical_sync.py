@@ -5,7 +5,10 @@ caught up with other processes' writes through the store's change log.
   back from the store, nothing re-tokenised but the journal's tail; then read the change log since the
   saved watermark and apply what is new; then compare the store's ids with the index's (ids only, no
   text) and repair the difference (fetch only the missing chunks, drop the extra ones): that catches a
-  writer killed between its store write and its change-log entry, or a Sieve without the change log. A
+  writer killed between its store write and its change-log entry, or a Sieve without the change log.
+  Listing a million ids takes seconds, so a server (`open(check_ids_in_background=True)`) does it in a
+  thread after start when the index holds as many chunks as the store (a missed write of new chunks or
+  a missed delete changes the count, and is then repaired before start-up goes on). A
   retag (metadata only) lost in that same window is not detected: it is corrected when the document is
   next written, or by deleting the index directory (rebuilt at start). No usable
   files (first start, other k1/b/analyzer, a rebuilt collection): build from the store once and save.
@@ -90,6 +93,8 @@ class LexicalSync:
         self._catching_up = threading.Lock()
         self._writing = threading.Lock()
         self.how_opened = ""
+        self.id_check: threading.Thread | None = None  # the background id check, when one runs
+        self._stop_check = threading.Event()
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -108,7 +113,12 @@ class LexicalSync:
             "user_dict": [user_dict, stamp],
         }
 
-    def open(self) -> Bm25Index:
+    def open(self, check_ids_in_background: bool = False) -> Bm25Index:
+        """Load (or build) the index and catch it up with the store. The id check against the store (it lists
+        every id: seconds at a million chunks) runs before this returns, or, with
+        `check_ids_in_background` and when the index and the store hold as many chunks, in a thread of
+        its own after it (the index is then current unless a write went unrecorded; the check repairs
+        that within seconds, and queries meanwhile use the index as loaded)."""
         t0 = time.perf_counter()
         identity = self._identity()
         loaded = False
@@ -137,18 +147,44 @@ class LexicalSync:
             self.how_opened = f"built from the store ({len(self.index)} chunks)"
         t1 = time.perf_counter()
         caught = self._catch_up_now()
-        added, dropped = self._repair()
+        in_store = self.store.count()
+        if check_ids_in_background and in_store == len(self.index):
+            self._stop_check.clear()
+            self.id_check = threading.Thread(target=self._repair_in_background, name="lexical-id-check")
+            self.id_check.daemon = True
+            self.id_check.start()
+            checked = f"running in the background ({in_store} chunks in both)"
+        else:
+            added, dropped = self._repair()
+            checked = f"+{added} missing, -{dropped} extra"
         log.info(
             "BM25 index %s in %.1fs; change log: %d chunk(s) caught up; id check against the store: "
-            "+%d missing, -%d extra (%.1fs)",
+            "%s (%.1fs)",
             self.how_opened,
             t1 - t0,
             caught,
-            added,
-            dropped,
+            checked,
             time.perf_counter() - t1,
         )
         return self.index
+
+    def _repair_in_background(self) -> None:
+        started = time.perf_counter()
+        # jieba's dictionary takes seconds to load: here, not in the first query's or write's time
+        self.analyzer.tokens("预热 warm-up")
+        try:
+            added, dropped = self._repair(self._stop_check)
+        except Exception as exc:  # the store closed under it, or unreachable: the next start checks again
+            if not self._stop_check.is_set():
+                log.warning("BM25 id check against the store failed: %s", exc)
+            return
+        if added >= 0:
+            log.info(
+                "BM25 id check against the store: +%d missing, -%d extra (%.1fs, in the background)",
+                added,
+                dropped,
+                time.perf_counter() - started,
+            )
 
     def _load(self, manifest: dict[str, Any]) -> None:
         if self.directory is None:
@@ -160,7 +196,14 @@ class LexicalSync:
         seen = {str(k): int(v) for k, v in dict(manifest.get("seen", {})).items()}
         records = journal.read()
         for record in records:
-            if "put" in record:
+            if "analysed" in record:  # tokens already counted: no analyzer needed
+                index.upsert_analysed(
+                    [
+                        (str(i), int(d), g, n, None if c is None else [(str(t), int(f)) for t, f in c])
+                        for i, d, g, n, c in record["analysed"]
+                    ]
+                )
+            if "put" in record:  # journals written before the analysed records: text, tokenised again
                 index.upsert([(str(i), str(t), g) for i, t, g in record["put"]])
             if "del" in record:
                 index.delete([str(i) for i in record["del"]])
@@ -178,14 +221,21 @@ class LexicalSync:
             f"{len(records)} journal record(s))"
         )
 
-    def _repair(self) -> tuple[int, int]:
-        """Make the index hold exactly the store's ids: fetch the missing chunks, drop the extra ones."""
-        in_store = set(self.store.iter_ids())
-        in_index = set(self.index.ids)
-        missing = [i for i in in_store if i not in in_index]
-        extra = [i for i in in_index if i not in in_store]
-        if missing or extra:
-            self._apply_ids(missing + extra, [])
+    def _repair(self, stop: threading.Event | None = None) -> tuple[int, int]:
+        """Make the index hold exactly the store's ids: fetch the missing chunks, drop the extra ones.
+        Writes may land while the ids are listed: an id that differs is brought to its state in the store
+        at the time it is applied, so a concurrent write is never undone. (-1, -1): stopped by `stop`."""
+        in_store: set[str] = set()
+        for chunk_id in self.store.iter_ids():
+            in_store.add(chunk_id)
+            if stop is not None and stop.is_set():
+                return -1, -1
+        with self._writing:
+            in_index = set(self.index.ids)
+            missing = [i for i in in_store if i not in in_index]
+            extra = [i for i in in_index if i not in in_store]
+            if missing or extra:
+                self._apply_ids(missing + extra, [])
         return len(missing), len(extra)
 
     # -- writes ----------------------------------------------------------------------------------
@@ -197,11 +247,13 @@ class LexicalSync:
             return
         items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in upserted]
         with self._writing:
-            self.index.upsert(items)
+            analysed = self.index.upsert(items)
             self.index.delete(list(deleted_ids))
             entry, stamp = self.store.record_change([c.chunk_id for c in upserted], list(deleted_ids))
             self._seen[entry] = stamp
-            self._journal_append([{"put": items}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}])
+            self._journal_append(
+                [{"analysed": analysed}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}]
+            )
 
     # -- others' writes ----------------------------------------------------------------------------
 
@@ -235,14 +287,14 @@ class LexicalSync:
         found = {c.chunk_id for c in present}
         items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in present]
         gone = [i for i in ids if i not in found]
-        self.index.upsert(items)
+        analysed = self.index.upsert(items)
         self.index.delete(gone)
         for entry, stamp in entries:
             self._seen[entry] = stamp
             self._watermark = max(self._watermark, stamp)
         floor = self._watermark - 2 * GRACE_NS
         self._seen = {e: s for e, s in self._seen.items() if s >= floor}
-        self._journal_append([{"put": items}, {"del": gone}, {"seen": [list(e) for e in entries]}])
+        self._journal_append([{"analysed": analysed}, {"del": gone}, {"seen": [list(e) for e in entries]}])
         return len(ids)
 
     # -- files -----------------------------------------------------------------------------------
@@ -267,6 +319,9 @@ class LexicalSync:
         )
 
     def close(self) -> None:
+        self._stop_check.set()
+        if self.id_check is not None:
+            self.id_check.join(timeout=30)
         with self._writing:
             if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
                 self._snapshot()

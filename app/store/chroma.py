@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 LOCK_FILE = "sieve.lock"
 _PAGE = 2000
+_IN_BATCH = 500  # values per `$in` filter
 HEARTBEAT_TIMEOUT_S = 2.0
 # Metadata keys Chroma refuses ("#document" and other '#' keys, '$' operators) or silently drops ("chroma:*").
 RESERVED_KEY_PREFIXES = ("#", "$", "chroma:")
@@ -250,6 +251,26 @@ class ChromaStore:
                 None if emb is None else np.asarray(emb, dtype=np.float32),
             )
         return [found[cid] for cid in ids if cid in found]
+
+    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
+        of `doc_ids` (two indexed lookups: the cost follows what is asked, not the collection's size)."""
+        out: dict[str, dict[str, Any]] = {}
+        batch = self._max_batch()
+        for start in range(0, len(chunk_ids), batch):
+            page = self._call(
+                self._collection.get, ids=list(chunk_ids[start : start + batch]), include=["metadatas"]
+            )
+            out.update(
+                (cid, dict(meta or {})) for cid, meta in zip(page["ids"], page["metadatas"], strict=True)
+            )
+        for start in range(0, len(doc_ids), _IN_BATCH):
+            part = list(doc_ids[start : start + _IN_BATCH])
+            page = self._call(self._collection.get, where={"doc_id": {"$in": part}}, include=["metadatas"])
+            out.update(
+                (cid, dict(meta or {})) for cid, meta in zip(page["ids"], page["metadatas"], strict=True)
+            )
+        return out
 
     def iter_all(self, include_text: bool = True) -> Iterator[StoredChunk]:
         """Every chunk (text and metadata, no vectors), page by page."""

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from app.ingest.pipeline import IngestInterrupted, Ingestor
+from app.ingest.types import Document
 from app.models import load_embedder
 from app.settings import IngestSettings, ModelsSettings, StoreSettings
 from app.store import ChromaStore
@@ -389,3 +390,41 @@ def test_a_copy_under_another_id_gets_the_very_same_vector_and_is_embedded_once(
     ids = [c.chunk_id for c in harness.store.iter_all(include_text=False)]
     stored = {c.metadata["doc_id"]: c.embedding for c in harness.store.get(ids, include_embeddings=True)}
     assert np.array_equal(stored["guide"], stored["mirror"])
+
+
+def test_a_documents_only_write_reads_only_its_own_documents_chunks_not_the_whole_store(tmp_path, harness):
+    """An API write (documents, no files) finds what it replaces with two indexed lookups (its chunk ids,
+    its doc ids): its cost follows the write, not the collection (issue 11: 1M chunks were all read back)."""
+    kb = write_kb(tmp_path)
+    harness.ingest(kb)
+    before = harness.ids_by_doc()
+    listed: list[bool] = []
+    real_iter_all = harness.store.iter_all
+
+    def spying_iter_all(include_text: bool = True):
+        listed.append(include_text)
+        return real_iter_all(include_text)
+
+    harness.store.iter_all = spying_iter_all
+    try:
+        report = harness.ingestor.ingest_documents(
+            [Document(doc_id="j1", text="Annual leave needs two weeks' notice.", title="Leave", origin="api")]
+        )
+    finally:
+        del harness.store.iter_all
+    assert listed == []
+    # j1 had one chunk: one new chunk added, the old one deleted, every other document untouched
+    assert (report.documents, report.added, report.deleted) == (1, 1, 1)
+    after = harness.ids_by_doc()
+    assert {d: ids for d, ids in after.items() if d != "j1"} == {d: i for d, i in before.items() if d != "j1"}
+    assert len(after["j1"]) == 1 and after["j1"] != before["j1"]
+    (new,) = after["j1"]
+    assert harness.store.get([new])[0].text == "Annual leave needs two weeks' notice."
+
+    # the same write again: unchanged, nothing embedded, nothing deleted
+    harness.embedder.embedded.clear()
+    again = harness.ingestor.ingest_documents(
+        [Document(doc_id="j1", text="Annual leave needs two weeks' notice.", title="Leave", origin="api")]
+    )
+    assert (again.added, again.unchanged, again.deleted) == (0, 1, 0)
+    assert harness.embedder.embedded == []

@@ -105,6 +105,36 @@ def test_loaded_at_start_updated_by_writes_and_repaired_after_a_missed_write(sto
     sync.close()
 
 
+def test_a_server_start_checks_the_ids_in_the_background_only_when_the_counts_agree(
+    store, tmp_path: Path
+) -> None:
+    directory = tmp_path / "lexical"
+    store.upsert([chunk(i) for i in range(100)], vectors(100))
+    open_sync(store, directory).close()
+
+    # unrecorded writes that keep the count (a chunk added, another deleted, no change-log entry): the
+    # start does not wait for the id listing, and the thread that does it repairs the index
+    store.upsert([chunk(500)], vectors(1))
+    store.delete(["c00004"])
+    sync = LexicalSync(store, directory, ANALYZER, 1.2, 0.75, 0.0, text_of)
+    sync.open(check_ids_in_background=True)
+    assert sync.id_check is not None
+    sync.id_check.join(timeout=60)
+    assert not sync.id_check.is_alive()
+    assert "c00500" in sync.index and "c00004" not in sync.index
+    assert_matches_store(sync, store)
+    sync.close()
+
+    # an unrecorded write that changes the count: repaired before open() returns, no thread
+    store.upsert([chunk(501)], vectors(1))
+    sync = LexicalSync(store, directory, ANALYZER, 1.2, 0.75, 0.0, text_of)
+    sync.open(check_ids_in_background=True)
+    assert sync.id_check is None
+    assert len(sync.index) == 100 + 1 - 1 + 1
+    assert_matches_store(sync, store)
+    sync.close()
+
+
 def test_a_torn_journal_line_is_dropped_and_the_change_log_brings_the_write_back(
     store, tmp_path: Path
 ) -> None:

@@ -173,3 +173,19 @@ def test_an_unreachable_server_is_store_unavailable_quickly(free_port):
     with pytest.raises(StoreUnavailableError, match=f"http://127.0.0.1:{port}"):
         ChromaStore.open(StoreSettings(mode="http", host="127.0.0.1", port=port), IDENTITY)
     assert time.perf_counter() - started < 5.0
+
+
+def test_metadata_of_finds_chunks_by_id_and_by_doc_id_only(store):
+    chunks = [
+        StoredChunk("a-0", "alpha zero", {"doc_id": "a", "position": 0}),
+        StoredChunk("a-1", "alpha one", {"doc_id": "a", "position": 1}),
+        StoredChunk("b-0", "beta zero", {"doc_id": "b", "position": 0}),
+        StoredChunk("c-0", "gamma zero", {"doc_id": "c", "position": 0}),
+    ]
+    store.upsert(chunks, random_unit(4, DIM, seed=3))
+    assert store.metadata_of(["c-0", "missing"], ["a", "nobody"]) == {
+        "c-0": {"doc_id": "c", "position": 0},
+        "a-0": {"doc_id": "a", "position": 0},
+        "a-1": {"doc_id": "a", "position": 1},
+    }
+    assert store.metadata_of([], []) == {}

@@ -3,6 +3,7 @@ rank-bm25 BM25Okapi over the live chunks in the index's order."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,47 @@ def test_incremental_updates_score_like_a_fresh_bm25okapi(ops) -> None:
     _assert_equals_fresh(index, corpus)
     state, tags = index.export_state()
     _assert_equals_fresh(Bm25Index.from_state(state, tags, ANALYZER), corpus)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops_st)
+def test_replaying_upserts_records_without_the_analyzer_gives_the_same_index(ops) -> None:
+    """A journal holds `upsert`'s records (term counts, not text): applied to a copy of the index they were
+    made on, they rebuild it exactly, with an analyzer that cannot tokenise anything."""
+
+    class NoAnalyzer(Analyzer):
+        def tokens(self, text: str) -> list[str]:
+            raise AssertionError("replay must not tokenise")
+
+    base = Bm25Index.build(
+        ["c0", "c1"], ["vpn password", "common pie"], ANALYZER, knowledge_tags=["it", None]
+    )
+    state, tags = base.export_state()
+    replayed = Bm25Index.from_state(state, tags, NoAnalyzer())
+    corpus: dict[str, tuple[str, str | None]] = {"c0": ("vpn password", "it"), "c1": ("common pie", None)}
+    for op, n, text, tag in ops:
+        chunk_id = f"c{n}"
+        if op == "put":
+            replayed.upsert_analysed(base.upsert([(chunk_id, text, tag)]))
+            corpus[chunk_id] = (text, tag)
+        else:
+            base.delete([chunk_id])
+            replayed.delete([chunk_id])
+            corpus.pop(chunk_id, None)
+    assert replayed.ids == base.ids
+    replayed.analyzer = ANALYZER  # the queries themselves need tokens
+    _assert_equals_fresh(replayed, corpus)
+
+
+def test_upsert_records_count_each_term_in_first_appearance_order() -> None:
+    index = Bm25Index(ANALYZER)
+    assert index.upsert([("a", "reset vpn reset", "it")]) == [
+        ("a", zlib.crc32(b"reset vpn reset"), "it", 3, [("reset", 2), ("vpn", 1)])
+    ]
+    # the same text again: only the tag is set, and the record says so (no counts)
+    assert index.upsert([("a", "reset vpn reset", "hr")]) == [
+        ("a", zlib.crc32(b"reset vpn reset"), "hr", None, None)
+    ]
 
 
 def test_a_replaced_text_moves_to_the_end_and_an_unchanged_one_only_retags() -> None:
