@@ -76,6 +76,7 @@ class Sieve:
         if rebuild:
             drop_collection(rag.store)
         store = ChromaStore.open(rag.store, embedder.identity())
+        log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))
         return cls(settings, embedder, store, reranker)
 
     def close(self) -> None:

@@ -189,3 +189,23 @@ def test_metadata_of_finds_chunks_by_id_and_by_doc_id_only(store):
         "a-1": {"doc_id": "a", "position": 1},
     }
     assert store.metadata_of([], []) == {}
+
+
+def test_warm_up_queries_a_filled_collection_once_and_leaves_an_empty_one_alone(store):
+    calls = []
+    real_query = store._collection.query
+
+    def counting_query(*args, **kwargs):
+        calls.append(kwargs)
+        return real_query(*args, **kwargs)
+
+    store._collection.query = counting_query
+    assert store.warm_up(DIM) >= 0.0
+    assert calls == []  # nothing stored: nothing to load, and no query on an empty collection
+
+    vectors = random_unit(2, DIM, seed=7)
+    store.upsert([StoredChunk("c_x", "x", {"doc_id": "d"}), StoredChunk("c_y", "y", {"doc_id": "d"})], vectors)
+    store.warm_up(DIM)
+    assert len(calls) == 1 and calls[0]["n_results"] == 1 and calls[0]["include"] == []
+    # the store answers real queries as before
+    assert [c.chunk_id for c in store.query(vectors[:1], 1)[0]] == ["c_x"]
