@@ -204,7 +204,9 @@ def test_warm_up_queries_a_filled_collection_once_and_leaves_an_empty_one_alone(
     assert calls == []  # nothing stored: nothing to load, and no query on an empty collection
 
     vectors = random_unit(2, DIM, seed=7)
-    store.upsert([StoredChunk("c_x", "x", {"doc_id": "d"}), StoredChunk("c_y", "y", {"doc_id": "d"})], vectors)
+    store.upsert(
+        [StoredChunk("c_x", "x", {"doc_id": "d"}), StoredChunk("c_y", "y", {"doc_id": "d"})], vectors
+    )
     store.warm_up(DIM)
     assert len(calls) == 1 and calls[0]["n_results"] == 1 and calls[0]["include"] == []
     # the store answers real queries as before
