@@ -20,6 +20,7 @@ call of a live run, which can move a score in its last float digits (ranks chang
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -198,6 +199,25 @@ class _NoCandidates:
 
 MEMO_LIMIT = 200_000  # stage outcomes kept per recording; past it, stages just run
 
+# The stages that write scores (or, for the fallback, bring back raw candidates): what they return is a new
+# source of scores for the stages after them. The others only drop or reorder the candidates they are given.
+_SCORE_SOURCES = frozenset({"bm25", "rerank", "fallback"})
+_SOURCE_NUMBERS = itertools.count()  # each score-writing outcome's source number, never reused
+
+
+@dataclass
+class _Lineage:
+    """Where the list the next stage receives comes from, for the case the chain is running.
+
+    `source` names the scores its candidates carry: ("raw", query, tag) for the chain's copies of the raw
+    candidates, else the number of the score-writing stage outcome they came from. Within one source a
+    chunk id always carries the same scores, so (chunk ids in order, source) is the whole content of a list.
+    """
+
+    ctx: QueryContext | None = None
+    last: list[Candidate] | None = None
+    source: Any = None
+
 
 class _MemoStage:
     """A stage whose outcome is reused when the same case reaches it again with the same settings and the
@@ -205,65 +225,80 @@ class _MemoStage:
     the same list). The stages are deterministic functions of their settings, the query and their input, so a
     reused outcome is the outcome.
 
-    The key is the input's chunk ids in order, plus every score when the stage reads the scores or returns new
-    candidate objects (bm25, rerank, diversity with MMR). The others (similarity_threshold, which reads only
-    the raw dense score; hard_filter; diversity without MMR; fallback, which reads the raw dense scores and
-    the hard filter's removals, part of its key) keep or add given objects, so a reused outcome is rebuilt
-    from this input's own objects and keeps this point's scores."""
+    The key of the input is its chunk ids in order plus its lineage's score source (see `_Lineage`), which is
+    exact and costs a tuple of ids, where hashing every score of every candidate cost more than many a
+    stage. A reused outcome of a stage that only drops or reorders is rebuilt from this input's own objects
+    (and the raw candidates, for the fallback's refills); a score-writing stage's is its stored objects,
+    which stages never modify."""
 
-    def __init__(self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, order_only: bool):
+    def __init__(
+        self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, lineage: _Lineage
+    ) -> None:
         self.stage = stage
         self.name = stage.name
         self.memo = memo
         self.settings_key = settings_key
-        self.order_only = order_only
+        self.lineage = lineage
+        self.writes_scores = self.name in _SCORE_SOURCES
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
-        if self.order_only:
-            content: tuple[Any, ...] = tuple(c.chunk_id for c in candidates)
-        else:
-            content = tuple((c.chunk_id, tuple(sorted(c.scores.items()))) for c in candidates)
-        barred = ()
+        lineage = self.lineage
+        if lineage.ctx is not query:  # a new case: the chain hands its first stage the raw copies
+            lineage.ctx, lineage.source = query, ("raw", query.text, query.knowledge_tag)
+        elif candidates is not lineage.last:
+            raise ReplayError(f"replay: stage {self.name} was not given the previous stage's list")
+        barred: tuple[str, ...] = ()
         if self.name == "fallback":
             barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
-        key = (self.name, self.settings_key, query.text, query.knowledge_tag, query.today, content, barred)
+        key = (
+            self.name,
+            self.settings_key,
+            query.text,
+            query.knowledge_tag,
+            query.today,
+            tuple(c.chunk_id for c in candidates),
+            lineage.source,
+            barred,
+        )
         hit = self.memo.get(key)
         if hit is None:
             outcome = self.stage.run(query, candidates)
+            source = next(_SOURCE_NUMBERS) if self.writes_scores else lineage.source
             if len(self.memo) < MEMO_LIMIT:
-                self.memo[key] = (
-                    ([c.chunk_id for c in outcome.kept], [c.chunk_id for c in outcome.added], outcome)
-                    if self.order_only
-                    else outcome
+                kept_ids = [c.chunk_id for c in outcome.kept]
+                added_ids = [c.chunk_id for c in outcome.added]
+                self.memo[key] = (kept_ids, added_ids, outcome, source)
+        else:
+            kept_ids, added_ids, old, source = hit
+            if self.writes_scores:
+                outcome = StageOutcome(
+                    list(old.kept), list(old.removed), list(old.added), old.skipped, old.score_key
                 )
-            return outcome
-        if self.order_only:
-            kept_ids, added_ids, old = hit
-            given = {c.chunk_id: c for c in candidates}
-            raw = {c.chunk_id: c for c in query.raw_candidates}
-            return StageOutcome(
-                kept=[given[i] if i in given else raw[i] for i in kept_ids],
-                removed=list(old.removed),
-                added=[raw[i] for i in added_ids],
-                skipped=old.skipped,
-                score_key=old.score_key,
-            )
-        return StageOutcome(list(hit.kept), list(hit.removed), list(hit.added), hit.skipped, hit.score_key)
+            else:
+                given = {c.chunk_id: c for c in candidates}
+                raw = {c.chunk_id: c for c in query.raw_candidates} if added_ids else {}
+                outcome = StageOutcome(
+                    kept=[given[i] if i in given else raw[i] for i in kept_ids],
+                    removed=list(old.removed),
+                    added=[raw[i] for i in added_ids],
+                    skipped=old.skipped,
+                    score_key=old.score_key,
+                )
+        lineage.last, lineage.source = outcome.kept, source
+        return outcome
 
 
 def _memoised(
     stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
 ) -> list[ChainStage]:
+    lineage = _Lineage()
     out = []
     for item in stages:
         own = getattr(chain_settings, item.name)
         key = own.model_dump_json()
         if item.name == "fallback":  # its refills must pass the hard filter's rules
             key += chain_settings.hard_filter.model_dump_json()
-        order_only = item.name in ("similarity_threshold", "hard_filter", "fallback") or (
-            item.name == "diversity" and not chain_settings.diversity.mmr
-        )
-        out.append(ChainStage(_MemoStage(item.stage, memo, key, order_only), item.enabled))
+        out.append(ChainStage(_MemoStage(item.stage, memo, key, lineage), item.enabled))
     return out
 
 

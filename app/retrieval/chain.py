@@ -163,4 +163,4 @@ class RetrievalChain:
 
 def _copy(c: Candidate) -> Candidate:
     # stages write scores into candidates; keep the raw list (fallback's refill source) untouched
-    return Candidate(c.chunk_id, c.doc_id, c.text, c.metadata, c.embedding, dict(c.scores), c.origin)
+    return c.with_scores(dict(c.scores))
