@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from statistics import fmean
@@ -35,6 +36,8 @@ from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.bm25 import Bm25Stage
+from app.retrieval.stages.fallback import FallbackStage
+from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.stages.rerank import RerankStage
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
 from app.settings import ChainSettings, EvaluateThresholds
@@ -288,10 +291,37 @@ class _MemoStage:
         return outcome
 
 
+def _cached_rules(
+    rules: Callable[[QueryContext, Candidate], str | None],
+    settings_key: str,
+    memo: dict[tuple[Any, ...], Any],
+) -> Callable[[QueryContext, Candidate], str | None]:
+    """The hard filter's rules (`HardFilterStage.reason`), each answer kept: within one recording a chunk id
+    stands for one chunk (its metadata and text), so the answer depends only on the settings, the query's
+    tag and date and the chunk id. The stage's own loop still asks for every candidate it is given."""
+
+    def reason(query: QueryContext, candidate: Candidate) -> str | None:
+        key = ("hard_filter.reason", settings_key, query.knowledge_tag, query.today, candidate.chunk_id)
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+        why = rules(query, candidate)
+        if len(memo) < MEMO_LIMIT:
+            memo[key] = why
+        return why
+
+    return reason
+
+
 def _memoised(
     stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
 ) -> list[ChainStage]:
     lineage = _Lineage()
+    rules_key = chain_settings.hard_filter.model_dump_json()
+    for item in stages:
+        if isinstance(item.stage, HardFilterStage):
+            item.stage.reason = _cached_rules(item.stage.reason, rules_key, memo)  # type: ignore[method-assign]
+        elif isinstance(item.stage, FallbackStage) and item.stage.rules is not None:
+            item.stage.rules = _cached_rules(item.stage.rules, rules_key, memo)
     out = []
     for item in stages:
         own = getattr(chain_settings, item.name)
@@ -318,7 +348,8 @@ def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
             item.error = rc.error or "failed before its stages ran"
         else:
             try:
-                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of)
+                # the registry's stages never write into a candidate: no defensive copies of the raw ones
+                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of, copy_raw=False)
             except ReplayError:
                 raise
             except Exception as exc:  # as retrieve_many: one case's failure is that case's

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.retrieval.blas import one_thread
 from app.retrieval.types import SCORE_DENSE, Candidate, knowledge_tag_of, unit_rows, unit_vector
 from app.settings import RetrievalSettings
 from app.store import ChromaStore, StoredChunk
@@ -100,7 +101,8 @@ def _geometry(vectors: list[np.ndarray | None]) -> tuple[list[np.ndarray | None]
     matrix = unit_rows(np.stack([vectors[i] for i in present]))
     usable = np.isfinite(matrix).all(axis=1)
     rows = matrix[usable]
-    cosines = rows @ rows.T
+    with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
+        cosines = rows @ rows.T
     np.fill_diagonal(cosines, -np.inf)
     best = cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)
     at = 0
