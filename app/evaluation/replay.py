@@ -243,13 +243,19 @@ class _MemoStage:
         self.settings_key = settings_key
         self.lineage = lineage
         self.writes_scores = self.name in _SCORE_SOURCES
+        # rerank without a scorer hands its input on untouched: cheaper to run than to look up
+        self.passes_through = isinstance(stage, RerankStage) and stage.scorer is None
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         lineage = self.lineage
-        if lineage.ctx is not query:  # a new case: the chain hands its first stage the raw copies
+        if lineage.ctx is not query:  # a new case: the chain hands its first stage the raw candidates
             lineage.ctx, lineage.source = query, ("raw", query.text, query.knowledge_tag)
         elif candidates is not lineage.last:
             raise ReplayError(f"replay: stage {self.name} was not given the previous stage's list")
+        if self.passes_through:
+            outcome = self.stage.run(query, candidates)
+            lineage.last = outcome.kept  # the same candidates, so the same source of scores
+            return outcome  # type: ignore[no-any-return]
         barred: tuple[str, ...] = ()
         if self.name == "fallback":
             barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
