@@ -79,10 +79,12 @@ class RecordedLexical:
 
     def scores(self, query: str, ids: Any) -> dict[str, float]:
         known = self.table.get(query, {})
-        missing = [i for i in ids if i not in known]
-        if missing:
-            raise ReplayError(f"replay: no recorded BM25 score for {missing[0]!r} (query {query[:60]!r})")
-        return {i: known[i] for i in ids}
+        try:
+            return {i: known[i] for i in ids}
+        except KeyError as exc:
+            raise ReplayError(
+                f"replay: no recorded BM25 score for {exc.args[0]!r} (query {query[:60]!r})"
+            ) from None
 
 
 class RecordedReranker:

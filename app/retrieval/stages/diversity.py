@@ -76,15 +76,18 @@ class DiversityStage:
         doc_cap = self.settings.max_per_document
         max_cosine = self.settings.max_cosine
 
+        exact_duplicates = self.settings.drop_exact_duplicates
+        document_copies = self.settings.drop_document_copies
+
         for candidate in candidates:
             why = None
             text_key = normalise_text(candidate.text)
             vector = candidate.unit
             doc_hash = candidate.doc_sha256
             original = kept_documents.get(doc_hash) if doc_hash is not None else None
-            if self.settings.drop_exact_duplicates and text_key in seen_text:
+            if exact_duplicates and text_key in seen_text:
                 why = f"duplicate of {seen_text[text_key]} (same text)"
-            elif self.settings.drop_document_copies and original is not None and original != candidate.doc_id:
+            elif document_copies and original is not None and original != candidate.doc_id:
                 why = f"copy of doc {original}"
             elif (
                 max_cosine is not None
@@ -99,13 +102,9 @@ class DiversityStage:
                 if sims[best] > max_cosine:
                     shown, bound = format_pair(float(sims[best]), max_cosine)
                     why = f"cosine={shown} > {bound} with {kept_ids[best]}"
-            if (
-                why is None
-                and cap is not None
-                and candidate.source
-                and per_source.get(candidate.source, 0) >= cap
-            ):
-                why = f"source={candidate.source} already has {per_source[candidate.source]}"
+            source = candidate.source if cap is not None else ""  # sources are counted only for a cap
+            if why is None and source and per_source.get(source, 0) >= cap:  # type: ignore[operator]
+                why = f"source={source} already has {per_source[source]}"
             if why is None and doc_cap is not None and per_doc.get(candidate.doc_id, 0) >= doc_cap:
                 why = f"doc={candidate.doc_id} already has {per_doc[candidate.doc_id]}"
 
@@ -121,8 +120,8 @@ class DiversityStage:
                     kept_matrix = np.empty((len(candidates), len(vector)))
                 kept_matrix[len(kept_ids)] = vector
                 kept_ids.append(candidate.chunk_id)
-            if candidate.source:
-                per_source[candidate.source] = per_source.get(candidate.source, 0) + 1
+            if source:
+                per_source[source] = per_source.get(source, 0) + 1
             per_doc[candidate.doc_id] = per_doc.get(candidate.doc_id, 0) + 1
 
         if self.settings.mmr and len(kept) > 1:
