@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-chain clean
 
 install: $(STAMP)
 
@@ -50,6 +50,11 @@ bench-load: install
 # Embedding speed: torch threads and batch sizes, ONNX Runtime, and the default ingest against one thread.
 bench-embed: install
 	$(BIN)/python scripts/bench_embed.py
+
+# Chain-only time per query (query vectors given) over the SciFact collection, per part, with a profile.
+# An embedded store opens in one process only: RAG__STORE__PATH=<a copy> while a server holds the original.
+bench-chain: install
+	$(BIN)/python scripts/bench_chain.py --profile
 
 clean:
 	rm -rf $(VENV)

@@ -11,6 +11,11 @@ the very code `retrieve_many` runs after its candidate generation, and scores ea
 `runner.score_case` and the summary with `report.summarize`, the evaluation's own functions. A point's
 figures are therefore those `sieve eval` reports with that setting (the tests check it to 1e-9).
 
+What a grid reuses between its points, none of which changes a figure: a stage's outcome when the same
+case reaches it with the same settings and the same input (`_MemoStage`: chunk ids in order plus where their
+scores come from), the hard filter's answer for a chunk, and the candidates' unit vectors and nearest
+cosines (`Candidate.unit`, `Candidate.nearest`, computed once when the candidates were generated).
+
 What cannot be replayed: anything that changes the candidates (`retrieval.candidate_k`, `bm25_candidate_k`,
 `hybrid`, chunking, the embedder, BM25 `k1`/`b`, the store) and latency (a replayed point has no real
 latency: `max_p95_ms` is not checked for it). With a real cross-encoder, the recorded rerank scores come
@@ -214,9 +219,10 @@ _SOURCE_NUMBERS = itertools.count()  # each score-writing outcome's source numbe
 class _Lineage:
     """Where the list the next stage receives comes from, for the case the chain is running.
 
-    `source` names the scores its candidates carry: ("raw", query, tag) for the chain's copies of the raw
-    candidates, else the number of the score-writing stage outcome they came from. Within one source a
-    chunk id always carries the same scores, so (chunk ids in order, source) is the whole content of a list.
+    `source` names the scores its candidates carry: ("raw", query, tag) for the raw candidates the chain
+    hands its first stage, else the number of the score-writing stage outcome they came from. Within one
+    source a chunk id always carries the same scores, so (chunk ids in order, source) is the whole content
+    of a list.
     """
 
     ctx: QueryContext | None = None
