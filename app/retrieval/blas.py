@@ -8,8 +8,14 @@ busy machine the threads wait for each other: measured here under load, 15 ms wi
 from __future__ import annotations
 
 import functools
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+# threadpoolctl's limit is process-wide and restores what it found on exit: two threads interleaving their
+# limits could leave the process on one thread for good, so they take turns.
+_LOCK = threading.Lock()
 
 
 @functools.cache
@@ -19,6 +25,8 @@ def _controller() -> Any:
     return ThreadpoolController()  # inspects the loaded BLAS libraries once
 
 
-def one_thread() -> AbstractContextManager[Any]:
-    """A context in which numpy's BLAS runs on one thread (about 4 µs to enter and leave)."""
-    return _controller().limit(limits=1, user_api="blas")  # type: ignore[no-any-return]
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """A context in which numpy's BLAS runs on one thread (a few µs to enter and leave)."""
+    with _LOCK, _controller().limit(limits=1, user_api="blas"):
+        yield

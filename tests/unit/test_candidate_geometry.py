@@ -149,3 +149,17 @@ def test_diversity_with_the_bound_equals_diversity_without_it(vectors, max_cosin
     assert (kept, removed) == _outcome(stage, _without_bounds(bounded))
     # a stage never invents or loses a candidate
     assert sorted(kept + [i for i, _ in removed]) == sorted(c.chunk_id for c in bounded)
+
+
+def test_one_thread_limits_blas_inside_and_restores_it_after() -> None:
+    from threadpoolctl import threadpool_info
+
+    from app.retrieval.blas import one_thread
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with one_thread():
+        assert all(n == 1 for n in blas_threads())
+    assert blas_threads() == before
