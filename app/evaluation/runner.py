@@ -258,7 +258,12 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     trace = outcome.trace
     # every list of the trace as matching keys, and as a set, once (the stage rows, the metrics after each
     # stage and the losses all read them)
-    keys_after = {name: [by_chunk.get(cid, cid) for cid in ids] for name, ids in trace.ranked_after.items()}
+    if key == "chunk":  # a chunk id is its own matching key
+        keys_after = dict(trace.ranked_after)
+    else:
+        keys_after = {
+            name: [by_chunk.get(cid, cid) for cid in ids] for name, ids in trace.ranked_after.items()
+        }
     present_after = {name: set(keys) for name, keys in keys_after.items()}
     no_list: set[str] = set()
     before = present_after.get("candidates", no_list)
@@ -287,12 +292,17 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
             )
         )
     if metrics.has_relevant(relevance):
+        # the metrics read a list's first K keys only, and consecutive stages often leave those alone
+        by_head: dict[tuple[str, ...], dict[str, float]] = {}
         for name, keys in keys_after.items():
-            item.after_stage[name] = {
-                "recall": metrics.recall_at_k(keys, relevance, k),
-                "mrr": metrics.mrr_at_k(keys, relevance, k),
-                "ndcg": metrics.ndcg_at_k(keys, relevance, k),
-            }
+            head = tuple(keys[:k])
+            if head not in by_head:
+                by_head[head] = {
+                    "recall": metrics.recall_at_k(head, relevance, k),
+                    "mrr": metrics.mrr_at_k(head, relevance, k),
+                    "ndcg": metrics.ndcg_at_k(head, relevance, k),
+                }
+            item.after_stage[name] = dict(by_head[head])
     item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked, present_after)
 
 
