@@ -88,6 +88,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="print cProfile's top 20 of one more pass")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="a --json file of an earlier run: print it beside this one")
+    parser.add_argument(
+        "--dump", help="write every query's result here (ids, exact scores, trace reasons) to diff two runs"
+    )
     args = parser.parse_args()
 
     if args.golden_set:
@@ -121,6 +124,7 @@ def main() -> int:
         if generator.lexical is not None:
             clock.wrap(generator.lexical, "top", "bm25 top")
         today = date.today()
+        dump: dict[int, Any] | None = {} if args.dump else None
 
         def one(i: int) -> tuple[dict[str, float], dict[str, float]]:
             case = cases[i]
@@ -140,6 +144,24 @@ def main() -> int:
             parts["stages"] = (t2 - t1) * 1000
             parts["chain-only"] = (t2 - t0) * 1000
             stages = {s.name: s.latency_ms for s in result.trace.stages}
+            if dump is not None:
+                dump[i] = {
+                    "query": case.id,
+                    "documents": [
+                        [d.chunk_id, {k: repr(v) for k, v in d.scores.items()}] for d in result.documents
+                    ],
+                    "trace": [
+                        [
+                            s.name,
+                            s.input_count,
+                            s.output_count,
+                            [[r.chunk_id, r.reason] for r in s.removed],
+                            s.added,
+                        ]
+                        for s in result.trace.stages
+                    ],
+                    "rankedAfter": result.trace.ranked_after,
+                }
             return parts, stages
 
         for i in range(min(10, len(cases))):  # warm-up: caches, lazily built index arrays
@@ -203,6 +225,9 @@ def main() -> int:
         if before:
             line += f" {old['p50']:.2f} | {old['p95']:.2f} |" if old else " | |"
         print(line)
+    if dump is not None:
+        lines = [json.dumps(dump[i], ensure_ascii=False) for i in sorted(dump)]
+        Path(args.dump).write_text("\n".join(lines) + "\n", encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     if args.profile:
