@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain clean
 
 install: $(STAMP)
 
@@ -55,6 +55,11 @@ bench-embed: install
 # time, dense recall, replicas -> docs/benchmarks.md. The first run builds the stores (hours for 1M on 2 cores).
 bench-scale: install
 	$(BIN)/python scripts/bench_scale.py
+
+# Chain-only time per query (query vectors given) over the SciFact collection, per part, with a profile.
+# An embedded store opens in one process only: RAG__STORE__PATH=<a copy> while a server holds the original.
+bench-chain: install
+	$(BIN)/python scripts/bench_chain.py --profile
 
 clean:
 	rm -rf $(VENV)

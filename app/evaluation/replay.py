@@ -11,6 +11,11 @@ the very code `retrieve_many` runs after its candidate generation, and scores ea
 `runner.score_case` and the summary with `report.summarize`, the evaluation's own functions. A point's
 figures are therefore those `sieve eval` reports with that setting (the tests check it to 1e-9).
 
+What a grid reuses between its points, none of which changes a figure: a stage's outcome when the same
+case reaches it with the same settings and the same input (`_MemoStage`: chunk ids in order plus where their
+scores come from), the hard filter's answer for a chunk, and the candidates' unit vectors and nearest
+cosines (`Candidate.unit`, `Candidate.nearest`, computed once when the candidates were generated).
+
 What cannot be replayed: anything that changes the candidates (`retrieval.candidate_k`, `bm25_candidate_k`,
 `hybrid`, chunking, the embedder, BM25 `k1`/`b`, the store) and latency (a replayed point has no real
 latency: `max_p95_ms` is not checked for it). With a real cross-encoder, the recorded rerank scores come
@@ -20,7 +25,9 @@ call of a live run, which can move a score in its last float digits (ranks chang
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from statistics import fmean
@@ -34,6 +41,8 @@ from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.bm25 import Bm25Stage
+from app.retrieval.stages.fallback import FallbackStage
+from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.stages.rerank import RerankStage
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
 from app.settings import ChainSettings, EvaluateThresholds
@@ -75,10 +84,12 @@ class RecordedLexical:
 
     def scores(self, query: str, ids: Any) -> dict[str, float]:
         known = self.table.get(query, {})
-        missing = [i for i in ids if i not in known]
-        if missing:
-            raise ReplayError(f"replay: no recorded BM25 score for {missing[0]!r} (query {query[:60]!r})")
-        return {i: known[i] for i in ids}
+        try:
+            return {i: known[i] for i in ids}
+        except KeyError as exc:
+            raise ReplayError(
+                f"replay: no recorded BM25 score for {exc.args[0]!r} (query {query[:60]!r})"
+            ) from None
 
 
 class RecordedReranker:
@@ -198,6 +209,26 @@ class _NoCandidates:
 
 MEMO_LIMIT = 200_000  # stage outcomes kept per recording; past it, stages just run
 
+# The stages that write scores (or, for the fallback, bring back raw candidates): what they return is a new
+# source of scores for the stages after them. The others only drop or reorder the candidates they are given.
+_SCORE_SOURCES = frozenset({"bm25", "rerank", "fallback"})
+_SOURCE_NUMBERS = itertools.count()  # each score-writing outcome's source number, never reused
+
+
+@dataclass
+class _Lineage:
+    """Where the list the next stage receives comes from, for the case the chain is running.
+
+    `source` names the scores its candidates carry: ("raw", query, tag) for the raw candidates the chain
+    hands its first stage, else the number of the score-writing stage outcome they came from. Within one
+    source a chunk id always carries the same scores, so (chunk ids in order, source) is the whole content
+    of a list.
+    """
+
+    ctx: QueryContext | None = None
+    last: list[Candidate] | None = None
+    source: Any = None
+
 
 class _MemoStage:
     """A stage whose outcome is reused when the same case reaches it again with the same settings and the
@@ -205,65 +236,113 @@ class _MemoStage:
     the same list). The stages are deterministic functions of their settings, the query and their input, so a
     reused outcome is the outcome.
 
-    The key is the input's chunk ids in order, plus every score when the stage reads the scores or returns new
-    candidate objects (bm25, rerank, diversity with MMR). The others (similarity_threshold, which reads only
-    the raw dense score; hard_filter; diversity without MMR; fallback, which reads the raw dense scores and
-    the hard filter's removals, part of its key) keep or add given objects, so a reused outcome is rebuilt
-    from this input's own objects and keeps this point's scores."""
+    The key of the input is its chunk ids in order plus its lineage's score source (see `_Lineage`), which is
+    exact and costs a tuple of ids, where hashing every score of every candidate cost more than many a
+    stage. A reused outcome of a stage that only drops or reorders is rebuilt from this input's own objects
+    (and the raw candidates, for the fallback's refills); a score-writing stage's is its stored objects,
+    which stages never modify."""
 
-    def __init__(self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, order_only: bool):
+    def __init__(
+        self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, lineage: _Lineage
+    ) -> None:
         self.stage = stage
         self.name = stage.name
         self.memo = memo
         self.settings_key = settings_key
-        self.order_only = order_only
+        self.lineage = lineage
+        self.writes_scores = self.name in _SCORE_SOURCES
+        # rerank without a scorer hands its input on untouched: cheaper to run than to look up
+        self.passes_through = isinstance(stage, RerankStage) and stage.scorer is None
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
-        if self.order_only:
-            content: tuple[Any, ...] = tuple(c.chunk_id for c in candidates)
-        else:
-            content = tuple((c.chunk_id, tuple(sorted(c.scores.items()))) for c in candidates)
-        barred = ()
+        lineage = self.lineage
+        if lineage.ctx is not query:  # a new case: the chain hands its first stage the raw candidates
+            lineage.ctx, lineage.source = query, ("raw", query.text, query.knowledge_tag)
+        elif candidates is not lineage.last:
+            raise ReplayError(f"replay: stage {self.name} was not given the previous stage's list")
+        if self.passes_through:
+            outcome = self.stage.run(query, candidates)
+            lineage.last = outcome.kept  # the same candidates, so the same source of scores
+            return outcome  # type: ignore[no-any-return]
+        barred: tuple[str, ...] = ()
         if self.name == "fallback":
             barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
-        key = (self.name, self.settings_key, query.text, query.knowledge_tag, query.today, content, barred)
+        key = (
+            self.name,
+            self.settings_key,
+            query.text,
+            query.knowledge_tag,
+            query.today,
+            tuple(c.chunk_id for c in candidates),
+            lineage.source,
+            barred,
+        )
         hit = self.memo.get(key)
         if hit is None:
             outcome = self.stage.run(query, candidates)
+            source = next(_SOURCE_NUMBERS) if self.writes_scores else lineage.source
             if len(self.memo) < MEMO_LIMIT:
-                self.memo[key] = (
-                    ([c.chunk_id for c in outcome.kept], [c.chunk_id for c in outcome.added], outcome)
-                    if self.order_only
-                    else outcome
+                kept_ids = [c.chunk_id for c in outcome.kept]
+                added_ids = [c.chunk_id for c in outcome.added]
+                self.memo[key] = (kept_ids, added_ids, outcome, source)
+        else:
+            kept_ids, added_ids, old, source = hit
+            if self.writes_scores:
+                outcome = StageOutcome(
+                    list(old.kept), list(old.removed), list(old.added), old.skipped, old.score_key
                 )
-            return outcome
-        if self.order_only:
-            kept_ids, added_ids, old = hit
-            given = {c.chunk_id: c for c in candidates}
-            raw = {c.chunk_id: c for c in query.raw_candidates}
-            return StageOutcome(
-                kept=[given[i] if i in given else raw[i] for i in kept_ids],
-                removed=list(old.removed),
-                added=[raw[i] for i in added_ids],
-                skipped=old.skipped,
-                score_key=old.score_key,
-            )
-        return StageOutcome(list(hit.kept), list(hit.removed), list(hit.added), hit.skipped, hit.score_key)
+            else:
+                given = {c.chunk_id: c for c in candidates}
+                raw = {c.chunk_id: c for c in query.raw_candidates} if added_ids else {}
+                outcome = StageOutcome(
+                    kept=[given[i] if i in given else raw[i] for i in kept_ids],
+                    removed=list(old.removed),
+                    added=[raw[i] for i in added_ids],
+                    skipped=old.skipped,
+                    score_key=old.score_key,
+                )
+        lineage.last, lineage.source = outcome.kept, source
+        return outcome
+
+
+def _cached_rules(
+    rules: Callable[[QueryContext, Candidate], str | None],
+    settings_key: str,
+    memo: dict[tuple[Any, ...], Any],
+) -> Callable[[QueryContext, Candidate], str | None]:
+    """The hard filter's rules (`HardFilterStage.reason`), each answer kept: within one recording a chunk id
+    stands for one chunk (its metadata and text), so the answer depends only on the settings, the query's
+    tag and date and the chunk id. The stage's own loop still asks for every candidate it is given."""
+
+    def reason(query: QueryContext, candidate: Candidate) -> str | None:
+        key = ("hard_filter.reason", settings_key, query.knowledge_tag, query.today, candidate.chunk_id)
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+        why = rules(query, candidate)
+        if len(memo) < MEMO_LIMIT:
+            memo[key] = why
+        return why
+
+    return reason
 
 
 def _memoised(
     stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
 ) -> list[ChainStage]:
+    lineage = _Lineage()
+    rules_key = chain_settings.hard_filter.model_dump_json()
+    for item in stages:
+        if isinstance(item.stage, HardFilterStage):
+            item.stage.reason = _cached_rules(item.stage.reason, rules_key, memo)  # type: ignore[method-assign]
+        elif isinstance(item.stage, FallbackStage) and item.stage.rules is not None:
+            item.stage.rules = _cached_rules(item.stage.rules, rules_key, memo)
     out = []
     for item in stages:
         own = getattr(chain_settings, item.name)
         key = own.model_dump_json()
         if item.name == "fallback":  # its refills must pass the hard filter's rules
             key += chain_settings.hard_filter.model_dump_json()
-        order_only = item.name in ("similarity_threshold", "hard_filter", "fallback") or (
-            item.name == "diversity" and not chain_settings.diversity.mmr
-        )
-        out.append(ChainStage(_MemoStage(item.stage, memo, key, order_only), item.enabled))
+        out.append(ChainStage(_MemoStage(item.stage, memo, key, lineage), item.enabled))
     return out
 
 
@@ -283,7 +362,8 @@ def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
             item.error = rc.error or "failed before its stages ran"
         else:
             try:
-                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of)
+                # the registry's stages never write into a candidate: no defensive copies of the raw ones
+                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of, copy_raw=False)
             except ReplayError:
                 raise
             except Exception as exc:  # as retrieve_many: one case's failure is that case's

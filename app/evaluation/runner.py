@@ -256,12 +256,23 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
 
     by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
     trace = outcome.trace
-    before = {by_chunk.get(cid, cid) for cid in trace.ranked_after.get("candidates", [])}
+    # every list of the trace as matching keys, and as a set, once (the stage rows, the metrics after each
+    # stage and the losses all read them)
+    if key == "chunk":  # a chunk id is its own matching key
+        keys_after = dict(trace.ranked_after)
+    else:
+        keys_after = {
+            name: [by_chunk.get(cid, cid) for cid in ids] for name, ids in trace.ranked_after.items()
+        }
+    present_after = {name: set(keys) for name, keys in keys_after.items()}
+    no_list: set[str] = set()
+    before = present_after.get("candidates", no_list)
     for stage in trace.stages:
-        after = {by_chunk.get(cid, cid) for cid in trace.ranked_after.get(stage.name, [])}
+        after = present_after.get(stage.name, no_list)
         # a relevant id the stage made disappear; dropping a second chunk of a document that stays is no loss
         removed_relevant = len((before - after) & relevant)
         before = after
+        flags = [by_chunk.get(r.chunk_id) in relevant for r in stage.removed]
         item.stage_stats.append(
             StageStat(
                 name=stage.name,
@@ -271,24 +282,28 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
                 output=stage.output_count,
                 removed=len(stage.removed),
                 removed_relevant=removed_relevant,
-                removed_relevant_chunks=sum(1 for r in stage.removed if by_chunk.get(r.chunk_id) in relevant),
+                removed_relevant_chunks=sum(flags),
                 added=len(stage.added),
                 latency_ms=stage.latency_ms,
                 removed_items=[
-                    RemovedItem(r.chunk_id, r.doc_id, r.reason, by_chunk.get(r.chunk_id) in relevant)
-                    for r in stage.removed
+                    RemovedItem(r.chunk_id, r.doc_id, r.reason, flag)
+                    for r, flag in zip(stage.removed, flags, strict=True)
                 ],
             )
         )
     if metrics.has_relevant(relevance):
-        for name, ids in trace.ranked_after.items():
-            keys = [by_chunk.get(cid, cid) for cid in ids]
-            item.after_stage[name] = {
-                "recall": metrics.recall_at_k(keys, relevance, k),
-                "mrr": metrics.mrr_at_k(keys, relevance, k),
-                "ndcg": metrics.ndcg_at_k(keys, relevance, k),
-            }
-    item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked)
+        # the metrics read a list's first K keys only, and consecutive stages often leave those alone
+        by_head: dict[tuple[str, ...], dict[str, float]] = {}
+        for name, keys in keys_after.items():
+            head = tuple(keys[:k])
+            if head not in by_head:
+                by_head[head] = {
+                    "recall": metrics.recall_at_k(head, relevance, k),
+                    "mrr": metrics.mrr_at_k(head, relevance, k),
+                    "ndcg": metrics.ndcg_at_k(head, relevance, k),
+                }
+            item.after_stage[name] = dict(by_head[head])
+    item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked, present_after)
 
 
 def score_case(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Sequence[int] = ()) -> None:
@@ -302,14 +317,14 @@ def _where_lost(
     by_chunk: dict[str, str],
     relevant: set[str],
     top_k: list[str],
+    present_after: dict[str, set[str]],
 ) -> list[Loss]:
     """For each relevant id not in the top K: NOT_IN_INDEX, NOT_RETRIEVED, REMOVED_BY_<stage> (with the
-    reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K)."""
+    reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K).
+    `present_after`: the matching keys in the list after each stage, by stage name."""
     trace = outcome.trace
     stage_order = [s.name for s in trace.stages]
-    present_after = {
-        name: {by_chunk.get(cid, cid) for cid in trace.ranked_after.get(name, [])} for name in stage_order
-    }
+    present_after = {name: present_after.get(name, set()) for name in stage_order}
     final = present_after[stage_order[-1]] if stage_order else {by_chunk[c] for c in by_chunk}
     raw = set(by_chunk.values())
     lost = []

@@ -15,6 +15,7 @@ recall, then the earlier point of the grid.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -233,25 +234,35 @@ def run_grid(
     thresholds: EvaluateThresholds,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> TuneResult:
-    """Replay every point of `grid` and the current configuration; rank and recommend."""
-    now = replay(recording, current)
-    current_row = {
-        "point": {k: _get(current, k) for k in grid.keys},
-        "metrics": point_metrics(now),
-        "passesGate": passes_gate(now, thresholds),
-    }
-    recording.replays, recording.replay_ms = 0, 0.0  # the cost per point is over the grid's points
-    rows = []
-    for point, settings in zip(grid.points, grid.settings, strict=True):
-        evaluation = replay(recording, settings)
-        rows.append(
-            {
-                "params": point,
-                "metrics": point_metrics(evaluation),
-                "passesGate": passes_gate(evaluation, thresholds),
-                "pareto": False,
-            }
-        )
+    """Replay every point of `grid` and the current configuration; rank and recommend.
+
+    The cyclic garbage collector is paused meanwhile: a replay allocates many short-lived objects, none in
+    a cycle (reference counting frees them), and each collection would walk the whole heap (a loaded model's
+    objects included) for nothing."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        now = replay(recording, current)
+        current_row = {
+            "point": {k: _get(current, k) for k in grid.keys},
+            "metrics": point_metrics(now),
+            "passesGate": passes_gate(now, thresholds),
+        }
+        recording.replays, recording.replay_ms = 0, 0.0  # the cost per point is over the grid's points
+        rows = []
+        for point, settings in zip(grid.points, grid.settings, strict=True):
+            evaluation = replay(recording, settings)
+            rows.append(
+                {
+                    "params": point,
+                    "metrics": point_metrics(evaluation),
+                    "passesGate": passes_gate(evaluation, thresholds),
+                    "pareto": False,
+                }
+            )
+    finally:
+        if collecting:
+            gc.enable()
     for row, on_front in zip(rows, pareto_front([r["metrics"] for r in rows]), strict=True):
         row["pareto"] = on_front
     return TuneResult(

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from app.retrieval.types import SCORE_DENSE, Candidate, knowledge_tag_of
+from app.retrieval.blas import one_thread
+from app.retrieval.types import SCORE_DENSE, Candidate, knowledge_tag_of, unit_rows, unit_vector
 from app.settings import RetrievalSettings
 from app.store import ChromaStore, StoredChunk
 
@@ -58,30 +59,65 @@ class CandidateGenerator:
     def _merge(
         self, query: str, embedding: np.ndarray, tag: str | None, dense_hits: list[StoredChunk]
     ) -> CandidateSet:
-        by_id: dict[str, Candidate] = {}
+        hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
         for hit in dense_hits:
-            by_id[hit.chunk_id] = _candidate(hit, float(hit.similarity or 0.0), {"dense"})
+            hits[hit.chunk_id] = (hit, float(hit.similarity or 0.0), {"dense"})
         lexical_only: list[str] = []
         if self.settings.hybrid and self.lexical is not None:
             # The tag restricts BM25 before its cut, as `where` does for the dense search.
             for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k, tag):
-                if chunk_id in by_id:
-                    by_id[chunk_id].origin = by_id[chunk_id].origin | {"bm25"}
+                if chunk_id in hits:
+                    hits[chunk_id][2].add("bm25")
                 else:
                     lexical_only.append(chunk_id)
         for hit in self.store.get(lexical_only, include_embeddings=True):
             if tag is not None and knowledge_tag_of(hit.metadata) != tag:
                 continue  # retagged since the index was built
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
-            by_id[hit.chunk_id] = _candidate(hit, float(np.dot(vec, embedding)), {"bm25"})
-        ordered = sorted(by_id.values(), key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))
+            hits[hit.chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
+        units, nearest = _geometry([hit.embedding for hit, _, _ in hits.values()])
+        made = [
+            _candidate(hit, dense, origin, unit, near)
+            for (hit, dense, origin), unit, near in zip(hits.values(), units, nearest, strict=True)
+        ]
+        ordered = sorted(made, key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))
         origins = {"dense": 0, "bm25": 0, "both": 0}
         for c in ordered:
             origins["both" if len(c.origin) == 2 else next(iter(c.origin))] += 1
         return CandidateSet(ordered, origins)
 
 
-def _candidate(hit: StoredChunk, dense: float, origin: set[str]) -> Candidate:
+def _geometry(vectors: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[float | None]]:
+    """Per vector: `unit_vector` of it, and the largest cosine of that with any other unit vector of the
+    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length)."""
+    units: list[np.ndarray | None] = [None] * len(vectors)
+    nearest: list[float | None] = [None] * len(vectors)
+    present = [i for i, v in enumerate(vectors) if v is not None]
+    shapes = {np.shape(vectors[i]) for i in present}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        for i in present:
+            units[i] = unit_vector(vectors[i])
+        return units, nearest
+    matrix = unit_rows(np.stack([vectors[i] for i in present]))
+    usable = np.isfinite(matrix).all(axis=1)
+    rows = matrix[usable]
+    with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
+        cosines = rows @ rows.T
+    np.fill_diagonal(cosines, -np.inf)
+    best = cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)
+    at = 0
+    for i, ok in zip(present, usable.tolist(), strict=True):
+        if ok:
+            units[i], nearest[i] = rows[at], float(best[at])
+            at += 1
+        else:  # of no length or not finite: whatever unit_vector makes of it, and no bound
+            units[i] = unit_vector(vectors[i])
+    return units, nearest
+
+
+def _candidate(
+    hit: StoredChunk, dense: float, origin: set[str], unit: np.ndarray | None, nearest: float | None
+) -> Candidate:
     meta: dict[str, Any] = hit.metadata
     return Candidate(
         chunk_id=hit.chunk_id,
@@ -91,6 +127,8 @@ def _candidate(hit: StoredChunk, dense: float, origin: set[str]) -> Candidate:
         embedding=hit.embedding,
         scores={SCORE_DENSE: dense},
         origin=frozenset(origin),
+        unit=unit,
+        nearest=nearest,
     )
 
 

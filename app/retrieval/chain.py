@@ -91,10 +91,15 @@ class RetrievalChain:
                 on_result(len(out) - 1, out[-1])
         return out
 
-    def run_stages(self, request: RetrievalRequest, cset: CandidateSet, today: date) -> RetrievalResult:
+    def run_stages(
+        self, request: RetrievalRequest, cset: CandidateSet, today: date, copy_raw: bool = True
+    ) -> RetrievalResult:
         """The stages alone over candidates generated before (the replay of `sieve tune`): no model or
-        store call, the same code path as `retrieve_many` after its candidate generation."""
-        return self._run(request, cset, 0.0, 0.0, today)
+        store call, the same code path as `retrieve_many` after its candidate generation.
+
+        `copy_raw=False` hands the stages the raw candidates themselves instead of copies: only for stages
+        known never to write into a candidate (the registry's own, which copy a candidate to score it)."""
+        return self._run(request, cset, 0.0, 0.0, today, copy_raw)
 
     def _run(
         self,
@@ -103,6 +108,7 @@ class RetrievalChain:
         shared_ms: float,
         candidates_ms: float,
         today: date,
+        copy_raw: bool = True,
     ) -> RetrievalResult:
         begin = time.perf_counter()
         raw = list(cset.candidates)
@@ -111,7 +117,7 @@ class RetrievalChain:
         )
         trace = RetrievalTrace(candidates_ms=round(candidates_ms, 3), candidate_origins=dict(cset.origins))
         trace.ranked_after["candidates"] = [c.chunk_id for c in raw]
-        current: list[Candidate] = [_copy(c) for c in raw]
+        current: list[Candidate] = [_copy(c) for c in raw] if copy_raw else list(raw)
         fallback_used = False
         for item in self.stages:
             if not item.enabled:
@@ -163,4 +169,4 @@ class RetrievalChain:
 
 def _copy(c: Candidate) -> Candidate:
     # stages write scores into candidates; keep the raw list (fallback's refill source) untouched
-    return Candidate(c.chunk_id, c.doc_id, c.text, c.metadata, c.embedding, dict(c.scores), c.origin)
+    return c.with_scores(dict(c.scores))

@@ -182,6 +182,9 @@ class Bm25Index:
         # term number -> (postings length when converted, slots as int64, tfs as int64): postings only grow
         # between compactions, so a cached conversion is valid while the length is unchanged
         self._post_np: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        # (version, query terms, every slot's score) of the last query scored: the chain asks top() for the
+        # BM25 candidates and then scores() for the bm25 stage with the same query
+        self._last_scores: tuple[int, tuple[int, ...], np.ndarray] | None = None
 
     # -- building and updating ----------------------------------------------------------------------
 
@@ -500,6 +503,16 @@ class Bm25Index:
             score[at] += (self._idf(number) or 0) * (tf * (self.k1 + 1) / (tf + norm[at]))
         return score
 
+    def _scores_of(self, query_terms: list[int]) -> np.ndarray:
+        """`_all_scores`, reused while the index and the query are unchanged (callers never modify it)."""
+        key = tuple(query_terms)
+        last = self._last_scores
+        if last is not None and last[0] == self._version and last[1] == key:
+            return last[2]
+        score = self._all_scores(query_terms)
+        self._last_scores = (self._version, key, score)
+        return score
+
     def _postings_np(self, number: int) -> tuple[np.ndarray, np.ndarray]:
         size = len(self._post_slots[number])
         cached = self._post_np.get(number)
@@ -522,7 +535,7 @@ class Bm25Index:
             known = [chunk_id for chunk_id in out if chunk_id in self._slot_of]
             if not q or not known:
                 return out
-            values = self._all_scores(q)[[self._slot_of[chunk_id] for chunk_id in known]]
+            values = self._scores_of(q)[[self._slot_of[chunk_id] for chunk_id in known]]
         out.update(zip(known, (float(v) for v in values), strict=True))
         return out
 
@@ -537,7 +550,7 @@ class Bm25Index:
             q = self._query_terms(query)
             if not q:
                 return []
-            all_scores = self._all_scores(q)
+            all_scores = self._scores_of(q)
             keep = all_scores > 0
             keep &= self._alive_now()
             if knowledge_tag is not None:

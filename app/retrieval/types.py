@@ -26,17 +26,72 @@ def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
     return str(tag) if tag not in (None, "") else None
 
 
+def unit_vector(vector: np.ndarray | None) -> np.ndarray | None:
+    """`vector` as float64 scaled to length 1 (v / sqrt(v · v)); None when absent or of no length.
+
+    The store's vectors are unit length already; this makes a cosine exact for any input."""
+    if vector is None:
+        return None
+    v = np.asarray(vector, dtype=float).ravel()
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else None
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """`unit_vector` of every row of a 2-D array, bit for bit, in one pass (a row of no length, or not finite,
+    comes out as NaN): each row's squared norm is the same `ddot` of the row with itself that
+    `np.linalg.norm` takes of a 1-D vector, and the division is the same elementwise IEEE division
+    (tests/unit/test_candidates.py checks the equality)."""
+    rows = np.asarray(vectors, dtype=float)
+    norms = np.sqrt(np.array([r.dot(r) for r in rows], dtype=float))
+    units = rows / np.where(norms > 0, norms, np.nan)[:, None]
+    return units
+
+
+def cosine_slack(dimension: int) -> float:
+    """How far apart two float64 computations of one cosine of unit vectors of `dimension` can be, with
+    room to spare: each is within γ_d·Σ|x_i·y_i| <= γ_d·(1 + 2^-50) of the exact dot product whatever its
+    summation order, with or without FMA (γ_d = d·u / (1 - d·u), u = 2^-53; Higham, Accuracy and Stability of
+    Numerical Algorithms, 3.1), so two of them differ by at most about 2·d·2^-53. This is 4·d·2^-53, and
+    at least 1e-9."""
+    return max(1e-9, 4 * dimension * 2.0**-53)
+
+
 @dataclass
 class Candidate:
     chunk_id: str
     doc_id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
-    # unit-length vector from the store; used by the diversity stage
+    # the vector from the store (unit length already); the diversity stage compares `unit`
     embedding: np.ndarray | None = None
     scores: dict[str, float] = field(default_factory=dict)
     # where the candidate came from: {"dense"}, {"bm25"} or both
     origin: frozenset[str] = frozenset({"dense"})
+    # `unit_vector(embedding)`, computed once when the candidate is made (the candidate generator does it
+    # for a whole candidate set at once) and shared by every copy, so no stage re-normalises it
+    unit: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # the largest cosine of `unit` with the unit vector of any other candidate of its candidate set (one
+    # matrix product for the set, made with `unit`); None = not known. The diversity stage computes a
+    # candidate's exact cosines with the kept ones only when this is within `cosine_slack` of max_cosine.
+    nearest: float | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.unit is None and self.embedding is not None:
+            self.unit = unit_vector(self.embedding)
+
+    def with_scores(self, scores: dict[str, float]) -> Candidate:
+        """A copy carrying `scores` (the caller's own dict) and everything else of this one, unchanged.
+
+        Stages copy instead of writing into a candidate, so raw candidates reused for another run of the
+        chain (another configuration, the fallback's refill) never carry scores from a stage that did not
+        run there. The copy skips `__init__` (a hot path: every stage that scores copies every
+        candidate); the fields are the same objects."""
+        copy = object.__new__(Candidate)
+        fields = self.__dict__.copy()
+        fields["scores"] = scores
+        copy.__dict__ = fields
+        return copy
 
     @property
     def source(self) -> str:

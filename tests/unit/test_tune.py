@@ -345,6 +345,48 @@ def test_recording_scores_every_candidate_once_and_replay_never_calls_them_again
     assert fakes.calls() == settled
 
 
+def _everything(evaluation) -> list:
+    """Every case's documents with their scores, and every stage's trace with its removal reasons."""
+    out = []
+    for c in evaluation.cases:
+        r = c.result
+        out.append(
+            (
+                [(d.chunk_id, sorted(d.scores.items())) for d in r.documents],
+                [
+                    (s.name, s.input_count, s.output_count, s.removed, s.added, s.skipped)
+                    for s in r.trace.stages
+                ],
+                r.trace.ranked_after,
+                c.metrics,
+                c.lost,
+            )
+        )
+    return out
+
+
+def test_a_point_replays_the_same_whatever_the_points_replayed_before_it() -> None:
+    """The stage memo is shared by every point of a recording: reusing an outcome must never change one."""
+    fakes = Fakes()
+    grid = parse_grid(
+        [
+            "chain.similarity_threshold.min_dense=0.1,0.5",
+            "chain.bm25.dense_weight=0.2,0.8",
+            "chain.rerank.top_n=1,20",
+            "chain.diversity.mmr=true,false",
+            "chain.fallback.enabled=true,false",
+        ],
+        ChainSettings(),
+    ).settings
+    forward = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
+    backward = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
+    ahead = [_everything(replay(forward, point)) for point in grid]
+    behind = [_everything(replay(backward, point)) for point in reversed(grid)][::-1]
+    assert ahead == behind
+    fresh = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
+    assert _everything(replay(fresh, grid[5])) == ahead[5]
+
+
 def test_a_replay_asked_for_an_unrecorded_score_fails_loudly() -> None:
     fakes = Fakes()
     recording = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from app.retrieval.types import Candidate
 
 
@@ -25,4 +23,4 @@ def with_score(candidate: Candidate, key: str, value: float) -> Candidate:
     Stages copy instead of writing into the candidate, so raw candidates reused for another run of the chain
     (another configuration, the fallback's refill) never carry scores from a stage that did not run there.
     """
-    return replace(candidate, scores={**candidate.scores, key: value})
+    return candidate.with_scores({**candidate.scores, key: value})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.retrieval.stages._common import format_pair, with_score
+from app.retrieval.stages._common import format_pair
 from app.retrieval.types import (
     SCORE_BM25,
     SCORE_DENSE,
@@ -53,41 +53,47 @@ class Bm25Stage:
         if not candidates:
             return StageOutcome(kept=[], score_key=SCORE_FUSED)
         lexical = self.index.scores(query.text, [c.chunk_id for c in candidates])
-        scored = [with_score(c, SCORE_BM25, float(lexical.get(c.chunk_id, 0.0))) for c in candidates]
 
-        kept: list[Candidate] = []
+        kept: list[tuple[Candidate, float]] = []  # (candidate, its bm25)
         removed: list[Removal] = []
         floor = self.settings.min_score
-        for candidate in scored:
-            value = candidate.scores[SCORE_BM25]
+        for candidate in candidates:
+            value = float(lexical.get(candidate.chunk_id, 0.0))
             if floor is not None and value < floor:
                 shown, bound = format_pair(value, floor)
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"bm25={shown} < {bound}"))
             else:
-                kept.append(candidate)
+                kept.append((candidate, value))
 
         if self.settings.fusion == "rrf":
             fused = rrf(kept, self.settings.dense_weight, self.settings.bm25_weight, self.settings.rrf_k)
         else:
             fused = weighted(kept, self.settings.dense_weight, self.settings.bm25_weight)
-        result = [with_score(c, SCORE_FUSED, fused[c.chunk_id]) for c in kept]
+        # one copy per survivor, with both scores (the bm25 key first, as if written one after the other)
+        result = [
+            c.with_scores({**c.scores, SCORE_BM25: value, SCORE_FUSED: fused[c.chunk_id]})
+            for c, value in kept
+        ]
         result.sort(key=lambda c: (-c.scores[SCORE_FUSED], c.doc_id, c.chunk_id))
         return StageOutcome(kept=result, removed=removed, score_key=SCORE_FUSED)
 
 
-def ranks(candidates: Sequence[Candidate], key: str, positive_only: bool = False) -> dict[str, int]:
-    """1-based rank by `key` descending, ties by doc_id then chunk_id; candidates without the key (or <= 0)
-    get none."""
-    present = [c for c in candidates if key in c.scores and (not positive_only or c.scores[key] > 0)]
-    present.sort(key=lambda c: (-c.scores[key], c.doc_id, c.chunk_id))
-    return {c.chunk_id: i for i, c in enumerate(present, start=1)}
+def ranks(scored: Sequence[tuple[Candidate, float | None]], positive_only: bool = False) -> dict[str, int]:
+    """1-based rank by score descending, ties by doc_id then chunk_id; a candidate whose score is None (or,
+    with `positive_only`, <= 0) gets none."""
+    present = [(c, v) for c, v in scored if v is not None and (not positive_only or v > 0)]
+    present.sort(key=lambda p: (-p[1], p[0].doc_id, p[0].chunk_id))  # type: ignore[operator]
+    return {c.chunk_id: i for i, (c, _) in enumerate(present, start=1)}
 
 
-def rrf(candidates: Sequence[Candidate], dense_weight: float, bm25_weight: float, k: int) -> dict[str, float]:
-    dense_rank = ranks(candidates, SCORE_DENSE)
-    bm25_rank = ranks(candidates, SCORE_BM25, positive_only=True)
+def rrf(
+    scored: Sequence[tuple[Candidate, float]], dense_weight: float, bm25_weight: float, k: int
+) -> dict[str, float]:
+    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own."""
+    dense_rank = ranks([(c, c.scores.get(SCORE_DENSE)) for c, _ in scored])
+    bm25_rank = ranks(scored, positive_only=True)
     out: dict[str, float] = {}
-    for c in candidates:
+    for c, _ in scored:
         score = 0.0
         if c.chunk_id in dense_rank:
             score += dense_weight / (k + dense_rank[c.chunk_id])
@@ -106,10 +112,13 @@ def minmax(values: dict[str, float]) -> dict[str, float]:
     return {key: (value - low) / (high - low) for key, value in values.items()}
 
 
-def weighted(candidates: Sequence[Candidate], dense_weight: float, bm25_weight: float) -> dict[str, float]:
-    dense = minmax({c.chunk_id: c.scores[SCORE_DENSE] for c in candidates if SCORE_DENSE in c.scores})
-    lexical = minmax({c.chunk_id: c.scores[SCORE_BM25] for c in candidates if SCORE_BM25 in c.scores})
+def weighted(
+    scored: Sequence[tuple[Candidate, float]], dense_weight: float, bm25_weight: float
+) -> dict[str, float]:
+    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own."""
+    dense = minmax({c.chunk_id: c.scores[SCORE_DENSE] for c, _ in scored if SCORE_DENSE in c.scores})
+    lexical = minmax({c.chunk_id: value for c, value in scored})
     return {
         c.chunk_id: dense_weight * dense.get(c.chunk_id, 0.0) + bm25_weight * lexical.get(c.chunk_id, 0.0)
-        for c in candidates
+        for c, _ in scored
     }

@@ -18,6 +18,7 @@ from app.retrieval.types import (
     QueryContext,
     Removal,
     StageOutcome,
+    cosine_slack,
 )
 from app.settings import DiversitySettings
 
@@ -64,38 +65,46 @@ class DiversityStage:
         removed: list[Removal] = []
         seen_text: dict[str, str] = {}
         kept_documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
-        kept_vectors: list[tuple[str, np.ndarray]] = []
-        kept_matrix: np.ndarray | None = None  # np.stack of kept_vectors, rebuilt only after a keep
+        # The kept unit vectors, row after row, in a buffer allocated once: `kept_matrix[:m] @ vector` is the
+        # very product (same values, same C layout, same m x d shape) an np.stack of the m kept vectors gave,
+        # without re-stacking them after every keep.
+        kept_matrix: np.ndarray | None = None
+        kept_ids: list[str] = []
         per_source: dict[str, int] = {}
         per_doc: dict[str, int] = {}
         cap = self.settings.max_per_source
         doc_cap = self.settings.max_per_document
+        max_cosine = self.settings.max_cosine
+
+        exact_duplicates = self.settings.drop_exact_duplicates
+        document_copies = self.settings.drop_document_copies
 
         for candidate in candidates:
             why = None
             text_key = normalise_text(candidate.text)
-            vector = _unit(candidate.embedding)
+            vector = candidate.unit
             doc_hash = candidate.doc_sha256
             original = kept_documents.get(doc_hash) if doc_hash is not None else None
-            if self.settings.drop_exact_duplicates and text_key in seen_text:
+            if exact_duplicates and text_key in seen_text:
                 why = f"duplicate of {seen_text[text_key]} (same text)"
-            elif self.settings.drop_document_copies and original is not None and original != candidate.doc_id:
+            elif document_copies and original is not None and original != candidate.doc_id:
                 why = f"copy of doc {original}"
-            elif self.settings.max_cosine is not None and vector is not None and kept_vectors:
-                if kept_matrix is None or len(kept_matrix) != len(kept_vectors):
-                    kept_matrix = np.stack([v for _, v in kept_vectors])
-                sims = kept_matrix @ vector
-                best = int(np.argmax(sims))
-                if sims[best] > self.settings.max_cosine:
-                    shown, bound = format_pair(float(sims[best]), self.settings.max_cosine)
-                    why = f"cosine={shown} > {bound} with {kept_vectors[best][0]}"
-            if (
-                why is None
-                and cap is not None
-                and candidate.source
-                and per_source.get(candidate.source, 0) >= cap
+            elif (
+                max_cosine is not None
+                and vector is not None
+                and kept_ids
+                and (candidate.nearest is None or candidate.nearest > max_cosine - cosine_slack(len(vector)))
             ):
-                why = f"source={candidate.source} already has {per_source[candidate.source]}"
+                # Skipped when no candidate of its set comes near max_cosine: its exact cosines below
+                # could then not exceed it either (`cosine_slack`), and nothing else reads them.
+                sims = kept_matrix[: len(kept_ids)] @ vector  # type: ignore[index]
+                best = int(sims.argmax())
+                if sims[best] > max_cosine:
+                    shown, bound = format_pair(float(sims[best]), max_cosine)
+                    why = f"cosine={shown} > {bound} with {kept_ids[best]}"
+            source = candidate.source if cap is not None else ""  # sources are counted only for a cap
+            if why is None and source and per_source.get(source, 0) >= cap:  # type: ignore[operator]
+                why = f"source={source} already has {per_source[source]}"
             if why is None and doc_cap is not None and per_doc.get(candidate.doc_id, 0) >= doc_cap:
                 why = f"doc={candidate.doc_id} already has {per_doc[candidate.doc_id]}"
 
@@ -107,9 +116,12 @@ class DiversityStage:
             if doc_hash is not None:
                 kept_documents.setdefault(doc_hash, candidate.doc_id)
             if vector is not None:
-                kept_vectors.append((candidate.chunk_id, vector))
-            if candidate.source:
-                per_source[candidate.source] = per_source.get(candidate.source, 0) + 1
+                if kept_matrix is None:
+                    kept_matrix = np.empty((len(candidates), len(vector)))
+                kept_matrix[len(kept_ids)] = vector
+                kept_ids.append(candidate.chunk_id)
+            if source:
+                per_source[source] = per_source.get(source, 0) + 1
             per_doc[candidate.doc_id] = per_doc.get(candidate.doc_id, 0) + 1
 
         if self.settings.mmr and len(kept) > 1:
@@ -126,7 +138,7 @@ def mmr_order(candidates: list[Candidate], lam: float) -> list[Candidate]:
     raw = np.array([c.scores[key] for c in group], dtype=float)
     spread = raw.max() - raw.min()
     relevance = (raw - raw.min()) / spread if spread > 0 else np.zeros_like(raw)
-    vectors = [_unit(c.embedding) for c in group]
+    vectors = [c.unit for c in group]
 
     order: list[int] = []
     max_sim = np.zeros(len(group))  # max cosine to anything picked so far
@@ -140,12 +152,3 @@ def mmr_order(candidates: list[Candidate], lam: float) -> list[Candidate]:
                 if vectors[i] is not None:
                     max_sim[i] = max(max_sim[i], float(vectors[i] @ vectors[best]))
     return [group[i] for i in order] + rest
-
-
-def _unit(vector: np.ndarray | None) -> np.ndarray | None:
-    """The embedding scaled to length 1 (the store's already are; this makes cosine exact for any input)."""
-    if vector is None:
-        return None
-    v = np.asarray(vector, dtype=float).ravel()
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else None

@@ -30,9 +30,10 @@ class SimilarityThresholdStage:
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         kept: list[Candidate] = []
         removed: list[Removal] = []
+        per_tag = bool(self.settings.per_knowledge_tag)
         for candidate in candidates:
             dense = candidate.scores.get(SCORE_DENSE)
-            threshold = self.threshold_for(candidate)
+            threshold = self.threshold_for(candidate) if per_tag else self.settings.min_dense
             if dense is not None and dense < threshold:
                 shown, bound = format_pair(dense, threshold)
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"dense={shown} < {bound}"))

@@ -1,0 +1,165 @@
+"""What the candidate generator computes once per candidate set so that no stage recomputes it: each
+candidate's unit vector (bit for bit `unit_vector`) and its nearest cosine in its set, and the diversity
+stage's use of that bound (it may skip only cosines that cannot decide anything)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from app.retrieval.candidates import _geometry
+from app.retrieval.stages.diversity import DiversityStage
+from app.retrieval.types import Candidate, QueryContext, cosine_slack, unit_rows, unit_vector
+from app.settings import DiversitySettings
+
+finite = st.floats(-1, 1, allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)), elements=finite))
+def test_unit_rows_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
+    rows = unit_rows(matrix)
+    for row, vector in zip(rows, matrix, strict=True):
+        expected = unit_vector(vector)
+        if expected is None:  # no length: unit_rows marks it NaN
+            assert np.isnan(row).all()
+        else:
+            assert row.dtype == np.float64 and row.tobytes() == expected.tobytes()
+
+
+def test_a_candidate_without_a_given_unit_vector_gets_unit_vector_of_its_embedding() -> None:
+    c = Candidate("c", "d", "t", embedding=np.array([0.0, 3.0, 4.0], dtype=np.float32))
+    assert c.unit is not None and c.unit.tolist() == [0.0, 3.0 / 5.0, 4.0 / 5.0]
+    assert Candidate("z", "d", "t", embedding=np.zeros(3)).unit is None
+    assert Candidate("n", "d", "t").unit is None and Candidate("n", "d", "t").nearest is None
+
+
+def test_with_scores_is_a_copy_that_shares_everything_but_its_scores() -> None:
+    c = Candidate("c", "d", "text", {"source": "s"}, np.ones(2, dtype=np.float32), {"dense": 0.5})
+    copy = c.with_scores({**c.scores, "bm25": 2.0})
+    assert copy is not c and copy.scores == {"dense": 0.5, "bm25": 2.0} and c.scores == {"dense": 0.5}
+    assert (copy.chunk_id, copy.doc_id, copy.text, copy.origin) == (c.chunk_id, c.doc_id, c.text, c.origin)
+    assert copy.metadata is c.metadata and copy.embedding is c.embedding and copy.unit is c.unit
+
+
+def test_geometry_gives_each_vector_its_largest_cosine_with_another() -> None:
+    a, b, c = [1.0, 0.0], [0.6, 0.8], [0.0, 2.0]  # cos(a,b) = 0.6, cos(b,c) = 0.8, cos(a,c) = 0
+    units, nearest = _geometry([np.array(a), np.array(b), None, np.array(c)])
+    assert units[2] is None and nearest[2] is None
+    assert units[3] is not None and units[3].tolist() == [0.0, 1.0]
+    assert [round(nearest[i], 12) for i in (0, 1, 3)] == [0.6, 0.8, 0.8]  # type: ignore[arg-type]
+
+
+def test_geometry_of_a_lone_vector_and_of_mixed_lengths() -> None:
+    assert _geometry([np.array([1.0, 1.0])])[1] == [-math.inf]  # no other candidate to come near
+    units, nearest = _geometry([np.array([1.0, 0.0]), np.array([1.0, 0.0, 0.0])])
+    assert nearest == [None, None]  # no bound: diversity computes every cosine exactly
+    assert [u.tolist() for u in units] == [[1.0, 0.0], [1.0, 0.0, 0.0]]  # type: ignore[union-attr]
+
+
+def test_cosine_slack_covers_two_roundings_of_a_dot_product() -> None:
+    assert cosine_slack(384) == 1e-9  # the floor: 4 * 384 * 2**-53 is about 1.7e-13
+    assert cosine_slack(10**8) == 4 * 10**8 * 2.0**-53
+
+
+# -- diversity with the bound: the same removals, the same reasons ------------------------------------
+
+
+def _with_bounds(vectors: list[list[float] | None], texts: list[str] | None = None) -> list[Candidate]:
+    """Candidates as the generator makes them: unit vectors and nearest cosines from one `_geometry`."""
+    arrays_ = [None if v is None else np.asarray(v, dtype=np.float32) for v in vectors]
+    units, nearest = _geometry(arrays_)
+    return [
+        Candidate(
+            f"c{i}",
+            f"doc{i}",
+            texts[i] if texts else f"text {i}",
+            {},
+            arrays_[i],
+            {"dense": 1.0 - i / 100},
+            unit=units[i],
+            nearest=nearest[i],
+        )
+        for i in range(len(vectors))
+    ]
+
+
+def _without_bounds(candidates: list[Candidate]) -> list[Candidate]:
+    return [
+        Candidate(c.chunk_id, c.doc_id, c.text, c.metadata, c.embedding, dict(c.scores), c.origin, c.unit)
+        for c in candidates
+    ]
+
+
+def _outcome(stage: DiversityStage, candidates: list[Candidate]) -> tuple[list[str], list[tuple[str, str]]]:
+    out = stage.run(QueryContext("q"), candidates)
+    return [c.chunk_id for c in out.kept], [(r.chunk_id, r.reason) for r in out.removed]
+
+
+def _exact_cosine(a: list[float], b: list[float]) -> float:
+    ua, ub = unit_vector(np.asarray(a, dtype=np.float32)), unit_vector(np.asarray(b, dtype=np.float32))
+    return float((np.stack([ua]) @ ub)[0])  # type: ignore[list-item]  # as the stage computes it
+
+
+def test_a_cosine_exactly_at_max_cosine_is_kept_and_one_ulp_below_it_is_removed() -> None:
+    vectors = [[1.0, 0.0], [0.6, 0.8], [0.0, -1.0]]  # c2 is far from both
+    at = _exact_cosine(vectors[0], vectors[1])  # 0.6 up to the float32 rounding of 0.6 and 0.8
+    for max_cosine, removed in ((at, []), (math.nextafter(at, -1), ["c1"])):
+        stage = DiversityStage(DiversitySettings(max_cosine=max_cosine, max_per_document=None))
+        kept, reasons = _outcome(stage, _with_bounds(vectors))
+        assert (kept, reasons) == _outcome(stage, _without_bounds(_with_bounds(vectors)))
+        assert [i for i, _ in reasons] == removed
+        assert all(r.startswith("cosine=") and r.endswith(" with c0") for _, r in reasons)
+
+
+def test_the_reason_of_a_near_duplicate_reads_as_before() -> None:
+    stage = DiversityStage(DiversitySettings(max_cosine=0.97))
+    close = [0.99, math.sqrt(1 - 0.99**2)]
+    candidates = _with_bounds([[1.0, 0.0], [0.0, 1.0], close, None, [0.0, 3.0]])
+    kept, removed = _outcome(stage, candidates)
+    assert kept == ["c0", "c1", "c3"]
+    assert removed == [("c2", "cosine=0.99 > 0.97 with c0"), ("c4", "cosine=1.00 > 0.97 with c1")]
+
+
+vector_lists = st.lists(
+    st.one_of(
+        st.none(),
+        st.sampled_from([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.0, 1.0, 0.0], [0.999, 0.0447, 0.0]]),
+        st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=3),
+    ),
+    max_size=14,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    vectors=vector_lists,
+    max_cosine=st.one_of(st.none(), st.floats(-1, 1), st.sampled_from([0.6, 0.97, 0.999, 1.0])),
+    mmr=st.booleans(),
+    texts=st.lists(st.sampled_from(["same", "Same ", "other", "x"]), min_size=14, max_size=14),
+)
+def test_diversity_with_the_bound_equals_diversity_without_it(vectors, max_cosine, mmr, texts) -> None:
+    stage = DiversityStage(DiversitySettings(max_cosine=max_cosine, max_per_document=None, mmr=mmr))
+    bounded = _with_bounds(vectors, texts[: len(vectors)])
+    kept, removed = _outcome(stage, bounded)
+    assert (kept, removed) == _outcome(stage, _without_bounds(bounded))
+    # a stage never invents or loses a candidate
+    assert sorted(kept + [i for i, _ in removed]) == sorted(c.chunk_id for c in bounded)
+
+
+def test_one_thread_limits_blas_inside_and_restores_it_after() -> None:
+    from threadpoolctl import threadpool_info
+
+    from app.retrieval.blas import one_thread
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with one_thread():
+        assert all(n == 1 for n in blas_threads())
+    assert blas_threads() == before
