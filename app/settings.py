@@ -64,7 +64,7 @@ class ModelsSettings(_Strict):
     device: str = "cpu"
     # Ingest embeds in slices of about this many milliseconds and lets waiting queries go first between
     # slices, so a query waits for at most one slice behind a large write.
-    ingest_slice_ms: float = Field(250.0, gt=0.0)
+    ingest_slice_ms: float = Field(100.0, gt=0.0)
     # Ingest workers: threads that embed ingest slices side by side, each on one torch intra-op thread.
     # None = every core this process may use; 1 = one slice at a time (the path before issue 11).
     # Queries keep their own measured choice ($OMP_NUM_THREADS, else half the cores): see embedder.py.

@@ -66,7 +66,7 @@ class Embedder:
         batch_size: int = 32,
         query_prompt: str = "",
         passage_prompt: str = "",
-        slice_ms: float = 250.0,
+        slice_ms: float = 100.0,
         workers: int = 1,
         max_query_batch: int = 1,
         query_batch_wait_ms: float = 0.0,
