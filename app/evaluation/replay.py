@@ -39,7 +39,7 @@ from app.evaluation.report import summarize
 from app.evaluation.runner import CaseResult, Evaluation, score_case
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
-from app.retrieval.stages import build_stages
+from app.retrieval.stages import build_stages, stage_order
 from app.retrieval.stages.bm25 import Bm25Stage
 from app.retrieval.stages.fallback import FallbackStage
 from app.retrieval.stages.hard_filter import HardFilterStage
@@ -124,8 +124,6 @@ class Recording:
     reranker: RecordedReranker | None
     record_ms: float  # the time spent scoring every candidate with BM25 (and the reranker)
     evaluation_ms: float  # the evaluation the candidates came from
-    replays: int = 0
-    replay_ms: float = 0.0
     dense_scores: list[float] = field(default_factory=list)
     # stage outcomes already computed, by stage settings and input (see _MemoStage)
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
@@ -134,10 +132,6 @@ class Recording:
     def candidates_ms(self) -> float:
         """What it cost to get the candidates into memory: the evaluation plus the extra scoring."""
         return self.evaluation_ms + self.record_ms
-
-    @property
-    def per_point_ms(self) -> float:
-        return self.replay_ms / self.replays if self.replays else 0.0
 
 
 def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
@@ -228,6 +222,8 @@ class _Lineage:
     ctx: QueryContext | None = None
     last: list[Candidate] | None = None
     source: Any = None
+    # rows only: how many documents the case's final list must hold (its top K), else None (see _MemoStage)
+    need: int | None = None
 
 
 class _MemoStage:
@@ -240,16 +236,32 @@ class _MemoStage:
     exact and costs a tuple of ids, where hashing every score of every candidate cost more than many a
     stage. A reused outcome of a stage that only drops or reorders is rebuilt from this input's own objects
     (and the raw candidates, for the fallback's refills); a score-writing stage's is its stored objects,
-    which stages never modify."""
+    which stages never modify.
+
+    `prefix_floor` (rows only, set for the diversity stage when it may stop early): the diversity stage
+    without MMR walks its input in order and decides each candidate from the ones kept before it, so run
+    over the first n candidates it keeps exactly the first candidates the whole walk keeps. When a case
+    needs only its top K (`_Lineage.need`) and nothing after diversity but the fallback reads the list, a
+    walk over a prefix that keeps at least max(K, `prefix_floor`) candidates (`prefix_floor` = the
+    fallback's min_results, or 0 when it is off) gives the same final top K: the fallback adds nothing to
+    a list that long. The prefix starts at twice that and doubles until it keeps enough or is the whole
+    input. Its outcome is the stage's outcome for that prefix, so the memo stays exact for every replay;
+    only the trace of such a point is short (it is not scored)."""
 
     def __init__(
-        self, stage: Any, memo: dict[tuple[Any, ...], Any], settings_key: str, lineage: _Lineage
+        self,
+        stage: Any,
+        memo: dict[tuple[Any, ...], Any],
+        settings_key: str,
+        lineage: _Lineage,
+        prefix_floor: int | None = None,
     ) -> None:
         self.stage = stage
         self.name = stage.name
         self.memo = memo
         self.settings_key = settings_key
         self.lineage = lineage
+        self.prefix_floor = prefix_floor
         self.writes_scores = self.name in _SCORE_SOURCES
         # rerank without a scorer hands its input on untouched: cheaper to run than to look up
         self.passes_through = isinstance(stage, RerankStage) and stage.scorer is None
@@ -264,6 +276,21 @@ class _MemoStage:
             outcome = self.stage.run(query, candidates)
             lineage.last = outcome.kept  # the same candidates, so the same source of scores
             return outcome  # type: ignore[no-any-return]
+        if self.prefix_floor is not None and lineage.need is not None:
+            enough = max(lineage.need, self.prefix_floor)
+            size = 2 * max(enough, 1)
+            while True:
+                outcome = self._run(query, candidates[:size])
+                if len(outcome.kept) >= enough or size >= len(candidates):
+                    break
+                size *= 2
+        else:
+            outcome = self._run(query, candidates)
+        lineage.last = outcome.kept
+        return outcome
+
+    def _run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        lineage = self.lineage
         barred: tuple[str, ...] = ()
         if self.name == "fallback":
             barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
@@ -301,7 +328,7 @@ class _MemoStage:
                     skipped=old.skipped,
                     score_key=old.score_key,
                 )
-        lineage.last, lineage.source = outcome.kept, source
+        lineage.source = source
         return outcome
 
 
@@ -326,10 +353,22 @@ def _cached_rules(
     return reason
 
 
+def _diversity_prefix_floor(chain_settings: ChainSettings) -> int | None:
+    """`_MemoStage.prefix_floor` for the diversity stage: None when it must walk its whole input (MMR
+    reorders every survivor; a stage after it other than the fallback could read the rest)."""
+    order = stage_order()
+    if chain_settings.diversity.mmr or order[order.index("diversity") + 1 :] != ["fallback"]:
+        return None
+    fallback = chain_settings.fallback
+    return fallback.min_results if fallback.enabled else 0
+
+
 def _memoised(
-    stages: list[ChainStage], chain_settings: ChainSettings, memo: dict[tuple[Any, ...], Any]
+    stages: list[ChainStage],
+    chain_settings: ChainSettings,
+    memo: dict[tuple[Any, ...], Any],
+    lineage: _Lineage,
 ) -> list[ChainStage]:
-    lineage = _Lineage()
     rules_key = chain_settings.hard_filter.model_dump_json()
     for item in stages:
         if isinstance(item.stage, HardFilterStage):
@@ -342,15 +381,24 @@ def _memoised(
         key = own.model_dump_json()
         if item.name == "fallback":  # its refills must pass the hard filter's rules
             key += chain_settings.hard_filter.model_dump_json()
-        out.append(ChainStage(_MemoStage(item.stage, memo, key, lineage), item.enabled))
+        floor = _diversity_prefix_floor(chain_settings) if item.name == "diversity" else None
+        out.append(ChainStage(_MemoStage(item.stage, memo, key, lineage, floor), item.enabled))
     return out
 
 
-def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
-    """The evaluation `chain_settings` would give on the recorded candidates: stages only."""
+def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = True) -> Evaluation:
+    """The evaluation `chain_settings` would give on the recorded candidates: stages only.
+
+    `trace=False` scores each case's final ranking only (`runner.score_case`'s rows path): the figures of
+    `point_metrics` and `passes_gate` are the same, the per-stage statistics and losses are left out. A
+    grid (`tune.run_grid`) replays so; its results' traces may be short (see `_MemoStage`)."""
     t0 = time.perf_counter()
+    lineage = _Lineage()
     stages = _memoised(
-        build_stages(chain_settings, recording.lexical, recording.reranker), chain_settings, recording.memo
+        build_stages(chain_settings, recording.lexical, recording.reranker),
+        chain_settings,
+        recording.memo,
+        lineage,
     )
     chain = RetrievalChain(_NoEmbedder(), _NoCandidates(), stages)  # type: ignore[arg-type]
     cases: list[CaseResult] = []
@@ -361,6 +409,7 @@ def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
         if rc.candidates is None:
             item.error = rc.error or "failed before its stages ran"
         else:
+            lineage.need = None if trace else rc.k
             try:
                 # the registry's stages never write into a candidate: no defensive copies of the raw ones
                 outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of, copy_raw=False)
@@ -368,11 +417,9 @@ def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
                 raise
             except Exception as exc:  # as retrieve_many: one case's failure is that case's
                 outcome = exc
-            score_case(item, outcome)
+            score_case(item, outcome, trace=trace)
         cases.append(item)
     elapsed = (time.perf_counter() - t0) * 1000
-    recording.replays += 1
-    recording.replay_ms += elapsed
     return Evaluation(
         golden=recording.golden,
         default_k=recording.default_k,
@@ -384,13 +431,14 @@ def replay(recording: Recording, chain_settings: ChainSettings) -> Evaluation:
     )
 
 
-def point_metrics(evaluation: Evaluation) -> dict[str, Any]:
-    """A point's figures, from `report.summarize` (the evaluation's summary) plus two counts.
+def point_metrics(evaluation: Evaluation, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A point's figures, from `report.summarize` (the evaluation's summary; pass it when it is made
+    already) plus two counts.
 
     meanResults = mean number of documents returned per case that ran (no-answer cases included);
     correctAbstentions / noAnswerCases: the counts behind correctAbstention.
     """
-    s = summarize(evaluation)
+    s = summary if summary is not None else summarize(evaluation)
     ran = [c for c in evaluation.cases if c.result is not None]
     no_answer = [c for c in evaluation.cases if c.case.expect_no_answer and c.error is None]
     return {
@@ -407,10 +455,12 @@ def point_metrics(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
-def passes_gate(evaluation: Evaluation, thresholds: EvaluateThresholds) -> bool:
+def passes_gate(
+    evaluation: Evaluation, thresholds: EvaluateThresholds, summary: dict[str, Any] | None = None
+) -> bool:
     """The configured gate's level and safety checks on a replayed point. Latency is not replayed, so
     `max_p95_ms` is left out; regressions need a baseline run and are not checked either."""
-    summary = summarize(evaluation)
+    summary = summary if summary is not None else summarize(evaluation)
     return check_gate(
         summary, thresholds.model_copy(update={"max_p95_ms": None}), None, None, "replay"
     ).passed

@@ -238,9 +238,15 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     if isinstance(outcome, Exception):
         item.error = f"{type(outcome).__name__}: {outcome}"
         return
+    _score_ranking(item, outcome, k_values)
+    _score_trace(item, outcome)
+
+
+def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int]) -> None:
+    """What the final ranking scores: the counts, the metrics at K (and at each of `k_values`) and the
+    forbidden documents in the top K."""
     item.result = outcome
     key, k, relevance = item.key, item.k, item.relevance
-    relevant = metrics.relevant_ids(relevance)
     ranked = [match_key(c, key) for c in outcome.documents][:k]
     texts = [c.text for c in outcome.documents][:k]
     item.counts = metrics.hit_counts(ranked, relevance, k)
@@ -254,6 +260,13 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
 
+
+def _score_trace(item: CaseResult, outcome: RetrievalResult) -> None:
+    """What the trace scores: each stage's statistics, the metrics of the list after each stage, and where
+    each missed relevant id was lost."""
+    key, k, relevance = item.key, item.k, item.relevance
+    relevant = metrics.relevant_ids(relevance)
+    ranked = [match_key(c, key) for c in outcome.documents][:k]
     by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
     trace = outcome.trace
     # every list of the trace as matching keys, and as a set, once (the stage rows, the metrics after each
@@ -306,9 +319,22 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked, present_after)
 
 
-def score_case(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Sequence[int] = ()) -> None:
-    """Score one case's outcome into `item` exactly as `evaluate` does (the replay scores its points so)."""
-    _score(item, outcome, k_values)
+def score_case(
+    item: CaseResult,
+    outcome: RetrievalResult | Exception,
+    k_values: Sequence[int] = (),
+    trace: bool = True,
+) -> None:
+    """Score one case's outcome into `item` exactly as `evaluate` does (the replay scores its points so).
+
+    `trace=False` scores the final ranking only (`counts`, `metrics`, `at_k`, `forbidden_found`, and the
+    result, which tells an abstention), with the same functions: every figure of the summary that reads
+    nothing else comes out the same, while `stage_stats`, `after_stage` and `lost` stay empty. That is
+    what a grid point of `sieve tune` shows, at a fraction of the cost."""
+    if trace or isinstance(outcome, Exception):
+        _score(item, outcome, k_values)
+    else:
+        _score_ranking(item, outcome, k_values)
 
 
 def _where_lost(

@@ -101,6 +101,9 @@ def check_point(world, spec: list[str]) -> dict:
         else:
             assert got[metric] == pytest.approx(value, abs=1e-9), (spec, metric, got[metric], value)
     assert [[d.chunk_id for d in c.result.documents] for c in replayed.cases] == expected_ids, spec
+    rows = replay(recording, settings, trace=False)  # what a grid point of `sieve tune` runs
+    assert point_metrics(rows) == got, spec
+    assert [[d.chunk_id for d in c.result.documents] for c in rows.cases] == expected_ids, spec
     return got
 
 
@@ -209,21 +212,33 @@ def test_sieve_tune_writes_its_files_and_its_rows_equal_sieve_eval_runs(cli_env,
     assert "retrieval-eval-tune-latest.json" in names and "retrieval-eval-tune-latest.md" in names
     assert json.loads((cli_env / "retrieval-eval-tune-latest.json").read_text()) == doc
     for row in (doc["rows"][2], doc["rows"][7]):
-        monkeypatch.setenv(
-            "RAG__CHAIN__SIMILARITY_THRESHOLD__MIN_DENSE",
-            str(row["params"]["chain.similarity_threshold.min_dense"]),
-        )
-        monkeypatch.setenv("RAG__CHAIN__FALLBACK__ENABLED", "false")
-        code = main(["eval", "--baseline", "none", "--output-dir", str(cli_env / "eval")])
-        capsys.readouterr()
-        assert code == 0
-        summary = json.loads((cli_env / "eval" / "retrieval-eval-latest.json").read_text())["summary"]
-        m = row["metrics"]
-        for key in ("recall", "hitRate", "mrr", "ndcg"):
-            assert m[key] == pytest.approx(summary[key], abs=1e-9)
-        assert m["correctAbstention"] == pytest.approx(summary["noAnswer"]["correctAbstentionRate"], abs=1e-9)
-        assert m["falseAnswerRate"] == pytest.approx(summary["noAnswer"]["falseAnswerRate"], abs=1e-9)
-        assert m["forbiddenHits"] == summary["forbidden"]["hits"]
+        assert_row_equals_sieve_eval(row, cli_env, capsys, monkeypatch)
+
+
+def assert_row_equals_sieve_eval(row, cli_env, capsys, monkeypatch) -> None:
+    """`sieve eval` with the row's settings (as RAG__CHAIN__... variables) reports the row's figures."""
+    for key, value in row["params"].items():
+        monkeypatch.setenv("RAG__" + key.upper().replace(".", "__"), json.dumps(value))
+    code = main(["eval", "--baseline", "none", "--output-dir", str(cli_env / "eval")])
+    capsys.readouterr()
+    assert code == 0
+    summary = json.loads((cli_env / "eval" / "retrieval-eval-latest.json").read_text())["summary"]
+    m = row["metrics"]
+    for key in ("recall", "hitRate", "mrr", "ndcg"):
+        assert m[key] == pytest.approx(summary[key], abs=1e-9), (row["params"], key)
+    assert m["correctAbstention"] == pytest.approx(summary["noAnswer"]["correctAbstentionRate"], abs=1e-9)
+    assert m["falseAnswerRate"] == pytest.approx(summary["noAnswer"]["falseAnswerRate"], abs=1e-9)
+    assert m["forbiddenHits"] == summary["forbidden"]["hits"]
+
+
+def test_the_dense_weight_sweep_finishes_and_its_rows_equal_sieve_eval_runs(cli_env, capsys, monkeypatch):
+    code = main(["tune", "chain.bm25.dense_weight=0:1:0.05", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["rows"]) == 21 and doc["run"]["selfCheck"].startswith("ok")
+    for row in (doc["rows"][3], doc["rows"][16]):
+        assert_row_equals_sieve_eval(row, cli_env, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(

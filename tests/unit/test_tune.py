@@ -326,6 +326,43 @@ def test_replay_equals_a_real_evaluation_at_random_points_of_every_parameter(key
         assert [[d.chunk_id for d in c.result.documents] for c in replayed.cases] == [
             [d.chunk_id for d in c.result.documents] for c in live.cases
         ], spec
+        rows = replay(recording, settings, trace=False)  # what a grid point runs
+        assert point_metrics(rows) == got, spec
+        assert _documents(rows) == _documents(live), spec
+
+
+def _documents(evaluation) -> list[list[str] | None]:
+    return [[d.chunk_id for d in c.result.documents] if c.result else None for c in evaluation.cases]
+
+
+def test_a_rows_only_replay_gives_every_figure_and_document_of_the_full_replay() -> None:
+    """The grid's replay scores the final lists only, and its diversity stage may stop once it has kept what
+    the top K (and the fallback's min_results) needs: the rows and the documents must stay those of a full
+    replay, also when the walk has to go past its first prefix (caps that remove most candidates) and when
+    the fallback wants more than K."""
+    fakes = Fakes()
+    recording = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
+    grid = parse_grid(
+        [
+            "chain.diversity.max_per_document=1,2,null",
+            "chain.diversity.max_per_source=1,2,null",
+            "chain.diversity.max_cosine=0.2,0.97",
+            "chain.fallback.min_results=0,2,7",
+            "chain.fallback.enabled=true,false",
+        ],
+        ChainSettings(),
+    )
+    shortened = 0
+    for settings in grid.settings:
+        full, rows = replay(recording, settings), replay(recording, settings, trace=False)
+        assert point_metrics(rows) == point_metrics(full), settings
+        assert _documents(rows) == _documents(full), settings
+        for a, b in zip(full.cases, rows.cases, strict=True):
+            removed_full = [len(s.removed) for s in a.result.trace.stages]
+            removed_rows = [len(s.removed) for s in b.result.trace.stages]
+            shortened += removed_rows != removed_full
+        assert [c.stage_stats for c in rows.cases] == [[] for _ in rows.cases]  # rows only: no stage rows
+    assert shortened > 0  # the prefix walk did happen
 
 
 def test_recording_scores_every_candidate_once_and_replay_never_calls_them_again() -> None:
