@@ -80,8 +80,12 @@ class Sieve:
         return cls(settings, embedder, store, reranker)
 
     def close(self) -> None:
+        """Stop the index follower, the embedder's ingest workers and the store."""
         if self._sync is not None:
             self._sync.close()
+        close_embedder = getattr(self.embedder, "close", None)
+        if close_embedder is not None:
+            close_embedder()  # its worker threads (a later ingest starts them again)
         self.store.close()
 
     def with_settings(self, settings: Settings) -> Sieve:

@@ -24,3 +24,27 @@ def test_the_service_chain_runs_the_stages_in_rag_chain_order() -> None:
     assert [s.stage.name for s in sieve.chain.stages] == list(ChainSettings.model_fields)
     assert {s.name for s in sieve.chain.stages if not s.enabled} == {"rerank"}
     assert sieve.chain.candidates.lexical is empty
+
+
+class ClosingStore(NoStore):
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def close(self) -> None:
+        self.order.append("store")
+
+
+class ClosingEmbedder(NoEmbedder):
+    def __init__(self, order: list[str]) -> None:
+        self.order = order
+
+    def close(self) -> None:
+        self.order.append("embedder")
+
+
+def test_closing_the_service_stops_the_embedder_workers_then_the_store() -> None:
+    order: list[str] = []
+    empty = Bm25Index.build([], [], Analyzer())
+    sieve = Sieve(Settings(), ClosingEmbedder(order), ClosingStore(order), reranker=None, lexical=empty)  # type: ignore[arg-type]
+    sieve.close()
+    assert order == ["embedder", "store"]
