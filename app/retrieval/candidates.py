@@ -43,39 +43,63 @@ class CandidateGenerator:
     def generate_many(
         self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
     ) -> list[CandidateSet]:
-        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
+        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call.
+
+        The store's dense search returns ids and distances only; the texts, metadata and vectors of every
+        query's candidates (dense and BM25-only) come from the store's chunk cache, the ones not cached read
+        with one `get` for the whole batch (`ChromaStore.chunks`)."""
         refresh = getattr(self.lexical, "refresh", None)
         if refresh is not None:
             refresh()  # other processes' writes, at most every rag.lexical.refresh_seconds
-        dense: list[list[StoredChunk]] = [[] for _ in queries]
+        dense: list[list[tuple[str, float]]] = [[] for _ in queries]
         if self.settings.candidate_k > 0:  # 0: lexical candidates only
             for tag in dict.fromkeys(knowledge_tags):
                 idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
-                hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
+                hits = self.store.query_ids(embeddings[idx], self.settings.candidate_k, _where(tag))
                 for i, h in zip(idx, hits, strict=True):
                     dense[i] = h
-        return [self._merge(q, embeddings[i], knowledge_tags[i], dense[i]) for i, q in enumerate(queries)]
-
-    def _merge(
-        self, query: str, embedding: np.ndarray, tag: str | None, dense_hits: list[StoredChunk]
-    ) -> CandidateSet:
-        hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
-        for hit in dense_hits:
-            hits[hit.chunk_id] = (hit, float(hit.similarity or 0.0), {"dense"})
-        lexical_only: list[str] = []
+        lexical: list[list[str]] = [[] for _ in queries]
         if self.settings.hybrid and self.lexical is not None:
             # The tag restricts BM25 before its cut, as `where` does for the dense search.
-            for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k, tag):
-                if chunk_id in hits:
-                    hits[chunk_id][2].add("bm25")
-                else:
-                    lexical_only.append(chunk_id)
-        for hit in self.store.get(lexical_only, include_embeddings=True):
+            n = self.settings.bm25_candidate_k
+            lexical = [
+                [chunk_id for chunk_id, _ in self.lexical.top(q, n, tag)]
+                for q, tag in zip(queries, knowledge_tags, strict=True)
+            ]
+        wanted = dict.fromkeys(cid for ids in dense for cid, _ in ids)
+        wanted.update(dict.fromkeys(cid for ids in lexical for cid in ids))
+        chunks = self.store.chunks(list(wanted))
+        return [
+            self._merge(embeddings[i], knowledge_tags[i], dense[i], lexical[i], chunks)
+            for i in range(len(queries))
+        ]
+
+    def _merge(
+        self,
+        embedding: np.ndarray,
+        tag: str | None,
+        dense_hits: list[tuple[str, float]],
+        lexical_ids: list[str],
+        chunks: dict[str, StoredChunk],
+    ) -> CandidateSet:
+        hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
+        for chunk_id, similarity in dense_hits:
+            hit = chunks.get(chunk_id)
+            if hit is not None:  # else deleted since the search: left out, like a BM25-only one
+                hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
+        for chunk_id in lexical_ids:
+            if chunk_id in hits:
+                hits[chunk_id][2].add("bm25")
+                continue
+            hit = chunks.get(chunk_id)
+            if hit is None:
+                continue  # deleted since the index was built
             if tag is not None and knowledge_tag_of(hit.metadata) != tag:
                 continue  # retagged since the index was built
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
-            hits[hit.chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
-        units, nearest = _geometry([hit.embedding for hit, _, _ in hits.values()])
+            hits[chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
+        stored = [hit for hit, _, _ in hits.values()]
+        units, nearest = _geometry([h.embedding for h in stored], [h.norm for h in stored])
         made = [
             _candidate(hit, dense, origin, unit, near)
             for (hit, dense, origin), unit, near in zip(hits.values(), units, nearest, strict=True)
@@ -87,9 +111,14 @@ class CandidateGenerator:
         return CandidateSet(ordered, origins)
 
 
-def _geometry(vectors: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[float | None]]:
+def _geometry(
+    vectors: list[np.ndarray | None], norms: list[float | None] | None = None
+) -> tuple[list[np.ndarray | None], list[float | None]]:
     """Per vector: `unit_vector` of it, and the largest cosine of that with any other unit vector of the
-    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length)."""
+    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length).
+
+    `norms`: each vector's `vector_norm` when known (the store's chunk cache keeps it), so only the missing
+    ones are computed; the units are the same bits either way (`unit_rows`)."""
     units: list[np.ndarray | None] = [None] * len(vectors)
     nearest: list[float | None] = [None] * len(vectors)
     present = [i for i, v in enumerate(vectors) if v is not None]
@@ -98,7 +127,8 @@ def _geometry(vectors: list[np.ndarray | None]) -> tuple[list[np.ndarray | None]
         for i in present:
             units[i] = unit_vector(vectors[i])
         return units, nearest
-    matrix = unit_rows(np.stack([vectors[i] for i in present]))
+    known = None if norms is None else [norms[i] for i in present]
+    matrix = unit_rows(np.stack([vectors[i] for i in present]), known)
     usable = np.isfinite(matrix).all(axis=1)
     rows = matrix[usable]
     with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
