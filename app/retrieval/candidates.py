@@ -122,44 +122,59 @@ def _geometry(
     units: list[np.ndarray | None] = [None] * len(vectors)
     nearest: list[float | None] = [None] * len(vectors)
     present = [i for i, v in enumerate(vectors) if v is not None]
-    shapes = {np.shape(vectors[i]) for i in present}
+    shapes = {v.shape if isinstance(v, np.ndarray) else np.shape(v) for v in vectors if v is not None}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         for i in present:
             units[i] = unit_vector(vectors[i])
         return units, nearest
     known = None if norms is None else [norms[i] for i in present]
-    matrix = unit_rows(np.stack([vectors[i] for i in present]), known)
+    # one conversion to float64 (exact) of all the rows, as unit_rows would make of their stack
+    matrix = unit_rows(np.array([vectors[i] for i in present], dtype=float), known)
     usable = np.isfinite(matrix).all(axis=1)
-    rows = matrix[usable]
+    every = bool(usable.all())
+    rows = matrix if every else matrix[usable]
     with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
         cosines = rows @ rows.T
     np.fill_diagonal(cosines, -np.inf)
-    best = cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)
+    best = (cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)).tolist()
+    row_views = list(rows)
+    if every:
+        for at, i in enumerate(present):
+            units[i], nearest[i] = row_views[at], best[at]
+        return units, nearest
     at = 0
     for i, ok in zip(present, usable.tolist(), strict=True):
         if ok:
-            units[i], nearest[i] = rows[at], float(best[at])
+            units[i], nearest[i] = row_views[at], best[at]
             at += 1
         else:  # of no length or not finite: whatever unit_vector makes of it, and no bound
             units[i] = unit_vector(vectors[i])
     return units, nearest
 
 
+_new_candidate = object.__new__
+
+
 def _candidate(
     hit: StoredChunk, dense: float, origin: set[str], unit: np.ndarray | None, nearest: float | None
 ) -> Candidate:
-    meta: dict[str, Any] = hit.metadata
-    return Candidate(
-        chunk_id=hit.chunk_id,
-        doc_id=str(meta.get("doc_id", hit.chunk_id)),
-        text=hit.text,
-        metadata=meta,
-        embedding=hit.embedding,
-        scores={SCORE_DENSE: dense},
-        origin=frozenset(origin),
-        unit=unit,
-        nearest=nearest,
-    )
+    """`Candidate(...)` with these fields, made without `__init__` (a hot path: every candidate of every
+    query; its `__post_init__` would only compute `unit`, given here). Its metadata is its own copy: the
+    chunk is the chunk cache's."""
+    meta: dict[str, Any] = dict(hit.metadata)
+    made = _new_candidate(Candidate)
+    made.__dict__ = {
+        "chunk_id": hit.chunk_id,
+        "doc_id": str(meta.get("doc_id", hit.chunk_id)),
+        "text": hit.text,
+        "metadata": meta,
+        "embedding": hit.embedding,
+        "scores": {SCORE_DENSE: dense},
+        "origin": frozenset(origin),
+        "unit": unit,
+        "nearest": nearest,
+    }
+    return made
 
 
 def _where(tag: str | None) -> dict[str, Any] | None:

@@ -185,6 +185,7 @@ class Bm25Index:
         # (version, query terms, every slot's score) of the last query scored: the chain asks top() for the
         # BM25 candidates and then scores() for the bm25 stage with the same query
         self._last_scores: tuple[int, tuple[int, ...], np.ndarray] | None = None
+        self._last_terms: tuple[int, str, list[int]] | None = None  # the last query's, see _query_terms
 
     # -- building and updating ----------------------------------------------------------------------
 
@@ -449,12 +450,18 @@ class Bm25Index:
         return self._tags[self._tag[slot]]
 
     def _query_terms(self, query: str) -> list[int]:
+        """The query's term numbers, reused while the index and the query are unchanged: a query's `top`
+        and the bm25 stage's `scores` for its candidates tokenise it once (callers never modify it)."""
+        last = self._last_terms
+        if last is not None and last[0] == self._version and last[1] == query:
+            return last[2]
         # Tokens outside the vocabulary add exactly 0 in BM25Okapi; dropping them only saves the work.
         out = []
         for token in self.analyzer.tokens(query):
             number = self._term_no.get(token)
             if number is not None and self._df[number] > 0:
                 out.append(number)
+        self._last_terms = (self._version, query, out)
         return out
 
     def _idf(self, number: int) -> float:

@@ -44,11 +44,13 @@ def unit_rows(vectors: np.ndarray, norms: list[float | None] | None = None) -> n
     (tests/unit/test_candidates.py checks the equality). `norms`: the rows' norms where known (None entries
     are computed), each `vector_norm` of its row (the store's chunk cache keeps them)."""
     rows = np.asarray(vectors, dtype=float)
-    if norms is None:
-        norms = [None] * len(rows)
-    lengths = np.array(
-        [np.sqrt(r.dot(r)) if n is None else n for r, n in zip(rows, norms, strict=True)], dtype=float
-    )
+    if norms is not None and None not in norms:
+        lengths = np.array(norms, dtype=float)
+    else:
+        given = norms if norms is not None else [None] * len(rows)
+        lengths = np.array(
+            [np.sqrt(r.dot(r)) if n is None else n for r, n in zip(rows, given, strict=True)], dtype=float
+        )
     units = rows / np.where(lengths > 0, lengths, np.nan)[:, None]
     return units
 

@@ -281,10 +281,10 @@ class ChromaStore:
         ]
 
     def chunks(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
-        """Chunks by id with their vectors, from the chunk cache; the ones not cached are read with one
-        `get` and cached. Ids the store does not hold are left out. Each chunk is a copy (its own metadata
-        dict; the vector is shared and read-only), so a caller cannot change what the cache holds.
-        `norm` is set (`vector_norm`, NaN-free: None when there is no vector)."""
+        """Chunks by id with their vectors and `norm` (`vector_norm`; None without a vector), from the
+        chunk cache; the ones not cached are read with one `get` and cached. Ids the store does not hold
+        are left out. The chunks are the cache's own objects, shared with every other reader: never modify
+        one (copy its metadata to keep it; the vector is read-only)."""
         found, missing = self.cache.lookup(ids)
         if missing:
             epoch = self.cache.epoch
@@ -295,10 +295,7 @@ class ChromaStore:
                     chunk.norm = vector_norm(chunk.embedding)
             self.cache.fill(read, epoch)
             found.update((c.chunk_id, c) for c in read)
-        return {
-            cid: StoredChunk(c.chunk_id, c.text, dict(c.metadata), c.embedding, None, c.norm)
-            for cid, c in found.items()
-        }
+        return found
 
     def forget(self, ids: Iterable[str]) -> None:
         """Drop `ids` from the chunk cache: another process wrote or deleted them (the change log says so)."""

@@ -143,15 +143,6 @@ def test_chunks_reads_every_miss_in_one_get_and_then_reads_nothing() -> None:
     assert (store.cache.stats.hits, store.cache.stats.misses) == (2 + 3, 3 + 1)
 
 
-def test_what_chunks_returns_cannot_change_the_cache() -> None:
-    store, _ = fake_store()
-    got = store.chunks(["a"])["a"]
-    got.metadata["knowledge"] = "finance"
-    with pytest.raises(ValueError, match="read-only"):
-        got.embedding[0] = 9.0  # type: ignore[index]
-    assert store.chunks(["a"])["a"].metadata == {"doc_id": "d1", "knowledge": "hr"}
-
-
 def test_local_writes_drop_their_ids_a_metadata_only_update_included() -> None:
     store, collection = fake_store()
     store.chunks(["a", "b", "c"])
@@ -241,3 +232,19 @@ def test_a_batch_reads_its_dense_and_bm25_only_candidates_in_one_get() -> None:
 
     generator.generate_many(["vpn", "lunch"], query, [None, None])
     assert len(store.fake.gets) == 1  # everything cached
+
+
+def test_a_candidate_cannot_change_what_the_cache_holds() -> None:
+    store = DenseFakeStore([[("a", 0.9)]])
+    store.upsert([stored("a", "alpha", doc_id="d1", knowledge="hr")], VECTORS[:1])
+    generator = CandidateGenerator(store, RetrievalSettings(candidate_k=1, hybrid=False), None)
+    query = np.array([[1.0, 0.0, 0.0]], dtype=np.float32)
+    (first,) = generator.generate_many(["q"], query, [None])
+    (candidate,) = first.candidates
+    candidate.metadata["knowledge"] = "finance"  # its own copy
+    with pytest.raises(ValueError, match="read-only"):
+        candidate.embedding[0] = 9.0  # type: ignore[index]
+    (again,) = generator.generate_many(["q"], query, [None])
+    assert again.candidates[0].metadata == {"doc_id": "d1", "knowledge": "hr"}
+    assert store.chunks(["a"])["a"].metadata == {"doc_id": "d1", "knowledge": "hr"}
+    np.testing.assert_array_equal(again.candidates[0].embedding, VECTORS[0])
