@@ -35,10 +35,22 @@ class CandidateSet:
 
 
 class CandidateGenerator:
-    def __init__(self, store: ChromaStore, settings: RetrievalSettings, lexical: LexicalIndex | None):
+    def __init__(
+        self,
+        store: ChromaStore,
+        settings: RetrievalSettings,
+        lexical: LexicalIndex | None,
+        nearest: bool = True,
+    ):
+        """`nearest=False`: leave `Candidate.nearest` None (not known) instead of computing every
+        candidate's largest cosine in its set (a matrix product per query), for a chain in which nothing
+        reads it (no diversity stage with a max_cosine). None is always exact: the diversity stage then
+        computes the cosines it needs, so a replay of such candidates with a max_cosine decides as a live
+        run would, only slower."""
         self.store = store
         self.settings = settings
         self.lexical = lexical
+        self.nearest = nearest
 
     def generate_many(
         self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
@@ -99,7 +111,7 @@ class CandidateGenerator:
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             hits[chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
         stored = [hit for hit, _, _ in hits.values()]
-        units, nearest = _geometry([h.embedding for h in stored], [h.norm for h in stored])
+        units, nearest = _geometry([h.embedding for h in stored], [h.norm for h in stored], self.nearest)
         made = [
             _candidate(hit, dense, origin, unit, near)
             for (hit, dense, origin), unit, near in zip(hits.values(), units, nearest, strict=True)
@@ -112,10 +124,11 @@ class CandidateGenerator:
 
 
 def _geometry(
-    vectors: list[np.ndarray | None], norms: list[float | None] | None = None
+    vectors: list[np.ndarray | None], norms: list[float | None] | None = None, with_nearest: bool = True
 ) -> tuple[list[np.ndarray | None], list[float | None]]:
     """Per vector: `unit_vector` of it, and the largest cosine of that with any other unit vector of the
-    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length).
+    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length, or
+    for all with `with_nearest=False`).
 
     `norms`: each vector's `vector_norm` when known (the store's chunk cache keeps it), so only the missing
     ones are computed; the units are the same bits either way (`unit_rows`)."""
@@ -133,10 +146,13 @@ def _geometry(
     usable = np.isfinite(matrix).all(axis=1)
     every = bool(usable.all())
     rows = matrix if every else matrix[usable]
-    with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
-        cosines = rows @ rows.T
-    np.fill_diagonal(cosines, -np.inf)
-    best = (cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)).tolist()
+    if with_nearest:
+        with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
+            cosines = rows @ rows.T
+        np.fill_diagonal(cosines, -np.inf)
+        best = (cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)).tolist()
+    else:
+        best = [None] * len(rows)
     row_views = list(rows)
     if every:
         for at, i in enumerate(present):
