@@ -7,7 +7,7 @@ busy machine the threads wait for each other: measured here under load, 15 ms wi
 
 from __future__ import annotations
 
-import functools
+import sys
 import threading
 from typing import Any
 
@@ -16,24 +16,33 @@ from typing import Any
 _LOCK = threading.Lock()
 
 
-@functools.cache
-def _blas_libraries() -> list[Any]:
-    from threadpoolctl import ThreadpoolController
+_inspected: tuple[int, list[Any]] | None = None  # (len(sys.modules) then, the BLAS libraries found)
 
-    # inspects the loaded BLAS libraries once
-    return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+
+def _blas_libraries() -> list[Any]:
+    """The loaded BLAS libraries (threadpoolctl's controllers), inspected again only when a module was
+    imported since (a BLAS library arrives with a module: numpy's, then scipy's, ...). Call under _LOCK."""
+    global _inspected
+    modules = len(sys.modules)
+    if _inspected is None or _inspected[0] != modules:
+        from threadpoolctl import ThreadpoolController
+
+        found = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        _inspected = (len(sys.modules), found)  # threadpoolctl's own imports count too
+    return _inspected[1]
 
 
 class _OneThread:
-    """What threadpoolctl's `limit(limits=1, user_api="blas")` does, without its per-call inspection of every
-    library (about 50 µs a call, measured; this is a few µs): remember each BLAS library's thread count, set
-    1, put it back on exit."""
+    """What threadpoolctl's `limit(limits=1, user_api="blas")` does, without its inspection of every loaded
+    library at each call (about 50 µs a call, measured; this is a few µs): remember each BLAS library's
+    thread count, set 1, put it back on exit."""
 
     def __enter__(self) -> None:
         _LOCK.acquire()
         try:
-            self._before = [lib.get_num_threads() for lib in _blas_libraries()]
-            for lib, n in zip(_blas_libraries(), self._before, strict=True):
+            self._libraries = _blas_libraries()
+            self._before = [lib.get_num_threads() for lib in self._libraries]
+            for lib, n in zip(self._libraries, self._before, strict=True):
                 if n != 1:
                     lib.set_num_threads(1)
         except BaseException:
@@ -42,7 +51,7 @@ class _OneThread:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            for lib, n in zip(_blas_libraries(), self._before, strict=True):
+            for lib, n in zip(self._libraries, self._before, strict=True):
                 if n != 1:
                     lib.set_num_threads(n)
         finally:
