@@ -195,8 +195,12 @@ class Sieve:
         rag = self.settings.rag
         # RerankStage checks at construction that a reranker really has .score(query, passages).
         stages = build_stages(rag.chain, self.lexical, cast("PassageScorer | None", self.reranker))
-        candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical)
-        return RetrievalChain(self.embedder, candidates, stages)
+        diversity = rag.chain.diversity
+        # `Candidate.nearest` is read only by a diversity stage with a max_cosine
+        nearest = diversity.enabled and diversity.max_cosine is not None
+        candidates = CandidateGenerator(self.store, rag.retrieval, self.lexical, nearest=nearest)
+        # the registry's stages copy a candidate to score it and never write into one: no raw copies
+        return RetrievalChain(self.embedder, candidates, stages, copy_raw=False)
 
     def evaluation_target(self) -> EvaluationTarget:
         """What an evaluation of this service needs: its chain, the ids its store holds, its description."""

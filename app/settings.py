@@ -110,6 +110,13 @@ class StoreSettings(_Strict):
     hnsw_m: int = Field(32, ge=2)
     hnsw_construction_ef: int = Field(200, ge=10)
     hnsw_search_ef: int = Field(200, ge=10)
+    cache_chunks: int = Field(
+        50_000,
+        ge=0,
+        le=10_000_000,
+        description="chunks (text, metadata, vector) kept in memory for the query path, least recently used "
+        "dropped first; 0 = none (every query reads them from the store). Kept as current as the BM25 index.",
+    )
 
 
 class LexicalSettings(_Strict):

@@ -4,9 +4,10 @@ Opens the configured store (collection `beir-<dir>`, the one `sieve eval --beir 
 RAG__STORE__PATH at a copy of an embedded store, since only one process may open it), loads the split's
 queries, embeds them once, then times for every query, one at a time:
 
-    dense     the store's HNSW query (candidate_k nearest chunks, with their vectors)
+    dense     the store's HNSW query (candidate_k nearest chunks: ids and distances)
     bm25 top  the BM25 index's top bm25_candidate_k over the collection
-    fetch     the store's get of the BM25-only candidates (text, metadata, vectors)
+    fetch     the candidates' texts, metadata and vectors (the store's chunk cache, and its get of the
+              chunks not cached)
     merge     the rest of candidate generation (index refresh check, dense scores, unit vectors, order)
     stages    every stage of the chain (`RetrievalChain.run_stages`), and each stage on its own
 
@@ -17,6 +18,7 @@ Prints p50/p95 per part and the load average (the machine is shared: compare run
     .venv/bin/python scripts/bench_chain.py                        # SciFact test queries
     .venv/bin/python scripts/bench_chain.py --profile              # and cProfile's top 20 (by own time)
     .venv/bin/python scripts/bench_chain.py --json target/chain.json --before target/chain-before.json
+    .venv/bin/python scripts/bench_chain.py --vectors target/q.npy --dump target/run.jsonl   # to diff runs
 
 A script that prints figures, not a timed test.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import pstats
@@ -66,6 +69,33 @@ class Clock:
         setattr(obj, method, timed)
 
 
+def digest(value: Any) -> str:
+    """sha256 of a value's exact content (an array's dtype, shape and bytes; anything else as JSON)."""
+    h = hashlib.sha256()
+    if isinstance(value, np.ndarray):
+        h.update(f"{value.dtype}{value.shape}".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    else:
+        h.update(json.dumps(value, sort_keys=True, ensure_ascii=False, default=repr).encode())
+    return h.hexdigest()[:16]
+
+
+def candidate_record(c: Any) -> list[Any]:
+    """One raw candidate, exactly: id, doc id, scores (repr), origin, digests of text, metadata, vector
+    and unit vector, and the nearest-cosine bound."""
+    return [
+        c.chunk_id,
+        c.doc_id,
+        {k: repr(v) for k, v in c.scores.items()},
+        sorted(c.origin),
+        digest(c.text),
+        digest(c.metadata),
+        None if c.embedding is None else digest(c.embedding),
+        None if c.unit is None else digest(c.unit),
+        repr(c.nearest),
+    ]
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (an observed value)."""
     ordered = sorted(values)
@@ -89,7 +119,14 @@ def main() -> int:
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--before", help="a --json file of an earlier run: print it beside this one")
     parser.add_argument(
-        "--dump", help="write every query's result here (ids, exact scores, trace reasons) to diff two runs"
+        "--dump",
+        help="write every query's candidates and result here (ids, exact scores, trace reasons) to diff "
+        "two runs",
+    )
+    parser.add_argument(
+        "--vectors",
+        help="query vectors (.npy): read when the file exists, else embedded and written there, so two runs "
+        "(two versions of the code) see the very same vectors",
     )
     args = parser.parse_args()
 
@@ -116,11 +153,22 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
-        vectors = np.asarray(sieve.embedder.embed_queries([c.query for c in cases]))
+        if args.vectors and Path(args.vectors).exists():
+            vectors = np.load(args.vectors)
+            if len(vectors) != len(cases):
+                print(f"error: {args.vectors}: {len(vectors)} vectors, not {len(cases)}", file=sys.stderr)
+                return 2
+        else:
+            vectors = np.asarray(sieve.embedder.embed_queries([c.query for c in cases]))
+            if args.vectors:
+                np.save(args.vectors, vectors)
         clock = Clock()
         generator = chain.candidates
-        clock.wrap(generator.store, "query", "dense")
-        clock.wrap(generator.store, "get", "fetch")
+        # the store's dense search, and the read of every candidate's text, metadata and vector (before
+        # the chunk cache: `query` returned them with the dense hits, `get` read the BM25-only ones)
+        store = generator.store
+        clock.wrap(store, "query_ids" if hasattr(store, "query_ids") else "query", "dense")
+        clock.wrap(store, "chunks" if hasattr(store, "chunks") else "get", "fetch")
         if generator.lexical is not None:
             clock.wrap(generator.lexical, "top", "bm25 top")
         today = date.today()
@@ -147,6 +195,8 @@ def main() -> int:
             if dump is not None:
                 dump[i] = {
                     "query": case.id,
+                    "candidates": [candidate_record(c) for c in cset.candidates],
+                    "origins": cset.origins,
                     "documents": [
                         [d.chunk_id, {k: repr(v) for k, v in d.scores.items()}] for d in result.documents
                     ],

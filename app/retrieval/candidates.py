@@ -35,47 +35,83 @@ class CandidateSet:
 
 
 class CandidateGenerator:
-    def __init__(self, store: ChromaStore, settings: RetrievalSettings, lexical: LexicalIndex | None):
+    def __init__(
+        self,
+        store: ChromaStore,
+        settings: RetrievalSettings,
+        lexical: LexicalIndex | None,
+        nearest: bool = True,
+    ):
+        """`nearest=False`: leave `Candidate.nearest` None (not known) instead of computing every
+        candidate's largest cosine in its set (a matrix product per query), for a chain in which nothing
+        reads it (no diversity stage with a max_cosine). None is always exact: the diversity stage then
+        computes the cosines it needs, so a replay of such candidates with a max_cosine decides as a live
+        run would, only slower."""
         self.store = store
         self.settings = settings
         self.lexical = lexical
+        self.nearest = nearest
 
     def generate_many(
         self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
     ) -> list[CandidateSet]:
-        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call."""
+        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call.
+
+        The store's dense search returns ids and distances only; the texts, metadata and vectors of every
+        query's candidates (dense and BM25-only) come from the store's chunk cache, the ones not cached read
+        with one `get` for the whole batch (`ChromaStore.chunks`)."""
         refresh = getattr(self.lexical, "refresh", None)
         if refresh is not None:
             refresh()  # other processes' writes, at most every rag.lexical.refresh_seconds
-        dense: list[list[StoredChunk]] = [[] for _ in queries]
+        dense: list[list[tuple[str, float]]] = [[] for _ in queries]
         if self.settings.candidate_k > 0:  # 0: lexical candidates only
             for tag in dict.fromkeys(knowledge_tags):
                 idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
-                hits = self.store.query(embeddings[idx], self.settings.candidate_k, _where(tag))
+                hits = self.store.query_ids(embeddings[idx], self.settings.candidate_k, _where(tag))
                 for i, h in zip(idx, hits, strict=True):
                     dense[i] = h
-        return [self._merge(q, embeddings[i], knowledge_tags[i], dense[i]) for i, q in enumerate(queries)]
-
-    def _merge(
-        self, query: str, embedding: np.ndarray, tag: str | None, dense_hits: list[StoredChunk]
-    ) -> CandidateSet:
-        hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
-        for hit in dense_hits:
-            hits[hit.chunk_id] = (hit, float(hit.similarity or 0.0), {"dense"})
-        lexical_only: list[str] = []
+        lexical: list[list[str]] = [[] for _ in queries]
         if self.settings.hybrid and self.lexical is not None:
             # The tag restricts BM25 before its cut, as `where` does for the dense search.
-            for chunk_id, _ in self.lexical.top(query, self.settings.bm25_candidate_k, tag):
-                if chunk_id in hits:
-                    hits[chunk_id][2].add("bm25")
-                else:
-                    lexical_only.append(chunk_id)
-        for hit in self.store.get(lexical_only, include_embeddings=True):
+            n = self.settings.bm25_candidate_k
+            lexical = [
+                [chunk_id for chunk_id, _ in self.lexical.top(q, n, tag)]
+                for q, tag in zip(queries, knowledge_tags, strict=True)
+            ]
+        wanted = dict.fromkeys(cid for ids in dense for cid, _ in ids)
+        wanted.update(dict.fromkeys(cid for ids in lexical for cid in ids))
+        chunks = self.store.chunks(list(wanted))
+        return [
+            self._merge(embeddings[i], knowledge_tags[i], dense[i], lexical[i], chunks)
+            for i in range(len(queries))
+        ]
+
+    def _merge(
+        self,
+        embedding: np.ndarray,
+        tag: str | None,
+        dense_hits: list[tuple[str, float]],
+        lexical_ids: list[str],
+        chunks: dict[str, StoredChunk],
+    ) -> CandidateSet:
+        hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
+        for chunk_id, similarity in dense_hits:
+            hit = chunks.get(chunk_id)
+            if hit is not None:  # else deleted since the search: left out, like a BM25-only one
+                hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
+        for chunk_id in lexical_ids:
+            if chunk_id in hits:
+                hits[chunk_id][2].add("bm25")
+                continue
+            hit = chunks.get(chunk_id)
+            if hit is None:
+                continue  # deleted since the index was built
             if tag is not None and knowledge_tag_of(hit.metadata) != tag:
                 continue  # retagged since the index was built
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
-            hits[hit.chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
-        units, nearest = _geometry([hit.embedding for hit, _, _ in hits.values()])
+            hits[chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
+        stored = [hit for hit, _, _ in hits.values()]
+        units, nearest = _geometry([h.embedding for h in stored], [h.norm for h in stored], self.nearest)
         made = [
             _candidate(hit, dense, origin, unit, near)
             for (hit, dense, origin), unit, near in zip(hits.values(), units, nearest, strict=True)
@@ -87,49 +123,74 @@ class CandidateGenerator:
         return CandidateSet(ordered, origins)
 
 
-def _geometry(vectors: list[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[float | None]]:
+def _geometry(
+    vectors: list[np.ndarray | None], norms: list[float | None] | None = None, with_nearest: bool = True
+) -> tuple[list[np.ndarray | None], list[float | None]]:
     """Per vector: `unit_vector` of it, and the largest cosine of that with any other unit vector of the
-    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length)."""
+    list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length, or
+    for all with `with_nearest=False`).
+
+    `norms`: each vector's `vector_norm` when known (the store's chunk cache keeps it), so only the missing
+    ones are computed; the units are the same bits either way (`unit_rows`)."""
     units: list[np.ndarray | None] = [None] * len(vectors)
     nearest: list[float | None] = [None] * len(vectors)
     present = [i for i, v in enumerate(vectors) if v is not None]
-    shapes = {np.shape(vectors[i]) for i in present}
+    shapes = {v.shape if isinstance(v, np.ndarray) else np.shape(v) for v in vectors if v is not None}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         for i in present:
             units[i] = unit_vector(vectors[i])
         return units, nearest
-    matrix = unit_rows(np.stack([vectors[i] for i in present]))
+    known = None if norms is None else [norms[i] for i in present]
+    # one conversion to float64 (exact) of all the rows, as unit_rows would make of their stack
+    matrix = unit_rows(np.array([vectors[i] for i in present], dtype=float), known)
     usable = np.isfinite(matrix).all(axis=1)
-    rows = matrix[usable]
-    with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
-        cosines = rows @ rows.T
-    np.fill_diagonal(cosines, -np.inf)
-    best = cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)
+    every = bool(usable.all())
+    rows = matrix if every else matrix[usable]
+    if with_nearest:
+        with one_thread():  # the bound needs no particular rounding (`cosine_slack`), only speed
+            cosines = rows @ rows.T
+        np.fill_diagonal(cosines, -np.inf)
+        best = (cosines.max(axis=1) if len(rows) > 1 else np.full(len(rows), -np.inf)).tolist()
+    else:
+        best = [None] * len(rows)
+    row_views = list(rows)
+    if every:
+        for at, i in enumerate(present):
+            units[i], nearest[i] = row_views[at], best[at]
+        return units, nearest
     at = 0
     for i, ok in zip(present, usable.tolist(), strict=True):
         if ok:
-            units[i], nearest[i] = rows[at], float(best[at])
+            units[i], nearest[i] = row_views[at], best[at]
             at += 1
         else:  # of no length or not finite: whatever unit_vector makes of it, and no bound
             units[i] = unit_vector(vectors[i])
     return units, nearest
 
 
+_new_candidate = object.__new__
+
+
 def _candidate(
     hit: StoredChunk, dense: float, origin: set[str], unit: np.ndarray | None, nearest: float | None
 ) -> Candidate:
-    meta: dict[str, Any] = hit.metadata
-    return Candidate(
-        chunk_id=hit.chunk_id,
-        doc_id=str(meta.get("doc_id", hit.chunk_id)),
-        text=hit.text,
-        metadata=meta,
-        embedding=hit.embedding,
-        scores={SCORE_DENSE: dense},
-        origin=frozenset(origin),
-        unit=unit,
-        nearest=nearest,
-    )
+    """`Candidate(...)` with these fields, made without `__init__` (a hot path: every candidate of every
+    query; its `__post_init__` would only compute `unit`, given here). Its metadata is its own copy: the
+    chunk is the chunk cache's."""
+    meta: dict[str, Any] = dict(hit.metadata)
+    made = _new_candidate(Candidate)
+    made.__dict__ = {
+        "chunk_id": hit.chunk_id,
+        "doc_id": str(meta.get("doc_id", hit.chunk_id)),
+        "text": hit.text,
+        "metadata": meta,
+        "embedding": hit.embedding,
+        "scores": {SCORE_DENSE: dense},
+        "origin": frozenset(origin),
+        "unit": unit,
+        "nearest": nearest,
+    }
+    return made
 
 
 def _where(tag: str | None) -> dict[str, Any] | None:

@@ -47,10 +47,20 @@ class RetrievalRequest:
 
 
 class RetrievalChain:
-    def __init__(self, embedder: QueryEmbedder, candidates: CandidateGenerator, stages: list[ChainStage]):
+    def __init__(
+        self,
+        embedder: QueryEmbedder,
+        candidates: CandidateGenerator,
+        stages: list[ChainStage],
+        copy_raw: bool = True,
+    ):
+        """`copy_raw=False`: the stages get the raw candidates themselves rather than copies, for stages
+        known never to write into a candidate (the registry's own, `build_stages`, which copy a candidate
+        to score it): the copies only cost time then (84 a query on SciFact)."""
         self.embedder = embedder
         self.candidates = candidates
         self.stages = stages
+        self.copy_raw = copy_raw
 
     @property
     def stage_names(self) -> list[str]:
@@ -84,7 +94,9 @@ class RetrievalChain:
         out: list[RetrievalResult | Exception] = []
         for request, cset in zip(requests, sets, strict=True):
             try:
-                out.append(self._run(request, cset, shared_ms, candidates_ms, today or date.today()))
+                out.append(
+                    self._run(request, cset, shared_ms, candidates_ms, today or date.today(), self.copy_raw)
+                )
             except Exception as exc:  # one bad query must not sink a batch (the evaluation runs many)
                 out.append(exc)
             if on_result is not None:
@@ -92,14 +104,15 @@ class RetrievalChain:
         return out
 
     def run_stages(
-        self, request: RetrievalRequest, cset: CandidateSet, today: date, copy_raw: bool = True
+        self, request: RetrievalRequest, cset: CandidateSet, today: date, copy_raw: bool | None = None
     ) -> RetrievalResult:
         """The stages alone over candidates generated before (the replay of `sieve tune`): no model or
         store call, the same code path as `retrieve_many` after its candidate generation.
 
         `copy_raw=False` hands the stages the raw candidates themselves instead of copies: only for stages
-        known never to write into a candidate (the registry's own, which copy a candidate to score it)."""
-        return self._run(request, cset, 0.0, 0.0, today, copy_raw)
+        known never to write into a candidate (the registry's own, which copy a candidate to score it);
+        None: the chain's own `copy_raw`."""
+        return self._run(request, cset, 0.0, 0.0, today, self.copy_raw if copy_raw is None else copy_raw)
 
     def _run(
         self,

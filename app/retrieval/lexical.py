@@ -179,12 +179,14 @@ class Bm25Index:
         self._norm: tuple[int, np.ndarray] | None = None
         self._mean_idf: tuple[int, float] | None = None
         self._alive_mask: tuple[int, np.ndarray] | None = None
-        # term number -> (postings length when converted, slots as int64, tfs as int64): postings only grow
-        # between compactions, so a cached conversion is valid while the length is unchanged
-        self._post_np: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        # term number -> (postings length when converted, slots as int64, tfs as float64, tf * (k1 + 1)):
+        # postings only grow between compactions, so a cached conversion is valid while the length is
+        # unchanged
+        self._post_np: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
         # (version, query terms, every slot's score) of the last query scored: the chain asks top() for the
         # BM25 candidates and then scores() for the bm25 stage with the same query
         self._last_scores: tuple[int, tuple[int, ...], np.ndarray] | None = None
+        self._last_terms: tuple[int, str, list[int]] | None = None  # the last query's, see _query_terms
 
     # -- building and updating ----------------------------------------------------------------------
 
@@ -449,12 +451,18 @@ class Bm25Index:
         return self._tags[self._tag[slot]]
 
     def _query_terms(self, query: str) -> list[int]:
+        """The query's term numbers, reused while the index and the query are unchanged: a query's `top`
+        and the bm25 stage's `scores` for its candidates tokenise it once (callers never modify it)."""
+        last = self._last_terms
+        if last is not None and last[0] == self._version and last[1] == query:
+            return last[2]
         # Tokens outside the vocabulary add exactly 0 in BM25Okapi; dropping them only saves the work.
         out = []
         for token in self.analyzer.tokens(query):
             number = self._term_no.get(token)
             if number is not None and self._df[number] > 0:
                 out.append(number)
+        self._last_terms = (self._version, query, out)
         return out
 
     def _idf(self, number: int) -> float:
@@ -499,8 +507,10 @@ class Bm25Index:
         norm = self._length_norm()
         score = np.zeros(len(self._slot_ids))
         for number in query_terms:
-            at, tf = self._postings_np(number)
-            score[at] += (self._idf(number) or 0) * (tf * (self.k1 + 1) / (tf + norm[at]))
+            at, tf, tf_k1 = self._postings_np(number)
+            # tf * (k1 + 1) / (tf + norm): tf converted to float64 (exactly) and tf * (k1 + 1) once per
+            # term, not once per query; the same IEEE operations on the same values as with int64 tf
+            score[at] += (self._idf(number) or 0) * (tf_k1 / (tf + norm[at]))
         return score
 
     def _scores_of(self, query_terms: list[int]) -> np.ndarray:
@@ -513,14 +523,14 @@ class Bm25Index:
         self._last_scores = (self._version, key, score)
         return score
 
-    def _postings_np(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+    def _postings_np(self, number: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         size = len(self._post_slots[number])
         cached = self._post_np.get(number)
         if cached is None or cached[0] != size:
             at = np.frombuffer(self._post_slots[number], dtype=np.uint32).astype(np.int64)
-            tf = np.frombuffer(self._post_tf[number], dtype=np.uint32).astype(np.int64)
-            cached = self._post_np[number] = (size, at, tf)
-        return cached[1], cached[2]
+            tf = np.frombuffer(self._post_tf[number], dtype=np.uint32).astype(np.float64)
+            cached = self._post_np[number] = (size, at, tf, tf * (self.k1 + 1))
+        return cached[1], cached[2], cached[3]
 
     def _alive_now(self) -> np.ndarray:
         if self._alive_mask is None or self._alive_mask[0] != self._version:

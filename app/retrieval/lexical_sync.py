@@ -18,7 +18,8 @@ caught up with other processes' writes through the store's change log.
   small query of the change log for entries stamped since the watermark (minus `GRACE_NS`, because stamps
   come from each writer's clock and an entry can land after a later-stamped one); for the entries not yet
   applied, fetch their chunk ids' current state from the store and upsert what is there, delete what is not.
-  The store is the truth, so applying entries out of order or twice gives the same index.
+  The store is the truth, so applying entries out of order or twice gives the same index. The same ids
+  leave the store's chunk cache (app/store/chunk_cache.py), which is thereby as current as this index.
 """
 
 from __future__ import annotations
@@ -282,7 +283,9 @@ class LexicalSync:
         return changed
 
     def _apply_ids(self, ids: list[str], entries: list[tuple[str, int]]) -> int:
-        """Bring `ids` to their state in the store (present: upserted; absent: deleted)."""
+        """Bring `ids` to their state in the store (present: upserted; absent: deleted), and drop them from
+        the store's chunk cache, so the candidates' texts, metadata and vectors follow the same feed."""
+        self.store.forget(ids)
         present = self.store.get(ids, include_embeddings=False) if ids else []
         found = {c.chunk_id for c in present}
         items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in present]

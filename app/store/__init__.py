@@ -3,7 +3,6 @@
 from app.store.chroma import (
     ChromaStore,
     EmbedderMismatchError,
-    StoredChunk,
     StoreError,
     StoreLockedError,
     StoreUnavailableError,
@@ -12,9 +11,12 @@ from app.store.chroma import (
     metadata_value_problem,
     unicode_problem,
 )
+from app.store.chunk_cache import ChunkCache
+from app.store.types import StoredChunk, vector_norm
 
 __all__ = [
     "ChromaStore",
+    "ChunkCache",
     "EmbedderMismatchError",
     "StoreError",
     "StoreLockedError",
@@ -24,4 +26,5 @@ __all__ = [
     "metadata_key_problem",
     "metadata_value_problem",
     "unicode_problem",
+    "vector_norm",
 ]

@@ -22,7 +22,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ import numpy as np
 from chromadb.config import Settings as ChromaClientSettings
 
 from app.settings import StoreSettings
+from app.store.chunk_cache import ChunkCache
+from app.store.types import StoredChunk, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +98,6 @@ def unicode_problem(text: str) -> str | None:
 
 
 @dataclass
-class StoredChunk:
-    chunk_id: str
-    text: str
-    metadata: dict[str, Any]
-    embedding: np.ndarray | None = None
-    similarity: float | None = None  # cosine similarity to the query (1 - cosine distance)
-
-
-@dataclass
 class _Identity:
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -120,14 +113,17 @@ class ChromaStore:
         description: str,
         lock_fd: int | None = None,
         heartbeat_url: str | None = None,
+        cache_chunks: int = 0,
     ):
-        """`heartbeat_url`: the Chroma server's heartbeat endpoint (http mode); None for an embedded store."""
+        """`heartbeat_url`: the Chroma server's heartbeat endpoint (http mode); None for an embedded store.
+        `cache_chunks`: how many chunks `chunks` keeps in memory (app/store/chunk_cache.py; 0 = none)."""
         self._client = client
         self._collection = collection
         self.description = description
         self._lock_fd = lock_fd
         self._heartbeat_url = heartbeat_url
         self._changes: Any = None  # the change-log collection, opened on first use
+        self.cache = ChunkCache(cache_chunks)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -161,7 +157,7 @@ class ChromaStore:
                 else f"Chroma server at http://{settings.host}:{settings.port}"
             )
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
-        return cls(client, collection, description, lock_fd, heartbeat_url)
+        return cls(client, collection, description, lock_fd, heartbeat_url, settings.cache_chunks)
 
     @property
     def collection_id(self) -> str:
@@ -265,6 +261,46 @@ class ChromaStore:
             )
         return [found[cid] for cid in ids if cid in found]
 
+    def query_ids(
+        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """(chunk id, cosine similarity = 1 - cosine distance) of the nearest chunks for each query vector,
+        best first: `query` without reading any document, metadata or vector (`chunks` has those)."""
+        if len(embeddings) == 0:
+            return []
+        result = self._call(
+            self._collection.query,
+            query_embeddings=np.asarray(embeddings, dtype=np.float32),
+            n_results=n,
+            where=where,
+            include=["distances"],
+        )
+        return [
+            [(cid, 1.0 - dist) for cid, dist in zip(ids, dists, strict=True)]
+            for ids, dists in zip(result["ids"], result["distances"], strict=True)
+        ]
+
+    def chunks(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """Chunks by id with their vectors and `norm` (`vector_norm`; None without a vector), from the
+        chunk cache; the ones not cached are read with one `get` and cached. Ids the store does not hold
+        are left out. The chunks are the cache's own objects, shared with every other reader: never modify
+        one (copy its metadata to keep it; the vector is read-only)."""
+        found, missing = self.cache.lookup(ids)
+        if missing:
+            epoch = self.cache.epoch
+            read = self.get(missing, include_embeddings=True)
+            for chunk in read:
+                if chunk.embedding is not None:
+                    chunk.embedding.flags.writeable = False
+                    chunk.norm = vector_norm(chunk.embedding)
+            self.cache.fill(read, epoch)
+            found.update((c.chunk_id, c) for c in read)
+        return found
+
+    def forget(self, ids: Iterable[str]) -> None:
+        """Drop `ids` from the chunk cache: another process wrote or deleted them (the change log says so)."""
+        self.cache.invalidate(ids)
+
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
         of `doc_ids` (two indexed lookups: the cost follows what is asked, not the collection's size)."""
@@ -305,30 +341,39 @@ class ChromaStore:
         if len(chunks) != len(embeddings):
             raise ValueError(f"{len(chunks)} chunks but {len(embeddings)} embeddings")
         batch = self._max_batch()
-        for start in range(0, len(chunks), batch):
-            part = chunks[start : start + batch]
-            self._call(
-                self._collection.upsert,
-                ids=[c.chunk_id for c in part],
-                embeddings=np.asarray(embeddings[start : start + batch], dtype=np.float32),
-                documents=[c.text for c in part],
-                metadatas=[c.metadata or None for c in part],
-            )
+        try:
+            for start in range(0, len(chunks), batch):
+                part = chunks[start : start + batch]
+                self._call(
+                    self._collection.upsert,
+                    ids=[c.chunk_id for c in part],
+                    embeddings=np.asarray(embeddings[start : start + batch], dtype=np.float32),
+                    documents=[c.text for c in part],
+                    metadatas=[c.metadata or None for c in part],
+                )
+        finally:  # also after a failure: some batches may be stored
+            self.cache.invalidate(c.chunk_id for c in chunks)
 
     def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         """Replace the metadata of stored chunks (their text and vectors stay)."""
         batch = self._max_batch()
-        for start in range(0, len(ids), batch):
-            self._call(
-                self._collection.update,
-                ids=list(ids[start : start + batch]),
-                metadatas=list(metadatas[start : start + batch]),
-            )
+        try:
+            for start in range(0, len(ids), batch):
+                self._call(
+                    self._collection.update,
+                    ids=list(ids[start : start + batch]),
+                    metadatas=list(metadatas[start : start + batch]),
+                )
+        finally:
+            self.cache.invalidate(ids)
 
     def delete(self, ids: Sequence[str]) -> None:
         batch = self._max_batch()
-        for start in range(0, len(ids), batch):
-            self._call(self._collection.delete, ids=list(ids[start : start + batch]))
+        try:
+            for start in range(0, len(ids), batch):
+                self._call(self._collection.delete, ids=list(ids[start : start + batch]))
+        finally:
+            self.cache.invalidate(ids)
 
     # -- the change log ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from app.retrieval.candidates import _geometry
 from app.retrieval.stages.diversity import DiversityStage
 from app.retrieval.types import Candidate, QueryContext, cosine_slack, unit_rows, unit_vector
 from app.settings import DiversitySettings
+from app.store import vector_norm
 
 finite = st.floats(-1, 1, allow_nan=False, allow_infinity=False, width=32)
 
@@ -29,6 +30,20 @@ def test_unit_rows_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
             assert np.isnan(row).all()
         else:
             assert row.dtype == np.float64 and row.tobytes() == expected.tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)), elements=finite))
+def test_unit_rows_with_the_chunk_caches_norms_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
+    norms: list[float | None] = [vector_norm(v) for v in matrix]
+    norms[0] = None  # a norm not known is computed
+    rows = unit_rows(matrix, norms)
+    for row, vector in zip(rows, matrix, strict=True):
+        expected = unit_vector(vector)
+        if expected is None:
+            assert np.isnan(row).all()
+        else:
+            assert row.tobytes() == expected.tobytes()
 
 
 def test_a_candidate_without_a_given_unit_vector_gets_unit_vector_of_its_embedding() -> None:
@@ -163,3 +178,34 @@ def test_one_thread_limits_blas_inside_and_restores_it_after() -> None:
     with one_thread():
         assert all(n == 1 for n in blas_threads())
     assert blas_threads() == before
+
+
+@settings(max_examples=100, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)), elements=finite))
+def test_without_nearest_the_units_are_the_same_bits_and_no_bound_is_claimed(matrix: np.ndarray) -> None:
+    vectors = list(matrix.astype(np.float32))
+    units, nearest = _geometry(vectors)
+    units_only, no_bounds = _geometry(vectors, with_nearest=False)
+    assert no_bounds == [None] * len(vectors)  # not known: diversity computes the cosines it needs
+    for a, b in zip(units, units_only, strict=True):
+        assert (a is None and b is None) or (a is not None and b is not None and a.tobytes() == b.tobytes())
+
+
+def test_one_thread_also_limits_a_blas_library_loaded_after_its_first_use() -> None:
+    import subprocess
+    import sys
+
+    # A fresh interpreter: numpy's OpenBLAS only, then scipy brings its own (another library).
+    code = (
+        "import numpy\n"
+        "from app.retrieval.blas import one_thread\n"
+        "with one_thread(): pass\n"
+        "import scipy.linalg\n"
+        "from threadpoolctl import threadpool_info\n"
+        "blas = lambda: [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
+        "before = blas()\n"
+        "with one_thread(): inside = blas()\n"
+        "print(len(before), inside == [1] * len(before), blas() == before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["2", "True", "True"]

@@ -18,15 +18,15 @@ class FakeStore:
     every candidate below is a lexical one."""
 
     def __init__(self, chunks: list[StoredChunk]):
-        self.chunks = {c.chunk_id: c for c in chunks}
+        self.by_id = {c.chunk_id: c for c in chunks}
         self.wheres: list[dict | None] = []
 
-    def query(self, embeddings, n, where=None):
+    def query_ids(self, embeddings, n, where=None):
         self.wheres.append(where)
         return [[] for _ in range(len(embeddings))]
 
-    def get(self, ids, include_embeddings=True):
-        return [self.chunks[i] for i in ids if i in self.chunks]
+    def chunks(self, ids):
+        return {i: self.by_id[i] for i in ids if i in self.by_id}
 
 
 def _collection() -> tuple[list[StoredChunk], Bm25Index]:

@@ -26,6 +26,22 @@ def test_the_service_chain_runs_the_stages_in_rag_chain_order() -> None:
     assert sieve.chain.candidates.lexical is empty
 
 
+def test_the_candidates_carry_nearest_cosines_only_when_a_diversity_max_cosine_reads_them() -> None:
+    empty = Bm25Index.build([], [], Analyzer())
+
+    def nearest(diversity_enabled: bool, max_cosine: float | None) -> bool:
+        settings = Settings()
+        settings.rag.chain.rerank.enabled = False
+        settings.rag.chain.diversity.enabled = diversity_enabled
+        settings.rag.chain.diversity.max_cosine = max_cosine
+        sieve = Sieve(settings, NoEmbedder(), NoStore(), reranker=None, lexical=empty)  # type: ignore[arg-type]
+        return sieve.chain.candidates.nearest
+
+    assert Settings().rag.chain.diversity.max_cosine == 0.97 and nearest(True, 0.97) is True
+    assert nearest(True, None) is False
+    assert nearest(False, 0.97) is False
+
+
 class ClosingStore(NoStore):
     def __init__(self, order: list[str]) -> None:
         self.order = order

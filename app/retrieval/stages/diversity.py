@@ -67,9 +67,13 @@ class DiversityStage:
         kept_documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
         # The kept unit vectors, row after row, in a buffer allocated once: `kept_matrix[:m] @ vector` is the
         # very product (same values, same C layout, same m x d shape) an np.stack of the m kept vectors gave,
-        # without re-stacking them after every keep.
+        # without re-stacking them after every keep. Rows are copied in only when a cosine check needs
+        # them (`filled` so far): most candidates never get one.
         kept_matrix: np.ndarray | None = None
+        kept_vectors: list[np.ndarray] = []
         kept_ids: list[str] = []
+        filled = 0
+        slack_width, near_bound = -1, 0.0  # the vector length `near_bound` was computed for
         per_source: dict[str, int] = {}
         per_doc: dict[str, int] = {}
         cap = self.settings.max_per_source
@@ -89,19 +93,21 @@ class DiversityStage:
                 why = f"duplicate of {seen_text[text_key]} (same text)"
             elif document_copies and original is not None and original != candidate.doc_id:
                 why = f"copy of doc {original}"
-            elif (
-                max_cosine is not None
-                and vector is not None
-                and kept_ids
-                and (candidate.nearest is None or candidate.nearest > max_cosine - cosine_slack(len(vector)))
-            ):
+            elif max_cosine is not None and vector is not None and kept_ids:
+                if len(vector) != slack_width:
+                    slack_width = len(vector)
+                    near_bound = max_cosine - cosine_slack(slack_width)
                 # Skipped when no candidate of its set comes near max_cosine: its exact cosines below
                 # could then not exceed it either (`cosine_slack`), and nothing else reads them.
-                sims = kept_matrix[: len(kept_ids)] @ vector  # type: ignore[index]
-                best = int(sims.argmax())
-                if sims[best] > max_cosine:
-                    shown, bound = format_pair(float(sims[best]), max_cosine)
-                    why = f"cosine={shown} > {bound} with {kept_ids[best]}"
+                if candidate.nearest is None or candidate.nearest > near_bound:
+                    for row in range(filled, len(kept_ids)):
+                        kept_matrix[row] = kept_vectors[row]  # type: ignore[index]
+                    filled = len(kept_ids)
+                    sims = kept_matrix[: len(kept_ids)] @ vector  # type: ignore[index]
+                    best = int(sims.argmax())
+                    if sims[best] > max_cosine:
+                        shown, bound = format_pair(float(sims[best]), max_cosine)
+                        why = f"cosine={shown} > {bound} with {kept_ids[best]}"
             source = candidate.source if cap is not None else ""  # sources are counted only for a cap
             if why is None and source and per_source.get(source, 0) >= cap:  # type: ignore[operator]
                 why = f"source={source} already has {per_source[source]}"
@@ -118,7 +124,9 @@ class DiversityStage:
             if vector is not None:
                 if kept_matrix is None:
                     kept_matrix = np.empty((len(candidates), len(vector)))
-                kept_matrix[len(kept_ids)] = vector
+                elif len(vector) != kept_matrix.shape[1]:
+                    kept_matrix[len(kept_ids)] = vector  # raises, as copying it in at once always did
+                kept_vectors.append(vector)
                 kept_ids.append(candidate.chunk_id)
             if source:
                 per_source[source] = per_source.get(source, 0) + 1

@@ -34,18 +34,21 @@ class HardFilterStage:
         if query.knowledge_tag is not None and candidate.knowledge_tag != query.knowledge_tag:
             shown = candidate.knowledge_tag if candidate.knowledge_tag is not None else "(none)"
             return f"knowledge={shown} != {query.knowledge_tag}"
-        status = candidate.metadata.get("status")
+        meta = candidate.metadata
+        status = meta.get("status")
         if status not in (None, "") and str(status).strip().casefold() in self._excluded:
             return f"status={status}"
-        if self.settings.check_effective_dates:
-            why = _date_reason(candidate.metadata, query.today)
+        # (without either date key there is no date to break a rule: `_date_reason` would say None)
+        if self.settings.check_effective_dates and ("effectiveFrom" in meta or "effectiveTo" in meta):
+            why = _date_reason(meta, query.today)
             if why:
                 return why
-        if candidate.source in self._denied:
+        if self._denied and candidate.source in self._denied:
             return f"source={candidate.source} denied"
-        length = len(candidate.text.strip())
-        if length < self.settings.min_text_chars:
-            return f"text {length} chars < {self.settings.min_text_chars}"
+        if self.settings.min_text_chars > 0:  # every length is >= 0
+            length = len(candidate.text.strip())
+            if length < self.settings.min_text_chars:
+                return f"text {length} chars < {self.settings.min_text_chars}"
         return None
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
