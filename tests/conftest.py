@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from app.settings import ModelsSettings
 from tests.fixtures.processes import chroma_run
@@ -26,6 +27,11 @@ from tests.fixtures.tiny_models import tiny_cross_encoder_dir, tiny_embedder_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_CACHE = REPO / "target" / "models"
+
+# Property tests check values, not speed: on shared cores one example can take past Hypothesis' default
+# 200 ms deadline, which would fail a correct test (seen on a loaded machine), so there is no deadline.
+hypothesis_settings.register_profile("sieve", deadline=None)
+hypothesis_settings.load_profile("sieve")
 
 
 def find_free_port() -> int:
