@@ -189,23 +189,3 @@ def test_without_nearest_the_units_are_the_same_bits_and_no_bound_is_claimed(mat
     assert no_bounds == [None] * len(vectors)  # not known: diversity computes the cosines it needs
     for a, b in zip(units, units_only, strict=True):
         assert (a is None and b is None) or (a is not None and b is not None and a.tobytes() == b.tobytes())
-
-
-def test_one_thread_also_limits_a_blas_library_loaded_after_its_first_use() -> None:
-    import subprocess
-    import sys
-
-    # A fresh interpreter: numpy's OpenBLAS only, then scipy brings its own (another library).
-    code = (
-        "import numpy\n"
-        "from app.retrieval.blas import one_thread\n"
-        "with one_thread(): pass\n"
-        "import scipy.linalg\n"
-        "from threadpoolctl import threadpool_info\n"
-        "blas = lambda: [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
-        "before = blas()\n"
-        "with one_thread(): inside = blas()\n"
-        "print(len(before), inside == [1] * len(before), blas() == before)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["2", "True", "True"]
