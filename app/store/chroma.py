@@ -217,13 +217,7 @@ class ChromaStore:
         """Nearest chunks for each query vector (rows of `embeddings`), best first."""
         if len(embeddings) == 0:
             return []
-        result = self._call(
-            self._collection.query,
-            query_embeddings=np.asarray(embeddings, dtype=np.float32),
-            n_results=n,
-            where=where,
-            include=["documents", "metadatas", "embeddings", "distances"],
-        )
+        result = self._nearest(embeddings, n, where, ["documents", "metadatas", "embeddings", "distances"])
         out = []
         for i in range(len(embeddings)):
             rows = zip(
@@ -268,17 +262,23 @@ class ChromaStore:
         best first: `query` without reading any document, metadata or vector (`chunks` has those)."""
         if len(embeddings) == 0:
             return []
-        result = self._call(
-            self._collection.query,
-            query_embeddings=np.asarray(embeddings, dtype=np.float32),
-            n_results=n,
-            where=where,
-            include=["distances"],
-        )
+        result = self._nearest(embeddings, n, where, ["distances"])
         return [
             [(cid, 1.0 - dist) for cid, dist in zip(ids, dists, strict=True)]
             for ids, dists in zip(result["ids"], result["distances"], strict=True)
         ]
+
+    def _nearest(
+        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None, include: list[str]
+    ) -> Any:
+        """Chroma's query: the `n` nearest chunks of each row of `embeddings`, with the `include` fields."""
+        return self._call(
+            self._collection.query,
+            query_embeddings=np.asarray(embeddings, dtype=np.float32),
+            n_results=n,
+            where=where,
+            include=include,
+        )
 
     def chunks(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
         """Chunks by id with their vectors and `norm` (`vector_norm`; None without a vector), from the
