@@ -68,17 +68,22 @@ class QueryBatcher:
         """Take the model, then the batch (whatever arrived while waiting for the model joins it), and hand
         the leadership on before encoding, so the next batch gathers while this one runs."""
         batch: list[_Request] = []
+        handed_on = False
         try:
             with self.hold():
                 with self._cond:
                     batch = self._take()
                     self._leading = False
+                    handed_on = True
                     self._cond.notify_all()
                 if batch:
                     self._run(batch)
         finally:
             with self._cond:
-                self._leading = False
+                # Once handed on, the leadership is the next leader's: clearing it again here would let a
+                # third caller lead beside it, and leaders would queue for the model one query each.
+                if not handed_on:
+                    self._leading = False
                 for req in batch:
                     req.done = True
                 self._cond.notify_all()

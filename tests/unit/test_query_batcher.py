@@ -140,3 +140,29 @@ def test_batches_never_exceed_max_batch_texts_for_small_requests(max_batch: int)
     batcher = QueryBatcher(encoder, threading.Lock, max_batch=max_batch, wait_ms=10.0)
     run_concurrently(batcher, [["q"] for _ in range(9)])
     assert max(encoder.sizes) <= max_batch and sum(encoder.sizes) == 9
+
+
+def test_clients_in_a_closed_loop_keep_sharing_calls() -> None:
+    # Eight clients that each send their next query as soon as the last one is answered (as the HTTP
+    # clients of bench-load do): once the first call runs, every later call should carry the queries that
+    # arrived while the one before it ran. Before the fix a finished leader handed the leadership on a
+    # second time, leaders queued for the model one behind the other and almost every call carried one query.
+    encoder = FakeEncoder(delay=0.02)
+    batcher = QueryBatcher(encoder, PriorityLock().urgent, max_batch=16, wait_ms=2.0)
+    clients, per_client = 8, 10
+    start = threading.Barrier(clients)
+
+    def client(slot: int) -> None:
+        start.wait()
+        for i in range(per_client):
+            text = f"client {slot} query {i}"
+            np.testing.assert_array_equal(batcher.embed([text]), np.array([vector(text)]))
+
+    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(encoder.sizes) == clients * per_client and encoder.overlaps == 0
+    # 80 queries: at most a first small call, then calls of (nearly) all eight clients
+    assert len(encoder.sizes) <= 20, encoder.sizes
