@@ -17,10 +17,11 @@ scores come from), the hard filter's answer for a chunk, and the candidates' uni
 cosines (`Candidate.unit`, `Candidate.nearest`, computed once when the candidates were generated).
 
 What cannot be replayed: anything that changes the candidates (`retrieval.candidate_k`, `bm25_candidate_k`,
-`hybrid`, chunking, the embedder, BM25 `k1`/`b`, the store) and latency (a replayed point has no real
-latency: `max_p95_ms` is not checked for it). With a real cross-encoder, the recorded rerank scores come
-from one call per case over all candidates; the model's batching pads windows differently from the head-only
-call of a live run, which can move a score in its last float digits (ranks change only on such near-ties).
+`hybrid`, `tag_post_filter_max`, chunking, the embedder, BM25 `k1`/`b`, the store) and latency (a replayed
+point has no real latency: `max_p95_ms` is not checked for it). With a real cross-encoder, the recorded
+rerank scores come from one call per case over all candidates; the model's batching pads windows differently
+from the head-only call of a live run, which can move a score in its last float digits (ranks change only on
+such near-ties).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Candidate generation: the dense top-N from the vector store, plus (hybrid) the BM25 top-N.
 
-A query with a knowledge tag gets both top-Ns among the chunks with that tag (the store's `where`, the
-index's `knowledge_tag`), taken before the cut.
+A query with a knowledge tag gets both top-Ns among the chunks with that tag, taken before the cut: the
+index's `knowledge_tag` for BM25; for the dense search either Chroma's `where` or, for a tag common enough,
+an unfiltered search for more chunks filtered here by the index's tags (see `CandidateGenerator._dense`).
 
 `candidate_k: 0` with `hybrid: true` makes the candidates lexical only (BM25 top-N).
 
@@ -11,8 +12,9 @@ the query vector), so the similarity threshold and the fusion see one consistent
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -26,6 +28,21 @@ class LexicalIndex(Protocol):
     def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]: ...
 
     def scores(self, query: str, ids: list[str]) -> dict[str, float]: ...
+
+
+class TaggedIndex(Protocol):
+    """What the tag post-filter asks of the lexical index (`Bm25Index` has it; a fake may not)."""
+
+    def __len__(self) -> int: ...
+
+    def tag_count(self, knowledge_tag: str) -> int: ...
+
+    def tags_of(self, ids: list[str]) -> list[str | None]: ...
+
+
+# The unfiltered search of a tagged query asks for this many times the chunks it needs, by the tag's share:
+# if the tag were independent of the query, that many would hold twice `candidate_k` of the tag on average.
+POST_FILTER_MARGIN = 2.0
 
 
 @dataclass
@@ -67,8 +84,7 @@ class CandidateGenerator:
         if self.settings.candidate_k > 0:  # 0: lexical candidates only
             for tag in dict.fromkeys(knowledge_tags):
                 idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
-                hits = self.store.query_ids(embeddings[idx], self.settings.candidate_k, _where(tag))
-                for i, h in zip(idx, hits, strict=True):
+                for i, h in zip(idx, self._dense(embeddings[idx], tag), strict=True):
                     dense[i] = h
         lexical: list[list[str]] = [[] for _ in queries]
         if self.settings.hybrid and self.lexical is not None:
@@ -86,6 +102,54 @@ class CandidateGenerator:
             for i in range(len(queries))
         ]
 
+    def _dense(self, embeddings: np.ndarray, tag: str | None) -> list[list[tuple[str, float]]]:
+        """The dense top `candidate_k` of each query vector, among the chunks tagged `tag` if not None.
+
+        Chroma's search with `where` (its filtered HNSW search) costs far more than an unfiltered one at
+        scale: 0.5-2.3 s a query at 1M chunks, against 86 ms for the nearest 4,000 (docs/benchmarks.md).
+        So, when the lexical index knows that `tag` has `count` of its `live` chunks, the nearest
+        n = ceil(POST_FILTER_MARGIN * candidate_k * live / count) chunks are fetched unfiltered, if n is at
+        most `tag_post_filter_max`, and the first `candidate_k` of them with the tag (by the index's tags)
+        are kept. A query for which fewer are left, while the search may have stopped short of some chunks
+        of the tag (it returned all n), asks Chroma's filtered search after all; so the post-filter never
+        returns fewer candidates than `where` would. When n reaches the whole collection, one more than
+        `live` is asked for: every chunk comes back and nothing is left to ask for.
+
+        The tags are the index's, which follows other processes' writes at most
+        `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag."""
+        k = self.settings.candidate_k
+        n = self._post_filter_n(tag)
+        if tag is None or n is None:
+            return self.store.query_ids(embeddings, k, _where(tag))
+        index = cast("TaggedIndex", self.lexical)
+        wide = self.store.query_ids(embeddings, n, None)
+        out: list[list[tuple[str, float]]] = []
+        short: list[int] = []
+        for i, hits in enumerate(wide):
+            tags = index.tags_of([chunk_id for chunk_id, _ in hits])
+            kept = [hit for hit, t in zip(hits, tags, strict=True) if t == tag][:k]
+            out.append(kept)
+            if len(kept) < k and len(hits) >= n:
+                short.append(i)
+        if short:
+            again = self.store.query_ids(embeddings[short], k, _where(tag))
+            for i, hits in zip(short, again, strict=True):
+                out[i] = hits
+        return out
+
+    def _post_filter_n(self, tag: str | None) -> int | None:
+        """How many chunks a query tagged `tag` fetches unfiltered, or None for Chroma's `where`."""
+        limit = self.settings.tag_post_filter_max
+        index = self.lexical
+        if tag is None or limit <= 0 or not hasattr(index, "tag_count"):
+            return None
+        tagged = cast("TaggedIndex", index)
+        count, live = tagged.tag_count(tag), len(tagged)
+        if count <= 0:  # a tag the index does not know (yet): Chroma's filter decides
+            return None
+        n = min(math.ceil(POST_FILTER_MARGIN * self.settings.candidate_k * live / count), live + 1)
+        return n if n <= limit else None
+
     def _merge(
         self,
         embedding: np.ndarray,
@@ -97,8 +161,11 @@ class CandidateGenerator:
         hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
         for chunk_id, similarity in dense_hits:
             hit = chunks.get(chunk_id)
-            if hit is not None:  # else deleted since the search: left out, like a BM25-only one
-                hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
+            if hit is None:
+                continue  # deleted since the search: left out, like a BM25-only one
+            if tag is not None and knowledge_tag_of(hit.metadata) != tag:
+                continue  # retagged since the search (or since the index's tags, post-filtered)
+            hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
         for chunk_id in lexical_ids:
             if chunk_id in hits:
                 hits[chunk_id][2].add("bm25")

@@ -179,6 +179,7 @@ class Bm25Index:
         self._norm: tuple[int, np.ndarray] | None = None
         self._mean_idf: tuple[int, float] | None = None
         self._alive_mask: tuple[int, np.ndarray] | None = None
+        self._tag_counts: tuple[int, np.ndarray] | None = None  # live chunks per tag number
         # term number -> (postings length when converted, slots as int64, tfs as float64, tf * (k1 + 1)):
         # postings only grow between compactions, so a cached conversion is valid while the length is
         # unchanged
@@ -449,6 +450,27 @@ class Bm25Index:
         if slot is None or self._tag[slot] < 0:
             return None
         return self._tags[self._tag[slot]]
+
+    def tags_of(self, ids: Sequence[str]) -> list[str | None]:
+        """`tag_of` of each id (None: untagged, or not in the index)."""
+        tags, tag = self._tags, self._tag
+        with self._lock:
+            slots = [self._slot_of.get(chunk_id) for chunk_id in ids]
+            numbers = [-1 if slot is None else tag[slot] for slot in slots]
+        return [None if number < 0 else tags[number] for number in numbers]
+
+    def tag_count(self, knowledge_tag: str) -> int:
+        """How many live chunks carry `knowledge_tag` (counted once per change of the index)."""
+        with self._lock:
+            number = self._tag_no.get(knowledge_tag)
+            if number is None:
+                return 0
+            if self._tag_counts is None or self._tag_counts[0] != self._version:
+                tags = np.frombuffer(self._tag, dtype=np.int32)[self._alive_now()]
+                counts = np.bincount(tags[tags >= 0], minlength=len(self._tags))
+                self._tag_counts = (self._version, counts)
+            counts = self._tag_counts[1]
+            return int(counts[number]) if number < len(counts) else 0
 
     def _query_terms(self, query: str) -> list[int]:
         """The query's term numbers, reused while the index and the query are unchanged: a query's `top`

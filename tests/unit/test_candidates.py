@@ -4,6 +4,7 @@ candidates before the BM25 cut, as it restricts the dense search."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.lexical import Analyzer, Bm25Index
@@ -20,9 +21,11 @@ class FakeStore:
     def __init__(self, chunks: list[StoredChunk]):
         self.by_id = {c.chunk_id: c for c in chunks}
         self.wheres: list[dict | None] = []
+        self.ns: list[int] = []
 
     def query_ids(self, embeddings, n, where=None):
         self.wheres.append(where)
+        self.ns.append(n)
         return [[] for _ in range(len(embeddings))]
 
     def chunks(self, ids):
@@ -49,11 +52,13 @@ def _collection() -> tuple[list[StoredChunk], Bm25Index]:
     return chunks, index
 
 
-def test_a_tagged_query_keeps_its_lexical_candidates_when_other_tags_outrank_them() -> None:
+@pytest.mark.parametrize("post_filter_max", [0, 4000])
+def test_a_tagged_query_keeps_its_lexical_candidates_when_other_tags_outrank_them(post_filter_max) -> None:
     chunks, index = _collection()
     assert all(i.startswith("other") for i, _ in index.top("vpn password", N))  # the global cut: no it chunk
     store = FakeStore(chunks)
-    generator = CandidateGenerator(store, RetrievalSettings(bm25_candidate_k=N), index)  # type: ignore[arg-type]
+    settings = RetrievalSettings(bm25_candidate_k=N, tag_post_filter_max=post_filter_max)
+    generator = CandidateGenerator(store, settings, index)  # type: ignore[arg-type]
 
     tagged, untagged = generator.generate_many(["vpn password"] * 2, np.ones((2, 4)) / 2, ["it", None])
 
@@ -61,7 +66,10 @@ def test_a_tagged_query_keeps_its_lexical_candidates_when_other_tags_outrank_the
     assert all(c.origin == frozenset({"bm25"}) for c in tagged.candidates)
     assert tagged.origins == {"dense": 0, "bm25": 2, "both": 0}
     assert len(untagged.candidates) == N and all(c.chunk_id.startswith("other") for c in untagged.candidates)
-    assert {"knowledge": "it"} in store.wheres and None in store.wheres
+    if post_filter_max == 0:  # the dense search is Chroma's filtered one
+        assert store.wheres == [{"knowledge": "it"}, None]
+    else:  # "it" has 2 of 37 chunks: 2 * 50 * 37 / 2 > 37, so all 37 + 1 are asked for, unfiltered
+        assert store.wheres == [None, None] and store.ns == [len(chunks) + 1, 50]
 
 
 def test_a_tag_no_chunk_has_gets_no_lexical_candidates() -> None:
