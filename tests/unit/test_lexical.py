@@ -215,3 +215,21 @@ def test_tag_restricted_top_scores_are_rank_bm25_bit_for_bit(analyzer: Analyzer)
 def test_build_rejects_tags_that_do_not_match_the_ids(analyzer: Analyzer) -> None:
     with pytest.raises(ValueError, match="2 ids but 1 knowledge tags"):
         Bm25Index.build(["a", "b"], ["x", "y"], analyzer, knowledge_tags=["it"])
+
+
+def test_the_converted_postings_cache_is_bounded_and_scores_stay_exact(monkeypatch) -> None:
+    # ten terms in 30 of 60 chunks each (tf 1-3), so 30 postings a term; a bound of 70 postings keeps the
+    # two most recently used terms only
+    texts = [" ".join(f"w{t} " * ((i + t) % 3 + 1) for t in range(10)) for i in range(30)]
+    texts += [f"filler {i}" for i in range(30)]
+    ids = [f"c{i}" for i in range(60)]
+    index = Bm25Index.build(ids, texts, Analyzer())
+    unbounded = {f"w{t}": index.scores(f"w{t} w{(t + 3) % 10}", ids) for t in range(10)}
+    monkeypatch.setattr(Bm25Index, "POSTINGS_CACHE_LIMIT", 70)
+    bounded = Bm25Index.build(ids, texts, Analyzer())
+    for t in range(10):
+        assert bounded.scores(f"w{t} w{(t + 3) % 10}", ids) == unbounded[f"w{t}"]
+        assert bounded._post_np_size <= 70 and len(bounded._post_np) <= 2
+    assert bounded._post_np_size == sum(size for size, *_ in bounded._post_np.values())
+    # the last query's terms are the ones kept: w9 and w2
+    assert sorted(bounded._terms[n] for n in bounded._post_np) == ["w2", "w9"]
