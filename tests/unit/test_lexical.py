@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
@@ -233,3 +235,33 @@ def test_the_converted_postings_cache_is_bounded_and_scores_stay_exact(monkeypat
     assert bounded._post_np_size == sum(size for size, *_ in bounded._post_np.values())
     # the last query's terms are the ones kept: w9 and w2
     assert sorted(bounded._terms[n] for n in bounded._post_np) == ["w2", "w9"]
+
+
+def test_queries_run_while_a_snapshot_export_sorts_the_postings(monkeypatch) -> None:
+    # The export holds the index lock only to copy the arrays: a query from another thread is answered while
+    # the rest of the export runs, and a write made meanwhile is not in the exported state.
+    from app.retrieval import lexical
+
+    analyzer = Analyzer()
+    index = Bm25Index.build(list(DOCS), list(DOCS.values()), analyzer)
+    before = Bm25Index.from_state(*index.export_state(), analyzer).top("VPN password", 10)
+    sorting, answered = threading.Event(), threading.Event()
+    real_export = lexical._export
+
+    def slow_export(raw):
+        sorting.set()
+        assert answered.wait(10), "no query could run during the export"
+        return real_export(raw)
+
+    monkeypatch.setattr(lexical, "_export", slow_export)
+    exported: list = []
+    exporter = threading.Thread(target=lambda: exported.append(index.export_state()))
+    exporter.start()
+    assert sorting.wait(10)
+    during = index.top("VPN password", 10)  # takes the index lock
+    index.upsert([("late", "vpn password vpn password", None)])
+    answered.set()
+    exporter.join(10)
+    assert during == before
+    assert "late" not in Bm25Index.from_state(*exported[0], analyzer)
+    assert Bm25Index.from_state(*exported[0], analyzer).top("VPN password", 10) == before
