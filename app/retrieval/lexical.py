@@ -601,13 +601,16 @@ class Bm25Index:
             q = self._query_terms(query)
             if not q:
                 return []
-            all_scores = self._scores_of(q)
-            keep = all_scores > 0
-            keep &= self._alive_now()
+            number: int | None = None
             if knowledge_tag is not None:
                 number = self._tag_no.get(knowledge_tag)
                 if number is None:
                     return []
+            all_scores = self._scores_of(q)
+            floor = self._score_floor(q, all_scores, n, number)
+            keep = all_scores >= floor if floor > 0 else all_scores > 0
+            keep &= self._alive_now()
+            if number is not None:
                 keep &= np.frombuffer(self._tag, dtype=np.int32) == number
             positive = np.flatnonzero(keep)
             if len(positive) > n:
@@ -619,6 +622,29 @@ class Bm25Index:
                 key=lambda pair: (-pair[1], pair[0]),
             )
         return ranked[:n]
+
+    def _score_floor(
+        self, query_terms: list[int], scores: np.ndarray, n: int, tag_number: int | None
+    ) -> float:
+        """A score the n-th best of `top` cannot be below (0.0 when none is found): the n-th best score
+        among the live (tagged) chunks holding the query's rarest term, a subset of those `top` ranks.
+
+        `top` then masks `scores >= floor` instead of `scores > 0`: at 1M chunks a query's common terms
+        give half the collection a positive score, and finding, gathering and partitioning all of those
+        cost more than scoring; the rarest term's postings are usually a few hundred. The result is the
+        same: every one of the n best, and everything tied with the n-th, scores at least the floor."""
+        rarest = min(query_terms, key=lambda number: len(self._post_slots[number]))
+        if len(self._post_slots[rarest]) < n:
+            return 0.0
+        at = self._postings_np(rarest)[0]
+        eligible = self._alive_now()[at]
+        if tag_number is not None:
+            eligible &= np.frombuffer(self._tag, dtype=np.int32)[at] == tag_number
+        values = scores[at[eligible]]
+        values = values[values > 0]
+        if len(values) < n:
+            return 0.0
+        return float(np.partition(values, -n)[-n])
 
 
 def _export(raw: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,15 @@ def _assert_equals_fresh(index: Bm25Index, corpus: dict[str, tuple[str, str | No
         for tag in ("it", "hr"):
             want = {i: s for i, s in positive.items() if corpus[i][1] == tag}
             assert dict(index.top(q, len(ids) + 1, knowledge_tag=tag)) == want, (q, tag)
+        # the cut at every n (the score floor of the rarest term must never change it): score descending,
+        # ties by id, as the definition says
+        for tag in (None, "it", "hr"):
+            ranked = sorted(
+                ((i, s) for i, s in positive.items() if tag is None or corpus[i][1] == tag),
+                key=lambda pair: (-pair[1], pair[0]),
+            )
+            for n in range(1, len(ranked) + 2):
+                assert index.top(q, n, knowledge_tag=tag) == ranked[:n], (q, tag, n)
 
 
 @settings(max_examples=150, deadline=None)
