@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Analyzer, Bm25Index
 from app.settings import RetrievalSettings, StoreSettings
 from app.store import ChromaStore, StoredChunk
+from tests.fixtures.indexes import index_of
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +34,7 @@ def tagged_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("tag-post-filter")
     store = ChromaStore.open(StoreSettings(path=str(path / "chroma"), collection="tags"), IDENTITY)
     store.upsert(chunks, matrix)
-    index = Bm25Index.build(
-        [c.chunk_id for c in chunks],
-        [c.text for c in chunks],
-        Analyzer(),
-        knowledge_tags=[c.metadata.get("knowledge") for c in chunks],
-    )
+    index = index_of(chunks)
     yield store, index
     store.close()
 

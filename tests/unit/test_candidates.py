@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.lexical import Bm25Index
 from app.settings import RetrievalSettings
 from app.store import StoredChunk
+from tests.fixtures.indexes import index_of
 
 N = 5  # bm25_candidate_k
 
@@ -43,12 +44,7 @@ def _collection() -> tuple[list[StoredChunk], Bm25Index]:
         chunks.append(StoredChunk(f"it{i}", text, meta, np.ones(4) / 2))
     for i in range(20):
         chunks.append(StoredChunk(f"f{i:02d}", f"lunch menu number {i}", {"doc_id": f"f{i}"}, np.ones(4) / 2))
-    index = Bm25Index.build(
-        [c.chunk_id for c in chunks],
-        [c.text for c in chunks],
-        Analyzer(),
-        knowledge_tags=[c.metadata.get("knowledge") for c in chunks],
-    )
+    index = index_of(chunks)
     return chunks, index
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.lexical import Bm25Index
 from app.settings import RetrievalSettings
 from app.store import StoredChunk
+from tests.fixtures.indexes import index_of
 
 K = 10  # candidate_k
 # 1,000 chunks: tag a 500, b 250, c 50, d 5, untagged 195
@@ -62,12 +63,7 @@ def collection(clustered: bool = False) -> tuple[list[StoredChunk], Bm25Index]:
             vec = unit(centres[tag] * 4 + noise) if clustered else unit(noise)
             meta = {"doc_id": f"{tag}-{i}"} | ({"knowledge": tag} if tag else {})
             chunks.append(StoredChunk(f"{tag}-{i:03d}", f"text {tag} {i}", meta, vec.astype(np.float32)))
-    index = Bm25Index.build(
-        [c.chunk_id for c in chunks],
-        [c.text for c in chunks],
-        Analyzer(),
-        knowledge_tags=[c.metadata.get("knowledge") for c in chunks],
-    )
+    index = index_of(chunks)
     return chunks, index
 
 
