@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pytest
@@ -142,27 +143,90 @@ def test_batches_never_exceed_max_batch_texts_for_small_requests(max_batch: int)
     assert max(encoder.sizes) <= max_batch and sum(encoder.sizes) == 9
 
 
-def test_clients_in_a_closed_loop_keep_sharing_calls() -> None:
-    # Eight clients that each send their next query as soon as the last one is answered (as the HTTP
-    # clients of bench-load do): once the first call runs, every later call should carry the queries that
-    # arrived while the one before it ran. Before the fix a finished leader handed the leadership on a
-    # second time, leaders queued for the model one behind the other and almost every call carried one query.
-    encoder = FakeEncoder(delay=0.02)
-    batcher = QueryBatcher(encoder, PriorityLock().urgent, max_batch=16, wait_ms=2.0)
-    clients, per_client = 8, 10
-    start = threading.Barrier(clients)
+class GatedEncoder:
+    """Each call blocks until the test opens its gate; records the texts of every call."""
 
-    def client(slot: int) -> None:
-        start.wait()
-        for i in range(per_client):
-            text = f"client {slot} query {i}"
-            np.testing.assert_array_equal(batcher.embed([text]), np.array([vector(text)]))
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.gates: list[threading.Event] = []
+        self._cond = threading.Condition()
 
-    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sum(encoder.sizes) == clients * per_client and encoder.overlaps == 0
-    # 80 queries: at most a first small call, then calls of (nearly) all eight clients
-    assert len(encoder.sizes) <= 20, encoder.sizes
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        gate = threading.Event()
+        with self._cond:
+            self.calls.append(list(texts))
+            self.gates.append(gate)
+            self._cond.notify_all()
+        assert gate.wait(10), "the test never opened this call's gate"
+        return np.array([vector(t) for t in texts], dtype=np.float32).reshape(len(texts), 3)
+
+    def wait_for_call(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.calls) >= n, 10), f"no model call {n}"
+
+
+class FifoLock:
+    """The model, granted in the order it was asked for (so which waiting leader goes next is fixed), each
+    grant taking `grant_s` (a model that is slow to hand over: the caller that released it runs on)."""
+
+    def __init__(self, grant_s: float = 0.0) -> None:
+        self.grant_s = grant_s
+        self._cond = threading.Condition()
+        self._queue: list[object] = []
+        self._held = False
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        me = object()
+        with self._cond:
+            self._queue.append(me)
+            self._cond.wait_for(lambda: not self._held and self._queue[0] is me)
+            self._queue.pop(0)
+            self._held = True
+        time.sleep(self.grant_s)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
+
+
+def test_a_caller_whose_query_was_embedded_returns_without_leading_another_call() -> None:
+    # a's call runs; b arrives and leads the next batch (waiting for the model); c joins b's batch. When a's
+    # call ends, a must not hand the lead on again: before the fix it cleared the flag b held, so c became a
+    # second leader and queued for the model although b's batch took c's query. c's vector was then ready
+    # after b's call, but c waited for a third call (d's) before it could answer: under 8 HTTP clients,
+    # queries waited for other queries' calls and 458 of 480 model calls embedded one query.
+    encoder, model = GatedEncoder(), FifoLock(grant_s=0.1)
+    batcher = QueryBatcher(encoder, model.hold, max_batch=16, wait_ms=0.0)
+    got: dict[str, np.ndarray] = {}
+
+    def start(text: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: got.update({text: batcher.embed([text])}))
+        thread.start()
+        return thread
+
+    a = start("a")
+    encoder.wait_for_call(1)
+    b = start("b")
+    time.sleep(0.1)  # b leads the next batch and waits for the model
+    c = start("c")
+    time.sleep(0.1)  # c waits to join b's batch
+    encoder.gates[0].set()
+    encoder.wait_for_call(2)
+    a.join(5)
+    assert encoder.calls[:2] == [["a"], ["b", "c"]]
+    d = start("d")
+    time.sleep(0.1)  # d leads the third call and waits for the model
+    encoder.gates[1].set()
+    b.join(5)
+    c.join(5)
+    assert not c.is_alive(), "c's vector was ready after the second call, but c waited for a third"
+    encoder.wait_for_call(3)
+    assert encoder.calls[2] == ["d"]
+    encoder.gates[2].set()
+    d.join(5)
+    for text in "abcd":
+        np.testing.assert_array_equal(got[text], np.array([vector(text)], dtype=np.float32))
+    assert len(encoder.calls) == 3
