@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -175,6 +175,10 @@ class FifoLock:
         self._queue: list[object] = []
         self._held = False
 
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         me = object()
@@ -207,18 +211,25 @@ def test_a_caller_whose_query_was_embedded_returns_without_leading_another_call(
         thread.start()
         return thread
 
+    def until(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, "the batcher never got there"
+            time.sleep(0.005)
+
     a = start("a")
     encoder.wait_for_call(1)
     b = start("b")
-    time.sleep(0.1)  # b leads the next batch and waits for the model
+    until(lambda: model.waiting() == 1)  # b leads the next batch and waits for the model
     c = start("c")
-    time.sleep(0.1)  # c waits to join b's batch
+    until(lambda: len(batcher._pending) == 2)  # c waits to join b's batch
     encoder.gates[0].set()
     encoder.wait_for_call(2)
     a.join(5)
     assert encoder.calls[:2] == [["a"], ["b", "c"]]
     d = start("d")
-    time.sleep(0.1)  # d leads the third call and waits for the model
+    until(lambda: model.waiting() >= 1)  # d leads the third call and waits for the model
+    time.sleep(0.1)  # (before the fix, c is queued for the model too, ahead of d)
     encoder.gates[1].set()
     b.join(5)
     c.join(5)
