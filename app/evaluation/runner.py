@@ -238,13 +238,13 @@ def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Seq
     if isinstance(outcome, Exception):
         item.error = f"{type(outcome).__name__}: {outcome}"
         return
-    _score_ranking(item, outcome, k_values)
-    _score_trace(item, outcome)
+    ranked = _score_ranking(item, outcome, k_values)
+    _score_trace(item, outcome, ranked)
 
 
-def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int]) -> None:
+def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int]) -> list[str]:
     """What the final ranking scores: the counts, the metrics at K (and at each of `k_values`) and the
-    forbidden documents in the top K."""
+    forbidden documents in the top K. Returns the top K's matching keys (the trace reads them too)."""
     item.result = outcome
     key, k, relevance = item.key, item.k, item.relevance
     ranked = [match_key(c, key) for c in outcome.documents][:k]
@@ -259,14 +259,14 @@ def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequenc
             item.at_k = {kk: metrics.case_metrics(full_keys, relevance, kk, full_texts) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
+    return ranked
 
 
-def _score_trace(item: CaseResult, outcome: RetrievalResult) -> None:
+def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) -> None:
     """What the trace scores: each stage's statistics, the metrics of the list after each stage, and where
-    each missed relevant id was lost."""
+    each missed relevant id was lost (`ranked`: the top K's matching keys, from `_score_ranking`)."""
     key, k, relevance = item.key, item.k, item.relevance
     relevant = metrics.relevant_ids(relevance)
-    ranked = [match_key(c, key) for c in outcome.documents][:k]
     by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
     trace = outcome.trace
     # every list of the trace as matching keys, and as a set, once (the stage rows, the metrics after each
