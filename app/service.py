@@ -159,7 +159,8 @@ class Sieve:
 
         Where the index lives: `rag.lexical.path`, or by default under the embedded store's path, or (a
         Chroma server) under target/lexical/. Afterwards the index follows this process's writes through
-        `on_commit` and other processes' through the change log, checked before queries."""
+        `on_commit` and other processes' through the change log, checked before queries (and, on a
+        Chroma server, every `refresh_seconds` in the background)."""
         rag = self.settings.rag
         directory: Path | None = lexical_directory(self.settings)
         try:
@@ -177,10 +178,13 @@ class Sieve:
             rag.chain.bm25.b,
             rag.lexical.refresh_seconds,
             _index_text,
+            rag.lexical.change_log_retention_seconds,
         )
         # a server must not wait for a million ids to be listed when the counts already agree
         self.lexical = self._sync.open(check_ids_in_background=True)
         self.lexical.refresher = self._sync.catch_up
+        if rag.store.mode == "http":  # other processes may write: follow them even while idle
+            self._sync.follow()
         self.chain = self._build_chain()
 
     # -- retrieval ---------------------------------------------------------------------------------

@@ -119,6 +119,9 @@ class StoreSettings(_Strict):
     )
 
 
+MIN_CHANGE_LOG_RETENTION_SECONDS = 3600
+
+
 class LexicalSettings(_Strict):
     """The persisted BM25 index (see README "Lexical index")."""
 
@@ -134,8 +137,25 @@ class LexicalSettings(_Strict):
         le=3600.0,
         allow_inf_nan=False,
         description="check the store's change log for other processes' writes at most this often "
-        "(before a query)",
+        "(before a query, and in the background in a server on a Chroma server)",
     )
+    change_log_retention_seconds: float = Field(
+        86400.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="a writer deletes change-log entries older than this (0: keep them all); a process "
+        "whose index is older re-reads every chunk's metadata instead. At least 3600.",
+    )
+
+    @model_validator(mode="after")
+    def _retention_long_enough(self) -> LexicalSettings:
+        if 0 < self.change_log_retention_seconds < MIN_CHANGE_LOG_RETENTION_SECONDS:
+            raise ValueError(
+                f"change_log_retention_seconds is {self.change_log_retention_seconds:g}: use 0 (keep "
+                f"every entry) or at least {MIN_CHANGE_LOG_RETENTION_SECONDS} (one hour), far beyond "
+                "the clock skew and write delays the change log allows for"
+            )
+        return self
 
 
 class RetrievalSettings(_Strict):

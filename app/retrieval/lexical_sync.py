@@ -14,12 +14,23 @@ caught up with other processes' writes through the store's change log.
   files (first start, other k1/b/analyzer, a rebuilt collection): build from the store once and save.
 - Own writes (`apply_commit(upserted, deleted_ids)`, the ingest pipeline's on_commit hook): update the
   index in memory, append to the journal (fsync), and add a change-log entry for the other processes.
-- Others' writes (`catch_up`, called before a query at most every `rag.lexical.refresh_seconds`): one
-  small query of the change log for entries stamped since the watermark (minus `GRACE_NS`, because stamps
-  come from each writer's clock and an entry can land after a later-stamped one); for the entries not yet
-  applied, fetch their chunk ids' current state from the store and upsert what is there, delete what is not.
-  The store is the truth, so applying entries out of order or twice gives the same index. The same ids
-  leave the store's chunk cache (app/store/chunk_cache.py), which is thereby as current as this index.
+- Others' writes (`catch_up`, called before a query at most every `rag.lexical.refresh_seconds`, and by a
+  server on a Chroma server in a thread of its own, `follow`): one small query of the change log for
+  entries stamped since the watermark minus `GRACE_NS` (stamps come from each writer's clock, and an entry
+  can land after a later-stamped one: clock skew plus write delay are assumed under `GRACE_NS`); for the
+  entries not yet applied, fetch their chunk ids' current state from the store and upsert what is there,
+  delete what is not. The store is the truth, so applying entries out of order or twice gives the same
+  index. The same ids leave the store's chunk cache (app/store/chunk_cache.py), which is thereby as current
+  as this index. The watermark then moves to the clock time the read began (every entry stamped more than
+  `GRACE_NS` before it had landed and was read), so a read covers the last minutes, not every entry since
+  the last one another process wrote.
+- Pruning (`rag.lexical.change_log_retention_seconds`): a writer, at most once per retention / 24, catches
+  up, then deletes the entries older than the retention after adding a marker entry that says so
+  (`ChromaStore.prune_changes`). A process that finds a new marker whose `pruned_before` lies past its own
+  read floor may have lost entries it never applied: it re-reads every chunk's metadata (no text) and brings
+  each chunk whose id or tag differs to its state in the store, and empties its chunk cache (`_resync`).
+  A live server never gets there (its follower reads the log every few seconds); a process stopped for
+  longer than the retention does, once, at start.
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ from app.retrieval.lexical_files import (
     unlock,
 )
 from app.retrieval.types import knowledge_tag_of
-from app.store import ChromaStore, StoredChunk
+from app.store import ChangeEntry, ChromaStore, StoredChunk
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,8 @@ GRACE_NS = 120 * 10**9  # change-log entries re-read this far behind the waterma
 SNAPSHOT_MIN_JOURNAL_BYTES = 8 * 2**20  # a journal past this (and 10% of the snapshot) becomes a snapshot
 CLOSE_SNAPSHOT_JOURNAL_BYTES = 2**20
 EPSILON = 0.25
+PRUNES_PER_RETENTION = 24  # a writer prunes the change log at most once per retention / this
+MIN_PRUNE_INTERVAL_S = 60.0
 
 TextOf = Callable[[StoredChunk], str]
 
@@ -76,7 +89,10 @@ class LexicalSync:
         b: float,
         refresh_seconds: float,
         text_of: TextOf,
+        retention_seconds: float = 0.0,
     ):
+        """`retention_seconds`: this process, when it writes, deletes change-log entries older than that
+        (0: never)."""
         self.store = store
         self.directory = directory
         self.analyzer = analyzer
@@ -96,6 +112,12 @@ class LexicalSync:
         self.how_opened = ""
         self.id_check: threading.Thread | None = None  # the background id check, when one runs
         self._stop_check = threading.Event()
+        self.retention_ns = int(retention_seconds * 1e9)
+        self._last_prune = -(2**62)  # time.time_ns() of this process's last prune (the log's clock)
+        self._pruner: threading.Thread | None = None
+        self.resyncs = 0  # full metadata re-reads after a prune past this index's watermark
+        self._follower: threading.Thread | None = None
+        self._stop_follow = threading.Event()
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -141,8 +163,8 @@ class LexicalSync:
             # store the build reads, so it counts as applied; entries logged during the build are not.
             logged = self.store.changes_since(0)
             self.index = build_from_store(self.store, self.analyzer, self.k1, self.b, self.text_of)
-            self._seen = dict(logged)
-            self._watermark = max((stamp for _, stamp in logged), default=0)
+            self._seen = {e.entry: e.stamp for e in logged}
+            self._watermark = max((e.stamp for e in logged), default=0)
             self._manifest = dict(identity)
             self._snapshot()
             self.how_opened = f"built from the store ({len(self.index)} chunks)"
@@ -255,6 +277,47 @@ class LexicalSync:
             self._journal_append(
                 [{"analysed": analysed}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}]
             )
+        self._maybe_prune()
+
+    def _maybe_prune(self) -> None:
+        """Delete change-log entries older than the retention, at most once per retention / 24 (and per
+        minute), in a thread of its own: the write that triggers it does not wait (the first prune of a
+        log never pruned can take seconds: 86k entries in 18 s, docs/scaling.md)."""
+        if self.retention_ns <= 0:
+            return
+        now = time.time_ns()
+        interval = max(MIN_PRUNE_INTERVAL_S, self.retention_ns / 1e9 / PRUNES_PER_RETENTION)
+        if now - self._last_prune < interval * 1e9:
+            return
+        if self._pruner is not None and self._pruner.is_alive():
+            return
+        self._last_prune = now
+        self._pruner = threading.Thread(target=self._prune, name="change-log-pruner", daemon=True)
+        self._pruner.start()
+
+    def _prune(self) -> None:
+        """Catch up first, so that nothing this process has not applied is deleted; then prune. A failure
+        is logged, not raised: the write that triggered it is committed, and the next write tries again."""
+        t0 = time.perf_counter()
+        with self._catching_up:
+            try:
+                self._catch_up_now()
+                deleted = self.store.prune_changes(time.time_ns() - self.retention_ns)
+            except Exception as exc:  # the store closed or unreachable
+                log.warning("pruning the change log failed (a later write tries again): %s", exc)
+                self._last_prune = -(2**62)
+                return
+        log.info(
+            "change log pruned: %d entries older than %.0f s deleted (%.2fs)",
+            deleted,
+            self.retention_ns / 1e9,
+            time.perf_counter() - t0,
+        )
+
+    def wait_pruned(self, timeout: float = 60.0) -> None:
+        """Wait for a prune in progress (tests, and `close`)."""
+        if self._pruner is not None:
+            self._pruner.join(timeout)
 
     # -- others' writes ----------------------------------------------------------------------------
 
@@ -273,16 +336,77 @@ class LexicalSync:
             self._catching_up.release()
 
     def _catch_up_now(self) -> int:
-        entries = self.store.changes_since(self._watermark - GRACE_NS)
-        new = [(entry, stamp) for entry, stamp in entries if entry not in self._seen]
-        if not new:
-            return 0
-        put, deleted = self.store.change_ids([entry for entry, _ in new])
+        """Apply the change-log entries not applied yet; returns how many chunk ids that touched."""
+        began = time.time_ns()
+        floor = self._watermark - GRACE_NS
+        entries = self.store.changes_since(floor)
+        new = [e for e in entries if e.entry not in self._seen]
+        lost = [e.pruned_before for e in new if e.pruned_before is not None and e.pruned_before > floor]
+        if lost:
+            changed = self._resync(max(lost), floor, new)
+        elif new:
+            put, deleted = self.store.change_ids([e.entry for e in new if e.pruned_before is None])
+            with self._writing:
+                changed = self._apply_ids(list(dict.fromkeys([*put, *deleted])), new)
+        else:
+            changed = 0
         with self._writing:
-            changed = self._apply_ids(list(dict.fromkeys([*put, *deleted])), new)
+            for e in entries:  # all applied now, by this process or earlier
+                self._seen.setdefault(e.entry, e.stamp)
+            self._watermark = max(self._watermark, began)
+            keep = self._watermark - 2 * GRACE_NS
+            self._seen = {e: s for e, s in self._seen.items() if s >= keep}
         return changed
 
-    def _apply_ids(self, ids: list[str], entries: list[tuple[str, int]]) -> int:
+    def _resync(self, pruned_before: int, floor: int, entries: list[ChangeEntry]) -> int:
+        """The change log was pruned past this index's read floor: entries it never applied may be gone
+        (a retag leaves no other trace). Re-read every chunk's metadata (no text, no vectors), bring each
+        chunk whose id or knowledge tag differs from the index's to its state in the store, and empty the
+        chunk cache, whose metadata may be stale too. Texts cannot differ: chunk ids are content hashes."""
+        t0 = time.perf_counter()
+        stored = {c.chunk_id: knowledge_tag_of(c.metadata) for c in self.store.iter_all(include_text=False)}
+        with self._writing:
+            self.store.forget_all()
+            index = self.index
+            in_index = set(index.ids)
+            differ = [i for i, tag in stored.items() if i not in in_index or index.tag_of(i) != tag]
+            extra = [i for i in in_index if i not in stored]
+            self._apply_ids(differ + extra, entries)
+            self.resyncs += 1
+        log.warning(
+            "the change log was pruned up to %s, past this index's watermark (read from %s): every "
+            "chunk's metadata re-read, %d chunk(s) brought to the store's state (%.1fs)",
+            _utc(pruned_before),
+            _utc(floor),
+            len(differ) + len(extra),
+            time.perf_counter() - t0,
+        )
+        return len(differ) + len(extra)
+
+    def follow(self) -> None:
+        """Catch up every `refresh_seconds` (at least every second) in a thread of its own, until `close`:
+        for a server sharing a Chroma server with other writers, so that an idle replica stays current
+        (and never falls behind a prune) and queries rarely wait for the check."""
+        if self._follower is not None:
+            return
+        interval = max(self.refresh_seconds, 1.0)
+
+        def run() -> None:
+            failing = False
+            while not self._stop_follow.wait(interval):
+                try:
+                    self.catch_up()
+                    failing = False
+                except Exception as exc:  # the store unreachable: said once, tried again
+                    if not failing:
+                        log.warning("catching up with the change log failed (retrying): %s", exc)
+                    failing = True
+
+        self._stop_follow.clear()
+        self._follower = threading.Thread(target=run, name="lexical-follower", daemon=True)
+        self._follower.start()
+
+    def _apply_ids(self, ids: list[str], entries: list[ChangeEntry]) -> int:
         """Bring `ids` to their state in the store (present: upserted; absent: deleted), and drop them from
         the store's chunk cache, so the candidates' texts, metadata and vectors follow the same feed."""
         self.store.forget(ids)
@@ -292,12 +416,14 @@ class LexicalSync:
         gone = [i for i in ids if i not in found]
         analysed = self.index.upsert(items)
         self.index.delete(gone)
-        for entry, stamp in entries:
-            self._seen[entry] = stamp
-            self._watermark = max(self._watermark, stamp)
+        for e in entries:
+            self._seen[e.entry] = e.stamp
+            self._watermark = max(self._watermark, e.stamp)
         floor = self._watermark - 2 * GRACE_NS
         self._seen = {e: s for e, s in self._seen.items() if s >= floor}
-        self._journal_append([{"analysed": analysed}, {"del": gone}, {"seen": [list(e) for e in entries]}])
+        self._journal_append(
+            [{"analysed": analysed}, {"del": gone}, {"seen": [[e.entry, e.stamp] for e in entries]}]
+        )
         return len(ids)
 
     # -- files -----------------------------------------------------------------------------------
@@ -323,11 +449,20 @@ class LexicalSync:
 
     def close(self) -> None:
         self._stop_check.set()
+        self._stop_follow.set()
         if self.id_check is not None:
             self.id_check.join(timeout=30)
+        if self._follower is not None:
+            self._follower.join(timeout=30)
+            self._follower = None
+        self.wait_pruned(timeout=60)
         with self._writing:
             if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
                 self._snapshot()
             unlock(self._lock_fd)
             self._lock_fd = None
             self._journal = None
+
+
+def _utc(stamp_ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp_ns / 1e9))

@@ -12,9 +12,10 @@ from app.store.chroma import (
     unicode_problem,
 )
 from app.store.chunk_cache import ChunkCache
-from app.store.types import StoredChunk, vector_norm
+from app.store.types import ChangeEntry, StoredChunk, vector_norm
 
 __all__ = [
+    "ChangeEntry",
     "ChromaStore",
     "ChunkCache",
     "EmbedderMismatchError",

@@ -10,7 +10,9 @@ Facts this module is built around (measured on Chroma 1.5):
 - every write is also recorded in a small companion collection, `<collection>-changes` (the change log: one
   entry per committed batch, its `stamp` = the writer's clock in ns, its document = the chunk ids it upserted
   and deleted), so every process sharing the store can bring its lexical index up to date by reading only
-  what changed (`changes_since`, then `get` of those ids), see app/retrieval/lexical_sync.py.
+  what changed (`changes_since`, then `get` of those ids), see app/retrieval/lexical_sync.py. Entries
+  older than a retention are deleted (`prune_changes`) after a marker entry says so, so that a process
+  that had not read them yet knows it missed something.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from chromadb.config import Settings as ChromaClientSettings
 
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
-from app.store.types import StoredChunk, vector_norm
+from app.store.types import ChangeEntry, StoredChunk, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +303,11 @@ class ChromaStore:
         """Drop `ids` from the chunk cache: another process wrote or deleted them (the change log says so)."""
         self.cache.invalidate(ids)
 
+    def forget_all(self) -> None:
+        """Empty the chunk cache: this process may have missed other processes' writes (a pruned change
+        log), so any cached chunk may be stale."""
+        self.cache.clear()
+
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
         of `doc_ids`: a `get` by ids, and one with `where: {doc_id: {$in: ...}}`. The first costs what is
@@ -402,16 +409,41 @@ class ChromaStore:
         )
         return entry, stamp
 
-    def changes_since(self, stamp: int) -> list[tuple[str, int]]:
-        """(entry id, stamp) of every change-log entry stamped at or after `stamp`, oldest first."""
+    def changes_since(self, stamp: int) -> list[ChangeEntry]:
+        """Every change-log entry stamped at or after `stamp`, oldest first."""
         page = self._call(
             self._change_log().get, where={"stamp": {"$gte": int(stamp)}}, include=["metadatas"]
         )
-        entries = [
-            (cid, int((meta or {}).get("stamp", 0)))
-            for cid, meta in zip(page["ids"], page["metadatas"], strict=True)
-        ]
-        return sorted(entries, key=lambda e: (e[1], e[0]))
+        entries = []
+        for cid, meta in zip(page["ids"], page["metadatas"], strict=True):
+            meta = meta or {}
+            pruned = meta.get("pruned_before")
+            entries.append(
+                ChangeEntry(cid, int(meta.get("stamp", 0)), None if pruned is None else int(pruned))
+            )
+        return sorted(entries, key=lambda e: (e.stamp, e.entry))
+
+    def prune_changes(self, before: int) -> int:
+        """Delete the change-log entries stamped before `before`; returns how many.
+
+        A marker entry, `pruned_before = before`, is added first: a process whose lexical index had not yet
+        read entries that old sees the marker among the newer entries and re-reads the store instead of
+        trusting the log (`LexicalSync`). A crash between the two leaves a marker and the old entries: the
+        next prune deletes them. Costs one `where` on the change log (O(its size) in Chroma) and the
+        deletes, once per `rag.lexical.change_log_retention_seconds` / 24 per writer."""
+        stamp = time.time_ns()
+        self._call(
+            self._change_log().add,
+            ids=[uuid.uuid4().hex],
+            embeddings=[[1.0]],
+            documents=[json.dumps({"put": [], "del": [], "pruned_before": int(before)})],
+            metadatas=[{"stamp": stamp, "pruned_before": int(before)}],
+        )
+        old = self._call(self._change_log().get, where={"stamp": {"$lt": int(before)}}, include=[])["ids"]
+        batch = self._max_batch()
+        for start in range(0, len(old), batch):
+            self._call(self._change_log().delete, ids=old[start : start + batch])
+        return len(old)
 
     def change_ids(self, entry_ids: Sequence[str]) -> tuple[list[str], list[str]]:
         """The chunk ids the entries upserted and deleted (each list without repeats)."""

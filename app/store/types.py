@@ -1,9 +1,9 @@
-"""The store's value type (apart from app/store/chroma.py, so the chunk cache can use it too)."""
+"""The store's value types (apart from app/store/chroma.py, so the chunk cache can use it too)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,3 +25,12 @@ def vector_norm(vector: np.ndarray) -> float:
     `np.linalg.norm` takes, and IEEE sqrt (so v / vector_norm(v) is bit for bit `unit_vector(v)`)."""
     v = np.asarray(vector, dtype=float).ravel()
     return float(np.sqrt(v.dot(v)))
+
+
+class ChangeEntry(NamedTuple):
+    """One entry of the store's change log: its id, its stamp (the writer's clock, ns), and for a prune
+    marker the stamp before which entries were deleted (`ChromaStore.prune_changes`), else None."""
+
+    entry: str
+    stamp: int
+    pruned_before: int | None = None

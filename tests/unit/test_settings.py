@@ -134,6 +134,16 @@ def test_chunk_overlap_not_below_chunk_size_is_an_error(tmp_path, monkeypatch):
         load_settings()
 
 
+def test_a_change_log_retention_under_an_hour_is_an_error_and_0_keeps_everything(tmp_path, monkeypatch):
+    write_config(tmp_path, monkeypatch, "rag:\n  lexical:\n    change_log_retention_seconds: 600\n")
+    with pytest.raises(SettingsError, match=r"change_log_retention_seconds is 600: use 0 .* at least 3600"):
+        load_settings()
+    write_config(tmp_path, monkeypatch, "rag:\n  lexical:\n    change_log_retention_seconds: 0\n")
+    assert load_settings().rag.lexical.change_log_retention_seconds == 0
+    write_config(tmp_path, monkeypatch, "")
+    assert load_settings().rag.lexical.change_log_retention_seconds == 86400
+
+
 def test_no_dense_and_no_lexical_candidates_is_an_error(tmp_path, monkeypatch):
     write_config(tmp_path, monkeypatch, "rag:\n  retrieval:\n    candidate_k: 0\n    hybrid: false\n")
     with pytest.raises(SettingsError, match=r"candidate_k is 0 and hybrid is false"):
