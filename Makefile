@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain clean
+.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain bench-change-log clean
 
 install: $(STAMP)
 
@@ -60,6 +60,10 @@ bench-scale: install
 # An embedded store opens in one process only: RAG__STORE__PATH=<a copy> while a server holds the original.
 bench-chain: install
 	$(BIN)/python scripts/bench_chain.py --profile
+
+# The change log's catch-up read with a week of entries, and after pruning it to a day.
+bench-change-log: install
+	$(BIN)/python scripts/bench_change_log.py
 
 clean:
 	rm -rf $(VENV)
