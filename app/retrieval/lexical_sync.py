@@ -106,6 +106,9 @@ class LexicalSync:
         self._snapshot_bytes = 0
         self._watermark = 0  # newest change-log stamp applied
         self._seen: dict[str, int] = {}  # change-log entries applied (those within GRACE_NS of the watermark)
+        # guards _seen and _watermark only, so that a catch-up with nothing new never waits for `_writing`
+        # (held for seconds by the id check's set difference at a million chunks); taken after `_writing`
+        self._log_lock = threading.Lock()
         self._last_check = float("-inf")
         self._catching_up = threading.Lock()
         self._writing = threading.Lock()
@@ -273,7 +276,8 @@ class LexicalSync:
             analysed = self.index.upsert(items)
             self.index.delete(list(deleted_ids))
             entry, stamp = self.store.record_change([c.chunk_id for c in upserted], list(deleted_ids))
-            self._seen[entry] = stamp
+            with self._log_lock:
+                self._seen[entry] = stamp
             self._journal_append(
                 [{"analysed": analysed}, {"del": list(deleted_ids)}, {"seen": [[entry, stamp]]}]
             )
@@ -350,12 +354,13 @@ class LexicalSync:
                 changed = self._apply_ids(list(dict.fromkeys([*put, *deleted])), new)
         else:
             changed = 0
-        with self._writing:
+        with self._log_lock:
+            seen = dict(self._seen)
             for e in entries:  # all applied now, by this process or earlier
-                self._seen.setdefault(e.entry, e.stamp)
+                seen.setdefault(e.entry, e.stamp)
             self._watermark = max(self._watermark, began)
             keep = self._watermark - 2 * GRACE_NS
-            self._seen = {e: s for e, s in self._seen.items() if s >= keep}
+            self._seen = {e: s for e, s in seen.items() if s >= keep}  # replaced, never changed in place
         return changed
 
     def _resync(self, pruned_before: int, floor: int, entries: list[ChangeEntry]) -> int:
@@ -416,11 +421,11 @@ class LexicalSync:
         gone = [i for i in ids if i not in found]
         analysed = self.index.upsert(items)
         self.index.delete(gone)
-        for e in entries:
-            self._seen[e.entry] = e.stamp
-            self._watermark = max(self._watermark, e.stamp)
-        floor = self._watermark - 2 * GRACE_NS
-        self._seen = {e: s for e, s in self._seen.items() if s >= floor}
+        with self._log_lock:
+            seen = {**self._seen, **{e.entry: e.stamp for e in entries}}
+            self._watermark = max([self._watermark, *(e.stamp for e in entries)])
+            floor = self._watermark - 2 * GRACE_NS
+            self._seen = {e: s for e, s in seen.items() if s >= floor}
         self._journal_append(
             [{"analysed": analysed}, {"del": gone}, {"seen": [[e.entry, e.stamp] for e in entries]}]
         )
@@ -439,7 +444,8 @@ class LexicalSync:
         if self.directory is None:
             return
         state, tags = self.index.export_state()
-        manifest = {**self._manifest, "watermark": self._watermark, "seen": self._seen}
+        with self._log_lock:
+            manifest = {**self._manifest, "watermark": self._watermark, "seen": dict(self._seen)}
         self._manifest = save_snapshot(self.directory, state, tags, manifest)
         self._journal = Journal(self.directory, int(self._manifest["generation"]))
         self._snapshot_bytes = sum(
