@@ -143,7 +143,7 @@ class Bm25Index:
     BM25Okapi's own order (terms by first appearance in the corpus), only when a query meets a term with a
     negative idf, and cached until the next write."""
 
-    # Converted postings kept between queries, in postings (24 bytes each: 16M = 384 MB at most). At 1M
+    # Scoring postings kept between queries, in postings (16 bytes each: 16M = 256 MB at most). At 1M
     # chunks, 1,200 synthetic queries touched 14.7M postings; a bound of 8M made BM25 top 20% slower.
     POSTINGS_CACHE_LIMIT = 16_000_000
 
@@ -185,10 +185,11 @@ class Bm25Index:
         self._mean_idf: tuple[int, float] | None = None
         self._alive_mask: tuple[int, np.ndarray] | None = None
         self._tag_counts: tuple[int, np.ndarray] | None = None  # live chunks per tag number
-        # term number -> (postings length when converted, slots as int64, tfs as float64, tf * (k1 + 1)):
-        # postings only grow between compactions, so a cached conversion is valid while the length is
-        # unchanged. Least recently used first; at most POSTINGS_CACHE_LIMIT postings in all.
-        self._post_np: OrderedDict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        # term number -> (postings length when converted, slots as int64, each posting's term weight, the
+        # version the weights are for): postings only grow between compactions, so the slots are valid
+        # while the length is unchanged, the weights while the version is (N, avgdl and the idf change with
+        # every write). Least recently used first; at most POSTINGS_CACHE_LIMIT postings in all.
+        self._post_np: OrderedDict[int, tuple[int, np.ndarray, np.ndarray, int]] = OrderedDict()
         self._post_np_size = 0
         # (version, query terms, every slot's score) of the last query scored: the chain asks top() for the
         # BM25 candidates and then scores() for the bm25 stage with the same query
@@ -528,13 +529,10 @@ class Bm25Index:
         for every query term (43 ms a query over 15,500 chunks here, against 0.4 ms from the postings). The
         arithmetic is its own, term by term, so the scores are bit-for-bit equal
         (tests/unit/test_lexical.py)."""
-        norm = self._length_norm()
         score = np.zeros(len(self._slot_ids))
         for number in query_terms:
-            at, tf, tf_k1 = self._postings_np(number)
-            # tf * (k1 + 1) / (tf + norm): tf converted to float64 (exactly) and tf * (k1 + 1) once per
-            # term, not once per query; the same IEEE operations on the same values as with int64 tf
-            score[at] += (self._idf(number) or 0) * (tf_k1 / (tf + norm[at]))
+            at, weights = self._weights(number)
+            score[at] += weights
         return score
 
     def _scores_of(self, query_terms: list[int]) -> np.ndarray:
@@ -547,30 +545,39 @@ class Bm25Index:
         self._last_scores = (self._version, key, score)
         return score
 
-    def _postings_np(self, number: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A term's postings as scoring needs them (slots as int64, tf and tf * (k1 + 1) as float64), kept
-        for the next query: 24 bytes a posting, so the cache is bounded (`POSTINGS_CACHE_LIMIT` postings,
-        the least recently used term dropped first). Unbounded, it grew with every term ever queried:
-        common terms of a 1M-chunk collection have ~500k postings (12 MB) each."""
+    def _weights(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        """A term's postings as scoring adds them: slots (int64) and each posting's term weight
+        idf * (tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len / avgdl))), BM25Okapi's expression with tf
+        converted to float64 (exactly): the same IEEE operations on the same values, so adding a cached
+        weight gives the very bits computing it in the query would.
+
+        Kept for the next query, so that a query whose terms are cached only gathers, adds and scatters
+        (the weights are recomputed after a write: N, avgdl and idf change). 16 bytes a posting, so the
+        cache is bounded (`POSTINGS_CACHE_LIMIT` postings, the least recently used term dropped first).
+        Unbounded, it grew with every term ever queried: common terms of a 1M-chunk collection have ~500k
+        postings (8 MB) each."""
         size = len(self._post_slots[number])
         cache = self._post_np
         cached = cache.get(number)
         if cached is not None and cached[0] == size:
             cache.move_to_end(number)
-            return cached[1], cached[2], cached[3]
-        at = np.frombuffer(self._post_slots[number], dtype=np.uint32).astype(np.int64)
+            if cached[3] == self._version:
+                return cached[1], cached[2]
+            at = cached[1]
+        else:
+            at = np.frombuffer(self._post_slots[number], dtype=np.uint32).astype(np.int64)
         tf = np.frombuffer(self._post_tf[number], dtype=np.uint32).astype(np.float64)
-        tf_k1 = tf * (self.k1 + 1)
+        weights = (self._idf(number) or 0) * ((tf * (self.k1 + 1)) / (tf + self._length_norm()[at]))
         if cached is not None:
             del cache[number]
             self._post_np_size -= cached[0]
         if size <= self.POSTINGS_CACHE_LIMIT:
-            cache[number] = (size, at, tf, tf_k1)
+            cache[number] = (size, at, weights, self._version)
             self._post_np_size += size
             while self._post_np_size > self.POSTINGS_CACHE_LIMIT:
                 _, (dropped, *_rest) = cache.popitem(last=False)
                 self._post_np_size -= dropped
-        return at, tf, tf_k1
+        return at, weights
 
     def _alive_now(self) -> np.ndarray:
         if self._alive_mask is None or self._alive_mask[0] != self._version:
@@ -635,7 +642,7 @@ class Bm25Index:
         rarest = min(query_terms, key=lambda number: len(self._post_slots[number]))
         if len(self._post_slots[rarest]) < n:
             return 0.0
-        at = self._postings_np(rarest)[0]
+        at = self._weights(rarest)[0]
         eligible = self._alive_now()[at]
         if tag_number is not None:
             eligible &= np.frombuffer(self._tag, dtype=np.int32)[at] == tag_number

@@ -79,6 +79,31 @@ def test_incremental_updates_score_like_a_fresh_bm25okapi(ops) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(ops_st)
+def test_queries_between_writes_score_like_a_fresh_bm25okapi_after_every_write(ops) -> None:
+    """Every write changes N, avgdl and idf: weights cached by the queries before it must not survive it."""
+    index = Bm25Index(ANALYZER)
+    corpus: dict[str, tuple[str, str | None]] = {}
+    for op, n, text, tag in ops:
+        if op == "put":
+            index.upsert([(f"c{n}", text, tag)])
+            corpus[f"c{n}"] = (text, tag)
+        else:
+            index.delete([f"c{n}"])
+            corpus.pop(f"c{n}", None)
+        ids = index.ids
+        tokens = [ANALYZER.tokens(corpus[i][0]) for i in ids]
+        if not any(tokens):
+            continue
+        reference = BM25Okapi(tokens, k1=1.2, b=0.75, epsilon=0.25)
+        for q in QUERIES:
+            values = reference.get_scores(ANALYZER.tokens(q))
+            expected = {i: float(v) for i, v in zip(ids, values, strict=True)}
+            assert index.scores(q, ids) == expected, (q, op, n)
+            assert dict(index.top(q, len(ids) + 1)) == {i: v for i, v in expected.items() if v > 0}, q
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops_st)
 def test_replaying_upserts_records_without_the_analyzer_gives_the_same_index(ops) -> None:
     """A journal holds `upsert`'s records (term counts, not text): applied to a copy of the index they were
     made on, they rebuild it exactly, with an analyzer that cannot tokenise anything."""
