@@ -311,7 +311,8 @@ class LexicalSync:
                 log.warning("pruning the change log failed (a later write tries again): %s", exc)
                 self._last_prune = -(2**62)
                 return
-        log.info(
+        log.log(
+            logging.INFO if deleted else logging.DEBUG,  # every process's first write prunes: quiet if idle
             "change log pruned: %d entries older than %.0f s deleted (%.2fs)",
             deleted,
             self.retention_ns / 1e9,
