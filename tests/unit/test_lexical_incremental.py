@@ -57,19 +57,25 @@ def _assert_equals_fresh(index: Bm25Index, corpus: dict[str, tuple[str, str | No
                 assert index.top(q, n, knowledge_tag=tag) == ranked[:n], (q, tag, n)
 
 
+def _apply(
+    index: Bm25Index, corpus: dict[str, tuple[str, str | None]], op: str, n: int, text: str, tag: str | None
+) -> None:
+    """One generated write, to the index and to the corpus it must equal."""
+    if op == "put":
+        index.upsert([(f"c{n}", text, tag)])
+        corpus[f"c{n}"] = (text, tag)
+    else:
+        index.delete([f"c{n}"])
+        corpus.pop(f"c{n}", None)
+
+
 @settings(max_examples=150, deadline=None)
 @given(ops_st)
 def test_incremental_updates_score_like_a_fresh_bm25okapi(ops) -> None:
     index = Bm25Index(ANALYZER)
     corpus: dict[str, tuple[str, str | None]] = {}
-    for op, n, text, tag in ops:
-        chunk_id = f"c{n}"
-        if op == "put":
-            index.upsert([(chunk_id, text, tag)])
-            corpus[chunk_id] = (text, tag)
-        else:
-            index.delete([chunk_id])
-            corpus.pop(chunk_id, None)
+    for op in ops:
+        _apply(index, corpus, *op)
     _assert_equals_fresh(index, corpus)
     index.compact()
     _assert_equals_fresh(index, corpus)
@@ -84,12 +90,7 @@ def test_queries_between_writes_score_like_a_fresh_bm25okapi_after_every_write(o
     index = Bm25Index(ANALYZER)
     corpus: dict[str, tuple[str, str | None]] = {}
     for op, n, text, tag in ops:
-        if op == "put":
-            index.upsert([(f"c{n}", text, tag)])
-            corpus[f"c{n}"] = (text, tag)
-        else:
-            index.delete([f"c{n}"])
-            corpus.pop(f"c{n}", None)
+        _apply(index, corpus, op, n, text, tag)
         ids = index.ids
         tokens = [ANALYZER.tokens(corpus[i][0]) for i in ids]
         if not any(tokens):
