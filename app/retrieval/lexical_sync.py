@@ -300,17 +300,19 @@ class LexicalSync:
         self._pruner.start()
 
     def _prune(self) -> None:
-        """Catch up first, so that nothing this process has not applied is deleted; then prune. A failure
-        is logged, not raised: the write that triggered it is committed, and the next write tries again."""
+        """Catch up first, so that nothing this process has not applied is deleted; then prune, without
+        holding the catch-up lock (queries and the follower go on catching up during a long first prune).
+        A failure is logged, not raised: the write that triggered it is committed, and the next write
+        tries again."""
         t0 = time.perf_counter()
-        with self._catching_up:
-            try:
+        try:
+            with self._catching_up:
                 self._catch_up_now()
-                deleted = self.store.prune_changes(time.time_ns() - self.retention_ns)
-            except Exception as exc:  # the store closed or unreachable
-                log.warning("pruning the change log failed (a later write tries again): %s", exc)
-                self._last_prune = -(2**62)
-                return
+            deleted = self.store.prune_changes(time.time_ns() - self.retention_ns)
+        except Exception as exc:  # the store closed or unreachable
+            log.warning("pruning the change log failed (a later write tries again): %s", exc)
+            self._last_prune = -(2**62)
+            return
         log.log(
             logging.INFO if deleted else logging.DEBUG,  # every process's first write prunes: quiet if idle
             "change log pruned: %d entries older than %.0f s deleted (%.2fs)",

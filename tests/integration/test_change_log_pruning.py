@@ -1,12 +1,14 @@
 """The change log stays small and replicas stay right: a writer deletes entries older than the retention
 (after a marker saying so), a replica whose index had not read them re-reads the store instead, a live one
-does not, a replica follows other writers while idle, and a catch-up reads only the last minutes of the log.
+does not, a replica follows other writers while idle, a catch-up reads only the last minutes of the log, and
+a long prune does not stop catching up.
 
-Real embedded Chroma, two `LexicalSync`s on one store standing for two processes; the clock (`time.time_ns`,
-which stamps change-log entries and drives pruning) is set by the test, days apart."""
+Real embedded Chroma, several `LexicalSync`s on one store standing for as many processes; the clock
+(`time.time_ns`, which stamps change-log entries and drives pruning) is set by the test, days apart."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -187,3 +189,27 @@ def test_a_following_replica_catches_up_while_no_query_arrives(store: ChromaStor
         follower.close()
         writer.close()
     assert follower._follower is None
+
+
+def test_a_long_prune_does_not_hold_up_catching_up(store: ChromaStore, tmp_path: Path) -> None:
+    writer = replica(store, tmp_path / "a", retention_days=1)
+    other = replica(store, tmp_path / "b")
+    entered, release = threading.Event(), threading.Event()
+    inner = store.prune_changes
+
+    def slow_prune(before: int) -> int:
+        entered.set()
+        release.wait(30)
+        return inner(before)
+
+    store.prune_changes = slow_prune  # type: ignore[method-assign]
+    try:
+        store.upsert([chunk(0)], vectors(1))
+        writer.apply_commit([chunk(0)], [])  # its first write: a prune starts, and stalls
+        assert entered.wait(30)
+        write(other, store, [chunk(1, "hr")], seed=1)
+        writer.catch_up()  # while the prune is still deleting
+        assert writer.index.tag_of("c001") == "hr"
+    finally:
+        release.set()
+        writer.wait_pruned()
