@@ -158,23 +158,24 @@ class CandidateGenerator:
         lexical_ids: list[str],
         chunks: dict[str, StoredChunk],
     ) -> CandidateSet:
+        def current(chunk_id: str) -> StoredChunk | None:
+            """The stored chunk, or None when it was deleted or retagged since the search or the index
+            (post-filtered dense hits were picked by the index's tags): left out."""
+            hit = chunks.get(chunk_id)
+            if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
+                return None
+            return hit
+
         hits: dict[str, tuple[StoredChunk, float, set[str]]] = {}
         for chunk_id, similarity in dense_hits:
-            hit = chunks.get(chunk_id)
-            if hit is None:
-                continue  # deleted since the search: left out, like a BM25-only one
-            if tag is not None and knowledge_tag_of(hit.metadata) != tag:
-                continue  # retagged since the search (or since the index's tags, post-filtered)
-            hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
+            if (hit := current(chunk_id)) is not None:
+                hits[chunk_id] = (hit, float(similarity or 0.0), {"dense"})
         for chunk_id in lexical_ids:
             if chunk_id in hits:
                 hits[chunk_id][2].add("bm25")
                 continue
-            hit = chunks.get(chunk_id)
-            if hit is None:
-                continue  # deleted since the index was built
-            if tag is not None and knowledge_tag_of(hit.metadata) != tag:
-                continue  # retagged since the index was built
+            if (hit := current(chunk_id)) is None:
+                continue
             vec = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             hits[chunk_id] = (hit, float(np.dot(vec, embedding)), {"bm25"})
         stored = [hit for hit, _, _ in hits.values()]

@@ -450,10 +450,7 @@ class Bm25Index:
         return None if slot is None else self._digest[slot]
 
     def tag_of(self, chunk_id: str) -> str | None:
-        slot = self._slot_of.get(chunk_id)
-        if slot is None or self._tag[slot] < 0:
-            return None
-        return self._tags[self._tag[slot]]
+        return self.tags_of([chunk_id])[0]
 
     def tags_of(self, ids: Sequence[str]) -> list[str | None]:
         """`tag_of` of each id (None: untagged, or not in the index)."""

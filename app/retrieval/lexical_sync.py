@@ -375,9 +375,10 @@ class LexicalSync:
         stored = {c.chunk_id: knowledge_tag_of(c.metadata) for c in self.store.iter_all(include_text=False)}
         with self._writing:
             self.store.forget_all()
-            index = self.index
-            in_index = set(index.ids)
-            differ = [i for i, tag in stored.items() if i not in in_index or index.tag_of(i) != tag]
+            in_index = set(self.index.ids)
+            tags = self.index.tags_of(list(stored))  # None also for an id the index lacks
+            pairs = zip(stored.items(), tags, strict=True)
+            differ = [i for (i, tag), had in pairs if had != tag or i not in in_index]
             extra = [i for i in in_index if i not in stored]
             self._apply_ids(differ + extra, entries)
             self.resyncs += 1

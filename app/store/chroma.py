@@ -398,14 +398,18 @@ class ChromaStore:
 
     def record_change(self, upserted_ids: Sequence[str], deleted_ids: Sequence[str]) -> tuple[str, int]:
         """Append one change-log entry (after the write it describes); returns (entry id, stamp)."""
+        return self._log_entry({"put": list(upserted_ids), "del": list(deleted_ids)}, {})
+
+    def _log_entry(self, body: dict[str, Any], metadata: dict[str, Any]) -> tuple[str, int]:
+        """Add an entry stamped now (this process's clock, ns) to the change log; returns (id, stamp)."""
         entry = uuid.uuid4().hex
         stamp = time.time_ns()
         self._call(
             self._change_log().add,
             ids=[entry],
             embeddings=[[1.0]],
-            documents=[json.dumps({"put": list(upserted_ids), "del": list(deleted_ids)})],
-            metadatas=[{"stamp": stamp}],
+            documents=[json.dumps(body)],
+            metadatas=[{**metadata, "stamp": stamp}],
         )
         return entry, stamp
 
@@ -431,14 +435,7 @@ class ChromaStore:
         trusting the log (`LexicalSync`). A crash between the two leaves a marker and the old entries: the
         next prune deletes them. Costs one `where` on the change log (O(its size) in Chroma) and the
         deletes, once per `rag.lexical.change_log_retention_seconds` / 24 per writer."""
-        stamp = time.time_ns()
-        self._call(
-            self._change_log().add,
-            ids=[uuid.uuid4().hex],
-            embeddings=[[1.0]],
-            documents=[json.dumps({"put": [], "del": [], "pruned_before": int(before)})],
-            metadatas=[{"stamp": stamp, "pruned_before": int(before)}],
-        )
+        self._log_entry({"put": [], "del": [], "pruned_before": int(before)}, {"pruned_before": int(before)})
         old = self._call(self._change_log().get, where={"stamp": {"$lt": int(before)}}, include=[])["ids"]
         batch = self._max_batch()
         for start in range(0, len(old), batch):
