@@ -67,10 +67,11 @@ class Sieve:
             load_reranker(rag.chain.rerank, device=rag.models.device) if rag.chain.rerank.enabled else None
         )
         log.info(
-            "models loaded in %.1fs: embedder=%s (dim %d), reranker=%s",
+            "models loaded in %.1fs: embedder=%s (dim %d, queries %s), reranker=%s",
             time.perf_counter() - t0,
             embedder.name,
             embedder.dimension,
+            embedder.query_mode,
             getattr(reranker, "name", None) or "none",
         )
         if rebuild:

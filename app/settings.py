@@ -73,6 +73,10 @@ class ModelsSettings(_Strict):
     max_query_batch: int = Field(16, ge=1, le=256)
     # How long the first query of a batch waits for others to join when the model is idle (milliseconds).
     query_batch_wait_ms: float = Field(2.0, ge=0.0, le=100.0)
+    # Run the query model as a TorchScript trace (app/models/traced.py): its forward pass then holds the
+    # GIL only at its ends, so it is not slowed by request threads; checked against eager at load, and
+    # queries run eager when the check or the trace fails. Ingest always runs eager.
+    trace_queries: bool = True
 
 
 class IngestSettings(_Strict):

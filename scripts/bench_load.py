@@ -9,9 +9,10 @@ base is ingested at its start), an admin token and the evaluation off, then meas
    runs as a job) and sequential queries run until the job is done; p50/p95 and the ratio to idle p95;
 3. `--clients` threads each sending `--queries` queries on their own connection: errors, throughput, p95,
    and the throughput ratio to one sequential client (the idle phase);
-4. unless --no-compare, the server is restarted on the same store with `RAG__MODELS__MAX_QUERY_BATCH=1`
-   (queries embedded one model call each, as before issue 11) and phases 1 and 3 run again, so the
-   batcher's gain and its p95 are compared within one run.
+4. unless --no-compare, the server is restarted on the same store once per setting of `COMPARED`, and
+   phases 1 and 3 run again: `max_query_batch=1` (queries embedded one model call each, as before issue 11:
+   the batcher's gain and its p95) and `trace_queries=false` (the query model eager, not traced), so each
+   is compared with the default within one run.
 Prints a Markdown block and writes it between the `bench-load` markers of `--doc` (unless --no-doc).
 Figures vary with what else the machine runs: compare the ratios of one run, not runs with each other.
 """
@@ -38,6 +39,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 SIEVE = Path(sys.executable).with_name("sieve")
 READY_TIMEOUT_S = 600.0
+
+
+# The settings the default server is compared with (unless --no-compare): name -> environment.
+COMPARED = [
+    ("max_query_batch=1", {"RAG__MODELS__MAX_QUERY_BATCH": "1"}),
+    ("trace_queries=false", {"RAG__MODELS__TRACE_QUERIES": "false"}),
+]
 
 
 def free_port() -> int:
@@ -85,7 +93,7 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=1000, help="queries per client")
     parser.add_argument("--idle-queries", type=int, default=200)
     parser.add_argument("--write-chunks", type=int, default=300)
-    parser.add_argument("--no-compare", action="store_true", help="skip the max_query_batch=1 server")
+    parser.add_argument("--no-compare", action="store_true", help="skip the servers of COMPARED")
     parser.add_argument("--doc", default=str(REPO / "docs" / "benchmarks.md"))
     parser.add_argument("--no-doc", action="store_true")
     args = parser.parse_args()
@@ -123,21 +131,24 @@ def main() -> int:
             concurrent = measure_concurrent(url, queries, args.clients, args.queries)
         finally:
             stop_server(proc)
-        unbatched: dict[str, Any] | None = None
-        if not args.no_compare:
-            env["RAG__MODELS__MAX_QUERY_BATCH"] = "1"
-            env["RAG__INGEST__ON_STARTUP"] = "false"
-            proc = start_server(env, port, Path(tmp) / "serve-unbatched.log")
+        compared: dict[str, dict[str, Any]] = {}
+        for name, setting in [] if args.no_compare else COMPARED:
+            server_env = env | setting | {"RAG__INGEST__ON_STARTUP": "false"}
+            log_path = Path(tmp) / f"serve-{name.replace('=', '-')}.log"
+            proc = start_server(server_env, port, log_path)
             try:
-                wait_ready(url, proc, Path(tmp) / "serve-unbatched.log")
+                wait_ready(url, proc, log_path)
                 with httpx.Client(base_url=url, timeout=120) as client:
                     for q in queries[:10]:
                         timed_query(client, q)
                     idle1 = [timed_query(client, queries[i % len(queries)]) for i in range(args.idle_queries)]
-                unbatched = {"idle": idle1, **measure_concurrent(url, queries, args.clients, args.queries)}
+                compared[name] = {
+                    "idle": idle1,
+                    **measure_concurrent(url, queries, args.clients, args.queries),
+                }
             finally:
                 stop_server(proc)
-    block = render(idle, during, write_s, job, concurrent, args, time.perf_counter() - wall, unbatched)
+    block = render(idle, during, write_s, job, concurrent, args, time.perf_counter() - wall, compared)
     print(block)
     if not args.no_doc:
         text = doc.read_text(encoding="utf-8")
@@ -231,7 +242,7 @@ def measure_concurrent(url: str, queries: list[str], clients: int, per_client: i
     }
 
 
-def render(idle, during, write_s, job, concurrent, args, wall: float, unbatched=None) -> str:
+def render(idle, during, write_s, job, concurrent, args, wall: float, compared=None) -> str:
     idle_ms = [ms for ms, _ in idle]
     during_ms = [ms for ms, _ in during]
     idle_p95, during_p95 = percentile(idle_ms, 95), percentile(during_ms, 95)
@@ -254,27 +265,28 @@ def render(idle, during, write_s, job, concurrent, args, wall: float, unbatched=
         f"{concurrent['errors']:.0f} | {concurrent['p50']:.0f} | {concurrent['p95']:.0f} | "
         f"{concurrent['p95'] / idle_p95:.2f} | {concurrent['qps']:.1f} |",
     ]
-    ratio_line = (
+    sentences = [
         f"Default server: {args.clients} clients get **{concurrent['qps'] / one_client:.2f}x** the "
         f"throughput of one sequential client ({concurrent['qps']:.1f} vs {one_client:.1f} queries/s)."
-    )
-    if unbatched is not None:
-        idle1_ms = [ms for ms, _ in unbatched["idle"]]
-        one1 = 1000 / statistics.mean(idle1_ms)
+    ]
+    for name, other in (compared or {}).items():
+        other_ms = [ms for ms, _ in other["idle"]]
+        one = 1000 / statistics.mean(other_ms)
         lines += [
-            f"| max_query_batch=1 | idle, one client | {len(idle1_ms)} | "
-            f"{sum(1 for _, ok in unbatched['idle'] if not ok)} | {statistics.median(idle1_ms):.0f} | "
-            f"{percentile(idle1_ms, 95):.0f} | {percentile(idle1_ms, 95) / idle_p95:.2f} | {one1:.1f} |",
-            f"| max_query_batch=1 | {args.clients} clients x {args.queries} | {unbatched['queries']:.0f} | "
-            f"{unbatched['errors']:.0f} | {unbatched['p50']:.0f} | {unbatched['p95']:.0f} | "
-            f"{unbatched['p95'] / idle_p95:.2f} | {unbatched['qps']:.1f} |",
+            f"| {name} | idle, one client | {len(other_ms)} | "
+            f"{sum(1 for _, ok in other['idle'] if not ok)} | {statistics.median(other_ms):.0f} | "
+            f"{percentile(other_ms, 95):.0f} | {percentile(other_ms, 95) / idle_p95:.2f} | {one:.1f} |",
+            f"| {name} | {args.clients} clients x {args.queries} | {other['queries']:.0f} | "
+            f"{other['errors']:.0f} | {other['p50']:.0f} | {other['p95']:.0f} | "
+            f"{other['p95'] / idle_p95:.2f} | {other['qps']:.1f} |",
         ]
-        ratio_line += (
-            f" Without batching (max_query_batch=1, the same store, right after): "
-            f"{unbatched['qps'] / one1:.2f}x ({unbatched['qps']:.1f} vs {one1:.1f} queries/s); "
-            f"{args.clients}-client p95 {concurrent['p95']:.0f} ms batched vs {unbatched['p95']:.0f} ms not."
+        sentences.append(
+            f"With {name} (the same store, right after): {other['qps'] / one:.2f}x ({other['qps']:.1f} vs "
+            f"{one:.1f} queries/s); one client p50 {statistics.median(other_ms):.0f} ms against "
+            f"{statistics.median(idle_ms):.0f}; {args.clients}-client p95 {other['p95']:.0f} ms against "
+            f"{concurrent['p95']:.0f}."
         )
-    lines += ["", ratio_line + f" Errors in the two single-client phases: {errors}."]
+    lines += ["", " ".join(sentences) + f" Errors in the two single-client phases: {errors}."]
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from app.models.batcher import QueryBatcher
 from app.models.e5_convert import PASSAGE_PROMPT, QUERY_PROMPT, E5ConversionError, ensure_e5_folder
 from app.models.priority import PriorityLock
+from app.models.traced import trace_query_model
 from app.settings import ModelsSettings
 
 E5_NAME = "multilingual-e5-small"
@@ -71,12 +72,14 @@ class Embedder:
         max_query_batch: int = 1,
         query_batch_wait_ms: float = 0.0,
         query_threads: int | None = None,
+        query_model: Any = None,
     ):
         """`workers`: ingest slices run on this many threads at once, each on one torch intra-op thread
         (1: one slice at a time in the caller's thread, the path before issue 11; see `embed_passages`).
         `query_threads`: torch intra-op threads for query calls, set in the calling thread before each one
         (None: leave torch as it is). `max_query_batch` > 1: concurrent `embed_queries` calls are embedded
-        together (see batcher.py)."""
+        together (see batcher.py). `query_model`: what runs the model for queries in place of
+        `model(features)` (traced.py's `TracedQueryModel`); None: `model.encode`."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         if workers < 1:
@@ -94,6 +97,8 @@ class Embedder:
         self.slice_ms = slice_ms
         self.workers = workers
         self.query_threads = query_threads
+        self.query_model = query_model
+        self.query_mode = "traced" if query_model is not None else "eager"  # how queries run, for the log
         # Wall time spent inside model calls, summed over the threads that made them; benchmarks print it.
         self.model_seconds = 0.0
         self._seconds_lock = threading.Lock()
@@ -271,6 +276,8 @@ class Embedder:
     def _encode_queries(self, texts: list[str]) -> np.ndarray:
         """Queries run at `query_threads`, set in this thread whatever an ingest set in its own."""
         _use_torch_threads(self.query_threads)
+        if self.query_model is not None:
+            return self._encode_split(texts, self.query_prompt, self.query_model)
         return self._encode(texts, self.query_prompt, show_progress=False)
 
     def _encode(self, texts: list[str], prompt: str, show_progress: bool) -> np.ndarray:
@@ -291,11 +298,12 @@ class Embedder:
             self._add_seconds(time.perf_counter() - started)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    def _encode_split(self, texts: list[str], prompt: str) -> np.ndarray:
+    def _encode_split(self, texts: list[str], prompt: str, forward: Any = None) -> np.ndarray:
         """What `model.encode` computes, with the tokenizer under `_tokenize_lock` and the model outside
         it, so that several workers can run the model at once: per batch of `batch_size`, the model's
-        `preprocess` (prompt + tokenizer), its forward pass, and the sentence embedding scaled to length 1.
-        A model without `preprocess` (sentence-transformers before 5) runs whole under the lock."""
+        `preprocess` (prompt + tokenizer), its forward pass (`forward(features)`, default the model's own),
+        and the sentence embedding scaled to length 1. A model without `preprocess` (sentence-transformers
+        before 5) runs whole under the lock."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         if not hasattr(self.model, "preprocess"):
@@ -303,6 +311,7 @@ class Embedder:
                 return self._encode(texts, prompt, False)
         import torch
 
+        forward = forward if forward is not None else self.model
         started = time.perf_counter()
         rows: list[np.ndarray] = []
         try:
@@ -316,7 +325,7 @@ class Embedder:
                     for k, v in features.items()
                 }
                 with torch.inference_mode():
-                    pooled = self.model(features)["sentence_embedding"]
+                    pooled = forward(features)["sentence_embedding"]
                     pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
                 rows.append(pooled.detach().to("cpu", torch.float32).numpy())
         finally:
@@ -365,7 +374,18 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_prompt = settings.query_prompt
     if settings.passage_prompt is not None:
         passage_prompt = settings.passage_prompt
-    return Embedder(
+    query_threads = configure_torch_threads()
+    query_model, query_mode = None, "eager (rag.models.trace_queries is off)"
+    if settings.trace_queries:
+        with torch_threads(query_threads):
+            query_model, why = trace_query_model(model, query_prompt)
+        query_mode = (
+            f"traced (TorchScript, smallest cosine to eager {query_model.min_cosine:.7f}, "
+            f"{query_model.seconds:.1f}s)"
+            if query_model is not None
+            else f"eager: not traced, {why}"
+        )
+    embedder = Embedder(
         model,
         name,
         checksum,
@@ -376,8 +396,11 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         workers=settings.threads or usable_cores(),
         max_query_batch=settings.max_query_batch,
         query_batch_wait_ms=settings.query_batch_wait_ms,
-        query_threads=configure_torch_threads(),
+        query_threads=query_threads,
+        query_model=query_model,
     )
+    embedder.query_mode = query_mode
+    return embedder
 
 
 def _load_folder(folder: Path, requested: str, what: str, device: str) -> Any:
