@@ -6,6 +6,8 @@ One Sieve is opened and the sample base ingested once for the module (about 20 s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from app.models import load_reranker
@@ -227,3 +229,16 @@ def test_a_knowledge_tag_restricts_the_bm25_candidates_of_the_real_index(sieve):
     result = sieve.retrieve("How do I connect to the VPN when working from home?", knowledge_tag="it")
     assert {d.knowledge_tag for d in result.documents} == {"it"}
     assert result.trace.candidate_origins["both"] > 0  # BM25 still found it-tagged candidates
+
+
+def test_queries_on_an_embedded_store_never_read_the_change_log(sieve, monkeypatch):
+    # The process holds the embedded store's lock: no other process can write, so there is nothing to catch
+    # up with (its own writes reach the index through on_commit).
+    reads = []
+    real = sieve.store.changes_since
+    monkeypatch.setattr(sieve.store, "changes_since", lambda stamp: reads.append(stamp) or real(stamp))
+    sieve.retrieve("出差住宿标准", 5)
+    time.sleep(sieve.settings.rag.lexical.refresh_seconds + 0.1)  # past a Chroma server's check interval
+    sieve.retrieve("VPN setup", 5)
+
+    assert reads == []
