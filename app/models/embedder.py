@@ -73,13 +73,15 @@ class Embedder:
         query_batch_wait_ms: float = 0.0,
         query_threads: int | None = None,
         query_model: Any = None,
+        query_mode: str | None = None,
     ):
         """`workers`: ingest slices run on this many threads at once, each on one torch intra-op thread
         (1: one slice at a time in the caller's thread, the path before issue 11; see `embed_passages`).
         `query_threads`: torch intra-op threads for query calls, set in the calling thread before each one
         (None: leave torch as it is). `max_query_batch` > 1: concurrent `embed_queries` calls are embedded
         together (see batcher.py). `query_model`: what runs the model for queries in place of
-        `model(features)` (traced.py's `TracedQueryModel`); None: `model.encode`."""
+        `model(features)` (traced.py's `TracedQueryModel`); None: `model.encode`. `query_mode`: how queries
+        run, in words, for the start-up log (default "traced" or "eager")."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         if workers < 1:
@@ -98,7 +100,7 @@ class Embedder:
         self.workers = workers
         self.query_threads = query_threads
         self.query_model = query_model
-        self.query_mode = "traced" if query_model is not None else "eager"  # how queries run, for the log
+        self.query_mode = query_mode or ("traced" if query_model is not None else "eager")
         # Wall time spent inside model calls, summed over the threads that made them; benchmarks print it.
         self.model_seconds = 0.0
         self._seconds_lock = threading.Lock()
@@ -385,7 +387,7 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
             if query_model is not None
             else f"eager: not traced, {why}"
         )
-    embedder = Embedder(
+    return Embedder(
         model,
         name,
         checksum,
@@ -398,9 +400,8 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_batch_wait_ms=settings.query_batch_wait_ms,
         query_threads=query_threads,
         query_model=query_model,
+        query_mode=query_mode,
     )
-    embedder.query_mode = query_mode
-    return embedder
 
 
 def _load_folder(folder: Path, requested: str, what: str, device: str) -> Any:

@@ -3,8 +3,8 @@
 Why. In eager mode a forward pass of a transformer returns to Python between its operators, hundreds of
 times, and every return must take the GIL back. In a server other request threads hold the GIL for their
 chain and HTTP work, and each re-take can wait for the interpreter's switch interval (5 ms). Measured here
-(`scripts/bench_load.py` explains the figures in docs/benchmarks.md): one batch of 4 SciFact queries took
-88 ms alone and 2,140 ms beside one thread running Python; traced, 101 and 227 ms. A trace
+in one process (docs/benchmarks.md, "Load"): one batch of 4 SciFact queries took 88 ms alone and 2,140 ms
+beside one thread running Python; traced, 101 and 227 ms. A trace
 (`torch.jit.trace`) runs the forward pass in TorchScript's C++ interpreter, which holds the GIL only at its
 two ends.
 
@@ -16,8 +16,9 @@ Safety. A trace records one run of the model and replays its operators, so it ca
 that take another branch. It is made on two texts, then checked on others: batches of 1 and 3, Chinese, and
 a text longer than the model's `max_seq_length` (truncated, as eager truncates it). Every checked vector
 must have a cosine of at least `TRACE_MIN_COSINE` with the eager model's; otherwise the trace is not used
-and queries run eager (`trace_query_model` returns why). Measured on multilingual-e5-small: the smallest
-cosine is 0.99999988 (the trace builds an attention mask where eager skips it for an unpadded batch).
+and queries run eager (`trace_query_model` returns why). Measured on multilingual-e5-small and MiniLM: the
+smallest cosine is 0.99999988-1.0 (the trace builds an attention mask where eager skips it for an unpadded
+batch).
 
 torch 2.13 calls `torch.jit.trace` deprecated (for `torch.export`, whose programs run operator by operator
 in Python again, and `torch.compile`, which needs a C++ compiler at run time); torch is pinned, and a trace
@@ -90,9 +91,11 @@ def trace_query_model(model: Any, prompt: str) -> tuple[TracedQueryModel | None,
     modules = list(model) if hasattr(model, "__iter__") else []
     first = modules[0] if modules else None
     auto_model = getattr(first, "auto_model", None)
-    if not isinstance(auto_model, torch.nn.Module) or not hasattr(model, "preprocess"):
+    if not isinstance(auto_model, torch.nn.Module):
         kind = type(first).__name__
         return None, f"its first module is {kind}, not a Transformer with a Hugging Face model"
+    if not hasattr(model, "preprocess"):
+        return None, "its sentence-transformers has no `preprocess` (before version 5)"
     if getattr(first, "module_output_name", "token_embeddings") != "token_embeddings":
         return None, f"its Transformer outputs {first.module_output_name!r}, not token embeddings"
     started = time.perf_counter()
