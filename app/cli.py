@@ -196,7 +196,8 @@ def open_sieve(settings, rebuild: bool = False):
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    settings = settings_with()
+    # no query is embedded here: tracing the query model would only add seconds to the start
+    settings = settings_with(nested("rag.models.trace_queries", False))
     missing = [p for p in args.paths if not os.path.exists(p)]
     if missing:
         print(f"error: no such file or directory: {', '.join(missing)}", file=sys.stderr)

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS_CACHE = REPO / "target" / "models"
 SIEVE = Path(sys.executable).with_name("sieve")
 EXIT_INPUT = 2
+EXIT_OK = 0
 DEEP = 100_000
 
 
@@ -83,6 +84,18 @@ def test_ingest_of_a_hostile_folder_exits_2_naming_every_bad_file_and_keeps_the_
     ids = doc_ids(store_path, real_embedder)
     assert {"robust-good", "robust-line-1"} <= ids
     assert "robust-line-3" not in ids and "hostname" not in ids
+
+
+def test_ingest_loads_the_query_model_untraced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_embedder
+) -> None:
+    # `sieve ingest` embeds no query: it skips the trace and its seconds at start
+    asked = []
+    monkeypatch.setattr("app.service.load_embedder", lambda models: asked.append(models) or real_embedder)
+    (tmp_path / "one.md").write_text("---\nid: cli-untraced\n---\n# One\n\nA document.\n", encoding="utf-8")
+
+    assert main(["ingest", str(tmp_path / "one.md")]) == EXIT_OK
+    assert [m.trace_queries for m in asked] == [False]
 
 
 def test_eval_with_a_too_deep_golden_set_line_exits_2_naming_file_and_line(tmp_path: Path) -> None:
