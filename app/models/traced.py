@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -125,7 +125,7 @@ def trace_query_model(model: Any, prompt: str) -> tuple[TracedQueryModel | None,
             )
     except Exception as exc:  # any model torch cannot trace: the eager path stays
         return None, f"torch.jit.trace failed: {type(exc).__name__}: {exc}"
-    candidate = TracedQueryModel(traced, inputs, modules[1:], 1.0, 0.0)
+    candidate = TracedQueryModel(traced, inputs, modules[1:], min_cosine=float("nan"), seconds=float("nan"))
     worst = 1.0
     try:
         with torch.inference_mode():
@@ -139,9 +139,7 @@ def trace_query_model(model: Any, prompt: str) -> tuple[TracedQueryModel | None,
     if not worst >= TRACE_MIN_COSINE:
         why = f"the trace's vectors differ from eager's (smallest cosine {worst:.7f} < {TRACE_MIN_COSINE})"
         return None, why
-    candidate.min_cosine = worst
-    candidate.seconds = time.perf_counter() - started
-    return candidate, ""
+    return replace(candidate, min_cosine=worst, seconds=time.perf_counter() - started), ""
 
 
 def _unit(vectors: Any) -> np.ndarray:

@@ -96,3 +96,13 @@ def test_a_model_without_a_transformer_first_is_not_traced():
 
     assert traced is None
     assert why == "its first module is Pooling, not a Transformer with a Hugging Face model"
+
+
+def test_a_model_without_preprocess_is_not_traced(minilm):
+    class BeforeVersion5(list):  # its modules, but no `preprocess` (sentence-transformers before 5)
+        pass
+
+    traced, why = trace_query_model(BeforeVersion5(minilm), "")
+
+    assert traced is None
+    assert why == "its sentence-transformers has no `preprocess` (before version 5)"
