@@ -78,6 +78,7 @@ class Sieve:
             drop_collection(rag.store)
         store = ChromaStore.open(rag.store, embedder.identity())
         log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))
+        log.info("%s", store.load_exact(rag.store.exact_search_max_chunks))
         return cls(settings, embedder, store, reranker)
 
     def close(self) -> None:

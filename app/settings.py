@@ -121,6 +121,14 @@ class StoreSettings(_Strict):
         description="chunks (text, metadata, vector) kept in memory for the query path, least recently used "
         "dropped first; 0 = none (every query reads them from the store). Kept as current as the BM25 index.",
     )
+    exact_search_max_chunks: int = Field(
+        50_000,
+        ge=0,
+        le=10_000_000,
+        description="a collection of at most this many chunks is searched exactly, over every vector held in "
+        "memory (read at start, 4 bytes per dimension per chunk), instead of through Chroma's HNSW index; "
+        "0 = always HNSW. Kept as current as the BM25 index.",
+    )
 
 
 MIN_CHANGE_LOG_RETENTION_SECONDS = 3600

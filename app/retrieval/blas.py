@@ -2,7 +2,8 @@
 
 OpenBLAS splits a product as small as a candidate set's 100 x 100 cosine matrix across every core. On a
 busy machine the threads wait for each other: measured here under load, 15 ms with 2 threads against
-0.4 ms with one. Nothing the chain multiplies is large enough to gain from more threads.
+0.4 ms with one. Nothing the chain multiplies is large enough to gain from more threads (the exact dense
+search over the whole collection, app/store/exact.py, is, and runs on every thread).
 """
 
 from __future__ import annotations

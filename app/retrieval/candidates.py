@@ -115,11 +115,14 @@ class CandidateGenerator:
         returns fewer candidates than `where` would. When n reaches the whole collection, one more than
         `live` is asked for: every chunk comes back and nothing is left to ask for.
 
+        A store that searches exactly (`ChromaStore.exact_search_active`, app/store/exact.py) filters by
+        tag exactly and cheaply itself: it gets the `where`.
+
         The tags are the index's, which follows other processes' writes at most
         `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag."""
         k = self.settings.candidate_k
         n = self._post_filter_n(tag)
-        if tag is None or n is None:
+        if tag is None or n is None or getattr(self.store, "exact_search_active", False):
             return self.store.query_ids(embeddings, k, _where(tag))
         index = cast("TaggedIndex", self.lexical)
         wide = self.store.query_ids(embeddings, n, None)

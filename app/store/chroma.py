@@ -36,6 +36,7 @@ from chromadb.config import Settings as ChromaClientSettings
 
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
+from app.store.exact import ExactSearch
 from app.store.types import ChangeEntry, StoredChunk, vector_norm
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class ChromaStore:
         self._heartbeat_url = heartbeat_url
         self._changes: Any = None  # the change-log collection, opened on first use
         self.cache = ChunkCache(cache_chunks)
+        self.exact: ExactSearch | None = None  # made by `load_exact`
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -201,6 +203,35 @@ class ChromaStore:
             self._call(self._collection.query, query_embeddings=probe, n_results=1, include=[])
         return time.perf_counter() - started
 
+    def load_exact(self, max_chunks: int) -> str:
+        """Read every chunk's vector into an exact search (app/store/exact.py) when the collection holds at
+        most `max_chunks` (0: never); `query_ids` uses it from then on. Returns the sentence for the log."""
+        if max_chunks <= 0:
+            return "dense search: the store's HNSW index (rag.store.exact_search_max_chunks is 0)"
+        started = time.perf_counter()
+        exact = ExactSearch(max_chunks)
+        self.exact = exact  # from here on, writes mark their ids stale
+        with exact.refreshing:
+            for _attempt in range(2):
+                exact.take_stale()
+                count = self.count()
+                exact.load(self.iter_vectors() if count <= max_chunks else iter(()), count)
+                # Pages are read by offset: another process's write during the read can shift a chunk
+                # past a page boundary unread. The count then differs (or a write is in flight): once more.
+                if not exact.active or len(exact) == self.count():
+                    break
+        if not exact.active:
+            return f"dense search: the store's HNSW index ({exact.why_not})"
+        return (
+            f"dense search: exact, over {len(exact)} vectors held in memory "
+            f"(read in {time.perf_counter() - started:.1f}s; rag.store.exact_search_max_chunks {max_chunks})"
+        )
+
+    @property
+    def exact_search_active(self) -> bool:
+        """True when `query_ids` answers from the exact search (without `where`, or with a knowledge tag)."""
+        return self.exact is not None and self.exact.active
+
     # -- reading ---------------------------------------------------------------------------------
 
     @property
@@ -264,11 +295,77 @@ class ChromaStore:
         best first: `query` without reading any document, metadata or vector (`chunks` has those)."""
         if len(embeddings) == 0:
             return []
+        exact = self._exact_query(embeddings, n, where)
+        if exact is not None:
+            return exact
         result = self._nearest(embeddings, n, where, ["distances"])
         return [
             [(cid, 1.0 - dist) for cid, dist in zip(ids, dists, strict=True)]
             for ids, dists in zip(result["ids"], result["distances"], strict=True)
         ]
+
+    def _exact_query(
+        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None
+    ) -> list[list[tuple[str, float]]] | None:
+        """`query_ids`' answer from the exact search, or None when it cannot give one (not loaded, turned
+        off, a `where` other than one knowledge tag, or ids still stale)."""
+        exact = self.exact
+        if exact is None or not exact.active:
+            return None
+        if where is None:
+            tag = None
+        elif set(where) == {"knowledge"} and isinstance(where["knowledge"], str):
+            tag = where["knowledge"]
+        else:
+            return None
+        self._refresh_exact(wait=False)
+        return exact.search(embeddings, n, tag)
+
+    def _refresh_exact(self, wait: bool) -> None:
+        """Read the exact search's stale ids back from the store. `wait=False` (a query): when another
+        thread is reading them already, go on without waiting (the query then sees those chunks as they
+        were, as a query concurrent with their write may)."""
+        exact = self.exact
+        if exact is None or not exact.active:
+            return
+        if not exact.refreshing.acquire(blocking=wait):
+            return
+        try:
+            everything, ids = exact.take_stale()
+            if not everything and not ids:
+                return
+            try:
+                if everything:
+                    exact.load(self.iter_vectors(), self.count())
+                else:
+                    present = self.get(ids, include_embeddings=True)
+                    found = {c.chunk_id for c in present}
+                    exact.apply(present, [i for i in ids if i not in found])
+            except BaseException:
+                exact.restale(everything, ids)
+                raise
+            if not exact.active:
+                log.warning("exact dense search turned off: %s; the store's HNSW index serves", exact.why_not)
+        finally:
+            exact.refreshing.release()
+
+    def _exact_changed(self, ids: Iterable[str] | None) -> None:
+        """`ids` (None: any chunk) may differ in the store now: the exact search reads them back at once,
+        so the write's caller and the next query see them. A failed read leaves them stale for the next
+        query to read (it is logged, never raised: this runs after writes, also failed ones)."""
+        exact = self.exact
+        if exact is None:
+            return
+        if ids is None:
+            exact.stale_all()
+        else:
+            exact.stale(ids)
+        try:
+            self._refresh_exact(wait=True)
+        except Exception as exc:
+            log.warning(
+                "exact dense search: reading written chunks back failed (retried at the next query): %s", exc
+            )
 
     def _nearest(
         self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None, include: list[str]
@@ -300,13 +397,17 @@ class ChromaStore:
         return found
 
     def forget(self, ids: Iterable[str]) -> None:
-        """Drop `ids` from the chunk cache: another process wrote or deleted them (the change log says so)."""
+        """Drop `ids` from the chunk cache and read them back into the exact search: another process wrote
+        or deleted them (the change log says so)."""
+        ids = list(ids)
         self.cache.invalidate(ids)
+        self._exact_changed(ids)
 
     def forget_all(self) -> None:
-        """Empty the chunk cache: this process may have missed other processes' writes (a pruned change
-        log), so any cached chunk may be stale."""
+        """Empty the chunk cache and re-read the exact search: this process may have missed other
+        processes' writes (a pruned change log), so any cached chunk may be stale."""
         self.cache.clear()
+        self._exact_changed(None)
 
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
@@ -362,6 +463,7 @@ class ChromaStore:
                 )
         finally:  # also after a failure: some batches may be stored
             self.cache.invalidate(c.chunk_id for c in chunks)
+            self._exact_changed(c.chunk_id for c in chunks)
 
     def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         """Replace the metadata of stored chunks (their text and vectors stay)."""
@@ -375,6 +477,7 @@ class ChromaStore:
                 )
         finally:
             self.cache.invalidate(ids)
+            self._exact_changed(ids)
 
     def delete(self, ids: Sequence[str]) -> None:
         batch = self._max_batch()
@@ -383,6 +486,7 @@ class ChromaStore:
                 self._call(self._collection.delete, ids=list(ids[start : start + batch]))
         finally:
             self.cache.invalidate(ids)
+            self._exact_changed(ids)
 
     # -- the change log ----------------------------------------------------------------------------
 
@@ -454,6 +558,22 @@ class ChromaStore:
             put.update(dict.fromkeys(body.get("put", [])))
             deleted.update(dict.fromkeys(body.get("del", [])))
         return list(put), list(deleted)
+
+    def iter_vectors(self) -> Iterator[StoredChunk]:
+        """Every chunk with its metadata and vector (no text), page by page."""
+        offset = 0
+        while True:
+            page = self._call(
+                self._collection.get, include=["metadatas", "embeddings"], limit=_PAGE, offset=offset
+            )
+            ids = page["ids"]
+            for i, cid in enumerate(ids):
+                emb = page["embeddings"][i]
+                vector = None if emb is None else np.asarray(emb, dtype=np.float32)
+                yield StoredChunk(cid, "", dict(page["metadatas"][i] or {}), vector)
+            if len(ids) < _PAGE:
+                return
+            offset += _PAGE
 
     def iter_ids(self) -> Iterator[str]:
         """Every chunk id, page by page (no text, no vectors)."""

@@ -107,3 +107,36 @@ def test_between_two_checks_the_cache_is_exactly_as_stale_as_the_bm25_index(repl
     reader_sync._catch_up_now()  # the check when it is due
     assert reader.chunks(["c1"])["c1"].metadata["knowledge"] == "finance"
     assert index.tag_of("c1") == "finance"
+
+
+def test_another_replicas_writes_reach_the_exact_dense_search_with_the_change_log(replicas) -> None:
+    writer, reader = replicas
+    writer_sync = LexicalSync(writer, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
+    writer_sync.open()
+    first = [
+        StoredChunk("c1", "vpn client setup", {"doc_id": "d1", "knowledge": "it"}),
+        StoredChunk("c2", "vpn password reset", {"doc_id": "d2", "knowledge": "it"}),
+    ]
+    writer.upsert(first, VECTORS[:2])
+    writer_sync.apply_commit(first, [])
+    reader_sync = LexicalSync(reader, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
+    reader_sync.open()
+    assert reader.load_exact(100).startswith("dense search: exact, over 2 vectors")
+    assert [cid for cid, _ in reader.query_ids(VECTORS[2:3], 2)[0]] == ["c1", "c2"]  # both at cosine 0
+
+    # the writer adds a chunk at the probe, retags c1 and deletes c2
+    near = StoredChunk("c3", "vpn on the road", {"doc_id": "d3", "knowledge": "it"})
+    writer.upsert([near], VECTORS[2:3])
+    writer_sync.apply_commit([near], [])
+    writer.update_metadata(["c1"], [{"doc_id": "d1", "knowledge": "finance"}])
+    writer_sync.apply_commit(
+        [StoredChunk("c1", "vpn client setup", {"doc_id": "d1", "knowledge": "finance"})], []
+    )
+    writer.delete(["c2"])
+    writer_sync.apply_commit([], ["c2"])
+    assert [cid for cid, _ in reader.query_ids(VECTORS[2:3], 3)[0]] == ["c1", "c2"]  # not read yet
+
+    reader_sync.catch_up()
+    assert reader.exact_search_active
+    assert reader.query_ids(VECTORS[2:3], 3)[0] == [("c3", pytest.approx(1.0, abs=1e-6)), ("c1", 0.0)]
+    assert [cid for cid, _ in reader.query_ids(VECTORS[2:3], 3, {"knowledge": "it"})[0]] == ["c3"]

@@ -146,3 +146,16 @@ def test_the_index_counts_live_chunks_per_tag_through_writes() -> None:
     index.delete(["c-000", "c-001", "d-000"])
     assert [index.tag_count(t) for t in ("a", "b", "c", "d")] == [500 - 1, 250 + 1, 50 - 2, 5 + 1 - 1]
     assert index.tags_of(["a-000", "new", "c-000", "None-000", "nowhere"]) == ["b", "d", None, None, None]
+
+
+def test_a_store_that_searches_exactly_gets_the_where_itself() -> None:
+    """With the store's exact search on (`exact_search_active`), its filtered search is exact and cheap:
+    no wide unfiltered search is made, whatever the tag's share."""
+    chunks, index = collection()
+    store = ExactStore(chunks)
+    store.exact_search_active = True
+    generator = CandidateGenerator(store, settings(4000), index)
+    query = np.random.default_rng(5).normal(size=(1, DIM)).astype(np.float32)
+    (got,) = dense_ids(generator, query, ["a"])
+    assert store.calls == [({"knowledge": "a"}, K, 1)]
+    assert len(got) == K and all(cid.startswith("a-") for cid in got)

@@ -1,0 +1,248 @@
+"""Exact nearest-neighbour search over every chunk's vector, held in this process, for a collection of up to
+`rag.store.exact_search_max_chunks` chunks (`ChromaStore.query_ids` uses it when it can).
+
+Why. Measured on SciFact (17,986 chunks, 384 dimensions, one query at a time, docs/benchmarks.md "Chain"):
+Chroma's HNSW search for the 50 nearest took 3.4-4.0 ms at `ef_search` 200, about 0.9 ms of it the call's
+fixed cost and the rest the graph walk (3.2 ms at `ef_search` 100, which found only 97.3% of the true top
+50). One float32 matrix-vector product over all the vectors and a partial sort took 1.4 ms, and finds the
+true top 50 by definition. The product grows with the collection (about 0.08 ms per 1,000 chunks here)
+and the graph walk much more slowly, so past the limit Chroma's own index serves.
+
+What it answers: what `query_ids` answers on a cosine collection, without approximation. For each query
+vector q and `n`: the `n` chunks of largest cosine(q, v) = (q / |q|) · (v / |v|), computed in float32 (the
+rows are kept as unit float32 vectors; a zero vector's row stays zero, similarity 0 with everything), best
+first, ties by chunk id (so every process orders them alike). With a knowledge tag: only the chunks whose
+`knowledge` metadata is that string, as Chroma's `where={"knowledge": tag}` matches it.
+
+As current as the chunk cache (app/store/chunk_cache.py), by the same calls: `stale(ids)` after every write
+of this process (upsert, metadata update, delete, also a failed one) and for other processes' writes read
+from the change log (`ChromaStore.forget`); `stale_all()` when the change log was pruned past this process.
+The store reads the stale ids back (vector and metadata) and `apply`s them, right after its own writes and
+before the next search. Reads and applies are serialised (`refreshing`), so an older read never lands
+after a newer one.
+
+Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 77 MB at the default limit of 50,000),
+plus the ids.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from app.store.types import StoredChunk
+
+NO_TAG = -1  # a live row without a (string) knowledge tag
+DEAD = -2  # a free row
+
+
+class ExactSearch:
+    """A growable float32 matrix of unit rows, with each row's chunk id and knowledge tag."""
+
+    def __init__(self, max_chunks: int):
+        if max_chunks < 0:
+            raise ValueError(f"max_chunks must be >= 0, not {max_chunks}")
+        self.max_chunks = max_chunks
+        self.refreshing = threading.Lock()  # held by whoever reads the store for `apply`
+        self._lock = threading.Lock()  # the arrays below
+        self._rows: np.ndarray | None = None  # capacity x dimension, float32 unit rows
+        self._tags = np.empty(0, dtype=np.int32)  # tag number per row, NO_TAG or DEAD
+        self._ids: list[str | None] = []  # per row; None for a free row
+        self._row_of: dict[str, int] = {}
+        self._free: list[int] = []
+        self._tag_number: dict[str, int] = {}
+        self._stale: set[str] = set()
+        self._stale_all = False
+        self.active = False
+        self.retired = False  # turned off for good (too many chunks, a vector missing): marks are ignored
+        self.why_not = "not loaded"  # why it does not serve, while not `active`
+
+    def __len__(self) -> int:
+        return len(self._row_of)
+
+    @property
+    def dimension(self) -> int | None:
+        return None if self._rows is None else int(self._rows.shape[1])
+
+    # -- filling -----------------------------------------------------------------------------------
+
+    def load(self, chunks: Iterable[StoredChunk], count: int) -> bool:
+        """Hold exactly `chunks` (the whole collection, which has `count` chunks); False, holding nothing,
+        when `count` is over `max_chunks` or a vector is missing or of another length. The caller takes
+        the stale ids (`take_stale`) before it reads the collection, so what is marked during the read
+        stays stale; a read that fails leaves this index as it was."""
+        if count > self.max_chunks:
+            with self._lock:
+                self._off(f"{count} chunks > rag.store.exact_search_max_chunks {self.max_chunks}")
+            return False
+        batch = list(chunks)
+        with self._lock:
+            self._clear()
+            self.active = True
+            self._put(batch)
+            if len(self._row_of) > self.max_chunks:
+                self._off(f"{len(self._row_of)} chunks > rag.store.exact_search_max_chunks {self.max_chunks}")
+            return self.active
+
+    def stale(self, ids: Iterable[str]) -> None:
+        """`ids` may differ in the store now: read them back before the next search."""
+        with self._lock:
+            if not self.retired:
+                self._stale.update(ids)
+
+    def stale_all(self) -> None:
+        """Anything may differ in the store now: read the whole collection back before the next search."""
+        with self._lock:
+            self._stale_all = not self.retired
+
+    def take_stale(self) -> tuple[bool, list[str]]:
+        """(everything?, ids) to read back, handed over once (call with `refreshing` held); `restale` them
+        if the read fails."""
+        with self._lock:
+            everything, ids = self._stale_all, list(self._stale)
+            self._stale_all, self._stale = False, set()
+        return everything, ids
+
+    def restale(self, everything: bool, ids: Sequence[str]) -> None:
+        with self._lock:
+            if self.retired:
+                return
+            self._stale_all = self._stale_all or everything
+            self._stale.update(ids)
+
+    def apply(self, present: Sequence[StoredChunk], gone: Sequence[str]) -> None:
+        """`present`: chunks as the store holds them now (with vectors); `gone`: ids it no longer holds."""
+        with self._lock:
+            if not self.active:
+                return
+            self._drop(gone)
+            self._put(present)
+            if len(self._row_of) > self.max_chunks:
+                self._off(
+                    f"the collection grew to {len(self._row_of)} chunks > "
+                    f"rag.store.exact_search_max_chunks {self.max_chunks}"
+                )
+
+    # -- searching ---------------------------------------------------------------------------------
+
+    def search(self, queries: np.ndarray, n: int, tag: str | None) -> list[list[tuple[str, float]]] | None:
+        """(chunk id, cosine similarity) of the `n` nearest chunks of each row of `queries`, best first,
+        ties by chunk id; among the chunks tagged `tag` when not None. None when this index cannot answer
+        (not active, stale, another vector length, a query not finite): the store's search decides."""
+        q = np.asarray(queries, dtype=np.float32)
+        if q.ndim != 2 or not np.isfinite(q).all():
+            return None
+        with self._lock:
+            rows = self._rows
+            if (
+                not self.active
+                or self._stale
+                or self._stale_all
+                or rows is None
+                or rows.shape[1] != q.shape[1]
+            ):
+                return None
+            if n <= 0 or not self._row_of:
+                return [[] for _ in q]
+            used = len(self._ids)
+            if tag is not None:
+                number = self._tag_number.get(tag)
+                if number is None:
+                    return [[] for _ in q]
+                usable: np.ndarray | None = self._tags[:used] == number
+            else:
+                usable = self._tags[:used] != DEAD if self._free else None
+            lengths = np.sqrt(np.einsum("ij,ij->i", q, q))
+            units = q / np.where(lengths > 0, lengths, 1.0)[:, None]
+            # On every BLAS thread, unlike the chain's small products (app/retrieval/blas.py): this one
+            # gains, 1.1-2.5 ms with 2 threads against 3.0-4.2 with one at 18k x 384 (measured in one run,
+            # alone and between pauses of 4 ms); 8 concurrent queries lost nothing measurable.
+            scores = rows[:used] @ units.T
+            return [_top(scores[:, j], usable, n, self._ids) for j in range(len(q))]
+
+    # -- internals (with `_lock` held) --------------------------------------------------------------
+
+    def _put(self, chunks: Sequence[StoredChunk]) -> None:
+        for chunk in chunks:
+            vector = (
+                None if chunk.embedding is None else np.asarray(chunk.embedding, dtype=np.float32).ravel()
+            )
+            if vector is None or (self._rows is not None and len(vector) != self._rows.shape[1]):
+                width = "no vector" if vector is None else f"a vector of {len(vector)} dimensions"
+                self._off(f"chunk {chunk.chunk_id!r} has {width}")
+                return
+            row = self._row_of.get(chunk.chunk_id)
+            if row is None:
+                row = self._free.pop() if self._free else self._grow(len(vector))
+                self._row_of[chunk.chunk_id] = row
+                self._ids[row] = chunk.chunk_id
+            rows = cast("np.ndarray", self._rows)  # made by _grow
+            length = math.sqrt(float(np.dot(vector.astype(np.float64), vector.astype(np.float64))))
+            rows[row] = vector / length if length > 0 else 0.0
+            self._tags[row] = self._tag(chunk.metadata)
+
+    def _drop(self, ids: Sequence[str]) -> None:
+        for chunk_id in ids:
+            row = self._row_of.pop(chunk_id, None)
+            if row is not None:
+                self._ids[row] = None
+                self._tags[row] = DEAD
+                self._free.append(row)
+
+    def _grow(self, dimension: int) -> int:
+        """A new row at the end (the arrays grow by half when full)."""
+        used = len(self._ids)
+        if self._rows is None or used == len(self._rows):
+            capacity = max(1024, used + used // 2)
+            rows = np.zeros((capacity, dimension), dtype=np.float32)
+            tags = np.full(capacity, DEAD, dtype=np.int32)
+            if self._rows is not None:
+                rows[:used] = self._rows[:used]
+                tags[:used] = self._tags[:used]
+            self._rows, self._tags = rows, tags
+        self._ids.append(None)
+        return used
+
+    def _tag(self, metadata: dict[str, Any]) -> int:
+        value = metadata.get("knowledge")
+        if not isinstance(value, str):  # Chroma's where={"knowledge": "<tag>"} matches strings only
+            return NO_TAG
+        return self._tag_number.setdefault(value, len(self._tag_number))
+
+    def _off(self, why: str) -> None:
+        self._clear()
+        self.retired = True
+        self._stale, self._stale_all = set(), False
+        self.why_not = why
+
+    def _clear(self) -> None:
+        self.active = False
+        self._rows = None
+        self._tags = np.empty(0, dtype=np.int32)
+        self._ids, self._row_of, self._free, self._tag_number = [], {}, [], {}
+
+
+def _top(
+    scores: np.ndarray, usable: np.ndarray | None, n: int, ids: list[str | None]
+) -> list[tuple[str, float]]:
+    """The `n` best usable rows of one query's `scores`, best first, ties by chunk id."""
+    if usable is not None:
+        scores = np.where(usable, scores, -np.inf)
+        available = int(np.count_nonzero(usable))
+    else:
+        available = len(scores)
+    if available == 0:
+        return []
+    if n >= available:
+        picked = np.flatnonzero(usable) if usable is not None else np.arange(len(scores))
+    else:
+        nth = np.partition(scores, len(scores) - n)[len(scores) - n]  # the n-th largest
+        picked = np.flatnonzero(scores >= nth)  # with every row tied with it, for the tie order below
+    values = scores[picked].tolist()
+    named = [(ids[i], v) for i, v in zip(picked.tolist(), values, strict=True)]
+    named.sort(key=lambda p: (-p[1], p[0]))
+    return [(str(chunk_id), float(v)) for chunk_id, v in named[:n]]

@@ -1,0 +1,160 @@
+"""The exact dense search alone (app/store/exact.py): its answers against its written definition (cosine of
+the unit vectors, best first, ties by chunk id, the tag as Chroma's `where` matches it), the rows it reuses,
+and when it refuses to answer (stale, off, another dimension) so that the store's HNSW search decides."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app.store import StoredChunk
+from app.store.exact import ExactSearch
+
+
+def chunk(chunk_id: str, vector: list[float] | None, knowledge: object = None) -> StoredChunk:
+    meta = {} if knowledge is None else {"knowledge": knowledge}
+    return StoredChunk(chunk_id, "", meta, None if vector is None else np.array(vector, dtype=np.float32))
+
+
+def loaded(chunks: list[StoredChunk], max_chunks: int = 100) -> ExactSearch:
+    exact = ExactSearch(max_chunks)
+    assert exact.load(chunks, len(chunks))
+    return exact
+
+
+def test_the_nearest_by_cosine_best_first_with_the_cosine_as_similarity() -> None:
+    # lengths differ on purpose: the cosine is that of the unit vectors
+    exact = loaded([chunk("a", [3, 4]), chunk("b", [0, 2]), chunk("c", [-1, 0]), chunk("d", [1, 0])])
+    (hits,) = exact.search(np.array([[2.0, 0.0]]), 3, None)
+    assert [cid for cid, _ in hits] == ["d", "a", "b"]
+    assert [s for _, s in hits] == pytest.approx([1.0, 3 / 5, 0.0], abs=1e-7)
+
+
+def test_ties_are_broken_by_chunk_id_whichever_row_holds_them() -> None:
+    exact = loaded([chunk("z", [1, 1]), chunk("m", [1, 1]), chunk("b", [1, 1]), chunk("x", [1, 0])])
+    (hits,) = exact.search(np.array([[1.0, 1.0]]), 2, None)
+    assert [cid for cid, _ in hits] == ["b", "m"]  # all three tied at cosine 1; the cut keeps the first ids
+    assert hits[0][1] == pytest.approx(1.0, abs=1e-7)
+
+
+def test_a_knowledge_tag_keeps_only_the_chunks_whose_knowledge_is_that_string() -> None:
+    exact = loaded(
+        [
+            chunk("a", [1, 0], "hr"),
+            chunk("b", [0.9, 0.1], "it"),
+            chunk("c", [0.5, 0.5], "hr"),
+            chunk("d", [1, 0], 7),  # not a string: Chroma's where={"knowledge": "7"} does not match it either
+            chunk("e", [1, 0]),
+        ]
+    )
+    (hits,) = exact.search(np.array([[1.0, 0.0]]), 5, "hr")
+    assert [cid for cid, _ in hits] == ["a", "c"]
+    assert exact.search(np.array([[1.0, 0.0]]), 5, "7") == [[]]
+    assert exact.search(np.array([[1.0, 0.0]]), 5, "unknown") == [[]]
+
+
+def test_several_queries_each_get_their_own_answer() -> None:
+    exact = loaded([chunk("a", [1, 0]), chunk("b", [0, 1])])
+    got = exact.search(np.array([[1.0, 0.1], [0.1, 1.0]]), 1, None)
+    assert [[cid for cid, _ in hits] for hits in got] == [["a"], ["b"]]
+
+
+def test_a_zero_vector_has_similarity_0_with_everything() -> None:
+    exact = loaded([chunk("zero", [0, 0]), chunk("a", [-1, 0])])
+    (hits,) = exact.search(np.array([[1.0, 0.0]]), 2, None)
+    assert hits == [("zero", 0.0), ("a", pytest.approx(-1.0, abs=1e-7))]
+
+
+def test_random_collections_match_the_definition_computed_in_float64() -> None:
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((500, 16))
+    tags = rng.choice(["a", "b", "c"], size=500)
+    exact = loaded(
+        [chunk(f"c{i:03d}", v.tolist(), t) for i, (v, t) in enumerate(zip(vectors, tags, strict=True))], 1000
+    )
+    units = vectors / np.linalg.norm(vectors, axis=1)[:, None]
+    for query in rng.standard_normal((20, 16)):
+        cosines = units @ (query / np.linalg.norm(query))
+        for tag in (None, "b"):
+            rows = [i for i in range(500) if tag is None or tags[i] == tag]
+            expected = sorted(rows, key=lambda i: (-cosines[i], i))[:10]
+            (hits,) = exact.search(query[None, :], 10, tag)
+            assert [cid for cid, _ in hits] == [f"c{i:03d}" for i in expected]
+            assert [s for _, s in hits] == pytest.approx([cosines[i] for i in expected], abs=1e-6)
+
+
+def test_applied_writes_replace_delete_and_reuse_rows() -> None:
+    exact = loaded([chunk("a", [1, 0], "hr"), chunk("b", [0, 1], "hr")])
+    exact.apply([chunk("a", [0, 1], "it"), chunk("c", [1, 0.1])], gone=["b"])
+    assert len(exact) == 2
+    (hits,) = exact.search(np.array([[1.0, 0.0]]), 5, None)
+    assert [cid for cid, _ in hits] == ["c", "a"]
+    assert exact.search(np.array([[1.0, 0.0]]), 5, "hr") == [[]]
+    assert [cid for cid, _ in exact.search(np.array([[1.0, 0.0]]), 5, "it")[0]] == ["a"]
+    exact.apply([chunk("d", [-1, 0])], gone=[])  # takes the row b left
+    assert len(exact._ids) == 3
+    assert [cid for cid, _ in exact.search(np.array([[1.0, 0.0]]), 5, None)[0]] == ["c", "a", "d"]
+
+
+def test_stale_ids_make_it_refuse_until_they_are_applied() -> None:
+    exact = loaded([chunk("a", [1, 0])])
+    exact.stale(["a"])
+    assert exact.search(np.array([[1.0, 0.0]]), 1, None) is None
+    everything, ids = exact.take_stale()
+    assert (everything, ids) == (False, ["a"])
+    exact.restale(everything, ids)  # the read failed: still stale
+    assert exact.search(np.array([[1.0, 0.0]]), 1, None) is None
+    exact.take_stale()
+    exact.apply([chunk("a", [0, 1])], gone=[])
+    assert exact.search(np.array([[1.0, 0.0]]), 1, None) == [[("a", pytest.approx(0.0, abs=1e-7))]]
+    exact.stale_all()
+    assert exact.search(np.array([[1.0, 0.0]]), 1, None) is None
+    assert exact.take_stale() == (True, [])
+
+
+def test_a_collection_over_the_limit_is_not_loaded_and_growing_past_it_turns_the_search_off() -> None:
+    exact = ExactSearch(2)
+    assert not exact.load([chunk("a", [1, 0])], count=3)
+    assert exact.why_not == "3 chunks > rag.store.exact_search_max_chunks 2"
+
+    exact = loaded([chunk("a", [1, 0]), chunk("b", [0, 1])], max_chunks=2)
+    exact.apply([chunk("c", [1, 1])], gone=[])
+    assert not exact.active and exact.retired
+    assert exact.why_not == "the collection grew to 3 chunks > rag.store.exact_search_max_chunks 2"
+    assert exact.search(np.array([[1.0, 0.0]]), 1, None) is None
+    exact.stale(["a"])  # off for good: marks are not kept
+    assert exact.take_stale() == (False, [])
+
+
+@pytest.mark.parametrize(
+    ("chunks", "why"),
+    [
+        ([chunk("a", [1, 0]), chunk("b", None)], "chunk 'b' has no vector"),
+        ([chunk("a", [1, 0]), chunk("b", [1, 0, 0])], "chunk 'b' has a vector of 3 dimensions"),
+    ],
+)
+def test_a_chunk_without_a_usable_vector_turns_it_off_with_the_reason(chunks, why) -> None:
+    exact = ExactSearch(10)
+    assert not exact.load(chunks, len(chunks))
+    assert exact.why_not == why
+
+
+def test_a_query_it_cannot_answer_is_left_to_the_store() -> None:
+    exact = loaded([chunk("a", [1, 0])])
+    assert exact.search(np.array([[1.0, 0.0, 0.0]]), 1, None) is None  # another dimension: Chroma's error
+    assert exact.search(np.array([[math.nan, 0.0]]), 1, None) is None
+    assert ExactSearch(10).search(np.array([[1.0, 0.0]]), 1, None) is None  # never loaded
+
+
+def test_a_failed_read_leaves_the_loaded_search_as_it_was() -> None:
+    exact = loaded([chunk("a", [1, 0])])
+
+    def failing():
+        yield chunk("b", [0, 1])
+        raise ConnectionError("store gone")
+
+    with pytest.raises(ConnectionError):
+        exact.load(failing(), 2)
+    assert exact.search(np.array([[1.0, 0.0]]), 5, None) == [[("a", pytest.approx(1.0, abs=1e-7))]]
