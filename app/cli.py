@@ -196,8 +196,11 @@ def open_sieve(settings, rebuild: bool = False):
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    # no query is embedded here: tracing the query model would only add seconds to the start
-    settings = settings_with(nested("rag.models.trace_queries", False))
+    # no query is made here: tracing the query model or reading every vector for the exact dense search
+    # would only add seconds to the start (and the exact search a read-back after every committed batch)
+    settings = settings_with(
+        nested("rag.models.trace_queries", False), nested("rag.store.exact_search_max_chunks", 0)
+    )
     missing = [p for p in args.paths if not os.path.exists(p)]
     if missing:
         print(f"error: no such file or directory: {', '.join(missing)}", file=sys.stderr)

@@ -86,16 +86,22 @@ def test_ingest_of_a_hostile_folder_exits_2_naming_every_bad_file_and_keeps_the_
     assert "robust-line-3" not in ids and "hostname" not in ids
 
 
-def test_ingest_loads_the_query_model_untraced(
+def test_ingest_loads_the_query_model_untraced_and_no_exact_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_embedder
 ) -> None:
-    # `sieve ingest` embeds no query: it skips the trace and its seconds at start
+    # `sieve ingest` makes no query: it skips the trace and the read of every vector, and their seconds
     asked = []
     monkeypatch.setattr("app.service.load_embedder", lambda models: asked.append(models) or real_embedder)
+    limits = []
+    load_exact = ChromaStore.load_exact
+    monkeypatch.setattr(
+        ChromaStore, "load_exact", lambda self, limit: limits.append(limit) or load_exact(self, limit)
+    )
     (tmp_path / "one.md").write_text("---\nid: cli-untraced\n---\n# One\n\nA document.\n", encoding="utf-8")
 
     assert main(["ingest", str(tmp_path / "one.md")]) == EXIT_OK
     assert [m.trace_queries for m in asked] == [False]
+    assert limits == [0]
 
 
 def test_eval_with_a_too_deep_golden_set_line_exits_2_naming_file_and_line(tmp_path: Path) -> None:
