@@ -140,3 +140,17 @@ def test_another_replicas_writes_reach_the_exact_dense_search_with_the_change_lo
     assert reader.exact_search_active
     assert reader.query_ids(VECTORS[2:3], 3)[0] == [("c3", pytest.approx(1.0, abs=1e-6)), ("c1", 0.0)]
     assert [cid for cid, _ in reader.query_ids(VECTORS[2:3], 3, {"knowledge": "it"})[0]] == ["c3"]
+
+
+def test_forget_all_reads_every_vector_back_into_the_exact_search(replicas) -> None:
+    # what a pruned change log leads to (`LexicalSync._resync`): anything may have changed unseen
+    writer, reader = replicas
+    writer.upsert([StoredChunk("c1", "one", {"knowledge": "it"})], VECTORS[:1])
+    assert reader.load_exact(100).startswith("dense search: exact, over 1 vectors")
+    writer.upsert([StoredChunk("c2", "two", {"knowledge": "it"})], VECTORS[1:2])  # no change-log entry
+    writer.update_metadata(["c1"], [{"knowledge": "hr"}])
+    assert [cid for cid, _ in reader.query_ids(VECTORS[1:2], 2)[0]] == ["c1"]
+
+    reader.forget_all()
+    assert reader.query_ids(VECTORS[1:2], 2)[0] == [("c2", pytest.approx(1.0, abs=1e-6)), ("c1", 0.0)]
+    assert [cid for cid, _ in reader.query_ids(VECTORS[1:2], 2, {"knowledge": "hr"})[0]] == ["c1"]
