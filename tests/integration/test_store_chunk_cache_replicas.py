@@ -25,6 +25,21 @@ def text_of(chunk: StoredChunk) -> str:
     return chunk.text
 
 
+VPN = [
+    StoredChunk("c1", "vpn client setup", {"doc_id": "d1", "knowledge": "it"}),
+    StoredChunk("c2", "vpn password reset", {"doc_id": "d2", "knowledge": "it"}),
+]
+
+
+def synced_writer(writer: ChromaStore, chunks: list[StoredChunk]) -> LexicalSync:
+    """The writer's opened index sync, after `chunks` (with the first of VECTORS) were written and logged."""
+    sync = LexicalSync(writer, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
+    sync.open()
+    writer.upsert(chunks, VECTORS[: len(chunks)])
+    sync.apply_commit(chunks, [])
+    return sync
+
+
 @pytest.fixture
 def replicas(chroma_server):
     host, port = chroma_server
@@ -39,15 +54,9 @@ def replicas(chroma_server):
 
 def test_another_replicas_retag_delete_and_rewrite_reach_the_cache_with_the_change_log(replicas) -> None:
     writer, reader = replicas
-    writer_sync = LexicalSync(writer, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
-    writer_sync.open()
-    first = [
-        StoredChunk("c1", "vpn client setup", {"doc_id": "d1", "knowledge": "it"}),
-        StoredChunk("c2", "vpn password reset", {"doc_id": "d2", "knowledge": "it"}),
-        StoredChunk("c3", "lunch menu", {"doc_id": "d3", "knowledge": "hr"}),
-    ]
-    writer.upsert(first, VECTORS)
-    writer_sync.apply_commit(first, [])
+    writer_sync = synced_writer(
+        writer, [*VPN, StoredChunk("c3", "lunch menu", {"doc_id": "d3", "knowledge": "hr"})]
+    )
 
     # the reader checks the change log before every query (refresh_seconds 0)
     reader_sync = LexicalSync(reader, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
@@ -111,14 +120,7 @@ def test_between_two_checks_the_cache_is_exactly_as_stale_as_the_bm25_index(repl
 
 def test_another_replicas_writes_reach_the_exact_dense_search_with_the_change_log(replicas) -> None:
     writer, reader = replicas
-    writer_sync = LexicalSync(writer, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
-    writer_sync.open()
-    first = [
-        StoredChunk("c1", "vpn client setup", {"doc_id": "d1", "knowledge": "it"}),
-        StoredChunk("c2", "vpn password reset", {"doc_id": "d2", "knowledge": "it"}),
-    ]
-    writer.upsert(first, VECTORS[:2])
-    writer_sync.apply_commit(first, [])
+    writer_sync = synced_writer(writer, VPN)
     reader_sync = LexicalSync(reader, None, Analyzer(), 1.2, 0.75, 0.0, text_of)
     reader_sync.open()
     assert reader.load_exact(100).startswith("dense search: exact, over 2 vectors")
