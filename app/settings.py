@@ -122,7 +122,7 @@ class StoreSettings(_Strict):
         "dropped first; 0 = none (every query reads them from the store). Kept as current as the BM25 index.",
     )
     exact_search_max_chunks: int = Field(
-        50_000,
+        30_000,
         ge=0,
         le=10_000_000,
         description="a collection of at most this many chunks is searched exactly, over every vector held in "

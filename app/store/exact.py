@@ -4,9 +4,10 @@
 Why. Measured on SciFact (17,986 chunks, 384 dimensions, one query at a time, docs/benchmarks.md "Chain"):
 Chroma's HNSW search for the 50 nearest took 3.4-4.0 ms at `ef_search` 200, about 0.9 ms of it the call's
 fixed cost and the rest the graph walk (3.2 ms at `ef_search` 100, which found only 97.3% of the true top
-50). One float32 matrix-vector product over all the vectors and a partial sort took 1.4 ms, and finds the
-true top 50 by definition. The product grows with the collection (about 0.08 ms per 1,000 chunks here)
-and the graph walk much more slowly, so past the limit Chroma's own index serves.
+50). One float32 matrix-vector product over all the vectors and a partial sort took 0.7-2.1 ms, and finds
+the true top 50 by definition. The product grows with the collection, faster once the matrix outgrows the
+CPU's cache (3.0-3.7 ms at 30k, 5.7-5.9 at 50k, random vectors), and the graph walk much more slowly, so
+past the limit (30,000 by default) Chroma's own index serves.
 
 What it answers: what `query_ids` answers on a cosine collection, without approximation. For each query
 vector q and `n`: the `n` chunks of largest cosine(q, v) = (q / |q|) · (v / |v|), computed in float32 (the
@@ -21,7 +22,7 @@ The store reads the stale ids back (vector and metadata) and `apply`s them, righ
 before the next search. Reads and applies are serialised (`refreshing`), so an older read never lands
 after a newer one.
 
-Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 77 MB at the default limit of 50,000),
+Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 46 MB at the default limit of 30,000),
 plus the ids.
 """
 
