@@ -65,10 +65,6 @@ class ExactSearch:
     def __len__(self) -> int:
         return len(self._row_of)
 
-    @property
-    def dimension(self) -> int | None:
-        return None if self._rows is None else int(self._rows.shape[1])
-
     # -- filling -----------------------------------------------------------------------------------
 
     def load(self, chunks: Iterable[StoredChunk], count: int) -> bool:
