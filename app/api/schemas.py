@@ -36,7 +36,8 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class RetrieveRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: the schema's types exactly, so `"topK": true` or `"debug": "yes"` is a 422, not coerced to 1 or True
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     query: Text = Field(..., description="the question; not blank, at most rag.retrieval.max_query_chars")
     topK: int | None = Field(
