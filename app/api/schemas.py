@@ -36,7 +36,7 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class RetrieveRequest(BaseModel):
-    # strict: the schema's types exactly, so `"topK": true` or `"debug": "yes"` is a 422, not coerced to 1 or True
+    # strict: the schema's types exactly: `"topK": true` or `"debug": "yes"` is a 422, not coerced
     model_config = ConfigDict(extra="forbid", strict=True)
 
     query: Text = Field(..., description="the question; not blank, at most rag.retrieval.max_query_chars")
