@@ -603,33 +603,46 @@ class ChromaStore:
 
 
 def _get_or_create(client: Any, settings: StoreSettings, identity: dict[str, Any]) -> Any:
+    """The configured collection, created when it does not exist. Replicas starting together on an empty
+    Chroma server may both find it missing: the one whose create fails because the other's landed first
+    opens that one (checking its embedder like any existing collection)."""
     wanted = _Identity(dict(identity)).as_metadata()
-    existing = {c if isinstance(c, str) else c.name for c in client.list_collections()}
-    if settings.collection in existing:
-        collection = client.get_collection(settings.collection)
-        stored = {k: v for k, v in (collection.metadata or {}).items() if k.startswith("embedder_")}
-        if stored and stored != wanted:
-            raise EmbedderMismatchError(
-                f"collection '{settings.collection}' was built with embedder "
-                f"{stored.get('embedder_name')} (dim {stored.get('embedder_dimension')}, "
-                f"checksum {stored.get('embedder_checksum')}), but rag.models.embedder is "
-                f"{wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, checksum "
-                f"{wanted.get('embedder_checksum')}). Rebuild with `sieve ingest --rebuild PATH...`, or use "
-                f"another rag.store.collection / rag.store.path."
-            )
-        return collection
-    configuration = {
-        "hnsw": {
-            "space": "cosine",
-            "ef_construction": settings.hnsw_construction_ef,
-            "ef_search": settings.hnsw_search_ef,
-            "max_neighbors": settings.hnsw_m,
+    if not _exists(client, settings.collection):
+        configuration = {
+            "hnsw": {
+                "space": "cosine",
+                "ef_construction": settings.hnsw_construction_ef,
+                "ef_search": settings.hnsw_search_ef,
+                "max_neighbors": settings.hnsw_m,
+            }
         }
-    }
-    log.info("creating Chroma collection '%s' (cosine, %s)", settings.collection, configuration["hnsw"])
-    return client.create_collection(
-        settings.collection, configuration=configuration, metadata=wanted, embedding_function=None
-    )
+        log.info("creating Chroma collection '%s' (cosine, %s)", settings.collection, configuration["hnsw"])
+        try:
+            return client.create_collection(
+                settings.collection, configuration=configuration, metadata=wanted, embedding_function=None
+            )
+        except Exception:
+            if not _exists(client, settings.collection):
+                raise
+            log.info(
+                "collection '%s' was created by another process meanwhile: opening it", settings.collection
+            )
+    collection = client.get_collection(settings.collection)
+    stored = {k: v for k, v in (collection.metadata or {}).items() if k.startswith("embedder_")}
+    if stored and stored != wanted:
+        raise EmbedderMismatchError(
+            f"collection '{settings.collection}' was built with embedder "
+            f"{stored.get('embedder_name')} (dim {stored.get('embedder_dimension')}, "
+            f"checksum {stored.get('embedder_checksum')}), but rag.models.embedder is "
+            f"{wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, checksum "
+            f"{wanted.get('embedder_checksum')}). Rebuild with `sieve ingest --rebuild PATH...`, or use "
+            f"another rag.store.collection / rag.store.path."
+        )
+    return collection
+
+
+def _exists(client: Any, name: str) -> bool:
+    return name in {c if isinstance(c, str) else c.name for c in client.list_collections()}
 
 
 def drop_collection(settings: StoreSettings) -> None:

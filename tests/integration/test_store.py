@@ -211,3 +211,24 @@ def test_warm_up_queries_a_filled_collection_once_and_leaves_an_empty_one_alone(
     assert len(calls) == 1 and calls[0]["n_results"] == 1 and calls[0]["include"] == []
     # the store answers real queries as before
     assert [c.chunk_id for c in store.query(vectors[:1], 1)[0]] == ["c_x"]
+
+
+def test_two_replicas_creating_the_collection_together_both_open_it(chroma_server, monkeypatch):
+    """Both find the collection missing; the second one's create then fails on the server (the first one's
+    landed in between), and it opens that collection instead of failing its start."""
+    import chromadb.api.client as chroma_client
+
+    host, port = chroma_server
+    settings = StoreSettings(mode="http", host=host, port=port, collection=f"test-{uuid.uuid4().hex[:12]}")
+    first = ChromaStore.open(settings, IDENTITY)
+    listed, calls = chroma_client.Client.list_collections, []
+
+    def listed_before_the_first_create(self, *args, **kwargs):  # the check before the create misses it
+        calls.append(1)
+        found = listed(self, *args, **kwargs)
+        return [c for c in found if c.name != settings.collection] if len(calls) == 1 else found
+
+    monkeypatch.setattr(chroma_client.Client, "list_collections", listed_before_the_first_create)
+    second = ChromaStore.open(settings, IDENTITY)
+    first.upsert([StoredChunk("c1", "one", {})], random_unit(1, DIM, seed=3))
+    assert second.count() == 1 and second.collection_id == first.collection_id
