@@ -121,8 +121,8 @@ class CandidateGenerator:
         The tags are the index's, which follows other processes' writes at most
         `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag."""
         k = self.settings.candidate_k
-        n = self._post_filter_n(tag)
-        if tag is None or n is None or getattr(self.store, "exact_search_active", False):
+        exact = getattr(self.store, "exact_search_active", False)
+        if tag is None or exact or (n := self._post_filter_n(tag)) is None:
             return self.store.query_ids(embeddings, k, _where(tag))
         index = cast("TaggedIndex", self.lexical)
         wide = self.store.query_ids(embeddings, n, None)

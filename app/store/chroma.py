@@ -212,20 +212,25 @@ class ChromaStore:
         exact = ExactSearch(max_chunks)
         self.exact = exact  # from here on, writes mark their ids stale
         with exact.refreshing:
-            for _attempt in range(2):
-                exact.take_stale()
-                count = self.count()
-                exact.load(self.iter_vectors() if count <= max_chunks else iter(()), count)
-                # Pages are read by offset: another process's write during the read can shift a chunk
-                # past a page boundary unread. The count then differs (or a write is in flight): once more.
-                if not exact.active or len(exact) == self.count():
-                    break
+            exact.take_stale()
+            self._load_all(exact)
         if not exact.active:
             return f"dense search: the store's HNSW index ({exact.why_not})"
         return (
             f"dense search: exact, over {len(exact)} vectors held in memory "
             f"(read in {time.perf_counter() - started:.1f}s; rag.store.exact_search_max_chunks {max_chunks})"
         )
+
+    def _load_all(self, exact: ExactSearch) -> None:
+        """Read the whole collection into `exact` (with its `refreshing` held, its stale ids taken). Pages are
+        read by offset: another process's write during the read can shift a chunk past a page boundary
+        unread. The count then differs (or a write is in flight): the read is made once more."""
+        for attempt in range(2):
+            if attempt:
+                exact.take_stale()  # the second read covers them
+            exact.load(self.iter_all(include_text=False, include_vectors=True), self.count())
+            if not exact.active or len(exact) == self.count():
+                return
 
     @property
     def exact_search_active(self) -> bool:
@@ -336,7 +341,7 @@ class ChromaStore:
                 return
             try:
                 if everything:
-                    exact.load(self.iter_vectors(), self.count())
+                    self._load_all(exact)
                 else:
                     present = self.get(ids, include_embeddings=True)
                     found = {c.chunk_id for c in present}
@@ -431,16 +436,22 @@ class ChromaStore:
             )
         return out
 
-    def iter_all(self, include_text: bool = True) -> Iterator[StoredChunk]:
-        """Every chunk (text and metadata, no vectors), page by page."""
-        include = ["metadatas"] + (["documents"] if include_text else [])
+    def iter_all(self, include_text: bool = True, include_vectors: bool = False) -> Iterator[StoredChunk]:
+        """Every chunk (metadata, with its text and vector as asked), page by page."""
+        include = (
+            ["metadatas"]
+            + (["documents"] if include_text else [])
+            + (["embeddings"] if include_vectors else [])
+        )
         offset = 0
         while True:
             page = self._call(self._collection.get, include=include, limit=_PAGE, offset=offset)
             ids = page["ids"]
             for i, cid in enumerate(ids):
                 text = page["documents"][i] if include_text else ""
-                yield StoredChunk(cid, text or "", dict(page["metadatas"][i] or {}))
+                emb = page["embeddings"][i] if include_vectors else None
+                vector = None if emb is None else np.asarray(emb, dtype=np.float32)
+                yield StoredChunk(cid, text or "", dict(page["metadatas"][i] or {}), vector)
             if len(ids) < _PAGE:
                 return
             offset += _PAGE
@@ -558,22 +569,6 @@ class ChromaStore:
             put.update(dict.fromkeys(body.get("put", [])))
             deleted.update(dict.fromkeys(body.get("del", [])))
         return list(put), list(deleted)
-
-    def iter_vectors(self) -> Iterator[StoredChunk]:
-        """Every chunk with its metadata and vector (no text), page by page."""
-        offset = 0
-        while True:
-            page = self._call(
-                self._collection.get, include=["metadatas", "embeddings"], limit=_PAGE, offset=offset
-            )
-            ids = page["ids"]
-            for i, cid in enumerate(ids):
-                emb = page["embeddings"][i]
-                vector = None if emb is None else np.asarray(emb, dtype=np.float32)
-                yield StoredChunk(cid, "", dict(page["metadatas"][i] or {}), vector)
-            if len(ids) < _PAGE:
-                return
-            offset += _PAGE
 
     def iter_ids(self) -> Iterator[str]:
         """Every chunk id, page by page (no text, no vectors)."""

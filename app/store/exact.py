@@ -28,14 +28,13 @@ plus the ids.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
-from app.store.types import StoredChunk
+from app.store.types import StoredChunk, vector_norm
 
 NO_TAG = -1  # a live row without a (string) knowledge tag
 DEAD = -2  # a free row
@@ -178,7 +177,7 @@ class ExactSearch:
                 self._row_of[chunk.chunk_id] = row
                 self._ids[row] = chunk.chunk_id
             rows = cast("np.ndarray", self._rows)  # made by _grow
-            length = math.sqrt(float(np.dot(vector.astype(np.float64), vector.astype(np.float64))))
+            length = vector_norm(vector)
             rows[row] = vector / length if length > 0 else 0.0
             self._tags[row] = self._tag(chunk.metadata)
 
