@@ -6,6 +6,7 @@ A `Candidate` is one chunk under consideration for one query. Each stage writes 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Protocol
@@ -64,6 +65,23 @@ def cosine_slack(dimension: int) -> float:
     return max(1e-9, 4 * dimension * 2.0**-53)
 
 
+def nearest_slack(dimension: int) -> float:
+    """How far `Candidate.nearest`, computed in float32 (`_geometry` in app/retrieval/candidates.py: the
+    float64 unit vectors rounded to float32, then one float32 matrix product), can be from a float64
+    computation of the same cosine, with room to spare; math.inf when no bound holds (d·u >= 1/2).
+
+    With u = 2^-24: rounding each unit vector to float32 moves every component by at most u times itself,
+    so the exact dot product of the rounded vectors is within (2u + u^2)·Σ|x_i·y_i| <= 2u + u^2 of the
+    exact cosine (Σ|x_i·y_i| <= |x|·|y| = 1); the float32 sum is within γ_d·(1 + u)^2 of that, whatever its
+    summation order (γ_d = d·u / (1 - d·u); Higham 3.1). Together at most about (d + 2)·u, doubled here;
+    then `cosine_slack` for the float64 computation it is compared with."""
+    u = 2.0**-24
+    if dimension * u >= 0.5:
+        return math.inf
+    gamma = dimension * u / (1 - dimension * u)
+    return 2 * ((2 * u + u * u) + gamma * (1 + u) ** 2) + cosine_slack(dimension)
+
+
 @dataclass
 class Candidate:
     chunk_id: str
@@ -79,8 +97,9 @@ class Candidate:
     # for a whole candidate set at once) and shared by every copy, so no stage re-normalises it
     unit: np.ndarray | None = field(default=None, repr=False, compare=False)
     # the largest cosine of `unit` with the unit vector of any other candidate of its candidate set (one
-    # matrix product for the set, made with `unit`); None = not known. The diversity stage computes a
-    # candidate's exact cosines with the kept ones only when this is within `cosine_slack` of max_cosine.
+    # float32 matrix product for the set, made with `unit`), within `nearest_slack` of its float64 value;
+    # None = not known. The diversity stage computes a candidate's exact cosines with the kept ones only
+    # when this is within `nearest_slack` of max_cosine.
     nearest: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

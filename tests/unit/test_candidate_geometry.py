@@ -13,7 +13,14 @@ from hypothesis.extra.numpy import arrays
 
 from app.retrieval.candidates import _geometry
 from app.retrieval.stages.diversity import DiversityStage
-from app.retrieval.types import Candidate, QueryContext, cosine_slack, unit_rows, unit_vector
+from app.retrieval.types import (
+    Candidate,
+    QueryContext,
+    cosine_slack,
+    nearest_slack,
+    unit_rows,
+    unit_vector,
+)
 from app.settings import DiversitySettings
 from app.store import vector_norm
 
@@ -66,7 +73,11 @@ def test_geometry_gives_each_vector_its_largest_cosine_with_another() -> None:
     units, nearest = _geometry([np.array(a), np.array(b), None, np.array(c)])
     assert units[2] is None and nearest[2] is None
     assert units[3] is not None and units[3].tolist() == [0.0, 1.0]
-    assert [round(nearest[i], 12) for i in (0, 1, 3)] == [0.6, 0.8, 0.8]  # type: ignore[arg-type]
+    # a float32 product: within nearest_slack of the cosine, and a float32 value
+    for i, expected in ((0, 0.6), (1, 0.8), (3, 0.8)):
+        value = nearest[i]
+        assert value is not None and abs(value - expected) <= nearest_slack(2)
+        assert float(np.float32(value)) == value
 
 
 def test_geometry_of_a_lone_vector_and_of_mixed_lengths() -> None:
@@ -79,6 +90,25 @@ def test_geometry_of_a_lone_vector_and_of_mixed_lengths() -> None:
 def test_cosine_slack_covers_two_roundings_of_a_dot_product() -> None:
     assert cosine_slack(384) == 1e-9  # the floor: 4 * 384 * 2**-53 is about 1.7e-13
     assert cosine_slack(10**8) == 4 * 10**8 * 2.0**-53
+
+
+def test_nearest_slack_is_the_float32_bound_and_the_float64_one() -> None:
+    u = 2.0**-24
+    gamma = 384 * u / (1 - 384 * u)
+    assert nearest_slack(384) == 2 * ((2 * u + u * u) + gamma * (1 + u) ** 2) + 1e-9  # about 4.6e-5
+    assert nearest_slack(2**23) == math.inf  # d·u = 1/2: no bound, every cosine is computed
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(2, 30), st.sampled_from([3, 64, 384])), elements=finite))
+def test_nearest_is_within_its_slack_of_the_float64_largest_cosine(matrix: np.ndarray) -> None:
+    units, nearest = _geometry(list(matrix))
+    rows = [i for i, u in enumerate(units) if u is not None and np.isfinite(u).all()]
+    for i in rows:
+        others = [float(units[j] @ units[i]) for j in rows if j != i]  # type: ignore[operator]
+        if nearest[i] is None or not others:
+            continue
+        assert abs(nearest[i] - max(others)) <= nearest_slack(matrix.shape[1])  # type: ignore[operator]
 
 
 # -- diversity with the bound: the same removals, the same reasons ------------------------------------

@@ -18,7 +18,7 @@ from app.retrieval.types import (
     QueryContext,
     Removal,
     StageOutcome,
-    cosine_slack,
+    nearest_slack,
 )
 from app.settings import DiversitySettings
 
@@ -96,9 +96,9 @@ class DiversityStage:
             elif max_cosine is not None and vector is not None and kept_ids:
                 if len(vector) != slack_width:
                     slack_width = len(vector)
-                    near_bound = max_cosine - cosine_slack(slack_width)
+                    near_bound = max_cosine - nearest_slack(slack_width)
                 # Skipped when no candidate of its set comes near max_cosine: its exact cosines below
-                # could then not exceed it either (`cosine_slack`), and nothing else reads them.
+                # could then not exceed it either (`nearest_slack`), and nothing else reads them.
                 if candidate.nearest is None or candidate.nearest > near_bound:
                     for row in range(filled, len(kept_ids)):
                         kept_matrix[row] = kept_vectors[row]  # type: ignore[index]
