@@ -57,13 +57,16 @@ class Bm25Stage:
         kept: list[tuple[Candidate, float]] = []  # (candidate, its bm25)
         removed: list[Removal] = []
         floor = self.settings.min_score
-        for candidate in candidates:
-            value = float(lexical.get(candidate.chunk_id, 0.0))
-            if floor is not None and value < floor:
-                shown, bound = format_pair(value, floor)
-                removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"bm25={shown} < {bound}"))
-            else:
-                kept.append((candidate, value))
+        if floor is None:
+            kept = [(c, float(lexical.get(c.chunk_id, 0.0))) for c in candidates]
+        else:
+            for candidate in candidates:
+                value = float(lexical.get(candidate.chunk_id, 0.0))
+                if value < floor:
+                    shown, bound = format_pair(value, floor)
+                    removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"bm25={shown} < {bound}"))
+                else:
+                    kept.append((candidate, value))
 
         if self.settings.fusion == "rrf":
             fused = rrf(kept, self.settings.dense_weight, self.settings.bm25_weight, self.settings.rrf_k)
@@ -71,8 +74,8 @@ class Bm25Stage:
             fused = weighted(kept, self.settings.dense_weight, self.settings.bm25_weight)
         # one copy per survivor, with both scores (the bm25 key first, as if written one after the other)
         result = [
-            c.with_scores({**c.scores, SCORE_BM25: value, SCORE_FUSED: fused[c.chunk_id]})
-            for c, value in kept
+            c.with_scores({**c.scores, SCORE_BM25: value, SCORE_FUSED: score})
+            for (c, value), score in zip(kept, fused, strict=True)
         ]
         result.sort(key=lambda c: (-c.scores[SCORE_FUSED], c.doc_id, c.chunk_id))
         return StageOutcome(kept=result, removed=removed, score_key=SCORE_FUSED)
@@ -88,37 +91,40 @@ def ranks(scored: Sequence[tuple[Candidate, float | None]], positive_only: bool 
 
 def rrf(
     scored: Sequence[tuple[Candidate, float]], dense_weight: float, bm25_weight: float, k: int
-) -> dict[str, float]:
-    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own."""
+) -> list[float]:
+    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own. The fused score of
+    each pair, in order."""
     dense_rank = ranks([(c, c.scores.get(SCORE_DENSE)) for c, _ in scored])
     bm25_rank = ranks(scored, positive_only=True)
-    out: dict[str, float] = {}
+    out: list[float] = []
     for c, _ in scored:
         score = 0.0
         if c.chunk_id in dense_rank:
             score += dense_weight / (k + dense_rank[c.chunk_id])
         if c.chunk_id in bm25_rank:
             score += bm25_weight / (k + bm25_rank[c.chunk_id])
-        out[c.chunk_id] = score
+        out.append(score)
     return out
 
 
-def minmax(values: dict[str, float]) -> dict[str, float]:
-    if not values:
-        return {}
-    low, high = min(values.values()), max(values.values())
+def minmax(values: list[float | None]) -> list[float]:
+    """(x - min) / (max - min) over the values present, 0.0 for all when max == min; a missing value
+    (None) counts as 0.0."""
+    present = [value for value in values if value is not None]
+    if not present:
+        return [0.0] * len(values)
+    low, high = min(present), max(present)
     if high == low:
-        return dict.fromkeys(values, 0.0)
-    return {key: (value - low) / (high - low) for key, value in values.items()}
+        return [0.0] * len(values)
+    spread = high - low
+    return [0.0 if value is None else (value - low) / spread for value in values]
 
 
 def weighted(
     scored: Sequence[tuple[Candidate, float]], dense_weight: float, bm25_weight: float
-) -> dict[str, float]:
-    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own."""
-    dense = minmax({c.chunk_id: c.scores[SCORE_DENSE] for c, _ in scored if SCORE_DENSE in c.scores})
-    lexical = minmax({c.chunk_id: value for c, value in scored})
-    return {
-        c.chunk_id: dense_weight * dense.get(c.chunk_id, 0.0) + bm25_weight * lexical.get(c.chunk_id, 0.0)
-        for c, _ in scored
-    }
+) -> list[float]:
+    """`scored`: (candidate, its bm25) pairs; the dense score is the candidate's own. The fused score of
+    each pair, in order."""
+    dense = minmax([c.scores.get(SCORE_DENSE) for c, _ in scored])
+    lexical = minmax([value for _, value in scored])
+    return [dense_weight * d + bm25_weight * b for d, b in zip(dense, lexical, strict=True)]
