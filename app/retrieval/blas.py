@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy  # noqa: F401  (loads numpy's BLAS before `_blas_libraries` lists the loaded ones)
+
 # The thread count is process-wide and is restored on exit: two threads interleaving their limits could
 # leave the process on one thread for good, so they take turns.
 _LOCK = threading.Lock()
@@ -21,8 +23,8 @@ _LOCK = threading.Lock()
 
 @functools.cache
 def _blas_libraries() -> tuple[Any, ...]:
-    """threadpoolctl's controllers of the BLAS libraries loaded (numpy's among them), found once: numpy
-    loads its BLAS at import, before anything here multiplies."""
+    """threadpoolctl's controllers of the BLAS libraries loaded, found once: numpy's is among them (numpy,
+    imported above, loads it); none for a numpy built without one."""
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)

@@ -38,22 +38,14 @@ def unit_vector(vector: np.ndarray | None) -> np.ndarray | None:
     return v / norm if norm > 0 else None
 
 
-def unit_rows(vectors: np.ndarray, norms: list[float | None] | None = None) -> np.ndarray:
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
     """`unit_vector` of every row of a 2-D array, bit for bit, in one pass (a row of no length, or not finite,
     comes out as NaN): each row's squared norm is the same `ddot` of the row with itself that
     `np.linalg.norm` takes of a 1-D vector, and the division is the same elementwise IEEE division
-    (tests/unit/test_candidates.py checks the equality). `norms`: the rows' norms where known (None entries
-    are computed), each `vector_norm` of its row (the store's chunk cache keeps them)."""
+    (tests/unit/test_candidate_geometry.py checks the equality)."""
     rows = np.asarray(vectors, dtype=float)
-    if norms is not None and None not in norms:
-        lengths = np.array(norms, dtype=float)
-    else:
-        given = norms if norms is not None else [None] * len(rows)
-        lengths = np.array(
-            [np.sqrt(r.dot(r)) if n is None else n for r, n in zip(rows, given, strict=True)], dtype=float
-        )
-    units = rows / np.where(lengths > 0, lengths, np.nan)[:, None]
-    return units
+    lengths = np.array([np.sqrt(r.dot(r)) for r in rows], dtype=float)
+    return rows / np.where(lengths > 0, lengths, np.nan)[:, None]
 
 
 def cosine_slack(dimension: int) -> float:

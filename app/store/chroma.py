@@ -37,7 +37,7 @@ from chromadb.config import Settings as ChromaClientSettings
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
 from app.store.exact import ExactSearch
-from app.store.types import ChangeEntry, StoredChunk, vector_norm
+from app.store.types import ChangeEntry, StoredChunk, unit_of
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class ChromaStore:
         )
 
     def chunks(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
-        """Chunks by id with their vectors and `norm` (`vector_norm`; None without a vector), from the
+        """Chunks by id with their vectors and `unit` (`unit_of`; None without a vector), from the
         chunk cache; the ones not cached are read with one `get` and cached. Ids the store does not hold
         are left out. The chunks are the cache's own objects, shared with every other reader: never modify
         one (copy its metadata to keep it; the vector is read-only)."""
@@ -396,7 +396,7 @@ class ChromaStore:
             for chunk in read:
                 if chunk.embedding is not None:
                     chunk.embedding.flags.writeable = False
-                    chunk.norm = vector_norm(chunk.embedding)
+                    chunk.unit = unit_of(chunk.embedding)
             self.cache.fill(read, epoch)
             found.update((c.chunk_id, c) for c in read)
         return found

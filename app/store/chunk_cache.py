@@ -17,8 +17,9 @@ Exact, never a stale answer the lexical index would not also give:
   invalidation (`epoch`), whatever the order the two threads finished in.
 
 Bounded: at most `max_chunks` entries, the least recently used leave first (0 = no cache: every read goes to
-the store). An entry holds the text, the metadata dict, the float32 vector and its float64 length (about
-2.5 KB at 384 dimensions besides the text).
+the store). An entry holds the text, the metadata dict, the float32 vector and its float64 unit vector
+(`StoredChunk.unit`: about 4.5 KB at 384 dimensions besides the text; the unit vector, 3 KB of it, saves
+every query the conversion of its candidates' vectors, ~0.2 ms of 84).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -15,9 +16,24 @@ class StoredChunk:
     metadata: dict[str, Any]
     embedding: np.ndarray | None = None
     similarity: float | None = None  # cosine similarity to the query (1 - cosine distance)
-    # sqrt(v · v) of the vector in float64 (`vector_norm`), computed once when the chunk is cached, so the
-    # candidate generator's unit vectors need no norm of their own; None = not computed
-    norm: float | None = None
+    # the vector as float64 scaled to length 1 (bit for bit `unit_vector`, app/retrieval/types.py), read-only,
+    # computed once when the chunk is cached, so a candidate made of it needs no unit vector of its own;
+    # None = not computed, or of no length or not finite
+    unit: np.ndarray | None = None
+
+
+def unit_of(vector: np.ndarray) -> np.ndarray | None:
+    """`vector` / `vector_norm(vector)` in float64, read-only (bit for bit `unit_vector`); None when it
+    has no length or is not finite."""
+    v = np.asarray(vector, dtype=float).ravel()
+    length = float(np.sqrt(v.dot(v)))
+    if not (length > 0 and math.isfinite(length)):
+        return None
+    unit = v / length
+    if not np.isfinite(unit).all():
+        return None
+    unit.flags.writeable = False
+    return unit
 
 
 def vector_norm(vector: np.ndarray) -> float:

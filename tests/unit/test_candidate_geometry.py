@@ -22,7 +22,7 @@ from app.retrieval.types import (
     unit_vector,
 )
 from app.settings import DiversitySettings
-from app.store import vector_norm
+from app.store.types import unit_of
 
 finite = st.floats(-1, 1, allow_nan=False, allow_infinity=False, width=32)
 
@@ -41,16 +41,18 @@ def test_unit_rows_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)), elements=finite))
-def test_unit_rows_with_the_chunk_caches_norms_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
-    norms: list[float | None] = [vector_norm(v) for v in matrix]
-    norms[0] = None  # a norm not known is computed
-    rows = unit_rows(matrix, norms)
-    for row, vector in zip(rows, matrix, strict=True):
-        expected = unit_vector(vector)
-        if expected is None:
-            assert np.isnan(row).all()
-        else:
-            assert row.tobytes() == expected.tobytes()
+def test_geometry_with_the_chunk_caches_units_gives_the_same_units_and_bounds(matrix: np.ndarray) -> None:
+    vectors = list(matrix)
+    known = [unit_of(v) for v in vectors]  # what the store's chunk cache keeps (StoredChunk.unit)
+    known[0] = None  # a unit not known is computed
+    for v, unit in zip(vectors, known, strict=True):
+        expected = unit_vector(v)
+        assert unit is None or (expected is not None and unit.tobytes() == expected.tobytes())
+    units, nearest = _geometry(vectors)
+    given_units, given_nearest = _geometry(vectors, known)
+    assert given_nearest == nearest
+    for a, b in zip(units, given_units, strict=True):
+        assert (a is None and b is None) or (a is not None and b is not None and a.tobytes() == b.tobytes())
 
 
 def test_a_candidate_without_a_given_unit_vector_gets_unit_vector_of_its_embedding() -> None:

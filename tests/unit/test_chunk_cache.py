@@ -12,8 +12,9 @@ import pytest
 
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.lexical import Analyzer, Bm25Index
+from app.retrieval.types import unit_vector
 from app.settings import RetrievalSettings
-from app.store import ChromaStore, ChunkCache, StoredChunk, vector_norm
+from app.store import ChromaStore, ChunkCache, StoredChunk
 
 
 def stored(chunk_id: str, text: str = "", **meta: object) -> StoredChunk:
@@ -133,7 +134,9 @@ def test_chunks_reads_every_miss_in_one_get_and_then_reads_nothing() -> None:
     assert (first["a"].text, first["a"].metadata) == ("alpha", {"doc_id": "d1", "knowledge": "hr"})
     np.testing.assert_array_equal(first["a"].embedding, VECTORS[0])
     assert first["a"].embedding.dtype == np.float32
-    assert first["a"].norm == 5.0 and first["b"].norm == vector_norm(VECTORS[1])
+    assert first["a"].unit is not None and first["a"].unit.tobytes() == unit_vector(VECTORS[0]).tobytes()
+    assert first["b"].unit is not None and first["b"].unit.tobytes() == unit_vector(VECTORS[1]).tobytes()
+    assert not first["a"].unit.flags.writeable  # shared with every reader
 
     again = store.chunks(["a", "b", "c"])
     assert collection.gets[1:] == [(["c"], ["documents", "metadatas", "embeddings"])]  # only the miss
