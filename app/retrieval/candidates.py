@@ -220,6 +220,13 @@ def _geometry(
     The nearest cosines come from one float32 product of the units rounded to float32, on one BLAS
     thread: half the time of the float64 product (90 against 160 µs for 84 x 384, measured), and only a
     bound is needed, within `nearest_slack` of the float64 cosine (the diversity stage allows for it)."""
+    if with_nearest and known is not None and len(known) > 1 and all(u is not None for u in known):
+        try:  # the usual case: every unit known (so 1-D); a ValueError: they differ in length
+            single = np.array(known, dtype=np.float32)
+        except ValueError:
+            pass
+        else:
+            return list(known), _nearest(single)
     units: list[np.ndarray | None] = list(known) if known is not None else [None] * len(vectors)
     nearest: list[float | None] = [None] * len(vectors)
     present = [i for i, v in enumerate(vectors) if v is not None]
@@ -240,25 +247,34 @@ def _geometry(
         if not all(usable):
             unusable = {i for i, ok in zip(missing, usable, strict=True) if not ok}
             bounded = [i for i in present if i not in unusable]
-    if not with_nearest:
+    if not with_nearest or not bounded:
         return units, nearest
-    if len(bounded) == 1:
-        nearest[bounded[0]] = -math.inf
-    elif bounded:
-        single = np.array([units[i] for i in bounded], dtype=np.float32)
-        with one_thread():  # small: more threads only wait for each other (app/retrieval/blas.py)
-            cosines = single @ single.T
-        np.fill_diagonal(cosines, -np.inf)
-        for i, best in zip(bounded, cosines.max(axis=1).tolist(), strict=True):
-            nearest[i] = best
+    for i, best in zip(
+        bounded, _nearest(np.array([units[i] for i in bounded], dtype=np.float32)), strict=True
+    ):
+        nearest[i] = best
     return units, nearest
+
+
+def _nearest(single: np.ndarray) -> list[float]:
+    """Each float32 unit row's largest cosine with another row of `single` (-inf for a lone row)."""
+    if len(single) == 1:
+        return [-math.inf]
+    with one_thread():  # small: more threads only wait for each other (app/retrieval/blas.py)
+        cosines = single @ single.T
+    np.fill_diagonal(cosines, -np.inf)
+    return cosines.max(axis=1).tolist()
 
 
 _new_candidate = object.__new__
 
 
 def _candidate(
-    hit: StoredChunk, dense: float, origin: frozenset[str], unit: np.ndarray | None, nearest: float | None
+    hit: StoredChunk,
+    dense: float,
+    origin: frozenset[str],
+    unit: np.ndarray | None,
+    nearest: float | None,
 ) -> Candidate:
     """`Candidate(...)` with these fields, made without `__init__` (a hot path: every candidate of every
     query; its `__post_init__` would only compute `unit`, given here). Its metadata is its own copy: the

@@ -43,16 +43,16 @@ def test_unit_rows_is_unit_vector_bit_for_bit(matrix: np.ndarray) -> None:
 @given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 40)), elements=finite))
 def test_geometry_with_the_chunk_caches_units_gives_the_same_units_and_bounds(matrix: np.ndarray) -> None:
     vectors = list(matrix)
-    known = [unit_of(v) for v in vectors]  # what the store's chunk cache keeps (StoredChunk.unit)
-    known[0] = None  # a unit not known is computed
-    for v, unit in zip(vectors, known, strict=True):
+    every = [unit_of(v) for v in vectors]  # what the store's chunk cache keeps (StoredChunk.unit)
+    for v, unit in zip(vectors, every, strict=True):
         expected = unit_vector(v)
         assert unit is None or (expected is not None and unit.tobytes() == expected.tobytes())
     units, nearest = _geometry(vectors)
-    given_units, given_nearest = _geometry(vectors, known)
-    assert given_nearest == nearest
-    for a, b in zip(units, given_units, strict=True):
-        assert (a is None and b is None) or (a is not None and b is not None and a.tobytes() == b.tobytes())
+    for known in (every, [None, *every[1:]]):  # all known, and one not known (computed)
+        given_units, given_nearest = _geometry(vectors, known)
+        assert given_nearest == nearest
+        for a, b in zip(units, given_units, strict=True):
+            assert (a is None) == (b is None) and (a is None or a.tobytes() == b.tobytes())  # type: ignore[union-attr]
 
 
 def test_a_candidate_without_a_given_unit_vector_gets_unit_vector_of_its_embedding() -> None:
