@@ -24,7 +24,8 @@ _LOCK = threading.Lock()
 @functools.cache
 def _blas_libraries() -> tuple[Any, ...]:
     """threadpoolctl's controllers of the BLAS libraries loaded, found once: numpy's is among them (numpy,
-    imported above, loads it); none for a numpy built without one."""
+    imported above, loads it); none for a numpy built without one. A BLAS loaded later (scipy's, which
+    sentence-transformers brings) is not numpy's: it multiplies nothing here and is left alone."""
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
