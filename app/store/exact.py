@@ -157,7 +157,12 @@ class ExactSearch:
             # On every BLAS thread, unlike the chain's small products (app/retrieval/blas.py): this one
             # gains, 1.1-2.5 ms with 2 threads against 3.0-4.2 with one at 18k x 384 (measured in one run,
             # alone and between pauses of 4 ms); 8 concurrent queries lost nothing measurable.
-            scores = rows[:used] @ units.T
+            # One query is searched as two equal columns. numpy hands a one-column product to BLAS's
+            # matrix-vector kernel, whose sums round differently from the matrix-matrix kernel's that a
+            # batch gets; with two or more columns every column has the same bits whatever the batch
+            # (tests/unit/test_exact_search.py), so batching changes no score.
+            columns = units if len(units) > 1 else np.repeat(units, 2, axis=0)
+            scores = rows[:used] @ columns.T
             return [_top(scores[:, j], usable, n, self._ids) for j in range(len(q))]
 
     # -- internals (with `_lock` held) --------------------------------------------------------------

@@ -61,6 +61,26 @@ def test_several_queries_each_get_their_own_answer() -> None:
     assert [[cid for cid, _ in hits] for hits in got] == [["a"], ["b"]]
 
 
+def test_a_query_alone_gets_the_very_bits_it_gets_in_a_batch() -> None:
+    """Batching changes no score: a query searched alone, or with 1, 7 or 31 others, gets the same ids and
+    the same float32 similarities, bit for bit, on every BLAS thread count (a collection large enough for
+    BLAS's blocked kernels, with 384 dimensions as the packaged model's)."""
+    from app.retrieval.blas import one_thread
+
+    rng = np.random.default_rng(11)
+    exact = loaded(
+        [chunk(f"c{i:04d}", v.tolist()) for i, v in enumerate(rng.standard_normal((3000, 384)))], 4000
+    )
+    queries = rng.standard_normal((32, 384)).astype(np.float32)
+    alone = [exact.search(queries[j : j + 1], 50, None)[0] for j in range(32)]  # type: ignore[index]
+    for size in (2, 8, 32):
+        batched = exact.search(queries[:size], 50, None)
+        assert batched == alone[:size]
+    with one_thread():
+        assert exact.search(queries[:8], 50, None) == alone[:8]
+        assert exact.search(queries[3:4], 50, None) == [alone[3]]
+
+
 def test_a_zero_vector_has_similarity_0_with_everything() -> None:
     exact = loaded([chunk("zero", [0, 0]), chunk("a", [-1, 0])])
     (hits,) = exact.search(np.array([[1.0, 0.0]]), 2, None)
