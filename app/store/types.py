@@ -26,12 +26,10 @@ def unit_of(vector: np.ndarray) -> np.ndarray | None:
     """`vector` / `vector_norm(vector)` in float64, read-only (bit for bit `unit_vector`); None when it
     has no length or is not finite."""
     v = np.asarray(vector, dtype=float).ravel()
-    length = float(np.sqrt(v.dot(v)))
-    if not (length > 0 and math.isfinite(length)):
+    length = vector_norm(v)
+    if not (length > 0 and math.isfinite(length)):  # then every |v_i| <= length: the unit is finite
         return None
     unit = v / length
-    if not np.isfinite(unit).all():
-        return None
     unit.flags.writeable = False
     return unit
 
