@@ -5,6 +5,7 @@ stage's use of that bound (it may skip only cosines that cannot decide anything)
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from hypothesis import given, settings
@@ -198,18 +199,57 @@ def test_diversity_with_the_bound_equals_diversity_without_it(vectors, max_cosin
     assert sorted(kept + [i for i, _ in removed]) == sorted(c.chunk_id for c in bounded)
 
 
-def test_one_thread_limits_blas_inside_and_restores_it_after() -> None:
+def _numpys_blas_threads() -> dict[str, int]:
+    """Thread count of each BLAS library that numpy's wheel carries (the one `one_thread` controls)."""
     from threadpoolctl import threadpool_info
+
+    return {
+        i["filepath"]: i["num_threads"]
+        for i in threadpool_info()
+        if i["user_api"] == "blas" and "numpy" in i["filepath"]
+    }
+
+
+def test_one_thread_limits_numpys_blas_inside_and_restores_it_after() -> None:
+    from app.retrieval.blas import one_thread
+
+    before = _numpys_blas_threads()
+    assert before  # numpy's wheel carries its OpenBLAS here
+    with one_thread():
+        assert _numpys_blas_threads() == dict.fromkeys(before, 1)
+    assert _numpys_blas_threads() == before
+
+
+def test_one_thread_holds_while_another_thread_owns_openblas_in_threadpoolctl() -> None:
+    """threadpoolctl 3.8 ignores, without a word, the OpenBLAS settings of a thread while another living
+    thread "controls" OpenBLAS (it set the count outside a `limit` block): that made an earlier version
+    of `one_thread` a no-op after the integration tests. `one_thread` sets the count itself."""
+    from threadpoolctl import ThreadpoolController
 
     from app.retrieval.blas import one_thread
 
-    def blas_threads() -> list[int]:
-        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    before = _numpys_blas_threads()
+    owned, release = threading.Event(), threading.Event()
 
-    before = blas_threads()
-    with one_thread():
-        assert all(n == 1 for n in blas_threads())
-    assert blas_threads() == before
+    def owner() -> None:
+        for library in ThreadpoolController().select(user_api="blas").lib_controllers:
+            library.set_num_threads(library.get_num_threads())  # takes control, changes nothing
+        owned.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    try:
+        assert owned.wait(10)
+        with one_thread():
+            assert _numpys_blas_threads() == dict.fromkeys(before, 1)
+        assert _numpys_blas_threads() == before
+    finally:
+        release.set()
+        thread.join(10)
+        from threadpoolctl import OpenBLASController
+
+        OpenBLASController.clear_controlling_thread(force=True)
 
 
 @settings(max_examples=100, deadline=None)
