@@ -67,11 +67,13 @@ class Sieve:
             load_reranker(rag.chain.rerank, device=rag.models.device) if rag.chain.rerank.enabled else None
         )
         log.info(
-            "models loaded in %.1fs: embedder=%s (dim %d, queries %s), reranker=%s",
+            "models loaded in %.1fs: embedder=%s (dim %d, queries %s, %d query model call(s) at once), "
+            "reranker=%s",
             time.perf_counter() - t0,
             embedder.name,
             embedder.dimension,
             embedder.query_mode,
+            embedder.query_slots,
             getattr(reranker, "name", None) or "none",
         )
         if rebuild:

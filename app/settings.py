@@ -73,6 +73,9 @@ class ModelsSettings(_Strict):
     max_query_batch: int = Field(16, ge=1, le=256)
     # How long the first query of a batch waits for others to join when the model is idle (milliseconds).
     query_batch_wait_ms: float = Field(2.0, ge=0.0, le=100.0)
+    # Query model calls (batches of concurrent queries) that may run at once, each on the query threads, so
+    # that concurrent queries use every core; 0 = the usable cores // the query threads (at least 1).
+    query_slots: int = Field(0, ge=0, le=64)
     # Run the query model as a TorchScript trace (app/models/traced.py): its forward pass then holds the
     # GIL only at its ends, so it is not slowed by request threads; checked against eager at load, and
     # queries run eager when the check or the trace fails. Ingest always runs eager.

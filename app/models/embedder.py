@@ -74,6 +74,7 @@ class Embedder:
         query_threads: int | None = None,
         query_model: Any = None,
         query_mode: str | None = None,
+        query_slots: int = 1,
     ):
         """`workers`: ingest slices run on this many threads at once, each on one torch intra-op thread
         (1: one slice at a time in the caller's thread, the path before issue 11; see `embed_passages`).
@@ -81,11 +82,14 @@ class Embedder:
         (None: leave torch as it is). `max_query_batch` > 1: concurrent `embed_queries` calls are embedded
         together (see batcher.py). `query_model`: what runs the model for queries in place of
         `model(features)` (traced.py's `TracedQueryModel`); None: `model.encode`. `query_mode`: how queries
-        run, in words, for the start-up log (default "traced" or "eager")."""
+        run, in words, for the start-up log (default "traced" or "eager"). `query_slots`: query model
+        calls (batches) that may run at once, each at `query_threads`; never beside an ingest slice."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         if workers < 1:
             raise ValueError(f"workers must be at least 1 (got {workers})")
+        if query_slots < 1:
+            raise ValueError(f"query_slots must be at least 1 (got {query_slots})")
         dimension = _embedding_dimension(model)
         if not dimension:
             raise ValueError(f"embedder {name!r} does not report an embedding dimension")
@@ -101,13 +105,14 @@ class Embedder:
         self.query_threads = query_threads
         self.query_model = query_model
         self.query_mode = query_mode or ("traced" if query_model is not None else "eager")
+        self.query_slots = query_slots
         # Wall time spent inside model calls, summed over the threads that made them; benchmarks print it.
         self.model_seconds = 0.0
         self._seconds_lock = threading.Lock()
         # Ingest workers share the model's one fast tokenizer, which fails with "Already borrowed" when two
         # threads use it at once: they tokenise under this lock and run the model outside it.
         self._tokenize_lock = threading.Lock()
-        self._lock = PriorityLock(background_slots=workers)
+        self._lock = PriorityLock(background_slots=workers, urgent_slots=query_slots)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._ms_per_passage: float | None = None  # measured on the slices so far (per worker)
@@ -276,10 +281,14 @@ class Embedder:
         self._ms_per_passage = ms_per_passage if previous is None else 0.7 * previous + 0.3 * ms_per_passage
 
     def _encode_queries(self, texts: list[str]) -> np.ndarray:
-        """Queries run at `query_threads`, set in this thread whatever an ingest set in its own."""
+        """Queries run at `query_threads`, set in this thread whatever an ingest set in its own. With
+        several query slots, calls may run at once: the tokenizer is then shared under its lock
+        (`_encode_split`), as ingest workers share it."""
         _use_torch_threads(self.query_threads)
         if self.query_model is not None:
             return self._encode_split(texts, self.query_prompt, self.query_model)
+        if self.query_slots > 1:
+            return self._encode_split(texts, self.query_prompt)
         return self._encode(texts, self.query_prompt, show_progress=False)
 
     def _encode(self, texts: list[str], prompt: str, show_progress: bool) -> np.ndarray:
@@ -401,6 +410,7 @@ def load_embedder(settings: ModelsSettings) -> Embedder:
         query_threads=query_threads,
         query_model=query_model,
         query_mode=query_mode,
+        query_slots=settings.query_slots or max(1, usable_cores() // query_threads),
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.models import ensure_e5_folder, load_embedder
-from app.models.embedder import Embedder
+from app.models.embedder import Embedder, configure_torch_threads, usable_cores
 from app.settings import ModelsSettings
 
 pytestmark = pytest.mark.integration
@@ -44,6 +44,44 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_eight_threads_of_queries_get_the_vectors_of_one_by_one_embedding(e5) -> None:
+    assert e5.query_slots == max(1, usable_cores() // configure_torch_threads())  # the default, 0 = auto
+    eight_threads_of_queries(e5)
+
+
+def test_eager_queries_in_two_slots_run_two_model_calls_at_once_with_the_one_by_one_vectors() -> None:
+    """Untraced queries, two model calls at once. They tokenise under the embedder's lock (`_encode_split`),
+    as ingest workers do, rather than in `model.encode`: the fast tokenizer can fail with "Already
+    borrowed" when two threads use it at once (not seen in this test without the lock, which it cannot
+    prove absent)."""
+    ensure_e5_folder(SHARED_CACHE)
+    eager = load_embedder(
+        ModelsSettings(
+            cache_dir=str(SHARED_CACHE),
+            max_query_batch=2,
+            query_batch_wait_ms=0.0,
+            trace_queries=False,
+            query_slots=2,
+        )
+    )
+    assert eager.query_model is None and eager.query_slots == 2
+    encode, busy, most, count = eager.query_batcher.encode, [0], [0], threading.Lock()
+
+    def counted(texts: list[str]) -> np.ndarray:
+        with count:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        try:
+            return encode(texts)
+        finally:
+            with count:
+                busy[0] -= 1
+
+    eager.query_batcher.encode = counted
+    eight_threads_of_queries(eager)
+    assert most[0] == 2  # two model calls ran at once, never three
+
+
+def eight_threads_of_queries(e5: Embedder) -> None:
     sequential = {q: e5.embed_queries([q])[0] for q in QUERIES}
     calls_before, texts_before = e5.query_batcher.calls, e5.query_batcher.texts
     got: dict[int, list[tuple[str, np.ndarray]]] = {t: [] for t in range(THREADS)}

@@ -163,3 +163,77 @@ def test_background_slots_let_that_many_slices_in_and_an_urgent_caller_waits_for
 def test_background_slots_must_be_positive() -> None:
     with pytest.raises(ValueError, match="background_slots must be at least 1"):
         PriorityLock(background_slots=0)
+
+
+def test_urgent_slots_let_that_many_urgent_holders_in_never_beside_a_slice() -> None:
+    lock = PriorityLock(background_slots=1, urgent_slots=2)
+    order: list[str] = []
+    both_in = threading.Barrier(3)
+    release = threading.Event()
+
+    def query(name: str) -> None:
+        with lock.urgent():
+            both_in.wait(5)  # two urgent holders at once, or this times out
+            release.wait(5)
+            order.append(name)
+
+    def third_query() -> None:
+        with lock.urgent():
+            order.append("third query")
+
+    def slice_() -> None:
+        with lock.background():
+            order.append("slice")
+
+    queries = [threading.Thread(target=query, args=(f"query {i}",)) for i in (1, 2)]
+    for t in queries:
+        t.start()
+    both_in.wait(5)
+    waiting_query = threading.Thread(target=third_query)  # both slots taken: it waits
+    waiting_query.start()
+    time.sleep(0.05)
+    waiting_slice = threading.Thread(target=slice_)  # urgent holders in and one waiting: it waits
+    waiting_slice.start()
+    time.sleep(0.05)
+    assert order == []
+    release.set()
+    for t in (*queries, waiting_query, waiting_slice):
+        t.join(5)
+    # the third query got a slot only when one of the first two left; the slice waited for all three
+    assert order[0] in ("query 1", "query 2")
+    assert sorted(order[:3]) == ["query 1", "query 2", "third query"]
+    assert order[3] == "slice"
+
+
+def test_an_urgent_caller_waits_for_the_slice_in_progress_whatever_its_free_slots() -> None:
+    lock = PriorityLock(urgent_slots=4)
+    order: list[str] = []
+    slice_in = threading.Event()
+    release = threading.Event()
+
+    def slice_() -> None:
+        with lock.background():
+            slice_in.set()
+            release.wait(5)
+            order.append("slice")
+
+    def query() -> None:
+        with lock.urgent():
+            order.append("query")
+
+    first = threading.Thread(target=slice_)
+    first.start()
+    slice_in.wait(5)
+    waiting = threading.Thread(target=query)
+    waiting.start()
+    time.sleep(0.05)
+    assert order == []
+    release.set()
+    for t in (first, waiting):
+        t.join(5)
+    assert order == ["slice", "query"]
+
+
+def test_urgent_slots_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="urgent_slots must be at least 1"):
+        PriorityLock(urgent_slots=0)

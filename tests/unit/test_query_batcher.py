@@ -29,11 +29,15 @@ class FakeEncoder:
         self.sizes: list[int] = []
         self.busy = 0
         self.overlaps = 0
+        self.most = 0  # the most calls in progress at once
+        self._count = threading.Lock()
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        self.busy += 1
-        if self.busy > 1:
-            self.overlaps += 1
+        with self._count:
+            self.busy += 1
+            self.most = max(self.most, self.busy)
+            if self.busy > 1:
+                self.overlaps += 1
         try:
             self.sizes.append(len(texts))
             time.sleep(self.delay)
@@ -41,7 +45,8 @@ class FakeEncoder:
                 raise ValueError(f"cannot encode {self.fail_on!r}")
             return np.array([vector(t) for t in texts], dtype=np.float32).reshape(len(texts), 3)
         finally:
-            self.busy -= 1
+            with self._count:
+                self.busy -= 1
 
 
 def run_concurrently(batcher: QueryBatcher, requests: list[list[str]]) -> list[np.ndarray | Exception]:
@@ -83,6 +88,19 @@ def test_concurrent_callers_share_model_calls_and_each_gets_its_own_rows() -> No
     assert max(encoder.sizes) <= 8
     assert encoder.overlaps == 0  # one model call at a time
     assert (batcher.calls, batcher.texts) == (len(encoder.sizes), 16)
+
+
+def test_with_two_query_slots_two_batches_run_at_once_and_never_three() -> None:
+    encoder = FakeEncoder(delay=0.05)
+    lock = PriorityLock(urgent_slots=2)
+    batcher = QueryBatcher(encoder, lock.urgent, max_batch=4, wait_ms=5.0)
+    requests = [[f"query {i}" * (i + 1)] for i in range(24)]
+    out = run_concurrently(batcher, requests)
+    for req, got in zip(requests, out, strict=True):
+        np.testing.assert_array_equal(got, np.array([vector(t) for t in req]))
+    assert sum(encoder.sizes) == 24 and max(encoder.sizes) <= 4
+    assert encoder.most == 2  # a second batch was encoded while the first ran, and no third beside them
+    assert (batcher.calls, batcher.texts) == (len(encoder.sizes), 24)
 
 
 def test_a_request_with_max_batch_texts_or_more_goes_alone() -> None:
