@@ -8,7 +8,7 @@ over the whole collection, app/store/exact.py, is, and runs on every thread).
 
 How. numpy's OpenBLAS (a pthreads build, as numpy's wheels carry) has one process-wide thread count, set
 and read by its `openblas_set_num_threads` / `openblas_get_num_threads`. `one_thread` calls them itself,
-through ctypes: 5 µs to enter and leave, against 65 µs for threadpoolctl's `ThreadpoolController.limit`
+through ctypes: 7 µs to enter and leave, against 65 µs for threadpoolctl's `ThreadpoolController.limit`
 (measured back to back), which inspects every loaded library again at every call. It also keeps out of
 threadpoolctl's "controlling thread" rule (3.8): a thread that sets OpenBLAS's count outside a `limit`
 block owns it while it lives, and other threads' settings are then ignored without a word. The libraries

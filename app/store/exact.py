@@ -25,9 +25,9 @@ after a newer one.
 Layout: one float32 matrix of dimension x capacity, each chunk's unit vector a column (a chunk's "row" below
 is its column number), so a query's scores are the product q @ matrix: the matrix-vector kernel for a
 transposed operand. Measured at 18k x 384 (300 queries, numpy's OpenBLAS on 2 threads), it took 0.77 ms
-against 1.01 for chunks as rows between reads of 32 MB of other memory, and 1.02 against 1.33 between
-pauses of 1 ms; in the chain (scripts/bench_chain.py, three runs alternated with the rows layout) the
-dense search took 1.53-1.76 ms against 2.09-2.18. It sums each cosine in another order than the rows
+against 1.01 for chunks as rows between reads of 4 MB of other memory, and 1.02 against 1.33 between
+pauses of 1 ms; in the chain (scripts/bench_chain.py, six runs alternated with the rows layout) the
+dense search took 1.53-1.88 ms against 2.09-2.40. It sums each cosine in another order than the rows
 layout did: scores moved by at most 3.6e-7 over the 300 SciFact test queries, no query's top 10 changed.
 
 Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 46 MB at the default limit of 30,000),
@@ -170,10 +170,10 @@ class ExactSearch:
             # 8 concurrent queries lost nothing measurable.
             # One matrix-vector product per query, also in a batch: BLAS's matrix-matrix kernel, which a
             # batch's one product would get, sums in another order, so a query's scores would depend on
-            # the batch it came in (tests/unit/test_exact_search.py). Measured at 18k x 384, 2 threads,
-            # between pauses: 1.5-1.8 ms a query either way alone; a batch of 8 costs 7.3 ms as 8 products
-            # against 4.6 as one (0.3 ms a query more), while padding a lone query to a two-column
-            # product, the other way to one kernel, cost 3.9-4.3 ms against 1.5-1.8.
+            # the batch it came in (tests/unit/test_exact_search.py). Measured at 18k x 384 as rows, 2
+            # threads, between pauses: 1.5-1.8 ms a query either way alone; a batch of 8 costs 7.3 ms as
+            # 8 products against 4.6 as one (0.3 ms a query more), while padding a lone query to a
+            # two-column product, the other way to one kernel, cost 3.9-4.3 ms against 1.5-1.8.
             matrix = columns[:, :used]
             return [_top(unit @ matrix, usable, n, self._ids) for unit in units]
 
