@@ -12,9 +12,10 @@ through ctypes: 7 µs to enter and leave, against 65 µs for threadpoolctl's `Th
 (measured back to back), which inspects every loaded library again at every call. It also keeps out of
 threadpoolctl's "controlling thread" rule (3.8): a thread that sets OpenBLAS's count outside a `limit`
 block owns it while it lives, and other threads' settings are then ignored without a word. The libraries
-are threadpoolctl's findings, once: the BLAS loaded with numpy. A BLAS loaded later (scipy's, which
-sentence-transformers brings) multiplies nothing of numpy's and is left alone. Any other BLAS (an OpenMP
-OpenBLAS, MKL, BLIS) gets threadpoolctl's `limit`, as before.
+are threadpoolctl's findings at the first call: every BLAS loaded by then, numpy's among them (this module
+imports numpy first). A BLAS loaded after that (scipy's, which sentence-transformers brings) multiplies
+nothing of numpy's and is left alone. Any other BLAS (an OpenMP OpenBLAS, MKL, BLIS) gets threadpoolctl's
+`limit`, as before.
 """
 
 from __future__ import annotations
