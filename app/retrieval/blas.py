@@ -45,16 +45,12 @@ def _controller() -> Any:
     return ThreadpoolController()
 
 
-def _blas() -> tuple[Any, ...]:
-    return tuple(_controller().select(user_api="blas").lib_controllers)
-
-
 @functools.cache
 def _openblas() -> tuple[tuple[Callable[[int], Any], Callable[[], int]], ...] | None:
-    """(set, get) of each library of `_blas()`, or None when one is not a pthreads OpenBLAS whose two
-    functions are found."""
+    """(set, get) of each BLAS library `_controller()` found, or None when one is not a pthreads OpenBLAS
+    whose two functions are found."""
     found = []
-    for library in _blas():
+    for library in _controller().select(user_api="blas").lib_controllers:
         if library.internal_api != "openblas" or library.threading_layer != "pthreads":
             return None
         dll = ctypes.CDLL(library.filepath)  # already loaded: the same library, not a second copy
