@@ -83,6 +83,12 @@ class Sieve:
         log.info("%s", store.load_exact(rag.store.exact_search_max_chunks))
         return cls(settings, embedder, store, reranker)
 
+    def wait_id_check(self, timeout: float | None = None) -> None:
+        """Wait for the BM25 index's background id check against the store, when one runs (it lists
+        every id: seconds at a million chunks, beside the first queries). Benchmarks time what follows it."""
+        if self._sync is not None and self._sync.id_check is not None:
+            self._sync.id_check.join(timeout)
+
     def close(self) -> None:
         """Stop the index follower, the embedder's ingest workers and the store."""
         if self._sync is not None:

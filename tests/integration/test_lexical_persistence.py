@@ -202,3 +202,32 @@ def test_kill_9_during_writes_leaves_an_index_that_is_repaired_at_start(tmp_path
         sync.close()
     finally:
         store.close()
+
+
+class _VectorsOnly:
+    """What `Sieve` asks of an embedder when nothing is embedded: its identity and dimension."""
+
+    dimension = DIM
+
+    def identity(self) -> dict[str, object]:
+        return IDENTITY
+
+
+def test_sieve_wait_id_check_returns_once_the_background_check_has_repaired_the_index(
+    store, tmp_path: Path
+) -> None:
+    from app.service import Sieve
+    from app.settings import LexicalSettings, RagSettings, Settings
+
+    directory = tmp_path / "lexical"
+    store.upsert([chunk(i) for i in range(100)], vectors(100))
+    open_sync(store, directory).close()
+    store.upsert([chunk(500)], vectors(1))  # unrecorded, and the count stays: checked in the background
+    store.delete(["c00004"])
+
+    settings = Settings(rag=RagSettings(lexical=LexicalSettings(path=str(directory))))
+    sieve = Sieve(settings, _VectorsOnly(), store, None)  # type: ignore[arg-type]
+    sieve.wait_id_check(timeout=60)
+    assert "c00500" in sieve.lexical and "c00004" not in sieve.lexical
+    sieve.wait_id_check(timeout=60)  # no check running: returns at once
+    sieve.close()
