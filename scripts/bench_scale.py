@@ -348,7 +348,7 @@ def chain_and_recall(args: argparse.Namespace) -> int:
     store = ChromaStore.open(settings.rag.store, embedder.identity())
     sieve = Sieve(settings, embedder, store, None)  # type: ignore[arg-type]
     opened_s = time.perf_counter() - t0
-    # the background id check lists every id beside the first queries (11-28 s at 1M): time what follows it
+    # the background id check lists every id beside the first queries (34-39 s at 1M): time what follows it
     sieve.wait_id_check(timeout=900)
     id_check_s = time.perf_counter() - t0 - opened_s
     corpus = Corpus()

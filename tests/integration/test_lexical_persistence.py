@@ -17,7 +17,8 @@ from rank_bm25 import BM25Okapi
 
 from app.retrieval.lexical import Analyzer
 from app.retrieval.lexical_sync import LexicalSync
-from app.settings import StoreSettings
+from app.service import Sieve
+from app.settings import LexicalSettings, RagSettings, Settings, StoreSettings
 from app.store import ChromaStore, StoredChunk
 
 pytestmark = pytest.mark.integration
@@ -216,9 +217,6 @@ class _VectorsOnly:
 def test_sieve_wait_id_check_returns_once_the_background_check_has_repaired_the_index(
     store, tmp_path: Path
 ) -> None:
-    from app.service import Sieve
-    from app.settings import LexicalSettings, RagSettings, Settings
-
     directory = tmp_path / "lexical"
     store.upsert([chunk(i) for i in range(100)], vectors(100))
     open_sync(store, directory).close()
