@@ -23,15 +23,21 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def case_json(case: GoldenCase) -> dict[str, Any]:
+    """One case as canonical data: JSON names, fields at their default value left out (so writing a
+    default out, or a new optional field in a later Sieve, changes nothing)."""
+    return case.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
 def case_sha256(case: GoldenCase) -> str:
-    """SHA-256 of one case in canonical JSON (every field, defaults filled in, JSON names)."""
-    return sha256_text(canonical_json(case.model_dump(mode="json", by_alias=True)))
+    """SHA-256 of one case's `case_json` in canonical JSON."""
+    return sha256_text(canonical_json(case_json(case)))
 
 
 def golden_set_sha256(golden: GoldenSet) -> str:
     """SHA-256 of the cases in canonical JSON, in file order: reformatting the file, or writing a default
     value out, does not change it; editing, adding, removing or reordering cases does."""
-    return sha256_text(canonical_json([case.model_dump(mode="json", by_alias=True) for case in golden.cases]))
+    return sha256_text(canonical_json([case_json(case) for case in golden.cases]))
 
 
 def corpus_fingerprint(chunk_ids: Iterable[str]) -> dict[str, Any]:

@@ -63,6 +63,16 @@ class GoldenCase(BaseModel):
       expectNoAnswer (bool: no document answers it; the right result is empty) → expect_no_answer
       tags (list[str]) → tags
       group (str | null: cases sharing it are paraphrases of one need; the report compares them) → group
+      judgments ({docOrChunkId: grade}: judgements of any depth; grade 0 = judged not relevant, > 0 relevant;
+        a key that is a chunk id in the index judges that chunk, any other key a document) → judgments
+      evidenceChunkIds (list[str]: the chunks that together hold the answer: one evidence group) →
+        evidence_chunk_ids
+      anyOf (list[list[str]]: acceptable evidence groups of chunk ids; any one whole group answers) → any_of
+      origin ("manual" | "generated" | "log": how the case was made) → origin
+      generator (str | null: what made a generated case, e.g. "offline:heading", "llm:qwen2.5") → generator
+      passageChunkId (str | null: the chunk a generated case was made from) → passage_chunk_id
+      literalness (float 0..1 | null: share of the query's terms that occur in its passage) → literalness
+      draft (bool: not yet labelled; a draft case may name no expectation and is not scored) → draft
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -85,6 +95,14 @@ class GoldenCase(BaseModel):
     expect_no_answer: bool = Field(default=False, alias="expectNoAnswer")
     tags: list[str] = Field(default_factory=list)
     group: str | None = None
+    judgments: dict[str, float] = Field(default_factory=dict)
+    evidence_chunk_ids: list[str] = Field(default_factory=list, alias="evidenceChunkIds")
+    any_of: list[list[str]] = Field(default_factory=list, alias="anyOf")
+    origin: Literal["manual", "generated", "log"] = "manual"
+    generator: str | None = None
+    passage_chunk_id: str | None = Field(default=None, alias="passageChunkId")
+    literalness: float | None = Field(default=None, ge=0.0, le=1.0)
+    draft: bool = False
 
     @field_validator("id", "query")
     @classmethod
@@ -100,6 +118,25 @@ class GoldenCase(BaseModel):
             raise PydanticCustomError("blank", "must not be empty or blank (leave group out instead)")
         return value
 
+    @field_validator("judgments")
+    @classmethod
+    def _grades_not_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = [key for key, grade in value.items() if grade < 0]
+        if negative:
+            raise PydanticCustomError(
+                "grade",
+                "grades are 0 (judged not relevant) or more; negative for {ids}",
+                {"ids": ", ".join(repr(key) for key in negative)},
+            )
+        return value
+
+    @field_validator("any_of")
+    @classmethod
+    def _groups_not_empty(cls, value: list[list[str]]) -> list[list[str]]:
+        if any(not group for group in value):
+            raise PydanticCustomError("empty_group", "every anyOf group names at least one chunk id")
+        return value
+
     @model_validator(mode="after")
     def _expectations_agree(self) -> GoldenCase:
         named = [
@@ -109,6 +146,9 @@ class GoldenCase(BaseModel):
                 ("expectedSources", self.expected_sources),
                 ("expectedChunkIds", self.expected_chunk_ids),
                 ("relevance", self.relevance),
+                ("evidenceChunkIds", self.evidence_chunk_ids),
+                ("anyOf", self.any_of),
+                ("judgments (a grade > 0)", {k: g for k, g in self.judgments.items() if g > 0}),
             )
             if value
         ]
@@ -119,29 +159,43 @@ class GoldenCase(BaseModel):
                 "remove one or the other",
                 {"fields": ", ".join(named)},
             )
-        if not self.expect_no_answer and not self.has_expectation():
-            if self.relevance:
+        if not self.expect_no_answer and not self.draft and not self.has_expectation():
+            if self.relevance or self.judgments:
+                which = " and ".join(
+                    n for n, v in (("relevance", self.relevance), ("judgments", self.judgments)) if v
+                )
                 raise PydanticCustomError(
                     "no_expectation",
-                    "relevance gives no grade > 0 and no other expectation is named: "
-                    "the case has no relevant result (set expectNoAnswer if that is intended)",
+                    "{which} gives no grade > 0 and no other expectation is named: "
+                    "the case has no relevant result (set expectNoAnswer if that is intended, or draft "
+                    "while it is being labelled)",
+                    {"which": which},
                 )
             raise PydanticCustomError(
                 "no_expectation",
-                "no expectation: give expectedDocIds, expectedSources, expectedChunkIds or relevance, "
-                "or set expectNoAnswer to true",
+                "no expectation: give expectedDocIds, expectedSources, expectedChunkIds, relevance, "
+                "judgments or evidenceChunkIds, or set expectNoAnswer (or draft while labelling)",
             )
-        conflicting = [
-            doc for doc in self.expected_doc_ids if doc in self.relevance and self.relevance[doc] <= 0
-        ]
-        if conflicting:
+        for field, graded in (("relevance", self.relevance), ("judgments", self.judgments)):
+            conflicting = [doc for doc in self.expected_doc_ids if doc in graded and graded[doc] <= 0]
+            if conflicting:
+                raise PydanticCustomError(
+                    "contradiction",
+                    "expectedDocIds lists {docs} but {field} grades them <= 0 (not relevant)",
+                    {"docs": ", ".join(repr(doc) for doc in conflicting), "field": field},
+                )
+        evidence = {chunk for group in self.evidence_groups() for chunk in group}
+        judged_out = sorted(c for c in evidence if c in self.judgments and self.judgments[c] <= 0)
+        if judged_out:
             raise PydanticCustomError(
                 "contradiction",
-                "expectedDocIds lists {docs} but relevance grades them <= 0 (not relevant)",
-                {"docs": ", ".join(repr(doc) for doc in conflicting)},
+                "evidence chunk(s) {ids} are judged not relevant (grade 0) in judgments",
+                {"ids": ", ".join(repr(c) for c in judged_out)},
             )
         grades = self.relevance_map()
-        forbidden = [doc for doc in self.forbidden_doc_ids if grades.get(doc, 0) > 0]
+        expected = {doc for doc, grade in grades.items() if grade > 0}
+        expected |= {key for key, grade in self.judgments.items() if grade > 0}
+        forbidden = [doc for doc in self.forbidden_doc_ids if doc in expected]
         if forbidden:
             raise PydanticCustomError(
                 "contradiction",
@@ -151,13 +205,28 @@ class GoldenCase(BaseModel):
         return self
 
     def has_expectation(self) -> bool:
-        """True when the case names at least one relevant result (doc, chunk, source or a grade > 0)."""
+        """True when the case names at least one relevant result (doc, chunk, source, evidence or a
+        grade > 0 in relevance or judgments)."""
         return bool(
             self.expected_doc_ids
             or self.expected_sources
             or self.expected_chunk_ids
+            or self.evidence_chunk_ids
+            or self.any_of
             or any(grade > 0 for grade in self.relevance.values())
+            or any(grade > 0 for grade in self.judgments.values())
         )
+
+    def evidence_groups(self) -> list[list[str]]:
+        """The acceptable evidence groups: each `anyOf` group, then `evidenceChunkIds` as one more group;
+        at chunk level (only `expectedChunkIds` named) those chunks are the one group. Any one whole
+        group in the top K answers the question."""
+        groups = [list(group) for group in self.any_of]
+        if self.evidence_chunk_ids:
+            groups.append(list(self.evidence_chunk_ids))
+        if not groups and self.expected_chunk_ids and not (self.expected_doc_ids or self.relevance):
+            groups.append(list(self.expected_chunk_ids))
+        return groups
 
     def relevance_map(self) -> dict[str, float]:
         """Document-level judgements: every expectedDocIds entry with grade 1.0, then `relevance` on top

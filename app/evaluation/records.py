@@ -203,6 +203,10 @@ class CaseRecord:
     tags: list[str]
     group: str | None
     language: str
+    origin: str  # manual | generated | log
+    generator: str | None
+    passage_chunk_id: str | None
+    literalness: float | None
     case_sha256: str
     match_on: str
     expected: dict[str, float]
