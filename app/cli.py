@@ -101,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     from app.cli_eval import add_eval_commands
 
     add_eval_commands(sub)
+    from app.cli_golden import add_golden_commands
+
+    add_golden_commands(sub)
     return parser
 
 
