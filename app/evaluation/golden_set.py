@@ -241,16 +241,21 @@ def case_relevance_key(case: GoldenCase) -> RelevanceKey:
 
     * "doc"    — the case names documents (expectedDocIds or relevance): a chunk counts for its document,
                  so two chunks of one expected document are a hit and then a duplicate;
-    * "chunk"  — otherwise, when it names expectedChunkIds: the chunk id itself;
+    * "chunk"  — otherwise, when it names expectedChunkIds: the chunk id itself (judgments of chunk ids
+                 then count at chunk level, and the expected chunks are the case's evidence);
+    * "doc"    — otherwise, when it names judgments, evidenceChunkIds or anyOf: chunks roll up to their
+                 documents (see `runner.resolve_case`);
     * "source" — otherwise (only expectedSources): the chunk's source value.
 
-    Precedence is doc > chunk > source; expectations at a lower level are then not scored. An expectNoAnswer
-    case (which names none) is "doc", the level forbiddenDocIds is checked at.
+    An expectNoAnswer case (which names none) is "doc", the level forbiddenDocIds is checked at.
+    expectedSources beside document-level expectations are expanded to the documents carrying them.
     """
     if case.expected_doc_ids or case.relevance:
         return "doc"
     if case.expected_chunk_ids:
         return "chunk"
+    if case.judgments or case.evidence_chunk_ids or case.any_of:
+        return "doc"
     if case.expected_sources:
         return "source"
     return "doc"

@@ -24,7 +24,7 @@ tests/unit/test_metrics_pytrec.py checks it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 CONVENTIONS = (
     "Metric conventions: the ranked list is cut at K first, as returned; a relevant id counts once, "
@@ -250,3 +250,50 @@ def latency_summary(values: Sequence[float]) -> dict[str, float]:
         "p95": percentile(values, 95),
         "max": percentile(values, 100),
     }
+
+
+def judged_at_k(ranked_ids: Sequence[str], judged: Collection[str], k: int) -> float:
+    """Judged@K = |{i <= K : ranked_ids[i] in J}| / K, J the set of ids that carry a judgment of any grade
+    (0 included: "judged not relevant" is a judgment).
+
+    As ir_measures' `Judged@k`: the denominator is K even when fewer than K results come back, and a
+    duplicate counts at each of its positions (it is judged when its id is). Defined for every case,
+    relevant ids or not. Example: top 4 = [a, x, b, y], J = {a, b}, K = 4 -> 2/4."""
+    _check_k(k)
+    return sum(1 for i in ranked_ids[:k] if i in judged) / k
+
+
+def unjudged_at_k(ranked_ids: Sequence[str], judged: Collection[str], k: int) -> list[str]:
+    """The distinct ids of the top K that carry no judgment, in rank order."""
+    _check_k(k)
+    seen: list[str] = []
+    for i in ranked_ids[:k]:
+        if i not in judged and i not in seen:
+            seen.append(i)
+    return seen
+
+
+def condensed(ranked_ids: Sequence[str], judged: Collection[str]) -> list[str]:
+    """The condensed list (Sakai 2007; ir_measures' `judged_only`): `ranked_ids` with every unjudged id
+    removed and the rest moved up, order kept. A metric of it at K scores the first K judged results, so
+    an unjudged document neither earns nor costs anything."""
+    return [i for i in ranked_ids if i in judged]
+
+
+def evidence_recall_at_k(ranked_chunk_ids: Sequence[str], groups: Sequence[Collection[str]], k: int) -> float:
+    """EvidenceRecall@K = max over the acceptable evidence groups G_j of |G_j ∩ top K| / |G_j|: how much of
+    the best-covered way of answering is in the top K (1.0: one whole group is there).
+
+    Groups are sets of chunk ids (anyOf: any one group answers). Raises `UndefinedMetricError` without a
+    group. Example: groups [{a, b}, {c}], top K = [a, x] -> max(1/2, 0/1) = 0.5."""
+    _check_k(k)
+    if not groups or any(not g for g in groups):
+        raise UndefinedMetricError("the case names no evidence group")
+    top = set(ranked_chunk_ids[:k])
+    return max(len(set(g) & top) / len(set(g)) for g in groups)
+
+
+def evidence_hit_at_k(ranked_chunk_ids: Sequence[str], groups: Sequence[Collection[str]], k: int) -> float:
+    """EvidenceHit@K = 1 when some acceptable evidence group is wholly in the top K, else 0 (the answer
+    can be read from the top K). Equals 1 exactly when `evidence_recall_at_k` is 1."""
+    return 1.0 if evidence_recall_at_k(ranked_chunk_ids, groups, k) == 1.0 else 0.0

@@ -231,6 +231,13 @@ class CaseRecord:
     lost: list[Loss]
     forbidden_found: list[str]
     missing_from_index: list[str]
+    judged: float | None  # Judged@K of the top K (metrics.judged_at_k)
+    unjudged: list[str]  # the top K's ids that carry no judgment
+    condensed: dict[str, float] | None  # metrics at K of the condensed (judged-only) list
+    evidence_groups: list[list[str]]
+    evidence: dict[str, float] | None  # evidenceRecall, evidenceHit at K
+    evidence_lost: list[Loss]
+    expanded_sources: dict[str, list[str]]
 
 
 @dataclass(frozen=True)
@@ -260,3 +267,9 @@ class Summary:
     expected_missing_from_index: int
     lost_by: dict[str, int]
     failed_case_ids: list[str]
+    judged: float | None  # mean Judged@K over the scored cases
+    unjudged_in_top_k: int  # distinct (case, id) pairs in the scored cases' top K with no judgment
+    condensed: dict[
+        str, float | None
+    ]  # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
+    evidence: dict[str, Any]  # cases, evidenceRecall, evidenceHit, lostBy

@@ -73,6 +73,8 @@ class RecordedCase:
     relevance: dict[str, float]
     missing_from_index: list[str]
     request: RetrievalRequest
+    judged_ids: set[str]
+    evidence_groups: list[list[str]]
     candidates: CandidateSet | None  # None: the case failed before its stages ran
     error: str | None = None
 
@@ -175,6 +177,8 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
                 relevance=dict(item.relevance),
                 missing_from_index=list(item.missing_from_index),
                 request=request,
+                judged_ids=set(item.judged_ids),
+                evidence_groups=[list(g) for g in item.evidence_groups],
                 candidates=cset,
                 error=item.error if result is None else None,
             )
@@ -405,7 +409,13 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
     cases: list[CaseResult] = []
     for rc in recording.cases:
         item = CaseResult(
-            rc.case, rc.k, rc.key, dict(rc.relevance), missing_from_index=list(rc.missing_from_index)
+            rc.case,
+            rc.k,
+            rc.key,
+            dict(rc.relevance),
+            missing_from_index=list(rc.missing_from_index),
+            judged_ids=set(rc.judged_ids),
+            evidence_groups=[list(g) for g in rc.evidence_groups],
         )
         if rc.candidates is None:
             item.error = rc.error or "failed before its stages ran"

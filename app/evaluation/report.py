@@ -34,6 +34,7 @@ log = logging.getLogger("sieve.evaluation")
 SCHEMA_VERSION = 2
 SUMMARY_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate")
 AT_K_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
+CONDENSED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
 WORST_CASES = 20
 SNIPPET_CHARS = 200
 
@@ -109,7 +110,40 @@ def summary_record(evaluation: Evaluation) -> Summary:
             for c in cases
             if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
         ],
+        judged=fmean(c.judged for c in scored if c.judged is not None)
+        if any(c.judged is not None for c in scored)
+        else None,
+        unjudged_in_top_k=sum(len(c.unjudged) for c in scored),
+        condensed={
+            m: (
+                fmean(c.condensed[m] for c in scored if c.condensed)
+                if any(c.condensed for c in scored)
+                else None
+            )
+            for m in CONDENSED_METRICS
+        },
+        evidence=_evidence_summary(cases),
     )
+
+
+def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
+    """Over the cases that name evidence and ran: their count, mean evidenceRecall and evidenceHit, and
+    where the evidence chunks of the unanswered ones were lost."""
+    with_evidence = [c for c in cases if c.evidence is not None]
+    lost: dict[str, int] = {}
+    for c in with_evidence:
+        for item in c.evidence_lost:
+            lost[item.where] = lost.get(item.where, 0) + 1
+    return {
+        "cases": len(with_evidence),
+        "evidenceRecall": fmean(c.evidence["evidenceRecall"] for c in with_evidence)  # type: ignore[index]
+        if with_evidence
+        else None,
+        "evidenceHit": fmean(c.evidence["evidenceHit"] for c in with_evidence)  # type: ignore[index]
+        if with_evidence
+        else None,
+        "lostBy": dict(sorted(lost.items())),
+    }
 
 
 def stage_table(evaluation: Evaluation) -> list[StageRow]:
@@ -149,7 +183,10 @@ def stage_table(evaluation: Evaluation) -> list[StageRow]:
 
 def _after(scored: list[CaseResult], stage: str) -> dict[str, float | None]:
     values = [c.after_stage[stage] for c in scored if stage in c.after_stage]
-    return {m: (fmean(v[m] for v in values) if values else None) for m in ("recall", "mrr", "ndcg")}
+    return {
+        m: (fmean(v[m] for v in values if m in v) if any(m in v for v in values) else None)
+        for m in ("recall", "mrr", "ndcg", "judged")
+    }
 
 
 def _mean(values: list[float]) -> float | None:
@@ -232,8 +269,10 @@ def case_record(c: CaseResult) -> CaseRecord:
         elif key in relevant:
             grade = c.relevance.get(key, 1.0)
             reason = f"relevant (grade {grade:g})"
+        elif key in c.judged_ids:
+            reason = "judged not relevant"
         else:
-            reason = "not relevant"
+            reason = "unjudged"
         ranked.append(
             RankedDocument(
                 rank=rank,
@@ -287,6 +326,13 @@ def case_record(c: CaseResult) -> CaseRecord:
         lost=list(c.lost),
         forbidden_found=c.forbidden_found,
         missing_from_index=c.missing_from_index,
+        judged=c.judged,
+        unjudged=list(c.unjudged),
+        condensed=c.condensed,
+        evidence_groups=c.evidence_groups,
+        evidence=c.evidence,
+        evidence_lost=list(c.evidence_lost),
+        expanded_sources=c.expanded_sources,
     )
 
 
@@ -468,8 +514,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"({abst}/{na_n}) / {_f(na['falseAnswerRate'])} ({na_n - abst}/{na_n}) |",
         f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
         f"| Expected ids missing from the index | {s['expectedMissingFromIndex']} |",
-        "",
     ]
+    lines += _judgment_rows(s, kl)
+    lines.append("")
     at_k = s.get("atK") or {}
     if at_k:
         lines += [
@@ -494,11 +541,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "Removed = candidates (chunks) the stage dropped over all cases; removed relevant = expected ids the "
         "stage made disappear from the list (a filter removing relevant documents is a bug to look at; "
-        "dropping a second chunk of a document that stays is not counted). Recall/MRR/nDCG are of the list "
-        "after the stage, cut at K.",
+        "dropping a second chunk of a document that stays is not counted). Recall/MRR/nDCG/Judged are of "
+        "the list after the stage, cut at K.",
         "",
-        f"| Stage | Removed | Removed relevant | Avg ms | Recall{kl} | MRR{kl} | nDCG{kl} | Note |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| Stage | Removed | Removed relevant | Avg ms | Recall{kl} | MRR{kl} | nDCG{kl} | Judged{kl} "
+        "| Note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for st in report["stages"]:
         a = st["afterStage"]
@@ -508,7 +556,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         flag = " ⚠" if st["removedRelevant"] else ""
         lines.append(
             f"| {st['name']} | {st['removed']} | {st['removedRelevant']}{flag} | {_ms(st['latencyMs'])} | "
-            f"{_f(a['recall'])} | {_f(a['mrr'])} | {_f(a['ndcg'])} | {note} |"
+            f"{_f(a['recall'])} | {_f(a['mrr'])} | {_f(a['ndcg'])} | {_f(a.get('judged'))} | {note} |"
         )
     origins = report.get("candidateOrigins") or {}
     if origins:
@@ -551,6 +599,31 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += _case_markdown(c)
     lines += ["## Conventions", "", run["conventions"], ""]
     return "\n".join(lines) + "\n"
+
+
+def _judgment_rows(s: dict[str, Any], kl: str) -> list[str]:
+    """Summary rows for how complete the judgments are (Judged@K, the condensed-list figures) and for the
+    evidence chunks. Reports written before these figures existed have none of the keys."""
+    rows = []
+    if s.get("judged") is not None:
+        rows.append(
+            f"| Judged{kl} (share of the top K with a judgment) | {_f(s['judged'])} "
+            f"({s.get('unjudgedInTopK', 0)} unjudged ids in the scored cases' top K) |"
+        )
+    cond = s.get("condensed") or {}
+    if cond.get("ndcg") is not None:
+        rows.append(
+            f"| Condensed list (unjudged removed): nDCG{kl} / Recall{kl} / MRR | {_f(cond['ndcg'])} / "
+            f"{_f(cond['recall'])} / {_f(cond['mrr'])} |"
+        )
+    ev = s.get("evidence") or {}
+    if ev.get("cases"):
+        lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
+        rows.append(
+            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
+            f"{_f(ev['evidenceRecall'])} / {_f(ev['evidenceHit'])} ({lost}) |"
+        )
+    return rows
 
 
 def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
@@ -763,6 +836,7 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     out += [f"Filter stats: {stats or 'nothing removed'}", ""]
     if c["lost"]:
         out += ["Lost: " + "; ".join(f"{x['id']} {x['where']} ({x['reason']})" for x in c["lost"]), ""]
+    out += _case_judgment_lines(c)
     if c["rankedDocuments"]:
         out += [
             "| Rank | docId | Source | Title | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
@@ -779,6 +853,31 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     else:
         out.append("No documents returned.")
     out.append("")
+    return out
+
+
+def _case_judgment_lines(c: dict[str, Any]) -> list[str]:
+    """A case's evidence figures, where its evidence was lost, Judged@K and its unjudged ids."""
+    out = []
+    ev = c.get("evidence")
+    if ev:
+        groups = " | ".join(", ".join(g) for g in c.get("evidenceGroups") or [])
+        line = (
+            f"Evidence ({groups}): EvidenceRecall {_f(ev['evidenceRecall'])}, "
+            f"EvidenceHit {_f(ev['evidenceHit'])}"
+        )
+        lost = c.get("evidenceLost") or []
+        if lost:
+            line += "; lost: " + "; ".join(f"{x['id']} {x['where']} ({x['reason']})" for x in lost)
+        out += [line, ""]
+    if c.get("expandedSources"):
+        shown = "; ".join(
+            f"{src} -> {', '.join(docs) or '(no document)'}" for src, docs in c["expandedSources"].items()
+        )
+        out += [f"expectedSources expanded to documents: {shown}", ""]
+    if c.get("judged") is not None:
+        unjudged = ", ".join(c.get("unjudged") or []) or "none"
+        out += [f"Judged@K {_f(c['judged'])}; unjudged in the top K: {unjudged}", ""]
     return out
 
 

@@ -16,6 +16,7 @@ which is what a user waits: `single_latency_ms`.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -24,10 +25,16 @@ from datetime import date
 from typing import Any
 
 from app.evaluation import metrics
-from app.evaluation.golden_set import GoldenCase, GoldenSet, case_expected_relevance, case_relevance_key
+from app.evaluation.golden_set import (
+    GoldenCase,
+    GoldenSet,
+    GoldenSetError,
+    case_expected_relevance,
+    case_relevance_key,
+)
 from app.evaluation.records import Loss, RemovedItem, StageStat
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
-from app.retrieval.types import Candidate, RetrievalResult
+from app.retrieval.types import Candidate, RetrievalResult, knowledge_tag_of
 
 log = logging.getLogger("sieve.evaluation")
 
@@ -39,11 +46,16 @@ RANKED_OUT = "RANKED_OUT"
 
 @dataclass
 class KnownIds:
-    """Every id the index holds at each matching level (to tell NOT_IN_INDEX from NOT_RETRIEVED)."""
+    """Every id the index holds at each matching level (to tell NOT_IN_INDEX from NOT_RETRIEVED), each
+    chunk's document (to roll chunk judgments and evidence up), the documents of each source (to expand
+    expectedSources) and the knowledge tags the chunks carry (to catch a misspelt knowledgeTag)."""
 
     doc: set[str] = field(default_factory=set)
     chunk: set[str] = field(default_factory=set)
     source: set[str] = field(default_factory=set)
+    chunk_doc: dict[str, str] = field(default_factory=dict)
+    source_docs: dict[str, set[str]] = field(default_factory=dict)
+    tags: set[str] = field(default_factory=set)
 
     @classmethod
     def from_store(cls, store: Any) -> KnownIds:
@@ -54,10 +66,17 @@ class KnownIds:
     def from_metadata(cls, rows: Iterable[tuple[str, dict[str, Any]]]) -> KnownIds:
         known = cls()
         for chunk_id, meta in rows:
+            doc_id = str(meta.get("doc_id", ""))
             known.chunk.add(chunk_id)
-            known.doc.add(str(meta.get("doc_id", "")))
+            known.doc.add(doc_id)
+            known.chunk_doc[chunk_id] = doc_id
             if meta.get("source"):
-                known.source.add(str(meta["source"]))
+                source = str(meta["source"])
+                known.source.add(source)
+                known.source_docs.setdefault(source, set()).add(doc_id)
+            tag = knowledge_tag_of(meta)
+            if tag is not None:
+                known.tags.add(tag)
         return known
 
 
@@ -80,6 +99,19 @@ class CaseResult:
     # metrics at each extra cut-off of k_values, from the same final ranking
     at_k: dict[int, dict[str, float]] = field(default_factory=dict)
     single_latency_ms: float | None = None
+    # every id at the matching level that carries a judgment (any grade, forbidden ones included)
+    judged_ids: set[str] = field(default_factory=set)
+    # Judged@K of the top K and its unjudged ids (metrics.judged_at_k)
+    judged: float | None = None
+    unjudged: list[str] = field(default_factory=list)
+    # the metrics at K of the condensed list (unjudged ids removed; metrics.condensed)
+    condensed: dict[str, float] | None = None
+    # the acceptable evidence groups (chunk ids) and the evidence figures at K
+    evidence_groups: list[list[str]] = field(default_factory=list)
+    evidence: dict[str, float] | None = None
+    evidence_lost: list[Loss] = field(default_factory=list)
+    # expectedSources expanded to the documents that carry them (doc-level cases only)
+    expanded_sources: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -140,8 +172,12 @@ def evaluate(
     t0 = time.perf_counter()
     as_of = today or date.today()
     ks = tuple(sorted(set(k_values)))
-    cases = [_prepare(case, default_k, known) for case in golden.cases]
+    check_knowledge_tags(golden, known)
+    cases = [_prepare(case, default_k, known) for case in golden.cases if not case.draft]
     warnings = _stale_warnings(cases)
+    drafts = len(golden.cases) - len(cases)
+    if drafts:
+        warnings.append(f"{drafts} draft case(s) not scored (label them, then `sieve golden export`)")
     for warning in warnings:
         log.warning("[RetrievalEval] %s", warning)
     total = len(cases)
@@ -204,12 +240,101 @@ def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int, today
             item.single_latency_ms = round(elapsed, 3)
 
 
+def resolve_case(
+    case: GoldenCase, known: KnownIds
+) -> tuple[dict[str, float], set[str], dict[str, list[str]]]:
+    """The grades `case` is scored with at its `case_relevance_key` level, every id judged at that level,
+    and the expansion of its expectedSources. The rules:
+
+    * doc level: expectedDocIds (grade 1), then `relevance`, then `judgments` of document ids (a later
+      source's grade wins). A judged chunk (a `judgments` key that is a chunk id in the index) grades its
+      document with the highest grade among the document's judged chunks, unless the document is graded
+      itself; an evidence chunk makes its document relevant (grade 1) the same way. expectedSources beside
+      document expectations add every document that carries the source (grade 1, unless graded).
+      Judged: every graded document (grade 0 included) and forbiddenDocIds.
+    * chunk level: expectedChunkIds (grade 1), then the `judgments` of chunk ids. Judged: those and the
+      evidence chunks.
+    * source level: expectedSources (grade 1). Judged: the same.
+
+    An evidence chunk that is not in the index keeps its own id as a relevant document placeholder, so the
+    case still scores (0) and says NOT_IN_INDEX instead of vanishing from the averages.
+    """
+    key = case_relevance_key(case)
+    expanded: dict[str, list[str]] = {}
+    if key == "source":
+        grades = case_expected_relevance(case)
+        return grades, set(grades), expanded
+    if key == "chunk":
+        grades = dict.fromkeys(case.expected_chunk_ids, 1.0)
+        grades.update({i: float(g) for i, g in case.judgments.items() if i in known.chunk})
+        evidence = {c for group in case.evidence_groups() for c in group}
+        return grades, set(grades) | evidence, expanded
+    grades = case.relevance_map()
+    own = {i: float(g) for i, g in case.judgments.items() if i not in known.chunk}
+    grades.update(own)
+    graded_directly = set(grades)
+    rolled: dict[str, float] = {}
+    for chunk, grade in case.judgments.items():
+        if chunk in known.chunk:
+            doc = known.chunk_doc[chunk]
+            rolled[doc] = max(rolled.get(doc, 0.0), float(grade))
+    for group in case.evidence_groups():
+        for chunk in group:
+            doc = known.chunk_doc.get(chunk, chunk)
+            rolled[doc] = max(rolled.get(doc, 0.0), 1.0)
+    if case.expected_sources and (case.expected_doc_ids or case.relevance or case.judgments):
+        for source in case.expected_sources:
+            docs = sorted(known.source_docs.get(source, ()))
+            expanded[source] = docs
+            for doc in docs:
+                rolled[doc] = max(rolled.get(doc, 0.0), 1.0)
+    for doc, grade in rolled.items():
+        if doc not in graded_directly:
+            grades[doc] = grade
+    return grades, set(grades) | set(case.forbidden_doc_ids), expanded
+
+
 def _prepare(case: GoldenCase, default_k: int, known: KnownIds) -> CaseResult:
     key = case_relevance_key(case)
-    relevance = case_expected_relevance(case)
+    relevance, judged, expanded = resolve_case(case, known)
     pool = {"doc": known.doc, "chunk": known.chunk, "source": known.source}[key]
     missing = sorted(i for i, grade in relevance.items() if grade > 0 and i not in pool)
-    return CaseResult(case, case.top_k or default_k, key, relevance, missing_from_index=missing)
+    missing += [s for s, docs in expanded.items() if not docs]
+    groups = case.evidence_groups()
+    missing += sorted({c for g in groups for c in g if c not in known.chunk} - set(missing))
+    return CaseResult(
+        case,
+        case.top_k or default_k,
+        key,
+        relevance,
+        missing_from_index=missing,
+        judged_ids=judged,
+        evidence_groups=groups,
+        expanded_sources=expanded,
+    )
+
+
+def check_knowledge_tags(golden: GoldenSet, known: KnownIds) -> None:
+    """A knowledgeTag no chunk of the index carries is a golden-set error (it would silently score 0 as
+    NOT_RETRIEVED), with the closest tag suggested. Skipped while the index is empty."""
+    if not known.chunk:
+        return
+    errors = []
+    for case in golden.cases:
+        tag = case.knowledge_tag
+        if tag is None or tag in known.tags:
+            continue
+        same = [t for t in sorted(known.tags) if t.casefold() == tag.casefold()]
+        close = same or difflib.get_close_matches(tag, sorted(known.tags), n=1, cutoff=0.5)
+        hint = (
+            f'; did you mean "{close[0]}"?' if close else f"; the index has: {', '.join(sorted(known.tags))}"
+        )
+        errors.append(
+            f'{golden.path}: case {case.id!r}: field "knowledgeTag": no chunk in the index carries '
+            f"knowledge tag {tag!r}{hint}"
+        )
+    if errors:
+        raise GoldenSetError(golden.path, errors)
 
 
 def _stale_warnings(cases: list[CaseResult]) -> list[str]:
@@ -259,6 +384,27 @@ def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequenc
             item.at_k = {kk: metrics.case_metrics(full_keys, relevance, kk, full_texts) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
+    item.judged = metrics.judged_at_k(ranked, item.judged_ids, k)
+    item.unjudged = metrics.unjudged_at_k(ranked, item.judged_ids, k)
+    if metrics.has_relevant(relevance):
+        full_keys = [match_key(c, key) for c in final_ranking(outcome)]
+        kept = metrics.condensed(full_keys, item.judged_ids)
+        item.condensed = {
+            name: fn(kept, relevance, k)
+            for name, fn in (
+                ("recall", metrics.recall_at_k),
+                ("hitRate", metrics.hit_rate_at_k),
+                ("mrr", metrics.mrr_at_k),
+                ("ndcg", metrics.ndcg_at_k),
+                ("precision", metrics.precision_at_k),
+            )
+        }
+    if item.evidence_groups:
+        chunks = [c.chunk_id for c in outcome.documents[:k]]
+        item.evidence = {
+            "evidenceRecall": metrics.evidence_recall_at_k(chunks, item.evidence_groups, k),
+            "evidenceHit": metrics.evidence_hit_at_k(chunks, item.evidence_groups, k),
+        }
     return ranked
 
 
@@ -314,9 +460,17 @@ def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) 
                     "recall": metrics.recall_at_k(head, relevance, k),
                     "mrr": metrics.mrr_at_k(head, relevance, k),
                     "ndcg": metrics.ndcg_at_k(head, relevance, k),
+                    "judged": metrics.judged_at_k(head, item.judged_ids, k),
                 }
             item.after_stage[name] = dict(by_head[head])
     item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked, present_after)
+    if item.evidence is not None and item.evidence["evidenceHit"] < 1.0:
+        # where each evidence chunk that is not in the top K went, at chunk level
+        chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
+        identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
+        wanted = {c for group in item.evidence_groups for c in group}
+        top_chunks = [c.chunk_id for c in outcome.documents[:k]]
+        item.evidence_lost = _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after)
 
 
 def score_case(

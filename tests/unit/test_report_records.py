@@ -35,10 +35,13 @@ def test_a_case_record_carries_its_counts_and_ranked_documents_with_snippets() -
     }
     assert view["fallbackUsed"] is False
     assert [(d["rank"], d["docId"], d["matched"], d["reason"]) for d in view["rankedDocuments"]] == [
-        (1, "A", False, "not relevant"),
+        (1, "A", False, "unjudged"),
         (2, "B", True, "relevant (grade 1)"),
         (3, "D", False, "FORBIDDEN"),
     ]
+    # judged: B and C (expected) and D (forbidden); A is the one unjudged id of the top 3
+    assert view["judged"] == pytest.approx(2 / 3)
+    assert view["unjudged"] == ["A"]
     assert view["rankedDocuments"][1]["snippet"] == "text of c2"
     assert view["forbiddenFound"] == ["D"]
     assert view["lost"] == [

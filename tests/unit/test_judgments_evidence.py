@@ -1,0 +1,147 @@
+"""Judgments, Judged@K, the condensed list, evidence chunks and the index-dependent rules of a golden case
+(chunk judgments rolled up to documents, expectedSources expanded, an unknown knowledgeTag), on the
+runner's fake chain: final list [c1 (A), c2 (B), c4 (D)]; c3 (C) removed by `threshold`, c5 (a second
+chunk of A) by `diversity`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.evaluation import metrics
+from app.evaluation.golden_set import GoldenCase, GoldenSet, GoldenSetError
+from app.evaluation.report import summary_record
+from app.evaluation.runner import NOT_IN_INDEX, KnownIds, evaluate
+from tests.unit.test_runner import FakeChain
+
+ROWS = [
+    ("c1", {"doc_id": "A", "source": "A.md", "knowledge": "hr"}),
+    ("c2", {"doc_id": "B", "source": "B.md", "knowledge": "hr"}),
+    ("c3", {"doc_id": "C", "source": "C.md", "knowledge": "finance"}),
+    ("c4", {"doc_id": "D", "source": "D.md", "knowledge": "finance"}),
+    ("c5", {"doc_id": "A", "source": "A.md", "knowledge": "hr"}),
+]
+KNOWN = KnownIds.from_metadata(ROWS)
+
+
+def run(*cases: dict, k: int = 3):
+    golden = GoldenSet("t", [GoldenCase.model_validate({"query": "q", **c}) for c in cases], "golden.json")
+    return evaluate(FakeChain(), golden, k, KNOWN)
+
+
+def test_judged_at_k_divides_by_k_as_ir_measures_does() -> None:
+    assert metrics.judged_at_k(["a", "x", "b", "y"], {"a", "b"}, 4) == 2 / 4
+    assert metrics.judged_at_k(["a"], {"a"}, 4) == 1 / 4  # a short list still divides by K
+    assert metrics.judged_at_k(["a", "a", "x"], {"a"}, 3) == 2 / 3  # a duplicate counts at each position
+    assert metrics.unjudged_at_k(["x", "a", "x", "y"], {"a"}, 4) == ["x", "y"]
+    assert metrics.condensed(["x", "a", "y", "b"], {"a", "b"}) == ["a", "b"]
+
+
+def test_evidence_recall_is_the_best_covered_group_and_a_hit_needs_a_whole_group() -> None:
+    groups = [{"a", "b"}, {"c"}]
+    assert metrics.evidence_recall_at_k(["a", "x"], groups, 2) == max(1 / 2, 0 / 1)
+    assert metrics.evidence_hit_at_k(["a", "x"], groups, 2) == 0.0
+    assert metrics.evidence_recall_at_k(["x", "c"], groups, 2) == 1 / 1
+    assert metrics.evidence_hit_at_k(["x", "c"], groups, 2) == 1.0
+    with pytest.raises(metrics.UndefinedMetricError):
+        metrics.evidence_recall_at_k(["a"], [], 1)
+
+
+def test_right_document_wrong_chunk_scores_the_document_and_says_where_the_evidence_went() -> None:
+    # the payday shape: document A is rank 1, but its answering chunk c5 was removed by diversity
+    (c,) = run({"id": "payday", "expectedDocIds": ["A"], "evidenceChunkIds": ["c5"]}).cases
+    assert c.metrics is not None and c.metrics["recall"] == 1.0
+    assert c.evidence == {"evidenceRecall": 0 / 1, "evidenceHit": 0.0}
+    assert [(x.id, x.where, x.reason) for x in c.evidence_lost] == [
+        ("c5", "REMOVED_BY_diversity", "max_per_document=1")
+    ]
+
+
+def test_any_of_groups_one_whole_group_answers() -> None:
+    answered, half = run(
+        {"id": "a", "expectedDocIds": ["B"], "anyOf": [["c5"], ["c2", "c4"]]},
+        {"id": "b", "expectedDocIds": ["B"], "anyOf": [["c2", "c3"]]},
+    ).cases
+    assert answered.evidence == {"evidenceRecall": max(0 / 1, 2 / 2), "evidenceHit": 1.0}
+    assert answered.evidence_lost == []  # answered: the other group's chunks are not "lost"
+    assert half.evidence == {"evidenceRecall": 1 / 2, "evidenceHit": 0.0}
+    assert [(x.id, x.where) for x in half.evidence_lost] == [("c3", "REMOVED_BY_threshold")]
+
+
+def test_evidence_chunk_missing_from_the_index_scores_zero_instead_of_vanishing() -> None:
+    ev = run({"id": "gone", "evidenceChunkIds": ["c9"]})
+    (c,) = ev.cases
+    assert c.relevance == {"c9": 1.0}  # its own id stands in for the unknown document
+    assert c.metrics is not None and c.metrics["recall"] == 0.0
+    assert [(x.id, x.where) for x in c.evidence_lost] == [("c9", NOT_IN_INDEX)]
+
+
+def test_chunk_judgments_roll_up_to_their_documents_and_grade_zero_counts_as_judged() -> None:
+    # judgments only: c2 (B) grade 1, c4 (D) grade 0 -> B relevant, D judged not relevant, A unjudged
+    (c,) = run({"id": "j", "judgments": {"c2": 1, "c4": 0}}).cases
+    assert c.key == "doc"
+    assert c.relevance == {"B": 1.0, "D": 0.0}
+    assert c.judged == 2 / 3  # top 3 = A, B, D
+    assert c.unjudged == ["A"]
+    # strict: B at rank 2 -> nDCG = (1/log2(3)) / 1; condensed list [B, D] -> B at rank 1 -> 1.0
+    assert c.metrics is not None and c.metrics["ndcg"] == pytest.approx(1 / math.log2(3))
+    assert c.condensed is not None and c.condensed["ndcg"] == pytest.approx(1.0)
+    assert c.condensed["mrr"] == pytest.approx(1 / 1)
+
+
+def test_a_document_judgment_wins_over_its_chunks_and_forbidden_documents_count_as_judged() -> None:
+    (c,) = run({"id": "j", "judgments": {"B": 3, "c2": 1}, "forbiddenDocIds": ["A"]}).cases
+    assert c.relevance == {"B": 3.0}
+    assert c.judged_ids == {"A", "B"}
+    assert c.judged == 2 / 3
+    assert c.unjudged == ["D"]
+
+
+def test_judged_after_each_stage_and_in_the_summary() -> None:
+    ev = run(
+        {"id": "a", "expectedDocIds": ["B"]}, {"id": "b", "expectedDocIds": ["A"], "judgments": {"D": 0}}
+    )
+    first, second = ev.cases
+    # candidates [c1..c5] -> keys A, B, C, D, A; the first 3 are A, B, C
+    assert first.after_stage["candidates"]["judged"] == 1 / 3
+    assert second.after_stage["diversity"]["judged"] == 2 / 3  # A, B, D: A and D judged
+    summary = summary_record(ev)
+    assert summary.judged == pytest.approx((1 / 3 + 2 / 3) / 2)
+    assert summary.unjudged_in_top_k == 2 + 1  # A, D for the first; B for the second
+
+
+def test_expected_sources_beside_document_ids_add_the_documents_that_carry_them() -> None:
+    (c,) = run({"id": "s", "expectedDocIds": ["B"], "expectedSources": ["D.md", "nowhere.md"]}).cases
+    assert c.relevance == {"B": 1.0, "D": 1.0}
+    assert c.expanded_sources == {"D.md": ["D"], "nowhere.md": []}
+    assert "nowhere.md" in c.missing_from_index
+    assert c.metrics is not None and c.metrics["recall"] == 2 / 2
+
+
+def test_an_unknown_knowledge_tag_is_a_golden_set_error_with_a_suggestion() -> None:
+    with pytest.raises(GoldenSetError) as raised:
+        run({"id": "t1", "expectedDocIds": ["A"], "knowledgeTag": "HR"})
+    assert (
+        "golden.json: case 't1': field \"knowledgeTag\": no chunk in the index carries knowledge tag 'HR'; "
+        'did you mean "hr"?'
+    ) in str(raised.value)
+
+
+def test_draft_cases_are_not_scored_and_say_so() -> None:
+    ev = run({"id": "d", "draft": True}, {"id": "a", "expectedDocIds": ["A"]})
+    assert [c.case.id for c in ev.cases] == ["a"]
+    assert "1 draft case(s) not scored" in ev.warnings[-1]
+
+
+def test_summary_evidence_figures_are_means_over_the_cases_with_evidence() -> None:
+    ev = run(
+        {"id": "a", "expectedDocIds": ["A"], "evidenceChunkIds": ["c5"]},
+        {"id": "b", "expectedDocIds": ["B"], "anyOf": [["c2", "c3"]]},
+        {"id": "c", "expectedDocIds": ["B"]},
+    )
+    evidence = summary_record(ev).evidence
+    assert evidence["cases"] == 2
+    assert evidence["evidenceRecall"] == pytest.approx((0 + 1 / 2) / 2)
+    assert evidence["evidenceHit"] == 0.0
+    assert evidence["lostBy"] == {"REMOVED_BY_diversity": 1, "REMOVED_BY_threshold": 1}
