@@ -23,7 +23,7 @@ from app.evaluation.report import (
     report_stamp,
     write_reports,
 )
-from app.evaluation.runner import Evaluation, KnownIds, evaluate
+from app.evaluation.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
 from app.evaluation.segments import segments
 from app.evaluation.tune import sweep_line, threshold_sweep
 from app.settings import ChainSettings, EvaluateSettings
@@ -103,15 +103,16 @@ def run_startup_evaluation(
     golden set is logged and reported (the report says why nothing ran); it never raises. A configured
     baseline file that cannot be used is logged and the run goes on without a comparison."""
     described = target.described
-    if golden is None:
-        try:
+    try:
+        if golden is None:
             golden = load_golden_set(settings.resource_location)
-        except GoldenSetError as exc:
-            log.error("[RetrievalEval] not run: %s", exc)
-            report = invalid_report(settings.resource_location, str(exc), run_header(described))
-            paths = write_reports(report, settings, render_markdown(report))
-            _log_paths(paths)
-            return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))
+        check_knowledge_tags(golden, target.known)  # a case no chunk can match is a golden-set error
+    except GoldenSetError as exc:
+        log.error("[RetrievalEval] not run: %s", exc)
+        report = invalid_report(settings.resource_location, str(exc), run_header(described))
+        paths = write_reports(report, settings, render_markdown(report))
+        _log_paths(paths)
+        return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))
     try:
         baseline = resolve_baseline(settings)
     except BaselineError as exc:
