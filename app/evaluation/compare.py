@@ -21,6 +21,7 @@ from app.evaluation.records import (
     Comparison,
     MetricComparison,
     StageDelta,
+    UnjudgedAccount,
 )
 
 COMPARED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
@@ -88,6 +89,14 @@ def _check_shape(p: Path, report: dict[str, Any]) -> None:
             for name in COMPARED_METRICS:
                 if not _is_number(values.get(name)):
                     raise BaselineError(f"{where}: metrics.{name} must be a number, got {values.get(name)!r}")
+        condensed = case.get("condensed")
+        if condensed is not None and not (
+            isinstance(condensed, dict) and all(_is_number(condensed.get(n)) for n in CONDENSED_COMPARED)
+        ):
+            raise BaselineError(f"{where}: 'condensed' must be an object of numbers or null")
+        unjudged = case.get("unjudged", [])
+        if not isinstance(unjudged, list) or not all(isinstance(i, str) for i in unjudged):
+            raise BaselineError(f"{where}: 'unjudged' must be a list of ids")
         ranked = case.get("rankedDocuments", [])
         if not isinstance(ranked, list) or not all(isinstance(d, dict) for d in ranked):
             raise BaselineError(f"{where}: 'rankedDocuments' must be a list of objects")
@@ -121,12 +130,81 @@ def compare_reports(
     if k_changes:
         return Comparison(ref, False, differences, len(paired), {}, changes, stage_rows)
     scored = [i for i in paired if b_cases[i].get("metrics") and c_cases[i].get("metrics")]
-    rows: dict[str, MetricComparison] = {}
-    for name in COMPARED_METRICS:
-        before = [float(b_cases[i]["metrics"][name]) for i in scored]
-        after = [float(c_cases[i]["metrics"][name]) for i in scored]
-        if not scored:
+    rows = _paired_rows(
+        {i: b_cases[i]["metrics"] for i in scored}, {i: c_cases[i]["metrics"] for i in scored}, seed, alpha
+    )
+    with_condensed = [i for i in scored if b_cases[i].get("condensed") and c_cases[i].get("condensed")]
+    condensed_rows = _paired_rows(
+        {i: b_cases[i]["condensed"] for i in with_condensed},
+        {i: c_cases[i]["condensed"] for i in with_condensed},
+        seed,
+        alpha,
+        CONDENSED_COMPARED,
+    )
+    b_hits = {i: float(b_cases[i]["metrics"]["hitRate"]) for i in scored}
+    c_hits = {i: float(c_cases[i]["metrics"]["hitRate"]) for i in scored}
+    changes.fixed, changes.broken = stats.fixed_and_broken(b_hits, c_hits)
+    improved, worsened = stats.changed_by(
+        {i: float(b_cases[i]["metrics"]["ndcg"]) for i in scored},
+        {i: float(c_cases[i]["metrics"]["ndcg"]) for i in scored},
+    )
+    changes.improved = [CaseDelta(i, d) for i, d in improved]
+    changes.worsened = [CaseDelta(i, d) for i, d in worsened]
+    new_total = new_unjudged_total = 0
+    new_by_case: dict[str, tuple[list[str], list[str]]] = {}
+    for i in scored:
+        new, unjudged = new_in_top_k(b_cases[i], c_cases[i])
+        new_by_case[i] = (new, unjudged)
+        new_total += len(new)
+        new_unjudged_total += len(unjudged)
+    details: dict[str, dict[str, Any]] = {}
+    for i, metric in [(i, "hitRate") for i in changes.fixed + changes.broken] + [
+        (d.id, "ndcg") for d in changes.worsened
+    ]:
+        if i in details:
             continue
+        new, unjudged = new_by_case[i]
+        why = unverified_reason(b_cases[i], c_cases[i], metric, unjudged)
+        details[i] = {
+            "query": c_cases[i].get("query"),
+            "before": _top(b_cases[i]),
+            "now": _top(c_cases[i]),
+            "newInTopK": new,
+            "newUnjudged": unjudged,
+            "verified": why is None,
+            "why": why or "",
+        }
+    regressions = changes.broken + [d.id for d in changes.worsened]
+    changes.unverified = sorted({i for i in regressions if not details[i]["verified"]})
+    account = UnjudgedAccount(
+        new_in_top_k=new_total,
+        new_unjudged=new_unjudged_total,
+        headline=f"{new_unjudged_total} of the {new_total} new top-K documents are unjudged",
+    )
+    return Comparison(
+        ref, True, differences, len(scored), rows, changes, stage_rows, details, account, condensed_rows
+    )
+
+
+CONDENSED_COMPARED = ("recall", "hitRate", "mrr", "ndcg", "precision")
+
+
+def _paired_rows(
+    before_by_case: dict[str, dict[str, Any]],
+    after_by_case: dict[str, dict[str, Any]],
+    seed: int,
+    alpha: float,
+    names: tuple[str, ...] = COMPARED_METRICS,
+) -> dict[str, MetricComparison]:
+    """Per metric over the paired cases: the means, the mean difference with its bootstrap CI, the
+    sign-flip p-value and the Holm-adjusted p-value (significant: pHolm < alpha)."""
+    ids = sorted(before_by_case)
+    rows: dict[str, MetricComparison] = {}
+    if not ids:
+        return rows
+    for name in names:
+        before = [float(before_by_case[i][name]) for i in ids]
+        after = [float(after_by_case[i][name]) for i in ids]
         diffs = [a - b for a, b in zip(after, before, strict=True)]
         rows[name] = MetricComparison(
             baseline=fmean(before),
@@ -141,20 +219,54 @@ def compare_reports(
         rows[name] = MetricComparison(
             row.baseline, row.current, row.delta, row.ci95, row.p_value, p_holm, bool(p_holm < alpha)
         )
-    b_hits = {i: float(b_cases[i]["metrics"]["hitRate"]) for i in scored}
-    c_hits = {i: float(c_cases[i]["metrics"]["hitRate"]) for i in scored}
-    changes.fixed, changes.broken = stats.fixed_and_broken(b_hits, c_hits)
-    improved, worsened = stats.changed_by(
-        {i: float(b_cases[i]["metrics"]["ndcg"]) for i in scored},
-        {i: float(c_cases[i]["metrics"]["ndcg"]) for i in scored},
-    )
-    changes.improved = [CaseDelta(i, d) for i, d in improved]
-    changes.worsened = [CaseDelta(i, d) for i, d in worsened]
-    details = {
-        i: {"query": c_cases[i].get("query"), "before": _top(b_cases[i]), "now": _top(c_cases[i])}
-        for i in changes.fixed + changes.broken
-    }
-    return Comparison(ref, True, differences, len(scored), rows, changes, stage_rows, details)
+    return rows
+
+
+def _top_keys(case: dict[str, Any]) -> list[str]:
+    """The case's top K at its matching level (docId, chunkId or source of each ranked document)."""
+    field_name = {"chunk": "chunkId", "source": "source"}.get(str(case.get("matchOn")), "docId")
+    k = case.get("topK") or len(case.get("rankedDocuments") or [])
+    return [str(d.get(field_name, "?")) for d in (case.get("rankedDocuments") or [])[:k]]
+
+
+def new_in_top_k(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The ids the change brought into a case's top K (in the current top K, not in the baseline's; each
+    once, in rank order), and those of them that carry no judgment in the current run: its `unjudged`
+    list, or, for a report written before Judged@K, the ids outside `expected` and `forbiddenDocIds`."""
+    old = set(_top_keys(before))
+    new: list[str] = []
+    for key in _top_keys(now):
+        if key not in old and key not in new:
+            new.append(key)
+    if "unjudged" in now:
+        unjudged = set(now["unjudged"])
+    else:
+        judged = set(now.get("expected") or {}) | set(now.get("forbiddenDocIds") or [])
+        unjudged = {key for key in new if key not in judged}
+    return new, [key for key in new if key in unjudged]
+
+
+def unverified_reason(
+    before: dict[str, Any], now: dict[str, Any], metric: str, new_unjudged: list[str]
+) -> str | None:
+    """Why a broken (metric hitRate) or worsened (nDCG) case is not a verified regression, or None.
+
+    The rule: a drop is unverified when the change brought unjudged documents into the top K and the
+    condensed list (unjudged documents removed) did not drop: what pushed the judged relevant documents
+    down is documents nobody has judged, which may be relevant. Without condensed figures on both sides (a
+    report from before them) any new unjudged document makes the drop unverified."""
+    if not new_unjudged:
+        return None
+    b_cond, c_cond = before.get("condensed"), now.get("condensed")
+    shown = ", ".join(new_unjudged)
+    if isinstance(b_cond, dict) and isinstance(c_cond, dict) and metric in b_cond and metric in c_cond:
+        if float(c_cond[metric]) < float(b_cond[metric]) - 1e-12:
+            return None
+        return (
+            f"unverified: {len(new_unjudged)} unjudged new document(s) in the top K ({shown}); "
+            f"with them removed {metric} {float(b_cond[metric]):.3f} -> {float(c_cond[metric]):.3f}"
+        )
+    return f"unverified: {len(new_unjudged)} unjudged new document(s) in the top K ({shown})"
 
 
 def _top(case: dict[str, Any], n: int = 3) -> list[str]:
@@ -170,6 +282,7 @@ _FINGERPRINT_KEYS = (
     "corpusFingerprint",
     "embedder",
     "chainSha256",
+    "settingsSha256",
     "k",
     "codeVersion",
     "evaluatedAt",
@@ -207,8 +320,12 @@ def flatten(node: Any, prefix: str) -> dict[str, Any]:
     return {prefix: node}
 
 
+_UNSET: Any = object()
+
+
 def _show(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    """A setting's value as JSON (strings quoted, so `"query: "` shows its space), or (unset)."""
+    return "(unset)" if value is _UNSET else json.dumps(value, ensure_ascii=False)
 
 
 def describe_differences(
@@ -217,17 +334,24 @@ def describe_differences(
     b_cases: dict[str, Any] | None = None,
     c_cases: dict[str, Any] | None = None,
 ) -> list[str]:
-    """What changed between two runs, in words, from their fingerprints: each changed setting of
-    rag.retrieval and rag.chain (`rag.chain.bm25.dense_weight: 0.6 -> 0.7`), the embedder, the corpus,
-    the golden set (cases added, removed, changed), K, asOf and the code version."""
+    """What changed between two runs, in words, from their fingerprints: each changed setting of the
+    fingerprinted sections (rag.models, rag.ingest, rag.store, rag.retrieval, rag.chain:
+    `rag.models.query_prompt: null -> "query: "`), the embedder, the corpus, the golden set (cases added,
+    removed, changed), K, asOf and the code version. A section only one report fingerprints (one written
+    before that section was) is named once, as unknown, rather than key by key."""
     out: list[str] = []
     if "settings" not in b_run:
         out.append("the baseline report has no run fingerprint (written by an older Sieve): settings unknown")
     else:
-        before = flatten(b_run.get("settings") or {}, "rag")
-        after = flatten(c_run.get("settings") or {}, "rag")
+        b_settings, c_settings = b_run.get("settings") or {}, c_run.get("settings") or {}
+        for section in sorted(set(b_settings) ^ set(c_settings)):
+            older = "baseline" if section not in b_settings else "current"
+            out.append(f"rag.{section}: not in the {older} report's fingerprint (an older Sieve): unknown")
+        shared = set(b_settings) & set(c_settings)
+        before = flatten({k: v for k, v in b_settings.items() if k in shared}, "rag")
+        after = flatten({k: v for k, v in c_settings.items() if k in shared}, "rag")
         for key in sorted(set(before) | set(after)):
-            old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+            old, new = before.get(key, _UNSET), after.get(key, _UNSET)
             if old != new:
                 out.append(f"{key}: {_show(old)} -> {_show(new)}")
     b_emb, c_emb = b_run.get("embedder"), c_run.get("embedder")
@@ -314,8 +438,14 @@ def baseline_line(comparison: dict[str, Any], k_label: str) -> str:
     if row is None:
         return head + "no paired scored cases"
     ci = row["ci95"] or [None, None]
-    return (
+    line = (
         head + f"nDCG{k_label} {row['baseline']:.3f} -> {row['current']:.3f} ({row['delta']:+.3f}, "
         f"95% CI [{_f(ci[0])}, {_f(ci[1])}], p={p_text(row['pValue'])}) "
         f"fixed={len(cases['fixed'])} broken={len(cases['broken'])}"
     )
+    account = comparison.get("unjudged")
+    if account and account["newInTopK"]:
+        line += f"; {account['headline']}"
+        if cases.get("unverified"):
+            line += f" (unverified regressions: {', '.join(cases['unverified'])})"
+    return line

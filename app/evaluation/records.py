@@ -104,6 +104,19 @@ class CaseChanges:
     worsened: list[CaseDelta] = field(default_factory=list)
     only_in_baseline: list[str] = field(default_factory=list)
     only_in_current: list[str] = field(default_factory=list)
+    # broken or worsened cases whose drop may come from unjudged documents (compare.unverified_reason)
+    unverified: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UnjudgedAccount:
+    """How much of what the change brought into the top K nobody has judged: over the paired scored
+    cases, `new_in_top_k` = Σ |top K now − top K before| (distinct ids at the case's matching level) and
+    `new_unjudged` = how many of those carry no judgment in the current golden set."""
+
+    new_in_top_k: int
+    new_unjudged: int
+    headline: str
 
 
 @dataclass(frozen=True)
@@ -135,8 +148,12 @@ class Comparison:
     metrics: dict[str, MetricComparison]
     cases: CaseChanges
     stages: list[StageDelta]
-    # fixed and broken cases: {id: {"query", "before": [top docIds], "now": [top docIds]}} for the Markdown
+    # fixed, broken and worsened cases: {id: {"query", "before": [top docIds], "now": [top docIds],
+    # "newInTopK": [...], "newUnjudged": [...], "verified": bool, "why": str}}
     case_details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unjudged: UnjudgedAccount | None = None
+    # the same paired statistics on the condensed lists (unjudged documents removed)
+    condensed_metrics: dict[str, MetricComparison] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

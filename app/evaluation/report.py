@@ -632,10 +632,11 @@ def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
         note = report.get("baselineNote") or "no baseline"
         return ["## Compared with baseline", "", f"No comparison: {note}.", ""]
     base = comp["baseline"]
+    kind = f" ({base['kind']})" if base.get("kind") else ""
     out = [
         "## Compared with baseline",
         "",
-        f"Baseline `{base['path']}`, evaluated {base.get('evaluatedAt') or '?'} "
+        f"Baseline{kind} `{base['path']}`, evaluated {base.get('evaluatedAt') or '?'} "
         f"(code {base.get('run', {}).get('codeVersion', '?')}); {comp['pairedCases']} paired scored cases.",
         "",
     ]
@@ -669,17 +670,45 @@ def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
     if not comp["differences"]:
         out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
     out.append("")
+    account = comp.get("unjudged")
+    if account:
+        out += [
+            f"**{account['headline']}.** A broken or worsened case whose drop comes from unjudged "
+            "documents (the condensed list, unjudged removed, did not drop) is *unverified*, not a "
+            "regression: judge those documents (`sieve golden pool --report`) to settle it.",
+            "",
+        ]
+        cond = comp.get("condensedMetrics") or {}
+        if "ndcg" in cond:
+            row = cond["ndcg"]
+            out += [
+                f"Condensed lists: nDCG{kl} {_f(row['baseline'])} → {_f(row['current'])} "
+                f"({row['delta']:+.3f}, p {p_text(row['pValue'])}).",
+                "",
+            ]
     cases = comp["cases"]
     details = comp.get("caseDetails") or {}
-    for title, ids in (("Fixed (hit 0 → 1)", cases["fixed"]), ("Broken (hit 1 → 0)", cases["broken"])):
+    worsened_ids = [x["id"] for x in cases["worsened"]]
+    for title, ids in (
+        ("Fixed (hit 0 → 1)", cases["fixed"]),
+        ("Broken (hit 1 → 0)", cases["broken"]),
+        ("Worsened (nDCG dropped)", worsened_ids),
+    ):
         out += [f"{title}: {len(ids)}", ""]
         if ids:
-            out += ["| Case | Query | Before (top 3) | Now (top 3) |", "|---|---|---|---|"]
+            out += [
+                "| Case | Query | Before (top 3) | Now (top 3) | New in top K (unjudged) | Verdict |",
+                "|---|---|---|---|---|---|",
+            ]
             for i in ids:
                 d = details.get(i, {})
                 before = ", ".join(d.get("before", [])) or "(nothing)"
                 now = ", ".join(d.get("now", [])) or "(nothing)"
-                out.append(f"| {i} | {_cell(d.get('query', ''))} | {before} | {now} |")
+                new = d.get("newInTopK")
+                new_text = "-" if new is None else f"{len(new)} ({len(d.get('newUnjudged') or [])} unjudged)"
+                verdict = "-" if title.startswith("Fixed") else (d.get("why") or "verified")
+                query = _cell(d.get("query", ""))
+                out.append(f"| {i} | {query} | {before} | {now} | {new_text} | {_cell(verdict)} |")
             out.append("")
     moved = [(x, "+") for x in cases["improved"][:10]] + [(x, "") for x in cases["worsened"][:10]]
     if moved:
@@ -714,16 +743,20 @@ def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
 def _gate_markdown(gate: dict[str, Any]) -> list[str]:
     out: list[str] = []
     if gate["checks"]:
+        warned = len(gate.get("warnings") or [])
         out += [
-            "## Gate: " + ("PASSED" if gate["passed"] else "FAILED"),
+            "## Gate: "
+            + ("PASSED" if gate["passed"] else "FAILED")
+            + (f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""),
             "",
             "| Check | Value | Needs | | |",
             "|---|---|---|---|---|",
         ]
         for c in gate["checks"]:
+            status = "ok" if c["passed"] else "WARN" if c.get("severity") == "warn" else "**FAIL**"
             out.append(
                 f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
-                f"{'ok' if c['passed'] else '**FAIL**'} | {_cell(c.get('message', ''), 400)} |"
+                f"{status} | {_cell(c.get('message', ''), 400)} |"
             )
         out.append("")
     for note in gate.get("notes") or []:

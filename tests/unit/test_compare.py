@@ -76,7 +76,15 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
     p_values = [comp.metrics[m].p_value for m in comp.metrics]
     assert [comp.metrics[m].p_holm for m in comp.metrics] == holm(p_values)
     assert [x.id for x in comp.cases.improved] == ["c", "a"] and [x.id for x in comp.cases.worsened] == ["d"]
-    assert comp.case_details["c"] == {"query": "query c", "before": ["doc-c"], "now": ["doc-c"]}
+    assert comp.case_details["c"] == {
+        "query": "query c",
+        "before": ["doc-c"],
+        "now": ["doc-c"],
+        "newInTopK": [],
+        "newUnjudged": [],
+        "verified": True,
+        "why": "",
+    }
     out = to_json(comp)
     assert set(out) == {
         "baseline",
@@ -87,6 +95,8 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "cases",
         "stages",
         "caseDetails",
+        "unjudged",
+        "condensedMetrics",
     }
     assert set(out["metrics"]["ndcg"]) == {
         "baseline",
@@ -97,7 +107,15 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "pHolm",
         "significant",
     }
-    assert set(out["cases"]) == {"fixed", "broken", "improved", "worsened", "onlyInBaseline", "onlyInCurrent"}
+    assert set(out["cases"]) == {
+        "fixed",
+        "broken",
+        "improved",
+        "worsened",
+        "onlyInBaseline",
+        "onlyInCurrent",
+        "unverified",
+    }
     assert out["stages"] == [
         {
             "name": "bm25",
@@ -201,3 +219,68 @@ def test_load_report_rejects_a_hand_edited_report_naming_case_and_field(tmp_path
     path.write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(BaselineError, match=re.escape(message)):
         load_report(path)
+
+
+def _case(cid: str, top: list[str], hit: float, condensed_hit: float, unjudged: list[str]) -> dict:
+    return {
+        "id": cid,
+        "query": f"query {cid}",
+        "topK": 2,
+        "matchOn": "doc",
+        "caseSha256": "same",
+        "expected": {"rel": 1.0, "bad": 0.0},
+        "forbiddenDocIds": [],
+        "metrics": metrics(hit, hit),
+        "condensed": {m: condensed_hit for m in ("recall", "hitRate", "mrr", "ndcg", "precision")},
+        "unjudged": unjudged,
+        "rankedDocuments": [{"docId": d} for d in top],
+    }
+
+
+def _two_case_report(cases: list[dict]) -> dict:
+    base = report({})
+    base["run"]["k"] = 2
+    base["cases"] = cases
+    return base
+
+
+def test_a_drop_that_comes_from_unjudged_documents_is_unverified_and_counted() -> None:
+    baseline = _two_case_report(
+        [_case("pushed", ["rel", "x"], 1.0, 1.0, ["x"]), _case("real", ["rel", "y"], 1.0, 1.0, ["y"])]
+    )
+    current = _two_case_report(
+        [
+            # two unjudged documents pushed the relevant one out; with them removed it is back at rank 1
+            _case("pushed", ["new1", "new2"], 0.0, 1.0, ["new1", "new2"]),
+            # a judged-not-relevant document and one unjudged pushed it out; the condensed list drops too
+            _case("real", ["bad", "new3"], 0.0, 0.0, ["new3"]),
+        ]
+    )
+    comp = compare_reports(baseline, current, "base.json")
+    assert comp.cases.broken == ["pushed", "real"]
+    assert comp.cases.unverified == ["pushed"]
+    assert comp.unjudged is not None
+    # new in the top K: pushed {new1, new2}, real {bad, new3} -> 4; unjudged of them: new1, new2, new3 -> 3
+    assert (comp.unjudged.new_in_top_k, comp.unjudged.new_unjudged) == (2 + 2, 2 + 1)
+    assert comp.unjudged.headline == "3 of the 4 new top-K documents are unjudged"
+    pushed, real = comp.case_details["pushed"], comp.case_details["real"]
+    assert (pushed["newUnjudged"], pushed["verified"]) == (["new1", "new2"], False)
+    assert pushed["why"] == (
+        "unverified: 2 unjudged new document(s) in the top K (new1, new2); with them removed "
+        "hitRate 1.000 -> 1.000"
+    )
+    assert (real["newUnjudged"], real["verified"], real["why"]) == (["new3"], True, "")
+    line = baseline_line(to_json(comp), "@2")
+    assert line.endswith(
+        "fixed=0 broken=2; 3 of the 4 new top-K documents are unjudged (unverified regressions: pushed)"
+    )
+
+
+def test_a_baseline_without_condensed_figures_calls_any_drop_with_new_unjudged_documents_unverified() -> None:
+    before = _case("a", ["rel", "x"], 1.0, 1.0, [])
+    del before["condensed"]
+    baseline = _two_case_report([before])
+    current = _two_case_report([_case("a", ["bad", "n"], 0.0, 0.0, ["n"])])
+    comp = compare_reports(baseline, current, "base.json")
+    assert comp.cases.unverified == ["a"]
+    assert comp.case_details["a"]["why"] == "unverified: 1 unjudged new document(s) in the top K (n)"
