@@ -27,6 +27,7 @@ from app import exit_codes
 from app.api.errors import install_error_handlers
 from app.api.jobs import JobBook, JobRunner
 from app.api.limits import BodySizeLimit
+from app.api.querylog import QueryLog, open_query_log
 from app.api.routes import router
 from app.settings import Settings
 
@@ -35,6 +36,8 @@ log = logging.getLogger("sieve")
 # the one exit-code table (app/exit_codes.py), shared with the CLI
 # of rag.server.shutdown_seconds, what the shutdown keeps for the process's own exit after the writers stop
 EXIT_ALLOWANCE_S = 1.5
+# of that allowance, what the query log's writer may take to write its queue at shutdown
+QUERYLOG_CLOSE_S = 1.0
 EXIT_STARTUP_FAILED = exit_codes.UNAVAILABLE
 EXIT_GATE_FAILED = exit_codes.GATE_FAILED
 EXIT_INVALID_GOLDEN_SET = exit_codes.BAD_INPUT
@@ -57,6 +60,7 @@ class AppState:
     stop_deadline: float | None = None
     jobs: JobBook = field(init=False)
     job_runner: JobRunner = field(init=False)
+    querylog: QueryLog | None = None  # rag.querylog.enabled: opened and closed by the lifespan
 
     def __post_init__(self) -> None:
         server = self.settings.rag.server
@@ -87,8 +91,12 @@ def create_app(
             daemon=True,
         )
         worker.start()
+        state.querylog = open_query_log(settings.rag.querylog)
         yield
         stop_writers(state)
+        if state.querylog is not None:
+            state.querylog.close(timeout=QUERYLOG_CLOSE_S)
+            state.querylog = None
 
     app = FastAPI(
         title="Sieve",

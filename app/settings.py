@@ -435,6 +435,49 @@ class ServerSettings(_Strict):
         return self
 
 
+class QueryLogSettings(_Strict):
+    """The query log (app/api/querylog.py): one JSON line per /api/retrieve request, written off the
+    request path; read back only through the admin route GET /api/querylog (docs/query-log.md)."""
+
+    enabled: bool = False
+    path: str = "target/querylog/queries.jsonl"
+    # the current file is rotated to <path>.1 (then .2, ...) before it would pass this size
+    max_bytes: int = Field(10 * 1024 * 1024, ge=1024)
+    # rotated files kept beside the current one; the oldest beyond this are deleted
+    max_files: int = Field(4, ge=0, le=100)
+    # entries older than this are dropped (whole files by modification time, then leading old lines);
+    # None = no age limit
+    max_age_days: float | None = Field(30.0, gt=0.0, allow_inf_nan=False)
+    # entries waiting for the writer thread; one more is dropped (and counted), never waited for
+    queue_size: int = Field(10_000, ge=1, le=1_000_000)
+
+
+class LlmSettings(_Strict):
+    """`sieve golden generate --generator llm`: an OpenAI-compatible chat endpoint (docs/generation.md)."""
+
+    base_url: str | None = None  # e.g. http://127.0.0.1:11434/v1 (Ollama); POST {base_url}/chat/completions
+    model: str | None = None
+    # the name of the environment variable holding the key (the key itself never goes in a config file);
+    # unset or empty: no Authorization header
+    api_key_env: str = Field("SIEVE_LLM_API_KEY", min_length=1)
+    timeout: float = Field(60.0, gt=0.0, le=3600.0, allow_inf_nan=False)  # seconds per request
+    temperature: float = Field(0.7, ge=0.0, le=2.0, allow_inf_nan=False)
+    max_tokens: int = Field(256, ge=1, le=32768)
+
+
+class GenerateSettings(_Strict):
+    """`sieve golden generate`: a question per passage (app/evaluation/build/generate.py)."""
+
+    generator: Literal["offline", "llm"] = "offline"
+    seed: int = 42  # which passages are picked, and the offline templates
+    min_passage_chars: int = Field(40, ge=1)  # chunks with less stripped text are not picked
+    key_terms: int = Field(3, ge=1, le=10)  # terms in an offline key-term question
+    round_trip_k: int = Field(20, ge=1, le=100)  # a question is kept when its passage is in this top K
+    # either: in the BM25 or the dense top K; both: in each of them
+    round_trip: Literal["either", "both"] = "either"
+    llm: LlmSettings = LlmSettings()
+
+
 class RagSettings(_Strict):
     models: ModelsSettings = ModelsSettings()
     ingest: IngestSettings = IngestSettings()
@@ -444,6 +487,7 @@ class RagSettings(_Strict):
     chain: ChainSettings = ChainSettings()
     evaluate: EvaluateSettings = EvaluateSettings()
     server: ServerSettings = ServerSettings()
+    querylog: QueryLogSettings = QueryLogSettings()
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -1,8 +1,9 @@
 """Request dependencies: the application state, the loaded Sieve, and who may call what.
 
 Access, by `rag.server` settings:
-- writes (`POST /api/documents`, `POST /api/evaluations`), the evaluation reports and the jobs need
-  `Authorization: Bearer <admin_token>`; with no admin token configured they answer 403;
+- writes (`POST /api/documents`, `POST /api/evaluations`), the evaluation reports, the jobs and the query
+  log (`GET /api/querylog`) need `Authorization: Bearer <admin_token>`; with no admin token configured they
+  answer 403;
 - every other `/api/*` route needs `Bearer <api_token>` when one is configured (the admin token works too);
 - `/health`, `/ready` and the OpenAPI pages are always open.
 The scheme is case-insensitive; tokens are compared as bytes in constant time. A header that is missing,

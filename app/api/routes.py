@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.api.deps import READER_SECURITY, require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
 from app.api.jobs import Job, JobInterrupted
+from app.api.querylog import query_record, read_newest
 from app.api.readiness import store_probe
 from app.api.schemas import (
     HTML_REPORT_ERRORS,
@@ -27,6 +29,7 @@ from app.api.schemas import (
     ReadyResponse,
     RetrieveRequest,
     RetrieveResponse,
+    error_responses,
     retrieve_response,
 )
 from app.ingest.pipeline import IngestReport
@@ -92,6 +95,9 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
         )
     top_k = body.topK or sieve.settings.rag.retrieval.top_k
     result = sieve.retrieve(body.query, top_k, body.knowledgeTag)
+    querylog = sieve_state(request).querylog
+    if querylog is not None:
+        querylog.submit(query_record(result, body.knowledgeTag, top_k))
     return retrieve_response(result, debug=body.debug)
 
 
@@ -276,3 +282,31 @@ def run_evaluation(request: Request) -> JSONResponse:
     if outcome.report is None:
         raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
     return JSONResponse(outcome.report)
+
+
+# how long GET /api/querylog waits for the entries queued before it to be written
+QUERYLOG_READ_WAIT_S = 1.0
+
+
+@router.get(
+    "/api/querylog", tags=["evaluation"], dependencies=admin, responses=error_responses(401, 403, 422, 500)
+)
+def query_log(request: Request, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
+    """The newest `limit` query-log entries, newest first (admin token: they hold users' query text).
+
+    `enabled` says whether this server logs queries now (rag.querylog.enabled); entries written before are
+    read either way. `dropped`: entries this server did not log because the writer's queue was full."""
+    state = sieve_state(request)
+    querylog = state.querylog
+    if querylog is not None:
+        querylog.wait_written(QUERYLOG_READ_WAIT_S)
+        entries = querylog.newest(limit)
+    else:
+        entries = read_newest(Path(state.settings.rag.querylog.path), limit)
+    return JSONResponse(
+        {
+            "enabled": querylog is not None,
+            "dropped": querylog.dropped if querylog is not None else 0,
+            "entries": entries,
+        }
+    )
