@@ -129,6 +129,27 @@ def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "delta": None,
             }
         )
+    if s.get("judged") is not None:
+        out.append(
+            {
+                "key": "judged",
+                "label": "Judged" + _k_label(report),
+                "value": s["judged"],
+                "counts": f"{s.get('unjudgedInTopK', 0)} unjudged ids in the top K",
+                "delta": None,
+            }
+        )
+    evidence = s.get("evidence") or {}
+    if evidence.get("cases"):
+        out.append(
+            {
+                "key": "evidenceHit",
+                "label": "Evidence hit" + _k_label(report),
+                "value": evidence.get("evidenceHit"),
+                "counts": f"{evidence['cases']} cases name evidence chunks",
+                "delta": None,
+            }
+        )
     lat = s.get("latencyMs") or {}
     if lat.get("p95") is not None:
         out.append(
