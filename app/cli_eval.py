@@ -86,6 +86,8 @@ def add_eval_commands(sub: Any) -> None:
 def eval_command(args: argparse.Namespace) -> int:
     from app.cli import open_sieve, settings_with
     from app.evaluation.beir import load_beir_cases
+    from app.evaluation.build.audit import AuditSource, audit_section
+    from app.evaluation.build.audit import summary_line as audit_summary
     from app.evaluation.compare import BaselineError, baseline_line
     from app.evaluation.golden_set import load_golden_set
     from app.evaluation.report import k_label
@@ -145,11 +147,14 @@ def eval_command(args: argparse.Namespace) -> int:
         known = KnownIds.from_store(sieve.store)
         evaluation = run_evaluation(sieve.chain, golden, known, ev)
         sweep = run_sweep(evaluation, sieve.chain, settings.rag.chain, ev)
+        audit = audit_section(
+            golden, AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter), ev
+        )
         described = sieve.describe()
     finally:
         sieve.close()
     outcome = finish_evaluation(
-        evaluation, ev, run_description(described, evaluation, known), baseline, sweep
+        evaluation, ev, run_description(described, evaluation, known), baseline, sweep, audit
     )
     report = outcome.report or {}
     print(summary_line(report))
@@ -162,6 +167,8 @@ def eval_command(args: argparse.Namespace) -> int:
     line = sweep_line(report.get("sweep"))
     if line:
         print(line)
+    if report.get("audit") is not None:
+        print(f"golden-set audit: {audit_summary(report['audit'])}")
     for path in outcome.paths:
         print(f"report: {path}")
     if args.export_trec:

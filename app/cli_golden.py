@@ -20,6 +20,7 @@ def add_golden_commands(sub: Any) -> None:
 def _add_golden_subcommands(gsub: Any) -> None:
     """`sieve golden sample | generate | pool | export | check`."""
     _add_sample(gsub)
+    _add_check(gsub)
 
 
 def _add_top_level(sub: Any) -> None:
@@ -98,3 +99,56 @@ def _sample(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(line)
     return exit_codes.OK
+
+
+def _add_check(gsub: Any) -> None:
+    check = gsub.add_parser(
+        "check",
+        help="audit the golden set against the index: duplicates, stale ids, filtered or copied "
+        "documents, coverage",
+        description="Lists duplicate and near-duplicate queries, stale ids (with a remap by content hash), "
+        "expected documents the hard filter removes, documents with copies under other ids, documents "
+        "relevant and forbidden within one group, and what no case touches (docs/golden-set-audit.md). "
+        "Exit 0 when it ran (findings are information), 1 with --strict and any finding, 2 on a broken "
+        "golden set.",
+    )
+    check.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    check.add_argument("--json", action="store_true", help="print the audit as JSON")
+    check.add_argument("--strict", action="store_true", help="exit 1 when there is any finding")
+    check.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    import json
+    from datetime import date
+
+    from app import exit_codes
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.build import audit
+    from app.evaluation.golden_set import load_golden_set
+    from app.evaluation.records import to_json
+    from app.evaluation.runner import KnownIds, check_knowledge_tags
+
+    settings = settings_with()
+    ev = settings.rag.evaluate
+    golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    sieve = open_sieve(settings)
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
+        source = audit.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
+        result = audit.run_audit(
+            golden,
+            source,
+            ev.as_of or date.today(),
+            audit.previous_report_path(ev),
+            ev.audit.near_duplicate_cosine,
+        )
+    finally:
+        sieve.close()
+    found = to_json(result)
+    print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else audit.audit_text(found), end="")
+    if args.json:
+        print()
+    return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK

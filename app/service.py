@@ -220,7 +220,9 @@ class Sieve:
         return RetrievalChain(self.embedder, candidates, stages, copy_raw=False)
 
     def evaluation_target(self) -> EvaluationTarget:
-        """What an evaluation of this service needs: its chain, the ids its store holds, its description."""
+        """What an evaluation of this service needs: its chain, the ids its store holds, its description,
+        and what the golden-set audit reads."""
+        from app.evaluation.build.audit import AuditSource
         from app.evaluation.runner import KnownIds
         from app.evaluation.startup import EvaluationTarget
 
@@ -229,6 +231,7 @@ class Sieve:
             known=KnownIds.from_store(self.store),
             described=self.describe(),
             chain_settings=self.settings.rag.chain,
+            audit=AuditSource(self.store, self.embedder, self.settings.rag.chain.hard_filter),
         )
 
     def describe(self) -> dict[str, object]:

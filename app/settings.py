@@ -353,6 +353,14 @@ class SweepSettings(_Strict):
     tolerance: float = Field(0.005, ge=0.0, le=1.0)
 
 
+class AuditSettings(_Strict):
+    """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/build/audit.py)."""
+
+    enabled: bool = True
+    # two queries of different groups whose query vectors reach this cosine are near duplicates
+    near_duplicate_cosine: float = Field(0.95, gt=0.0, le=1.0)
+
+
 class EvaluateSettings(_Strict):
     enabled: bool = False
     resource_location: str = "golden_set/golden-set.json"
@@ -377,6 +385,7 @@ class EvaluateSettings(_Strict):
     # timestamped report sets kept in output_dir (the -latest files are never pruned); None = keep all
     keep_reports: int | None = Field(50, ge=1)
     sweep: SweepSettings = SweepSettings()
+    audit: AuditSettings = AuditSettings()
 
     @field_validator("k_values")
     @classmethod

@@ -22,6 +22,7 @@ from statistics import fmean
 from typing import Any
 
 from app.evaluation import metrics
+from app.evaluation.build.audit import audit_markdown
 from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
 from app.evaluation.fingerprint import case_sha256
 from app.evaluation.records import CaseRecord, RankedDocument, StageRow, Summary, to_json
@@ -592,6 +593,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
                 f"{got} | {_cell(lost)} |"
             )
+    lines += audit_markdown(report.get("audit"))
     if report["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
     lines += ["", "## Cases", ""]

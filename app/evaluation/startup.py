@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.evaluation.build.audit import AuditSource, attach_audit, audit_section
 from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
 from app.evaluation.fingerprint import run_fingerprint
 from app.evaluation.gate import GateResult, check_gate
@@ -91,6 +92,8 @@ class EvaluationTarget:
     known: KnownIds
     described: dict[str, Any]
     chain_settings: ChainSettings
+    # what the golden-set audit reads (store, embedder, hard filter settings); None: the audit is not run
+    audit: AuditSource | None = None
 
 
 def run_startup_evaluation(
@@ -123,8 +126,9 @@ def run_startup_evaluation(
     )
     evaluation = run_evaluation(target.chain, golden, target.known, settings, progress)
     sweep = run_sweep(evaluation, target.chain, target.chain_settings, settings)
+    audit = audit_section(golden, target.audit, settings) if target.audit is not None else None
     return finish_evaluation(
-        evaluation, settings, run_description(described, evaluation, target.known), baseline, sweep
+        evaluation, settings, run_description(described, evaluation, target.known), baseline, sweep, audit
     )
 
 
@@ -170,11 +174,13 @@ def finish_evaluation(
     run_info: dict[str, Any],
     baseline: Baseline | None = None,
     sweep: dict[str, Any] | None = None,
+    audit: dict[str, Any] | None = None,
 ) -> EvaluationOutcome:
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
     stamp = report_stamp()
     report = build_report(evaluation, run_info)
     report["sweep"] = sweep
+    attach_audit(report, audit)  # `audit`: `audit_section`'s, made before the previous report is replaced
     if settings.write_json:
         report["run"]["reportFile"] = f"{settings.report_prefix}-{stamp}.json"
     if baseline.report is not None:
