@@ -63,6 +63,19 @@ def add_eval_commands(sub: Any) -> None:
         default=0.005,
         help="recall and nDCG the abstention recommendation may lose against the current (default 0.005)",
     )
+    tune.add_argument(
+        "--holdout",
+        type=float,
+        metavar="FRACTION",
+        help="recommend on the other cases and report the recommendation on this share of them, held out "
+        "(0 < FRACTION < 1; split by rag.evaluate.seed)",
+    )
+    tune.add_argument(
+        "--folds",
+        type=int,
+        metavar="K",
+        help="K-fold check: per fold, recommend on the other K-1 folds and score on the fold (K >= 2)",
+    )
     tune.add_argument("--json", action="store_true", help="print the tune JSON")
     tune.add_argument("--output-dir", help="folder of the tune files (default rag.evaluate.output_dir)")
     tune.set_defaults(func=tune_command)
@@ -189,13 +202,19 @@ def tune_command(args: argparse.Namespace) -> int:
 
     from app.cli import open_sieve, settings_with
     from app.evaluation.golden_set import load_golden_set
+    from app.evaluation.holdout import SplitError, check_split_flags, make_split
     from app.evaluation.replay import record
     from app.evaluation.runner import KnownIds
     from app.evaluation.startup import run_evaluation
-    from app.evaluation.tune import GridError, parse_grid, run_grid, tune_markdown, write_tune
+    from app.evaluation.tune import GridError, parse_grid, run_split, tune_markdown, write_tune
     from app.settings import nested
 
     overrides: list[dict[str, Any]] = []
+    try:
+        check_split_flags(args.holdout, args.folds)
+    except SplitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
     if args.top_k is not None:
         if not 1 <= args.top_k <= 100:
             print(f"error: --top-k must be between 1 and 100, got {args.top_k}", file=sys.stderr)
@@ -218,6 +237,11 @@ def tune_command(args: argparse.Namespace) -> int:
         return exit_codes.BAD_INPUT
     ev = settings.rag.evaluate.model_copy(update={"latency_sample": 0})
     golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    try:
+        split = make_split(golden.cases, args.holdout, args.folds, ev.seed)
+    except SplitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
     opening = settings
     if any(s.rerank.enabled for s in grid.settings) and not chain_settings.rerank.enabled:
         # a point turns the reranker on: load it (the current configuration still runs without it)
@@ -236,9 +260,10 @@ def tune_command(args: argparse.Namespace) -> int:
     finally:
         sieve.close()
     t0 = time.perf_counter()
-    result = run_grid(recording, grid, chain_settings, ev.thresholds, args.tolerance)
+    outcome = run_split(recording, grid, chain_settings, ev.thresholds, args.tolerance, split)
+    result = outcome.result
     replay_s = time.perf_counter() - t0
-    check = _self_check(result.current["metrics"], evaluation)
+    check = _self_check(outcome.all_current, evaluation)
     doc = {
         "run": {
             "startedAt": started,
@@ -258,6 +283,9 @@ def tune_command(args: argparse.Namespace) -> int:
         },
         **result.to_json(),
     }
+    if split is not None:
+        doc["split"] = split
+        doc[split["mode"]] = outcome.analysis
     paths = write_tune(doc, ev.output_dir, ev.report_prefix)
     if args.json:
         print(json.dumps(doc, ensure_ascii=False, indent=2))

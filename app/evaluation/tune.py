@@ -11,6 +11,24 @@ correct abstention. Recommendation: `best` = the highest nDCG among points that 
 `abstention` = among points that pass the gate and lose at most `tolerance` of the current configuration's
 recall and nDCG, the one with the most correct abstentions (at least one); ties go to the higher nDCG, then
 recall, then the earlier point of the grid.
+
+Holdout and folds (`sieve tune --holdout FRACTION | --folds K`), so that choosing and judging on the same
+cases shows. The cases are split by `app.evaluation.holdout` (deterministic for `rag.evaluate.seed`,
+stratified by knowledge tag and case kind, a group's paraphrases on one side; see `assign_parts`). With a
+holdout the grid's rows, the current configuration and the recommendation are those of the tuning part alone
+(the same rule); then, for the current configuration C and each recommended point R, on each part P:
+
+  figure(X, P)  = the point figure of `replay.point_metrics` over P's cases only
+  gain(P)       = figure(R, P) - figure(C, P)               (each of GAIN_METRICS)
+  optimism      = gain(tuning) - gain(held-out)
+
+Optimism > 0: the tuning cases flatter the choice by that much (what was tuned on is also what a gate on
+the same cases would see); about 0: the gain carries over to cases the choice never saw; < 0: the held-out
+cases gained more. With K folds the rows and recommendation are those of every case (what one would adopt),
+and for each fold i the rule recommends on the other K-1 folds and the same figures are taken with P = those
+folds (tuning) and fold i (held-out). Mean over folds of a figure = its sum over the folds where it is defined
+(a fold without no-answer cases has no correctAbstention; a fold without a recommendation has no R) divided
+by their number; agreement = for each recommended point, the folds that recommended it.
 """
 
 from __future__ import annotations
@@ -20,13 +38,18 @@ import itertools
 import json
 import math
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from pydantic import ValidationError
 
+from app.evaluation.golden_set import GoldenCase
+from app.evaluation.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.replay import (
     POINT_METRICS,
     Recording,
@@ -68,6 +91,7 @@ REPLAYABLE = (
     "chain.fallback.min_results",
 )
 SWEEP_POINTS = 21
+ALL = "all"
 
 
 class GridError(ValueError):
@@ -235,14 +259,15 @@ def _figures(evaluation: Evaluation, thresholds: EvaluateThresholds) -> tuple[di
     return point_metrics(evaluation, summary), passes_gate(evaluation, thresholds, summary)
 
 
-def run_grid(
+def _score_points(
     recording: Recording,
-    grid: Grid,
-    current: ChainSettings,
+    settings: list[ChainSettings],
+    parts: dict[str, frozenset[str] | None],
     thresholds: EvaluateThresholds,
-    tolerance: float = DEFAULT_TOLERANCE,
-) -> TuneResult:
-    """Replay every point of `grid` and the current configuration; rank and recommend.
+) -> tuple[list[dict[str, dict[str, Any]]], float]:
+    """Replay each of `settings` once over every recorded case; for each named part (its case ids, None =
+    every case) the figures and gate verdict of that part's cases alone: `{part: {"metrics",
+    "passesGate"}}` per settings, and the ms each settings cost (its replay, summaries and gate checks).
 
     The cyclic garbage collector is paused meanwhile: a replay allocates many short-lived objects, none in
     a cycle (reference counting frees them), and each collection would walk the whole heap (a loaded model's
@@ -250,33 +275,68 @@ def run_grid(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        figures, passes = _figures(replay(recording, current, trace=False), thresholds)
-        current_row = {
-            "point": {k: _get(current, k) for k in grid.keys},
-            "metrics": figures,
-            "passesGate": passes,
-        }
-        rows = []
-        started = time.perf_counter()  # a point's cost: its replay, its summary and its gate check
-        for point, settings in zip(grid.points, grid.settings, strict=True):
-            figures, passes = _figures(replay(recording, settings, trace=False), thresholds)
-            rows.append({"params": point, "metrics": figures, "passesGate": passes, "pareto": False})
-        per_point_ms = (time.perf_counter() - started) * 1000 / len(rows) if rows else 0.0
+        started = time.perf_counter()
+        out = []
+        for point in settings:
+            evaluation = replay(recording, point, trace=False)
+            scores = {}
+            for name, ids in parts.items():
+                part = (
+                    evaluation
+                    if ids is None
+                    else replace(evaluation, cases=[c for c in evaluation.cases if c.case.id in ids])
+                )
+                figures, passes = _figures(part, thresholds)
+                scores[name] = {"metrics": figures, "passesGate": passes}
+            out.append(scores)
+        per_point_ms = (time.perf_counter() - started) * 1000 / len(settings) if settings else 0.0
     finally:
         if collecting:
             gc.enable()
+    return out, per_point_ms
+
+
+def _tune_result(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    current_scores: dict[str, Any],
+    point_scores: list[dict[str, Any]],
+    tolerance: float,
+    per_point_ms: float,
+) -> TuneResult:
+    rows = [
+        {"params": point, "metrics": s["metrics"], "passesGate": s["passesGate"], "pareto": False}
+        for point, s in zip(grid.points, point_scores, strict=True)
+    ]
     for row, on_front in zip(rows, pareto_front([r["metrics"] for r in rows]), strict=True):
         row["pareto"] = on_front
     return TuneResult(
         grid={k: list(v) for k, v in grid.values.items()},
         rows=rows,
-        current={"point": current_row["point"], "metrics": current_row["metrics"]},
-        recommendation=recommend(rows, current_row["metrics"], tolerance),
+        current={"point": {k: _get(current, k) for k in grid.keys}, "metrics": current_scores["metrics"]},
+        recommendation=recommend(rows, current_scores["metrics"], tolerance),
         cost_ms={
             "candidates": round(recording.candidates_ms, 3),
             "perPoint": round(per_point_ms, 3),
             "realEvaluation": round(recording.evaluation_ms, 3),
         },
+    )
+
+
+def run_grid(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    thresholds: EvaluateThresholds,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> TuneResult:
+    """Replay every point of `grid` and the current configuration over every case; rank and recommend."""
+    every: dict[str, frozenset[str] | None] = {ALL: None}
+    (current_scores,), _ = _score_points(recording, [current], every, thresholds)
+    scores, per_point_ms = _score_points(recording, grid.settings, every, thresholds)
+    return _tune_result(
+        recording, grid, current, current_scores[ALL], [s[ALL] for s in scores], tolerance, per_point_ms
     )
 
 
@@ -318,6 +378,198 @@ def recommend(rows: list[dict[str, Any]], current: dict[str, Any], tolerance: fl
         )
         abstention = {"point": row["params"], "metrics": row["metrics"]}
     return {"best": best, "abstention": abstention}
+
+
+# -- holdout and folds ----------------------------------------------------------------------------------
+
+# The figures whose gain and optimism are reported: each a mean over a part's cases, so a part of any size
+# gives a comparable value (forbiddenHits, a count, is shown but not differenced).
+GAIN_METRICS = ("recall", "hitRate", "mrr", "ndcg", "correctAbstention", "falseAnswerRate", "meanResults")
+
+
+def run_split(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    thresholds: EvaluateThresholds,
+    tolerance: float,
+    split: dict[str, Any] | None,
+) -> SplitResult:
+    """`run_grid`, `run_holdout` or `run_folds`, as `split` (from `make_split`) says."""
+    if split is None:
+        result = run_grid(recording, grid, current, thresholds, tolerance)
+        return SplitResult(result, {}, result.current["metrics"])
+    if split["mode"] == "holdout":
+        parts = [split["parts"][TUNING], split["parts"][HELD_OUT]]
+        return run_holdout(recording, grid, current, thresholds, tolerance, parts)
+    return run_folds(recording, grid, current, thresholds, tolerance, split["parts"]["folds"])
+
+
+def _gain(minuend: dict[str, Any], subtrahend: dict[str, Any]) -> dict[str, float | None]:
+    """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
+    return {
+        m: None if minuend[m] is None or subtrahend[m] is None else minuend[m] - subtrahend[m]
+        for m in GAIN_METRICS
+    }
+
+
+def _carried(
+    rec: dict[str, Any] | None,
+    grid: Grid,
+    point_scores: list[dict[str, Any]],
+    current_scores: dict[str, Any],
+    tuning: str,
+    held_out: str,
+) -> dict[str, Any] | None:
+    """A recommendation made on part `tuning`, with its figures on both parts, its gains there over the
+    current configuration and its optimism (see the module docstring); None when nothing was recommended."""
+    if rec is None:
+        return None
+    scores = point_scores[grid.points.index(rec["point"])]
+    gain = {
+        side: _gain(scores[part]["metrics"], current_scores[part]["metrics"])
+        for side, part in ((TUNING, tuning), (HELD_OUT, held_out))
+    }
+    return {
+        "point": rec["point"],
+        TUNING: scores[tuning],
+        HELD_OUT: scores[held_out],
+        "gain": gain,
+        "optimism": _gain(gain[TUNING], gain[HELD_OUT]),
+    }
+
+
+def _part_counts(cases: Sequence[GoldenCase], ids: Sequence[str]) -> dict[str, int]:
+    kinds = Counter(case_kind(c) for c in cases if c.id in set(ids))
+    return {"cases": len(ids), "scoredCases": kinds["answer"], "noAnswerCases": kinds["noAnswer"]}
+
+
+@dataclass
+class SplitResult:
+    result: TuneResult  # rows and recommendation: on the tuning part (holdout) or every case (folds)
+    analysis: dict[str, Any]  # the doc's "holdout" or "folds"
+    all_current: dict[str, Any]  # the current configuration's figures over every case (the self-check)
+
+
+def run_holdout(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    thresholds: EvaluateThresholds,
+    tolerance: float,
+    parts: list[list[str]],
+) -> SplitResult:
+    """Recommend on `parts[0]` (tuning) alone; the current configuration and each recommendation on both
+    parts, with gains and optimism."""
+    cases = recording.golden.cases
+    named: dict[str, frozenset[str] | None] = {TUNING: frozenset(parts[0]), HELD_OUT: frozenset(parts[1])}
+    (current_scores,), _ = _score_points(recording, [current], {ALL: None, **named}, thresholds)
+    scores, per_point_ms = _score_points(recording, grid.settings, named, thresholds)
+    result = _tune_result(
+        recording, grid, current, current_scores[TUNING], [s[TUNING] for s in scores], tolerance, per_point_ms
+    )
+    analysis = {
+        "parts": {TUNING: _part_counts(cases, parts[0]), HELD_OUT: _part_counts(cases, parts[1])},
+        "current": {TUNING: current_scores[TUNING], HELD_OUT: current_scores[HELD_OUT]},
+        **{
+            kind: _carried(result.recommendation[kind], grid, scores, current_scores, TUNING, HELD_OUT)
+            for kind in ("best", "abstention")
+        },
+    }
+    return SplitResult(result, analysis, current_scores[ALL]["metrics"])
+
+
+def _mean_over(values: list[dict[str, Any]], names: Sequence[str]) -> dict[str, float | None]:
+    """Each figure's mean over the dicts where it is defined (None where it is nowhere)."""
+    out: dict[str, float | None] = {}
+    for m in names:
+        defined = [v[m] for v in values if v[m] is not None]
+        out[m] = fmean(defined) if defined else None
+    return out
+
+
+def _agreement(entries: list[dict[str, Any] | None], grid: Grid, everyone: dict[str, Any] | None) -> dict:
+    """Which point each fold recommended: the points with their folds (most folds first, then grid order),
+    the folds without a recommendation, and in how many folds the all-cases recommendation was made."""
+    folds_of: dict[int, list[int]] = {}
+    for fold, entry in enumerate(entries, start=1):
+        if entry is not None:
+            folds_of.setdefault(grid.points.index(entry["point"]), []).append(fold)
+    ranked = sorted(folds_of, key=lambda i: (-len(folds_of[i]), i))
+    return {
+        "points": [{"point": grid.points[i], "folds": folds_of[i]} for i in ranked],
+        "none": [fold for fold, entry in enumerate(entries, start=1) if entry is None],
+        "mostOften": len(folds_of[ranked[0]]) if ranked else 0,
+        "allCasesPoint": (
+            len(folds_of.get(grid.points.index(everyone["point"]), [])) if everyone is not None else None
+        ),
+        "of": len(entries),
+    }
+
+
+def run_folds(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    thresholds: EvaluateThresholds,
+    tolerance: float,
+    folds: list[list[str]],
+) -> SplitResult:
+    """The grid over every case (its rows and recommendation, as without folds), and per fold i a
+    recommendation made on the other folds and scored on fold i; the means over folds and the agreement."""
+    cases = recording.golden.cases
+    every = frozenset(c.id for c in cases)
+    named: dict[str, frozenset[str] | None] = {ALL: None}
+    for i, fold in enumerate(folds):
+        named[f"tune{i}"] = every - frozenset(fold)
+        named[f"fold{i}"] = frozenset(fold)
+    (current_scores,), _ = _score_points(recording, [current], named, thresholds)
+    scores, per_point_ms = _score_points(recording, grid.settings, named, thresholds)
+    result = _tune_result(
+        recording, grid, current, current_scores[ALL], [s[ALL] for s in scores], tolerance, per_point_ms
+    )
+    per_fold: list[dict[str, Any]] = []
+    for i, fold in enumerate(folds):
+        tuning, held = f"tune{i}", f"fold{i}"
+        rows = [
+            {"params": p, "metrics": s[tuning]["metrics"], "passesGate": s[tuning]["passesGate"]}
+            for p, s in zip(grid.points, scores, strict=True)
+        ]
+        rec = recommend(rows, current_scores[tuning]["metrics"], tolerance)
+        per_fold.append(
+            {
+                "fold": i + 1,
+                HELD_OUT: _part_counts(cases, fold),
+                "current": {TUNING: current_scores[tuning], HELD_OUT: current_scores[held]},
+                **{kind: _carried(rec[kind], grid, scores, current_scores, tuning, held) for kind in rec},
+            }
+        )
+    current_held = [f["current"][HELD_OUT]["metrics"] for f in per_fold]
+    mean: dict[str, Any] = {"current": {HELD_OUT: _mean_over(current_held, POINT_METRICS)}}
+    agreement = {}
+    for kind in ("best", "abstention"):
+        made = [f for f in per_fold if f[kind] is not None]  # the means of a kind: over these folds
+        mean[kind] = (
+            {
+                "folds": [f["fold"] for f in made],
+                "current": {
+                    HELD_OUT: _mean_over([f["current"][HELD_OUT]["metrics"] for f in made], POINT_METRICS)
+                },
+                "recommended": {
+                    HELD_OUT: _mean_over([f[kind][HELD_OUT]["metrics"] for f in made], POINT_METRICS)
+                },
+                "gain": {
+                    side: _mean_over([f[kind]["gain"][side] for f in made], GAIN_METRICS)
+                    for side in (TUNING, HELD_OUT)
+                },
+                "optimism": _mean_over([f[kind]["optimism"] for f in made], GAIN_METRICS),
+            }
+            if made
+            else None
+        )
+        agreement[kind] = _agreement([f[kind] for f in per_fold], grid, result.recommendation[kind])
+    analysis = {"k": len(folds), "perFold": per_fold, "mean": mean, "agreement": agreement}
+    return SplitResult(result, analysis, current_scores[ALL]["metrics"])
 
 
 # -- the startup sweep ----------------------------------------------------------------------------------
@@ -461,10 +713,217 @@ def sweep_markdown(report: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+_FIGURE_ROWS = (
+    ("recall", "Recall"),
+    ("hitRate", "HitRate"),
+    ("mrr", "MRR"),
+    ("ndcg", "nDCG"),
+    ("correctAbstention", "Correct abst."),
+    ("falseAnswerRate", "False answer"),
+    ("meanResults", "Mean results"),
+    ("forbiddenHits", "Forbidden"),
+)
+
+
+def _signed(value: float | None) -> str:
+    return "n/a" if value is None else f"{round(value, 3) + 0.0:+.3f}"  # + 0.0: no "-0.000"
+
+
+def _figure(name: str, metrics: dict[str, Any]) -> str:
+    value = metrics[name]
+    if name == "forbiddenHits":
+        return str(value)
+    return _f(value, 2 if name == "meanResults" else 3)
+
+
+def _part_text(counts: dict[str, int]) -> str:
+    return f"{counts['cases']} cases ({counts['scoredCases']} scored, {counts['noAnswerCases']} no-answer)"
+
+
+def _holdout_table(current: dict[str, Any], rec: dict[str, Any]) -> list[str]:
+    head = [
+        "Figure",
+        "Current (tuning)",
+        "Recommended (tuning)",
+        "Gain (tuning)",
+        "Current (held-out)",
+        "Recommended (held-out)",
+        "Gain (held-out)",
+        "Optimism",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, label in _FIGURE_ROWS:
+        differenced = name in GAIN_METRICS
+        cells = [label]
+        for side in (TUNING, HELD_OUT):
+            cells += [_figure(name, current[side]["metrics"]), _figure(name, rec[side]["metrics"])]
+            cells.append(_signed(rec["gain"][side][name]) if differenced else "")
+        cells.append(_signed(rec["optimism"][name]) if differenced else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    gate = ["Gate"]
+    for side in (TUNING, HELD_OUT):
+        gate += [_gate(current[side]), _gate(rec[side]), ""]
+    lines.append("| " + " | ".join(gate + [""]) + " |")
+    return lines
+
+
+def _gate(scores: dict[str, Any]) -> str:
+    return "pass" if scores["passesGate"] else "FAIL"
+
+
+_KINDS = (
+    ("best", "Best (highest nDCG passing the gate)", ("ndcg", "recall")),
+    (
+        "abstention",
+        "Abstention (most correct abstentions within the tolerance)",
+        ("correctAbstention", "recall"),
+    ),
+)
+_GAIN_DEFINITION = (
+    "Gain = the recommended point's figure minus the current configuration's, both over the same part's "
+    "cases; optimism = gain on the tuning part minus gain on the held-out part (> 0: the cases it was "
+    "tuned on flatter the choice by that much, < 0 for the false-answer rate, where lower is better; "
+    "about 0: the gain carries over to unseen cases)."
+)
+
+
+def _holdout_markdown(doc: dict[str, Any]) -> list[str]:
+    split, holdout = doc["split"], doc["holdout"]
+    parts = holdout["parts"]
+    lines = [
+        f"## Holdout: recommended on {parts[TUNING]['cases']} cases, checked on "
+        f"{parts[HELD_OUT]['cases']} held out",
+        "",
+        f"Split with seed {split['seed']} (`rag.evaluate.seed`), holdout fraction {split['fraction']}: "
+        f"tuning {_part_text(parts[TUNING])}, held out {_part_text(parts[HELD_OUT])}; stratified by "
+        "knowledge tag and case kind, a group's paraphrases on one side (the case ids are in the JSON's "
+        "`split.parts`). The points and the recommendation above use the tuning part only.",
+        "",
+        _GAIN_DEFINITION,
+        "",
+    ]
+    for kind, title, _ in _KINDS:
+        rec = holdout[kind]
+        if rec is None:
+            lines += [f"### {title}: none on the tuning part", ""]
+            continue
+        lines += [f"### {title}: {_point_text(rec['point'])}", ""]
+        lines += _holdout_table(holdout["current"], rec) + [""]
+    return lines
+
+
+def _arrow(current: dict[str, Any], rec: dict[str, Any], name: str) -> str:
+    return f"{_f(current['metrics'][name])} → {_f(rec['metrics'][name])}"
+
+
+def _folds_markdown(doc: dict[str, Any]) -> list[str]:
+    split, folds = doc["split"], doc["folds"]
+    k = folds["k"]
+    sizes = ", ".join(str(f[HELD_OUT]["cases"]) for f in folds["perFold"])
+    lines = [
+        f"## Cross-validation: {k} folds",
+        "",
+        f"Folds with seed {split['seed']} (`rag.evaluate.seed`), of {sizes} cases, stratified by knowledge "
+        "tag and case kind, a group's paraphrases in one fold (the case ids are in the JSON's "
+        f"`split.parts`). For each fold the same rule recommends on the other {k - 1} folds (tuning) and the "
+        "choice is scored on the fold (held-out). The points and the recommendation above use every case.",
+        "",
+        _GAIN_DEFINITION + " Mean = over the folds where the figure is defined.",
+        "",
+    ]
+    for kind, title, (first, second) in _KINDS:
+        labels = dict(_FIGURE_ROWS)
+        lines += [f"### {title}", ""]
+        head = [
+            "Fold",
+            "Held-out cases",
+            "Recommended",
+            f"{labels[first]} tuning (current → recommended)",
+            f"{labels[first]} held-out",
+            f"Optimism {labels[first]}",
+            f"{labels[second]} held-out",
+            f"Optimism {labels[second]}",
+        ]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for fold in folds["perFold"]:
+            rec, current = fold[kind], fold["current"]
+            cells = [str(fold["fold"]), _part_text(fold[HELD_OUT])]
+            if rec is None:
+                cells += ["none"] + [""] * 5
+            else:
+                cells += [
+                    _point_text(rec["point"]),
+                    _arrow(current[TUNING], rec[TUNING], first),
+                    _arrow(current[HELD_OUT], rec[HELD_OUT], first),
+                    _signed(rec["optimism"][first]),
+                    _arrow(current[HELD_OUT], rec[HELD_OUT], second),
+                    _signed(rec["optimism"][second]),
+                ]
+            lines.append("| " + " | ".join(cells) + " |")
+        mean = folds["mean"][kind]
+        agreement = folds["agreement"][kind]
+        lines.append("")
+        if mean is None:
+            lines += ["No fold had a recommendation.", ""]
+            continue
+        lines += [f"Recommended points: {_agreement_text(agreement)}.", ""]
+        lines += _mean_table(mean) + [""]
+    return lines
+
+
+def _folds_text(folds: list[int]) -> str:
+    return f"fold{'s' if len(folds) > 1 else ''} {', '.join(str(f) for f in folds)}"
+
+
+def _agreement_text(agreement: dict[str, Any]) -> str:
+    of = agreement["of"]
+    parts = [
+        f"{_point_text(p['point'])} in {len(p['folds'])} of {of} folds ({_folds_text(p['folds'])})"
+        for p in agreement["points"]
+    ]
+    if agreement["none"]:
+        parts.append(f"none in {_folds_text(agreement['none'])}")
+    text = "; ".join(parts)
+    if agreement["allCasesPoint"] is not None:
+        text += f"; the all-cases recommendation in {agreement['allCasesPoint']} of {agreement['of']} folds"
+    return text
+
+
+def _mean_table(mean: dict[str, Any]) -> list[str]:
+    head = [
+        f"Mean over folds {', '.join(str(f) for f in mean['folds'])}",
+        "Current (held-out)",
+        "Recommended (held-out)",
+        "Gain (held-out)",
+        "Gain (tuning)",
+        "Optimism",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, label in _FIGURE_ROWS:
+        differenced = name in GAIN_METRICS
+        digits = 2 if name in ("meanResults", "forbiddenHits") else 3
+        cells = [
+            label,
+            _f(mean["current"][HELD_OUT][name], digits),
+            _f(mean["recommended"][HELD_OUT][name], digits),
+        ]
+        cells += [
+            _signed(mean["gain"][HELD_OUT][name]) if differenced else "",
+            _signed(mean["gain"][TUNING][name]) if differenced else "",
+            _signed(mean["optimism"][name]) if differenced else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def tune_markdown(doc: dict[str, Any]) -> str:
     run, cost = doc["run"], doc["costMs"]
     current = doc["current"]["metrics"]
     keys = list(doc["grid"])
+    split = doc.get("split")
+    scope = ""
+    if split is not None and split["mode"] == "holdout":
+        scope = f" (on the tuning part: {doc['holdout']['parts'][TUNING]['cases']} of {run['cases']} cases)"
     lines = [
         f"# Sieve tune — {run['startedAt']}",
         "",
@@ -476,7 +935,7 @@ def tune_markdown(doc: dict[str, Any]) -> str:
         "",
         f"Check: {run['selfCheck']}",
         "",
-        "## Recommendation",
+        f"## Recommendation{scope}",
         "",
         f"- Current configuration ({_point_text(doc['current']['point'])}):"
         f" nDCG {_f(current['ndcg'])}, recall {_f(current['recall'])}, correct abstention "
@@ -485,7 +944,11 @@ def tune_markdown(doc: dict[str, Any]) -> str:
         f"- Abstention (most correct abstentions, recall and nDCG within {run['tolerance']} of the current): "
         f"{_describe(doc['recommendation']['abstention'], current)}",
         "",
-        "## Points",
+    ]
+    if split is not None:
+        lines += _holdout_markdown(doc) if split["mode"] == "holdout" else _folds_markdown(doc)
+    lines += [
+        f"## Points{scope}",
         "",
         "Gate: the configured level and safety checks (latency and regressions are not replayed). "
         "★ = on the Pareto front of nDCG against correct abstention.",
