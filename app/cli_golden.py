@@ -20,11 +20,14 @@ def add_golden_commands(sub: Any) -> None:
 def _add_golden_subcommands(gsub: Any) -> None:
     """`sieve golden sample | generate | pool | export | check`."""
     _add_sample(gsub)
+    _add_pool(gsub)
+    _add_export(gsub)
     _add_check(gsub)
 
 
 def _add_top_level(sub: Any) -> None:
     """`sieve label` and `sieve baseline`."""
+    _add_label(sub)
 
 
 def _add_sample(gsub: Any) -> None:
@@ -152,3 +155,196 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print()
     return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK
+
+
+# -- labelling: `sieve label`, `sieve golden pool`, `sieve golden export` (docs/labelling.md) ----------------
+
+LABEL_PORT = 8765
+
+
+def _add_label(sub: Any) -> None:
+    label = sub.add_parser(
+        "label",
+        help="serve the labelling page: judge pooled candidates of draft and partly judged cases",
+        description="Serves the labelling page (docs/labelling.md) and prints its URL, which carries a "
+        "one-time token: every write needs it. Judgments are appended to --judgments; `sieve golden "
+        "export` merges them into the golden set.",
+    )
+    label.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    label.add_argument(
+        "--port", type=int, default=LABEL_PORT, help=f"port (default {LABEL_PORT}; 0 = any free port)"
+    )
+    _add_label_files(label)
+    label.add_argument("--who", help="the rater name the page suggests (default: your login name)")
+    label.set_defaults(func=_label)
+
+
+def _add_label_files(parser: Any) -> None:
+    parser.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    parser.add_argument("--drafts", help="draft cases, JSONL (default rag.label.drafts; may be missing)")
+    parser.add_argument("--judgments", help="judgments file (default rag.label.judgments)")
+
+
+def _label(args: argparse.Namespace) -> int:
+    import getpass
+    import secrets
+    import sys
+
+    from app import exit_codes
+    from app.api.label import LabelDesk, LabelFiles
+    from app.cli import settings_with
+    from app.evaluation.build.judgments import JudgmentsError
+    from app.evaluation.build.pool import QueueError
+    from app.evaluation.golden_set import GoldenSetError
+    from app.settings import nested
+
+    if not 0 <= args.port <= 65535:
+        print(f"error: --port must be between 0 and 65535, got {args.port}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    token = secrets.token_urlsafe(32)
+    settings = settings_with(nested("rag.server.admin_token", token))
+    try:
+        who = args.who or getpass.getuser()
+    except (KeyError, OSError):
+        who = None
+    files = LabelFiles.from_settings(
+        settings, golden_set=args.golden_set, drafts=args.drafts, judgments=args.judgments, who=who
+    )
+    desk = LabelDesk(files)
+    try:  # bad files fail here, before the models load
+        desk.cases()
+        desk.judgments_by_case()
+        desk.queued()
+    except (GoldenSetError, JudgmentsError, QueueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    print(f"golden set {files.golden_set}; drafts {files.drafts}; judgments appended to {files.judgments}")
+    return _serve_label(settings, desk, args.host, args.port, token)
+
+
+def _serve_label(settings: Any, desk: Any, host: str, port: int, token: str) -> int:
+    """Run the labelling app until Ctrl-C or SIGTERM; print the page's URL (with the token in its fragment,
+    which the browser never sends to a server or a log) once the port is bound."""
+    import signal
+
+    import uvicorn
+
+    from app import exit_codes
+    from app.main import create_label_app
+
+    exit_code = {"code": 0}
+    server: uvicorn.Server | None = None
+
+    def on_fatal(code: int) -> None:
+        exit_code["code"] = code
+        if server is not None:
+            server.should_exit = True
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound = self.servers[0].sockets[0].getsockname()[1] if self.servers else port
+                shown = f"[{host}]" if ":" in host else host
+                print(f"labelling page: http://{shown}:{bound}/label#token={token}", flush=True)
+                if host not in ("127.0.0.1", "localhost", "::1"):
+                    print(
+                        f"note: bound to {host}: anyone who can reach it and has the URL can write judgments"
+                    )
+
+    app = create_label_app(settings, desk, on_fatal=on_fatal)
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", log_config=None))
+    # uvicorn re-raises the SIGTERM that stopped it; a shutdown on request is a success (as `sieve serve`)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not server.started and not exit_code["code"]:
+        return exit_codes.UNAVAILABLE  # the port could not be bound (uvicorn logged why)
+    return exit_code["code"]
+
+
+def _add_pool(gsub: Any) -> None:
+    pool = gsub.add_parser(
+        "pool",
+        help="queue the unjudged top-K documents of a report or comparison for the labelling page",
+        description="Reads a report JSON (sieve eval) or a comparison JSON (sieve compare --json) and "
+        "replaces the label queue (--queue, default rag.label.queue) with the unjudged top-K ids of each "
+        "case (of a comparison: the new unjudged documents of its fixed, broken and worsened cases). The "
+        "labelling page shows the queued cases first.",
+    )
+    pool.add_argument("--report", required=True, metavar="FILE", help="report or comparison JSON")
+    pool.add_argument("--top-k", type=int, help="at most this many of each case's top K (default: its K)")
+    pool.add_argument("--queue", help="queue file (default rag.label.queue)")
+    pool.set_defaults(func=_pool)
+
+
+def _pool(args: argparse.Namespace) -> int:
+    import sys
+
+    from app import exit_codes
+    from app.cli import settings_with
+    from app.evaluation.build.pool import QueueError, queue_report_file
+
+    queue = args.queue or settings_with().rag.label.queue
+    try:
+        entries = queue_report_file(args.report, queue, args.top_k)
+    except QueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    ids = sum(len(e.ids) for e in entries)
+    print(f"queued {ids} unjudged id(s) of {len(entries)} case(s) from {args.report} into {queue}")
+    return exit_codes.OK
+
+
+def _add_export(gsub: Any) -> None:
+    export = gsub.add_parser(
+        "export",
+        help="merge the labelling page's judgments into the golden set",
+        description="Merges --judgments into the golden set: grades into each case's judgments (chunk ids), "
+        "forbidden into forbiddenDocIds, no answer into expectNoAnswer; a draft case with a grade > 0 or "
+        "no answer is promoted into the golden set. A rater's latest judgment wins. Conflicts (raters "
+        "disagreeing, forbidden vs relevant, or against the case) are listed and not applied. The result "
+        "is validated before it replaces the file. Exit codes: 0 merged; 1 merged, but conflicts were "
+        "left out (listed on stderr); 2 bad input.",
+    )
+    _add_label_files(export)
+    export.add_argument(
+        "--out",
+        help="write the merged golden set here (default: rewrite the golden set in place, atomically)",
+    )
+    export.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    import sys
+
+    from app import exit_codes
+    from app.cli import settings_with
+    from app.evaluation.build.judgments import JudgmentsError, export_files
+
+    settings = settings_with()
+    golden = args.golden_set or settings.rag.evaluate.resource_location
+    try:
+        outcome = export_files(
+            golden,
+            args.drafts or settings.rag.label.drafts,
+            args.judgments or settings.rag.label.judgments,
+            args.out,
+        )
+    except JudgmentsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    result = outcome.result
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    done = "wrote" if outcome.written else "unchanged:"
+    print(
+        f"{done} {outcome.out}: {result.applied} judgment(s) applied, {len(result.promoted)} draft(s) "
+        f"promoted{': ' + ', '.join(result.promoted) if result.promoted else ''}, "
+        f"{len(result.conflicts)} conflict(s)"
+    )
+    for conflict in result.conflicts:
+        print(f"conflict (not applied): {conflict.message()}", file=sys.stderr)
+    return exit_codes.GATE_FAILED if result.conflicts else exit_codes.OK

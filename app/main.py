@@ -26,6 +26,8 @@ from fastapi import FastAPI
 from app import exit_codes
 from app.api.errors import install_error_handlers
 from app.api.jobs import JobBook, JobRunner
+from app.api.label import LabelDesk
+from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit
 from app.api.querylog import QueryLog, open_query_log
 from app.api.routes import router
@@ -106,6 +108,41 @@ def create_app(
     )
     app.state.sieve_state = state
     app.include_router(router)
+    app.include_router(label_router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
+    install_error_handlers(app)
+    return app
+
+
+def create_label_app(
+    settings: Settings, desk: LabelDesk, on_fatal: Callable[[int], None] | None = None
+) -> FastAPI:
+    """`sieve label`: the labelling page and its API only (app/api/label.py, the router `/label` of
+    `create_app` serves too), over `desk`'s files. Startup opens the Sieve in the background as
+    `create_app`'s does (ingesting `rag.ingest.paths` when `on_startup`), without the evaluation."""
+    settings = settings.model_copy(
+        update={
+            "rag": settings.rag.model_copy(
+                update={"evaluate": settings.rag.evaluate.model_copy(update={"enabled": False})}
+            )
+        }
+    )
+    state = AppState(settings=settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.stopping.clear()
+        state.stop_deadline = None
+        threading.Thread(
+            target=_startup, args=(state, startup_sequence, on_fatal), name="sieve-startup", daemon=True
+        ).start()
+        yield
+        stop_writers(state)
+
+    app = FastAPI(title="Sieve labelling", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sieve_state = state
+    app.state.label_desk = desk
+    app.include_router(label_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     install_error_handlers(app)
     return app

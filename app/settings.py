@@ -487,6 +487,18 @@ class GenerateSettings(_Strict):
     llm: LlmSettings = LlmSettings()
 
 
+class LabelSettings(_Strict):
+    """The labelling page (`/label`, `sieve label`; docs/labelling.md): the files it reads and appends to.
+    The golden set it labels is `rag.evaluate.resource_location`."""
+
+    # draft cases to label (JSONL, from `sieve golden sample` / `generate`); a missing file holds none
+    drafts: str = "golden_set/drafts.jsonl"
+    # every judgment, appended one JSON line at a time; `sieve golden export` merges it into the golden set
+    judgments: str = "golden_set/judgments.jsonl"
+    # the ids `sieve golden pool --report F` queued (the report's unjudged top K), shown first
+    queue: str = "target/label-queue.jsonl"
+
+
 class RagSettings(_Strict):
     models: ModelsSettings = ModelsSettings()
     ingest: IngestSettings = IngestSettings()
@@ -497,6 +509,7 @@ class RagSettings(_Strict):
     evaluate: EvaluateSettings = EvaluateSettings()
     server: ServerSettings = ServerSettings()
     querylog: QueryLogSettings = QueryLogSettings()
+    label: LabelSettings = LabelSettings()
 
 
 class _YamlSource(PydanticBaseSettingsSource):

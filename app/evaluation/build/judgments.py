@@ -1,0 +1,632 @@
+"""Judgments from the labelling page, and their merge into the golden set (`sieve golden export`).
+
+The judgments file (default golden_set/judgments.jsonl) is append-only, one JSON object a line:
+
+    {"caseId": "...", "query": "...", "id": "<chunk id>", "docId": "<its document>", "grade": 0..3,
+     "who": "...", "at": "2026-01-02T03:04:05Z"}
+
+with `"label": "forbidden"` instead of a grade (the chunk's document must never be returned for the query),
+or `"label": "noAnswer"` with `"id": null` (nothing in the knowledge base answers the query).
+
+The merge, as pure functions over parsed values:
+
+1. `latest_by_rater`: a rater's later judgment replaces their earlier one of the same slot; a slot is the
+   (case, chunk id) pair for grades and "forbidden", the case for "noAnswer". Later = the greater `at`,
+   then the later line.
+2. `resolve`: per case, what the raters agree on. Conflicts, which are listed and not applied:
+   * "grades differ": one chunk graded differently by different raters;
+   * "forbidden vs relevant": a document marked forbidden while a chunk of it is graded > 0 (by anyone);
+   * "noAnswer vs relevant": "no answer" for a case in which a chunk is graded > 0.
+   Forbidden beside a grade 0 is no conflict: both say "not relevant".
+3. `merge_case`: the agreed judgments into one case: grades into `judgments` (chunk id keys; a later
+   export replaces the grade of the same key), forbidden documents into `forbiddenDocIds`, "noAnswer" into
+   `expectNoAnswer: true`. A judgment that contradicts the case itself is a conflict too ("against the
+   golden set": forbidding a document the case expects, grading an evidence chunk 0, a grade > 0 in an
+   expectNoAnswer case, "noAnswer" for a case that names expectations), and so is anything that leaves the
+   case invalid (`GoldenCase`). A draft case that receives a grade > 0 or "noAnswer" is promoted (its
+   `draft` field is removed: a scored case).
+4. `export`: every case of the golden set, plus the promoted drafts appended in the drafts file's order.
+   A draft whose id is already in the golden set was promoted by an earlier export; its judgments merge
+   into that case. Judgments of unknown cases, or of a case whose query has changed since, are skipped
+   with a warning.
+
+The export is idempotent: the judgments file is never emptied, and exporting it again gives the same set.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from app.evaluation.golden_set import GoldenCase, GoldenSetError, parse_golden_set
+
+GRADES = (0, 1, 2, 3)
+FORBIDDEN = "forbidden"
+NO_ANSWER = "noAnswer"
+LABELS = (FORBIDDEN, NO_ANSWER)
+MAX_WHO_CHARS = 100
+MAX_REPORTED_ERRORS = 20
+
+
+class JudgmentsError(ValueError):
+    """An unreadable judgments file; every bad line is named (`file:line: field: problem`)."""
+
+    def __init__(self, path: str, errors: list[str]) -> None:
+        self.path = path
+        self.errors = errors
+        shown = errors[:MAX_REPORTED_ERRORS]
+        lines = [f"invalid judgments file {path} ({len(errors)} error{'s' if len(errors) != 1 else ''}):"]
+        lines += [f"  - {error}" for error in shown]
+        if len(errors) > len(shown):
+            lines.append(f"  ... and {len(errors) - len(shown)} more")
+        super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """One line of the judgments file. Exactly one of `grade` and `label` is set; `id` and `doc_id` are None
+    only for "noAnswer". `line` is the 1-based line in its file (0 when made in memory)."""
+
+    case_id: str
+    query: str
+    id: str | None
+    doc_id: str | None
+    grade: int | None
+    label: str | None
+    who: str
+    at: str
+    line: int = 0
+
+    @property
+    def slot(self) -> str | None:
+        """What a later judgment by the same rater replaces: the chunk (grades and forbidden), or the case
+        itself (None) for noAnswer."""
+        return None if self.label == NO_ANSWER else self.id
+
+    @property
+    def verdict(self) -> str:
+        return self.label if self.label is not None else f"grade {self.grade}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"caseId": self.case_id, "query": self.query, "id": self.id}
+        out["docId"] = self.doc_id
+        if self.label is not None:
+            out["label"] = self.label
+        else:
+            out["grade"] = self.grade
+        out["who"] = self.who
+        out["at"] = self.at
+        return out
+
+
+def utc_now() -> str:
+    """The `at` of a new judgment: UTC, ISO 8601, to the millisecond, with a Z."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def make_judgment(
+    case_id: str,
+    query: str,
+    chunk_id: str | None,
+    doc_id: str | None,
+    grade: int | None = None,
+    label: str | None = None,
+    who: str = "",
+    at: str | None = None,
+) -> Judgment:
+    """A validated judgment (the labelling API's write); ValueError names the bad field."""
+    return _validated(
+        {
+            "caseId": case_id,
+            "query": query,
+            "id": chunk_id,
+            "docId": doc_id,
+            **({"grade": grade} if label is None else {"label": label}),
+            "who": who,
+            "at": at or utc_now(),
+        },
+        0,
+    )
+
+
+def _validated(value: Any, line: int) -> Judgment:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    known = {"caseId", "query", "id", "docId", "grade", "label", "who", "at"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(known))})")
+    for name in ("caseId", "query", "who", "at"):
+        text = value.get(name)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name}: must be a non-blank string (got {text!r})")
+    if len(value["who"]) > MAX_WHO_CHARS:
+        raise ValueError(f"who: at most {MAX_WHO_CHARS} characters")
+    _parse_at(value["at"])
+    has_grade, has_label = "grade" in value, "label" in value
+    if has_grade == has_label:
+        raise ValueError('give exactly one of "grade" (0, 1, 2, 3) and "label" ("forbidden", "noAnswer")')
+    grade = value.get("grade")
+    label = value.get("label")
+    if has_grade and (isinstance(grade, bool) or not isinstance(grade, int) or grade not in GRADES):
+        raise ValueError(f"grade: must be one of 0, 1, 2, 3 (got {grade!r})")
+    if has_label and label not in LABELS:
+        raise ValueError(f'label: must be "forbidden" or "noAnswer" (got {label!r})')
+    chunk_id, doc_id = value.get("id"), value.get("docId")
+    if label == NO_ANSWER:
+        chunk_id = doc_id = None
+    else:
+        for name, text in (("id", chunk_id), ("docId", doc_id)):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{name}: must be a non-blank string (got {text!r})")
+    return Judgment(
+        case_id=value["caseId"],
+        query=value["query"],
+        id=chunk_id,
+        doc_id=doc_id,
+        grade=grade if has_grade else None,
+        label=label,
+        who=value["who"].strip(),
+        at=value["at"],
+        line=line,
+    )
+
+
+def _parse_at(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"at: not an ISO 8601 time (got {text!r})") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"at: must name its time zone, e.g. a trailing Z for UTC (got {text!r})")
+    return moment
+
+
+def parse_judgments(text: str, path: str | Path) -> list[Judgment]:
+    """Every judgment of a judgments file's `text`, in line order; blank lines are skipped. Raises
+    `JudgmentsError` with every bad line (`file:line: problem`)."""
+    path = str(path)
+    out: list[Judgment] = []
+    errors: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            errors.append(f"{path}:{number}: not JSON: {exc}")
+            continue
+        try:
+            out.append(_validated(value, number))
+        except ValueError as exc:
+            errors.append(f"{path}:{number}: {exc}")
+    if errors:
+        raise JudgmentsError(path, errors)
+    return out
+
+
+def load_judgments(path: str | Path) -> list[Judgment]:
+    """The judgments at `path`; a missing file holds none."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JudgmentsError(str(path), [f"{path}: cannot read: {exc}"]) from None
+    return parse_judgments(text, path)
+
+
+# -- resolution -------------------------------------------------------------------------------------------
+
+
+def latest_by_rater(judgments: Iterable[Judgment]) -> list[Judgment]:
+    """Per (case, slot, rater), the latest judgment: the greatest `at`, ties by file order (the later line,
+    then the later position in `judgments`). Returned in input order."""
+    best: dict[tuple[str, str | None, str], tuple[tuple[datetime, int, int], Judgment]] = {}
+    for position, j in enumerate(judgments):
+        key = (j.case_id, j.slot, j.who)
+        rank = (_parse_at(j.at), j.line, position)
+        if key not in best or rank >= best[key][0]:
+            best[key] = (rank, j)
+    return [j for _, j in sorted(best.values(), key=lambda item: item[0][1:])]
+
+
+ConflictKind = Literal[
+    "grades differ", "forbidden vs relevant", "noAnswer vs relevant", "against the golden set"
+]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Judgments of one case that are not applied, and why."""
+
+    case_id: str
+    id: str | None  # the chunk, the document (forbidden vs relevant), or None (the case)
+    kind: ConflictKind
+    judgments: tuple[Judgment, ...]
+    detail: str = ""
+
+    def message(self) -> str:
+        said = "; ".join(f"{j.who}: {j.verdict}" + (f" ({j.id})" if j.id else "") for j in self.judgments)
+        what = f"case {self.case_id!r}" + (f", {self.id!r}" if self.id else "")
+        return f"{what}: {self.kind}" + (f" ({self.detail})" if self.detail else "") + f": {said}"
+
+
+@dataclass
+class CaseVerdict:
+    """What the raters agree on for one case: `grades` {chunk id: grade}, `forbidden` {doc id: the
+    judgments marking it}, `no_answer`, and each judged chunk's document (`doc_of`). `sources` holds the
+    judgments behind each applied decision (for conflicts found later, against the case)."""
+
+    case_id: str
+    query: str
+    grades: dict[str, int] = field(default_factory=dict)
+    forbidden: dict[str, list[Judgment]] = field(default_factory=dict)
+    no_answer: list[Judgment] = field(default_factory=list)
+    doc_of: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, list[Judgment]] = field(default_factory=dict)
+
+
+def resolve(judgments: Iterable[Judgment]) -> tuple[dict[str, CaseVerdict], list[Conflict]]:
+    """The agreed judgments per case and the conflicts between raters (see the module docstring). Takes
+    every judgment as read; `latest_by_rater` is applied first."""
+    latest = latest_by_rater(judgments)
+    by_case: dict[str, list[Judgment]] = {}
+    for j in latest:
+        by_case.setdefault(j.case_id, []).append(j)
+    verdicts: dict[str, CaseVerdict] = {}
+    conflicts: list[Conflict] = []
+    for case_id, items in by_case.items():
+        verdict = CaseVerdict(case_id, items[-1].query)
+        per_chunk: dict[str, list[Judgment]] = {}
+        for j in items:
+            if j.label == NO_ANSWER:
+                verdict.no_answer.append(j)
+            else:
+                chunk = j.id or ""
+                per_chunk.setdefault(chunk, []).append(j)
+                verdict.doc_of[chunk] = j.doc_id or ""
+        graded: dict[str, list[Judgment]] = {}
+        forbidding: dict[str, list[Judgment]] = {}
+        for chunk, said in per_chunk.items():
+            grades = [j for j in said if j.grade is not None]
+            if len({j.grade for j in grades}) > 1:
+                conflicts.append(Conflict(case_id, chunk, "grades differ", tuple(grades)))
+            elif grades:
+                graded[chunk] = grades
+            for j in said:
+                if j.label == FORBIDDEN:
+                    forbidding.setdefault(j.doc_id or "", []).append(j)
+        relevant_by_doc: dict[str, list[Judgment]] = {}
+        for chunk, said in per_chunk.items():
+            for j in said:
+                if j.grade:
+                    relevant_by_doc.setdefault(verdict.doc_of[chunk], []).append(j)
+        for doc, marks in forbidding.items():
+            if doc in relevant_by_doc:
+                conflicts.append(
+                    Conflict(case_id, doc, "forbidden vs relevant", (*marks, *relevant_by_doc[doc]))
+                )
+                for j in relevant_by_doc[doc]:
+                    graded.pop(j.id or "", None)
+            else:
+                verdict.forbidden[doc] = marks
+        relevant = [g for grades in graded.values() for g in grades if g.grade]
+        if verdict.no_answer and relevant:
+            conflicts.append(Conflict(case_id, None, "noAnswer vs relevant", (*verdict.no_answer, *relevant)))
+            verdict.no_answer = []
+            for j in relevant:
+                graded.pop(j.id or "", None)
+        for chunk, grades in graded.items():
+            verdict.grades[chunk] = int(grades[0].grade or 0)
+            verdict.sources[chunk] = grades
+        verdicts[case_id] = verdict
+    return verdicts, conflicts
+
+
+# -- merging into a case ----------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseMerge:
+    """One case after the merge: its JSON object, what was applied, and the conflicts against it."""
+
+    case: dict[str, Any]
+    applied: int = 0
+    promoted: bool = False
+    conflicts: list[Conflict] = field(default_factory=list)
+
+
+def merge_case(
+    raw: Mapping[str, Any], verdict: CaseVerdict, doc_of: Mapping[str, str] | None = None
+) -> CaseMerge:
+    """`raw` (a valid case object, as in the file) with `verdict` applied: see the module docstring.
+    `doc_of` maps chunk ids to their documents beyond the verdict's own (the chunks of earlier judgments),
+    so a document whose chunk the case already grades relevant is not forbidden. The field order of `raw`
+    is kept; new fields go at the end."""
+    case = GoldenCase.model_validate(dict(raw))
+    doc_of = {**(doc_of or {}), **verdict.doc_of}
+    out = json.loads(json.dumps(dict(raw)))  # a deep copy, the same JSON types
+    conflicts: list[Conflict] = []
+    evidence = {c for group in case.evidence_groups() for c in group} | set(case.expected_chunk_ids)
+    expected_docs = {d for d, g in case.relevance_map().items() if g > 0}
+    expected_docs |= {k for k, g in case.judgments.items() if g > 0}
+    forbidden_docs = set(case.forbidden_doc_ids)
+
+    def against(key: str | None, said: Sequence[Judgment], detail: str) -> None:
+        conflicts.append(Conflict(case.id, key, "against the golden set", tuple(said), detail))
+
+    grades: dict[str, int] = {}
+    for chunk, grade in verdict.grades.items():
+        said = verdict.sources.get(chunk, [])
+        doc = doc_of.get(chunk, "")
+        if grade == 0 and chunk in evidence:
+            against(chunk, said, "graded 0, but the case names this chunk as its evidence")
+        elif grade > 0 and case.expect_no_answer and not verdict.no_answer:
+            against(chunk, said, "graded > 0, but the case expects no answer")
+        elif grade > 0 and doc in forbidden_docs:
+            against(chunk, said, f"graded > 0, but the case forbids its document {doc!r}")
+        else:
+            grades[chunk] = grade
+    relevant_chunks = {c for c, g in case.judgments.items() if g > 0} | evidence
+    relevant_chunks |= {c for c, g in grades.items() if g > 0}
+    relevant_docs = expected_docs | {doc_of[c] for c in relevant_chunks if c in doc_of}
+    forbidden: list[str] = []
+    for doc, marks in verdict.forbidden.items():
+        if doc in relevant_docs:
+            against(doc, marks, "forbidden, but the case expects this document")
+        else:
+            forbidden.append(doc)
+    no_answer = bool(verdict.no_answer)
+    if no_answer and case.has_expectation() and not case.expect_no_answer:
+        against(None, verdict.no_answer, "no answer, but the case names expected results")
+        no_answer = False
+
+    if grades:
+        judgments = dict(out.get("judgments") or {})
+        judgments.update(grades)
+        out["judgments"] = judgments
+    new_forbidden = [d for d in forbidden if d not in forbidden_docs]
+    if new_forbidden:
+        out["forbiddenDocIds"] = [*(out.get("forbiddenDocIds") or []), *new_forbidden]
+    if no_answer:
+        out["expectNoAnswer"] = True
+    promoted = case.draft and (no_answer or any(g > 0 for g in grades.values()))
+    if promoted:
+        out.pop("draft", None)
+    applied = len(grades) + len(forbidden) + int(no_answer)
+    try:
+        GoldenCase.model_validate(out)
+    except ValidationError as exc:
+        said = [j for js in verdict.sources.values() for j in js]
+        said += [j for js in verdict.forbidden.values() for j in js] + verdict.no_answer
+        reason = "; ".join(e["msg"] for e in exc.errors())
+        return CaseMerge(
+            dict(raw),
+            conflicts=[*conflicts, Conflict(case.id, None, "against the golden set", tuple(said), reason)],
+        )
+    return CaseMerge(out, applied=applied, promoted=promoted, conflicts=conflicts)
+
+
+# -- the export ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportResult:
+    cases: list[dict[str, Any]]  # the new golden set's case objects, in order
+    applied: int  # judgments applied (grades, forbidden documents, noAnswer)
+    promoted: list[str]  # draft case ids promoted into the golden set
+    conflicts: list[Conflict]
+    warnings: list[str]
+
+
+def export(
+    golden_cases: Sequence[Mapping[str, Any]],
+    draft_cases: Sequence[Mapping[str, Any]],
+    judgments: Iterable[Judgment],
+) -> ExportResult:
+    """The golden set's case objects with `judgments` merged in, and the promoted drafts appended (see the
+    module docstring). Pure: the caller reads and writes the files."""
+    judgments = list(judgments)
+    doc_of = {x.id: x.doc_id for x in judgments if x.id is not None and x.doc_id}
+    verdicts, conflicts = resolve(judgments)
+    golden_ids = {str(c["id"]) for c in golden_cases}
+    drafts = {str(c["id"]): c for c in draft_cases if str(c["id"]) not in golden_ids}
+    warnings: list[str] = []
+    queries = {str(c["id"]): str(c["query"]) for c in [*golden_cases, *drafts.values()]}
+    for case_id, judged in list(verdicts.items()):
+        if case_id not in queries:
+            warnings.append(f"case {case_id!r} is neither in the golden set nor in the drafts: skipped")
+            del verdicts[case_id]
+        elif judged.query != queries[case_id]:
+            warnings.append(
+                f"case {case_id!r}: its query changed since it was judged ({judged.query!r} -> "
+                f"{queries[case_id]!r}): its judgments are skipped (judge it again)"
+            )
+            del verdicts[case_id]
+    cases: list[dict[str, Any]] = []
+    applied = 0
+    promoted: list[str] = []
+    for raw in golden_cases:
+        verdict = verdicts.get(str(raw["id"]))
+        if verdict is None:
+            cases.append(dict(raw))
+            continue
+        merged = merge_case(raw, verdict, doc_of)
+        cases.append(merged.case)
+        applied += merged.applied
+        conflicts += merged.conflicts
+        if merged.promoted:
+            promoted.append(merged.case["id"])
+    for case_id, raw in drafts.items():
+        verdict = verdicts.get(case_id)
+        if verdict is None:
+            continue
+        merged = merge_case(raw, verdict, doc_of)
+        conflicts += merged.conflicts
+        if merged.promoted:
+            cases.append(merged.case)
+            applied += merged.applied
+            promoted.append(case_id)
+    return ExportResult(cases, applied, promoted, conflicts, warnings)
+
+
+# -- the golden-set file, its format kept ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GoldenDocument:
+    """A golden-set file's case objects and how it is written: "object" ({"datasetVersion", "cases"}),
+    "array" or "jsonl"; `indent` of the JSON forms (None = one line); `top` the object's other keys."""
+
+    kind: Literal["object", "array", "jsonl"]
+    cases: list[dict[str, Any]]
+    indent: int | None = 2
+    top: dict[str, Any] = field(default_factory=dict)
+
+
+def read_golden_document(text: str, path: str | Path) -> GoldenDocument:
+    """The case objects of a golden-set file, with its layout. The file must be a valid golden set (checked
+    with `parse_golden_set`, which raises GoldenSetError)."""
+    parse_golden_set(text, path)
+    if str(path).lower().endswith(".jsonl"):
+        return GoldenDocument("jsonl", [json.loads(line) for line in text.splitlines() if line.strip()])
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return GoldenDocument("jsonl", [json.loads(line) for line in text.splitlines() if line.strip()])
+    indent = _indent_of(text)
+    if isinstance(document, list):
+        return GoldenDocument("array", document, indent)
+    if "cases" not in document:  # one case object on one line: JSONL
+        return GoldenDocument("jsonl", [document])
+    top = {k: v for k, v in document.items() if k != "cases"}
+    return GoldenDocument("object", document["cases"], indent, top)
+
+
+def _indent_of(text: str) -> int | None:
+    for line in text.splitlines()[1:]:
+        stripped = line.lstrip(" ")
+        if stripped and len(stripped) < len(line):
+            return len(line) - len(stripped)
+    return None
+
+
+def render_golden_document(document: GoldenDocument, cases: Sequence[Mapping[str, Any]]) -> str:
+    """`cases` written in `document`'s layout (UTF-8 text, not ASCII-escaped, ending in a newline)."""
+    if document.kind == "jsonl":
+        return "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases)
+    value: Any = list(cases) if document.kind == "array" else {**document.top, "cases": list(cases)}
+    if "datasetVersion" in document.top:  # keep its place: first
+        value = {"datasetVersion": document.top["datasetVersion"], **value}
+    return json.dumps(value, ensure_ascii=False, indent=document.indent) + "\n"
+
+
+def read_drafts(path: str | Path) -> list[dict[str, Any]]:
+    """The case objects of the drafts file; a missing or empty file holds none. It must be a valid golden
+    set otherwise (GoldenSetError naming file and line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GoldenSetError(str(path), [f"{path}: cannot read the drafts: {exc}"]) from None
+    if not text.strip():
+        return []
+    return read_golden_document(text, path).cases
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once (a temporary file in the same folder, fsync, rename): a
+    reader sees the old file or the new one, never half of one. The file keeps the old one's permissions."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class JudgmentLog:
+    """The judgments file, appended to by the labelling page: each judgment is one line written with one
+    `write` call, flushed and fsynced before the append returns, under a lock held across threads (a
+    `threading.Lock`) and processes (`fcntl.flock` on the file), so concurrent raters never interleave or
+    lose a line. A file whose last line lacks its newline (a hand edit) gets one first."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def append(self, judgment: Judgment) -> None:
+        line = (json.dumps(judgment.to_json(), ensure_ascii=False) + "\n").encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                written = os.write(fd, line)
+                if written != len(line):  # a regular file writes all or fails: say so, never go on silently
+                    raise OSError(f"{self.path}: wrote {written} of {len(line)} bytes of a judgment")
+                os.fsync(fd)
+            finally:
+                os.close(fd)  # releases the flock
+
+    def read(self) -> list[Judgment]:
+        return load_judgments(self.path)
+
+
+@dataclass
+class ExportOutcome:
+    result: ExportResult
+    out: Path
+    written: bool  # False: the merged set is the file as it was (nothing new to apply)
+
+
+def export_files(
+    golden_path: str | Path,
+    drafts_path: str | Path,
+    judgments_path: str | Path,
+    out: str | Path | None = None,
+) -> ExportOutcome:
+    """`sieve golden export`: merge the judgments file into the golden set (`export`) and write it to `out`
+    (default: the golden set itself), in the golden set's layout and with its datasetVersion. The new text
+    is validated as a golden set first and replaces the file all at once, so a failure leaves the old file
+    whole. Raises GoldenSetError (golden set, drafts, or a merge that does not validate) and
+    JudgmentsError."""
+    golden_path = Path(golden_path)
+    try:
+        text = golden_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GoldenSetError(
+            str(golden_path), [f"{golden_path}: cannot read the golden set: {exc}"]
+        ) from None
+    document = read_golden_document(text, golden_path)
+    result = export(document.cases, read_drafts(drafts_path), load_judgments(judgments_path))
+    new_text = render_golden_document(document, result.cases)
+    parse_golden_set(new_text, golden_path)  # the layout is the golden set's, whatever out is called
+    target = Path(out) if out is not None else golden_path
+    if target == golden_path and new_text == text:
+        return ExportOutcome(result, target, written=False)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, new_text)
+    return ExportOutcome(result, target, written=True)
