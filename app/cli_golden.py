@@ -20,6 +20,7 @@ def add_golden_commands(sub: Any) -> None:
 def _add_golden_subcommands(gsub: Any) -> None:
     """`sieve golden sample | generate | pool | export | check`."""
     _add_sample(gsub)
+    _add_generate(gsub)
     _add_pool(gsub)
     _add_export(gsub)
     _add_check(gsub)
@@ -348,3 +349,94 @@ def _export(args: argparse.Namespace) -> int:
     for conflict in result.conflicts:
         print(f"conflict (not applied): {conflict.message()}", file=sys.stderr)
     return exit_codes.GATE_FAILED if result.conflicts else exit_codes.OK
+
+
+def _add_generate(gsub: Any) -> None:
+    gen = gsub.add_parser(
+        "generate",
+        help="make a question per passage of the ingested store (golden cases with origin: generated)",
+        description="Picks N passages stratified by knowledge tag and document, makes a question per passage "
+        "(offline templates or an OpenAI-compatible LLM), keeps those whose passage BM25 or dense search "
+        "finds again in its top 20, and appends them to --out (docs/generation.md).",
+    )
+    gen.add_argument("--chunks", type=int, required=True, metavar="N", help="passages to pick")
+    gen.add_argument(
+        "--generator", choices=["offline", "llm"], help="default rag.generate.generator (offline)"
+    )
+    gen.add_argument(
+        "--out",
+        default="golden_set/generated.jsonl",
+        help="JSONL file the cases are appended to (default golden_set/generated.jsonl)",
+    )
+    gen.add_argument("--seed", type=int, help="default rag.generate.seed (42)")
+    gen.add_argument("--per-chunk", type=int, default=1, help="questions per passage (default 1)")
+    gen.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import sys
+    from datetime import date
+    from pathlib import Path
+
+    from app import exit_codes
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.build import generate as gen
+    from app.evaluation.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.settings import nested
+
+    overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
+    if args.seed is not None:
+        overrides.append(nested("rag.generate.seed", args.seed))
+    settings = settings_with(*overrides)
+    cfg = settings.rag.generate
+    out = Path(args.out)
+    try:
+        options = gen.GenerateOptions(
+            chunks=args.chunks,
+            per_chunk=args.per_chunk,
+            seed=cfg.seed,
+            min_passage_chars=cfg.min_passage_chars,
+            round_trip_k=cfg.round_trip_k,
+            round_trip=gen.GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
+        )
+        gen.check_out_path(out)
+        endpoint = ChatEndpoint.from_settings(cfg.llm) if cfg.generator == "llm" else None
+    except (gen.GenerateError, LlmError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    existing = gen.existing_case_ids(out)  # an invalid out file: GoldenSetError, exit 2
+    sieve = open_sieve(settings)
+    client = ChatClient(endpoint) if endpoint is not None else None
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        passages = gen.store_passages(sieve.store)
+        tokens = sieve.analyzer.tokens
+        generator: gen.QuestionGenerator = (
+            gen.LlmGenerator(client)
+            if client is not None
+            else gen.OfflineGenerator(
+                tokens, gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages), cfg.seed, cfg.key_terms
+            )
+        )
+        result = gen.generate(
+            passages,
+            generator,
+            gen.StoreSearcher(sieve.lexical, sieve.embedder, sieve.store),
+            tokens,
+            options,
+            gen.hard_filter_rule(settings.rag.chain.hard_filter, settings.rag.evaluate.as_of or date.today()),
+            existing,
+        )
+    except LlmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.UNAVAILABLE
+    finally:
+        if client is not None:
+            client.close()
+        sieve.close()
+    gen.append_cases(out, result.cases)
+    for line in result.lines():
+        print(line)
+    print(f"wrote {len(result.cases)} cases to {out}")
+    return exit_codes.OK

@@ -482,8 +482,9 @@ class GenerateSettings(_Strict):
     min_passage_chars: int = Field(40, ge=1)  # chunks with less stripped text are not picked
     key_terms: int = Field(3, ge=1, le=10)  # terms in an offline key-term question
     round_trip_k: int = Field(20, ge=1, le=100)  # a question is kept when its passage is in this top K
-    # either: in the BM25 or the dense top K; both: in each of them
-    round_trip: Literal["either", "both"] = "either"
+    # either: in the BM25 or the dense top K; both: in each of them; auto: both for the offline generator
+    # (its questions are made of the passage's terms, so BM25 alone checks nothing), either for llm
+    round_trip: Literal["auto", "either", "both"] = "auto"
     llm: LlmSettings = LlmSettings()
 
 
@@ -509,6 +510,7 @@ class RagSettings(_Strict):
     evaluate: EvaluateSettings = EvaluateSettings()
     server: ServerSettings = ServerSettings()
     querylog: QueryLogSettings = QueryLogSettings()
+    generate: GenerateSettings = GenerateSettings()
     label: LabelSettings = LabelSettings()
 
 

@@ -27,7 +27,7 @@ from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
 from app.evaluation.fingerprint import case_sha256
 from app.evaluation.records import CaseRecord, RankedDocument, StageRow, Summary, to_json
 from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
-from app.evaluation.segments import groups, query_language, segments
+from app.evaluation.segments import groups, origin_comparison, origin_line, query_language, segments
 from app.settings import EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
@@ -230,6 +230,7 @@ def build_report(
         "gate": gate or {"passed": True, "checks": [], "failures": [], "notes": []},
         "stages": to_json(stage_table(evaluation)),
         "segments": to_json(segments(cases)),
+        "origins": origin_comparison(cases),
         "groups": to_json(groups(cases)),
         "candidateOrigins": origins,
         "warnings": evaluation.warnings,
@@ -250,6 +251,7 @@ def invalid_report(golden_path: str, error: str, run_info: dict[str, Any]) -> di
         "sweep": None,
         "stages": [],
         "segments": [],
+        "origins": None,
         "groups": [],
         "cases": [],
     }
@@ -799,6 +801,9 @@ def _segments_markdown(report: dict[str, Any]) -> list[str]:
                 row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
             out.append(row)
         out.append("")
+    origin = origin_line(report.get("origins"))
+    if origin:
+        out += [origin[0].upper() + origin[1:] + ".", ""]
     grps = report.get("groups") or []
     if grps:
         spread = sorted(

@@ -1,4 +1,5 @@
-"""Segments (per tag, knowledge tag and query language) and paraphrase groups, over report case records.
+"""Segments (per tag, knowledge tag, query language, origin and literalness band), paraphrase groups and
+the generated-vs-manual comparison, over report case records.
 
 Pure functions over the case records of the report JSON, so a baseline read from a file segments the
 same way.
@@ -11,10 +12,15 @@ from statistics import fmean
 from typing import Any
 
 from app.evaluation import stats
+from app.evaluation.build.literalness import band
 from app.evaluation.records import Group, Segment, SegmentDelta
 
 SEGMENT_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
 SMALL_SEGMENT = 10
+SEGMENT_KINDS = ("tag", "knowledgeTag", "language", "origin", "literalness")
+ORIGINS = ("manual", "generated", "log")
+# segment names in reading order where alphabetical order would not do
+_NAME_ORDER = {"origin": ORIGINS, "literalness": ("low", "mid", "high")}
 
 
 def is_cjk(ch: str) -> bool:
@@ -45,7 +51,17 @@ def _members(cases: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str
         if c.get("knowledgeTag"):
             out[("knowledgeTag", c["knowledgeTag"])].append(c)
         out[("language", c.get("language") or query_language(c.get("query", "")))].append(c)
+        out[("origin", c.get("origin") or "manual")].append(c)
+        literal = band(c.get("literalness"))
+        if literal is not None:
+            out[("literalness", literal)].append(c)
     return out
+
+
+def _segment_order(key: tuple[str, str]) -> tuple[int, int, str]:
+    kind, name = key
+    names = _NAME_ORDER.get(kind, ())
+    return (SEGMENT_KINDS.index(kind), names.index(name) if name in names else len(names), name)
 
 
 def segment_means(cases: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -58,14 +74,16 @@ def segment_means(cases: list[dict[str, Any]]) -> dict[str, float | None]:
 def segments(
     cases: list[dict[str, Any]], baseline_cases: list[dict[str, Any]] | None = None, seed: int = 42
 ) -> list[Segment]:
-    """One segment per tag value, knowledge tag and query language, sorted by kind then name. `cases` is
-    the number of cases in it (scored or not); `small` when under 10. With a baseline, `delta` holds per
-    metric the mean paired difference over the segment's cases scored on both sides and its uncorrected
-    sign-flip p-value (exploratory: many segments, no correction)."""
+    """One segment per tag value, knowledge tag, query language, origin (manual, generated, log; a case
+    without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
+    `app.evaluation.build.literalness.band`; a case without literalness is in none), sorted by kind in
+    that order, then by name (origins and bands in the order just given). `cases` is the number of cases
+    in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
+    paired difference over the segment's cases scored on both sides and its uncorrected sign-flip p-value
+    (exploratory: many segments, no correction)."""
     base = {c["id"]: c for c in baseline_cases or []}
-    order = {"tag": 0, "knowledgeTag": 1, "language": 2}
     out = []
-    for (kind, name), members in sorted(_members(cases).items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+    for (kind, name), members in sorted(_members(cases).items(), key=lambda kv: _segment_order(kv[0])):
         delta = None
         if baseline_cases is not None:
             paired = [
@@ -121,3 +139,53 @@ def groups(cases: list[dict[str, Any]]) -> list[Group]:
             )
         )
     return out
+
+
+def origin_comparison(cases: list[dict[str, Any]], metric: str = "ndcg") -> dict[str, Any]:
+    """How generated cases score against manual ones, the report's `origins`:
+
+    * `byOrigin`: for each origin present (manual, generated, log; a case without one is manual), its
+      `cases`, its `scored` cases (those with metrics) and the mean per-case `metric` over them (None when
+      none is scored);
+    * `generatedVsManual`: {metric, generated, manual, delta = generated - manual, generatedCases,
+      manualCases} over the scored cases of each side, or None unless both have scored cases. The two sides
+      are different queries: an unpaired difference of means, with no test of significance.
+    """
+    by_origin: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for c in cases:
+        by_origin[c.get("origin") or "manual"].append(c)
+    figures: dict[str, dict[str, Any]] = {}
+    for origin in sorted(by_origin, key=lambda o: (ORIGINS.index(o) if o in ORIGINS else len(ORIGINS), o)):
+        scored = [float(c["metrics"][metric]) for c in by_origin[origin] if c.get("metrics")]
+        figures[origin] = {
+            "cases": len(by_origin[origin]),
+            "scored": len(scored),
+            metric: fmean(scored) if scored else None,
+        }
+    generated, manual = figures.get("generated"), figures.get("manual")
+    versus = None
+    if generated and manual and generated["scored"] and manual["scored"]:
+        versus = {
+            "metric": metric,
+            "generated": generated[metric],
+            "manual": manual[metric],
+            "delta": generated[metric] - manual[metric],
+            "generatedCases": generated["scored"],
+            "manualCases": manual["scored"],
+        }
+    return {"byOrigin": figures, "generatedVsManual": versus}
+
+
+def origin_line(origins: dict[str, Any] | None) -> str | None:
+    """ "generated vs manual: nDCG +0.070 (0.980 vs 0.910, n=30 vs 62 scored cases)", or None when the
+    comparison is not there."""
+    versus = (origins or {}).get("generatedVsManual")
+    if not versus:
+        return None
+    label = {"ndcg": "nDCG", "mrr": "MRR", "recall": "Recall", "hitRate": "HitRate"}.get(
+        versus["metric"], versus["metric"]
+    )
+    return (
+        f"generated vs manual: {label} {versus['delta']:+.3f} ({versus['generated']:.3f} vs "
+        f"{versus['manual']:.3f}, n={versus['generatedCases']} vs {versus['manualCases']} scored cases)"
+    )
