@@ -62,7 +62,7 @@ NEAR_DUPLICATE_COSINE = 0.95
 NAME_GUESS_CUTOFF = 0.6
 NAME_GUESSES = 3
 LISTED_UNTOUCHED = 200  # untouched document ids listed (the count is always exact)
-EMBED_BATCH = 64
+EMBED_BATCH = 16  # the query batcher's default max batch: less padding than one large batch
 COSINE_BLOCK = 1024  # query rows per block of the pairwise cosine product
 
 FINDING_KINDS = {
