@@ -387,24 +387,6 @@ def recommend(rows: list[dict[str, Any]], current: dict[str, Any], tolerance: fl
 GAIN_METRICS = ("recall", "hitRate", "mrr", "ndcg", "correctAbstention", "falseAnswerRate", "meanResults")
 
 
-def run_split(
-    recording: Recording,
-    grid: Grid,
-    current: ChainSettings,
-    thresholds: EvaluateThresholds,
-    tolerance: float,
-    split: dict[str, Any] | None,
-) -> SplitResult:
-    """`run_grid`, `run_holdout` or `run_folds`, as `split` (from `make_split`) says."""
-    if split is None:
-        result = run_grid(recording, grid, current, thresholds, tolerance)
-        return SplitResult(result, {}, result.current["metrics"])
-    if split["mode"] == "holdout":
-        parts = [split["parts"][TUNING], split["parts"][HELD_OUT]]
-        return run_holdout(recording, grid, current, thresholds, tolerance, parts)
-    return run_folds(recording, grid, current, thresholds, tolerance, split["parts"]["folds"])
-
-
 def _gain(minuend: dict[str, Any], subtrahend: dict[str, Any]) -> dict[str, float | None]:
     """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
     return {
@@ -440,7 +422,8 @@ def _carried(
 
 
 def _part_counts(cases: Sequence[GoldenCase], ids: Sequence[str]) -> dict[str, int]:
-    kinds = Counter(case_kind(c) for c in cases if c.id in set(ids))
+    members = set(ids)
+    kinds = Counter(case_kind(c) for c in cases if c.id in members)
     return {"cases": len(ids), "scoredCases": kinds["answer"], "noAnswerCases": kinds["noAnswer"]}
 
 
@@ -570,6 +553,24 @@ def run_folds(
         agreement[kind] = _agreement([f[kind] for f in per_fold], grid, result.recommendation[kind])
     analysis = {"k": len(folds), "perFold": per_fold, "mean": mean, "agreement": agreement}
     return SplitResult(result, analysis, current_scores[ALL]["metrics"])
+
+
+def run_split(
+    recording: Recording,
+    grid: Grid,
+    current: ChainSettings,
+    thresholds: EvaluateThresholds,
+    tolerance: float,
+    split: dict[str, Any] | None,
+) -> SplitResult:
+    """`run_grid`, `run_holdout` or `run_folds`, as `split` (from `make_split`) says."""
+    if split is None:
+        result = run_grid(recording, grid, current, thresholds, tolerance)
+        return SplitResult(result, {}, result.current["metrics"])
+    if split["mode"] == "holdout":
+        parts = [split["parts"][TUNING], split["parts"][HELD_OUT]]
+        return run_holdout(recording, grid, current, thresholds, tolerance, parts)
+    return run_folds(recording, grid, current, thresholds, tolerance, split["parts"]["folds"])
 
 
 # -- the startup sweep ----------------------------------------------------------------------------------
