@@ -42,6 +42,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from app.retrieval.types import SCORE_BM25, SCORE_DENSE, SCORE_FUSED, SCORE_RERANK, RetrievalResult
 from app.settings import QueryLogSettings
 
@@ -60,6 +62,14 @@ ORDER_KEYS = (SCORE_RERANK, SCORE_FUSED, SCORE_DENSE, SCORE_BM25)
 READ_BLOCK = 64 * 1024
 
 _WAKE = object()
+
+
+class QueryLogParams(BaseModel):
+    """The query parameters of `GET /api/querylog`; any other parameter is a 422."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(100, ge=1, le=1000, description="how many entries, the newest first")
 
 
 def utc_timestamp(moment: datetime) -> str:

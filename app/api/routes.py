@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from app.api.deps import READER_SECURITY, require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
 from app.api.jobs import Job, JobInterrupted
-from app.api.querylog import query_record, read_newest
+from app.api.querylog import QueryLogParams, query_record, read_newest
 from app.api.readiness import store_probe
 from app.api.schemas import (
     HTML_REPORT_ERRORS,
@@ -291,8 +291,9 @@ QUERYLOG_READ_WAIT_S = 1.0
 @router.get(
     "/api/querylog", tags=["evaluation"], dependencies=admin, responses=error_responses(401, 403, 422, 500)
 )
-def query_log(request: Request, limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
-    """The newest `limit` query-log entries, newest first (admin token: they hold users' query text).
+def query_log(request: Request, params: Annotated[QueryLogParams, Query()]) -> JSONResponse:
+    """The newest `limit` (1 to 1000, default 100) query-log entries, newest first (admin token: they hold
+    users' query text).
 
     `enabled` says whether this server logs queries now (rag.querylog.enabled); entries written before are
     read either way. `dropped`: entries this server did not log because the writer's queue was full."""
@@ -300,9 +301,9 @@ def query_log(request: Request, limit: int = Query(100, ge=1, le=1000)) -> JSONR
     querylog = state.querylog
     if querylog is not None:
         querylog.wait_written(QUERYLOG_READ_WAIT_S)
-        entries = querylog.newest(limit)
+        entries = querylog.newest(params.limit)
     else:
-        entries = read_newest(Path(state.settings.rag.querylog.path), limit)
+        entries = read_newest(Path(state.settings.rag.querylog.path), params.limit)
     return JSONResponse(
         {
             "enabled": querylog is not None,

@@ -373,6 +373,8 @@ def test_each_retrieve_is_logged_and_only_the_admin_reads_the_log(tmp_path: Path
         )
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         assert client.get("/api/querylog?limit=0", headers=admin).status_code == 422
+        unknown = client.get("/api/querylog?limt=5", headers=admin)
+        assert unknown.status_code == 422 and unknown.json()["fields"][0]["field"] == "query.limt"
         body = client.get("/api/querylog?limit=10", headers=admin).json()
     assert (body["enabled"], body["dropped"]) == (True, 0)
     newest, older = body["entries"]
