@@ -57,7 +57,9 @@ def _add_sample(gsub: Any) -> None:
         "--min-length", type=int, default=3, help="shortest query kept, a CJK character counting 2 (3)"
     )
     sample.add_argument(
-        "--near-duplicate-cosine", type=float, default=0.95, help="near duplicates from this cosine (0.95)"
+        "--near-duplicate-cosine",
+        type=float,
+        help="near duplicates from this cosine (default rag.evaluate.audit.near_duplicate_cosine, 0.95)",
     )
     sample.set_defaults(func=_sample)
 
@@ -75,6 +77,9 @@ def _sample(args: argparse.Namespace) -> int:
 
     settings = settings_with(nested("rag.models.trace_queries", False))
     logs = [Path(p) for p in args.log] if args.log else log_files(Path(settings.rag.querylog.path))
+    near_duplicate = args.near_duplicate_cosine
+    if near_duplicate is None:
+        near_duplicate = settings.rag.evaluate.audit.near_duplicate_cosine
     embedder = None
 
     def embed(texts: list[str]) -> Any:
@@ -91,7 +96,7 @@ def _sample(args: argparse.Namespace) -> int:
             args.from_log,
             embed,
             min_length=args.min_length,
-            threshold=args.near_duplicate_cosine,
+            threshold=near_duplicate,
             seed=args.seed,
         )  # GoldenSetError (golden set or out file) -> exit 2
     except sample.SampleError as exc:

@@ -9,14 +9,15 @@ The steps, each dropping queries with a reason that is counted and printed:
    counts letters and digits, a CJK character (Han, kana, Hangul) as 2: a Chinese word is one or two
    characters where an English one is about five letters, so 工资 (4) passes and a lone 发 (2) or "hi" (2)
    does not.
-3. **Exact duplicates** (`group_entries`): entries whose `normalise_query` texts are equal are one query;
+3. **Exact duplicates** (`group_entries`): entries whose `normalise_query` texts (the audit's: NFKC,
+   casefold, whitespace squeezed, trailing punctuation dropped) are equal are one query;
    `seen` = their number, the text kept is the most frequent spelling and the knowledge tag the most
    frequent tag (the first seen among equals, for both).
 4. **Already there**: a query whose normalised text is that of a golden-set query, or of a case the out file
    holds, is dropped; so is one whose case id is taken.
 5. **Near an existing query** (`select_drafts`): novelty = 1 - max_j cos(q, r_j) over the reference
-   queries r (the golden set's and the out file's; 1 when there are none). A query with novelty
-   <= 1 - `threshold` (cosine >= 0.95 to one of them) is dropped.
+   queries r (the golden set's and the out file's; 1 when there are none). A query whose cosine to one
+   of them is >= `threshold` (0.95, the audit's near-duplicate cosine) is dropped.
 6. **Near duplicates**: in order of `seen` (most first; first seen first among equals), a query whose
    cosine to a query kept before it is >= `threshold` is dropped, and its entries count to that kept
    query's `seen` (the most frequent phrasing of a need stands for it).
@@ -50,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from app.evaluation.build.audit import NEAR_DUPLICATE_COSINE, normalise_query
 from app.evaluation.golden_set import GoldenCase, load_golden_set
 
-NEAR_DUPLICATE_COSINE = 0.95
 MIN_LENGTH = 3
 DEFAULT_SEED = 42
 ID_PREFIX = "log-"
@@ -89,16 +90,6 @@ class SampleError(ValueError):
 
 
 # -- text ----------------------------------------------------------------------------------------------------
-
-
-def normalise_query(text: str) -> str:
-    """NFKC, casefold, every run of whitespace squeezed to one space, then trailing punctuation (Unicode
-    category P*) and whitespace dropped: "  When's  PAYDAY？ " -> "when's payday"."""
-    folded = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    end = len(folded)
-    while end and (folded[end - 1].isspace() or unicodedata.category(folded[end - 1]).startswith("P")):
-        end -= 1
-    return folded[:end]
 
 
 def is_cjk(char: str) -> bool:
