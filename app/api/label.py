@@ -346,6 +346,9 @@ def label_queue(request: Request, refresh: bool = False) -> JSONResponse:
     whose pool holds a chunk the golden set does not judge. Cases with unjudged chunks (judged neither in
     the golden set nor in the judgments file) come first: queued, then drafts, then the rest, each in file
     order. `refresh=true` computes the pools again (after an ingest or a configuration change)."""
+    unknown = sorted(set(request.query_params) - {"refresh"})
+    if unknown:
+        raise ApiError(422, f"unknown query parameter {unknown[0]!r} (only refresh)", field=unknown[0])
     sieve = require_sieve(request)
     desk = label_desk(request)
     cases = _read_cases(desk)

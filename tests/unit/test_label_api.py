@@ -222,3 +222,9 @@ def test_broken_files_are_422_naming_the_file_and_line(client: TestClient, tmp_p
     (tmp_path / "golden.json").write_text("{")
     answer = client.get("/api/label/queue", headers=ADMIN)
     assert answer.status_code == 422 and "golden.json" in answer.json()["error"]
+
+
+def test_an_unknown_query_parameter_is_refused(client: TestClient) -> None:
+    answer = client.get("/api/label/queue?refresh=true&fresh=1", headers=ADMIN)
+    assert answer.status_code == 422 and answer.json()["field"] == "fresh"
+    assert client.get("/api/label/queue?refresh=true", headers=ADMIN).status_code == 200
