@@ -31,9 +31,9 @@ def add_eval_commands(sub: Any) -> None:
     ev.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
     ev.add_argument(
         "--baseline",
-        metavar="previous|none|FILE",
-        help="compare with the previous -latest report (default), nothing, or a report JSON "
-        "(rag.evaluate.baseline)",
+        metavar="previous-passing|previous|none|FILE",
+        help="compare with the pinned or last passing report (previous-passing, the default), the "
+        "previous -latest report, nothing, or a report JSON (rag.evaluate.baseline; docs/baselines.md)",
     )
     for name, flag in _THRESHOLD_FLAGS.items():
         ev.add_argument(flag, type=float, dest=name, help=f"gate: rag.evaluate.thresholds.{name}")
@@ -172,6 +172,7 @@ def eval_command(args: argparse.Namespace) -> int:
     report = outcome.report or {}
     print(summary_line(report))
     if report.get("comparison") is not None:
+        print(f"baseline: {baseline.note}")
         print(baseline_line(report["comparison"], k_label(report)))
         for difference in report["comparison"]["differences"]:
             print(f"  changed: {difference}")
@@ -189,6 +190,8 @@ def eval_command(args: argparse.Namespace) -> int:
         print(f"trec run: {run_path}\ntrec qrels: {qrels_path}")
     for note in outcome.gate.notes:
         print(f"gate note: {note}")
+    for warning in outcome.gate.warnings:
+        print(f"gate WARN: {warning.message}", file=sys.stderr)
     failures = outcome.gate.failures
     for failure in failures:
         print(f"gate failed: {failure.message}", file=sys.stderr)

@@ -28,6 +28,7 @@ def _add_golden_subcommands(gsub: Any) -> None:
 
 def _add_top_level(sub: Any) -> None:
     """`sieve label` and `sieve baseline`."""
+    _add_baseline(sub)
     _add_label(sub)
 
 
@@ -444,4 +445,64 @@ def _generate(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(line)
     print(f"wrote {len(result.cases)} cases to {out}")
+    return exit_codes.OK
+
+
+def _add_baseline(sub: Any) -> None:
+    baseline = sub.add_parser(
+        "baseline",
+        help="pin, unpin or show the report the evaluation compares with",
+        description="With rag.evaluate.baseline: previous-passing (the default) a run is compared with the "
+        "pinned report, else the last report whose gate passed on a valid golden set (docs/baselines.md).",
+    )
+    bsub = baseline.add_subparsers(dest="baseline_command", required=True)
+    pin = bsub.add_parser("pin", help="check FILE is a usable report and pin a copy of it as the baseline")
+    pin.add_argument("file", metavar="FILE", help="an evaluation report JSON")
+    unpin = bsub.add_parser("unpin", help="remove the pinned report (the last passing one is used again)")
+    show = bsub.add_parser("show", help="which report the next run would be compared with, and why")
+    for parser in (pin, unpin, show):
+        parser.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
+    pin.set_defaults(func=_baseline_pin)
+    unpin.set_defaults(func=_baseline_unpin)
+    show.set_defaults(func=_baseline_show)
+
+
+def _evaluate_settings(args: argparse.Namespace) -> Any:
+    from app.cli import settings_with
+    from app.settings import nested
+
+    overrides = [nested("rag.evaluate.output_dir", args.output_dir)] if args.output_dir else []
+    return settings_with(*overrides).rag.evaluate
+
+
+def _baseline_pin(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+    from app.evaluation.baselines import report_line
+
+    ev = _evaluate_settings(args)
+    path, report = baselines.pin(args.file, ev)  # BaselineError -> exit 2, naming the file
+    print(f"pinned {args.file} as {report_line(path)}")
+    if not (report.get("gate") or {}).get("passed"):
+        print("note: that report's gate FAILED; it is the baseline all the same, as pinned")
+    if ev.baseline != baselines.PREVIOUS_PASSING:
+        print(f"note: rag.evaluate.baseline is {ev.baseline}: the pin is used only with previous-passing")
+    return exit_codes.OK
+
+
+def _baseline_unpin(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+
+    removed = baselines.unpin(_evaluate_settings(args))
+    print(f"unpinned: removed {removed}" if removed else "nothing was pinned")
+    return exit_codes.OK
+
+
+def _baseline_show(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+
+    for line in baselines.show(_evaluate_settings(args)):  # BaselineError -> exit 2
+        print(line)
     return exit_codes.OK

@@ -235,7 +235,10 @@ class Sieve:
         )
 
     def describe(self) -> dict[str, object]:
-        """What a report header needs: models, store and the chain's settings."""
+        """What a report header needs: models, store and the chain's settings; `settings` is every setting
+        that can move a result (the fingerprint's, `result_settings`)."""
+        from app.evaluation.fingerprint import result_settings
+
         rag = self.settings.rag
         return {
             "embedder": self.embedder.identity(),
@@ -245,6 +248,7 @@ class Sieve:
             "chunks": self.store.count(),
             "retrieval": rag.retrieval.model_dump(),
             "chain": rag.chain.model_dump(),
+            "settings": result_settings(rag),
         }
 
 

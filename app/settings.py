@@ -343,6 +343,9 @@ class EvaluateThresholds(_Strict):
     max_forbidden_hits: int | None = Field(0, ge=0)
     min_correct_abstention: float | None = Field(None, ge=0.0, le=1.0)
     max_false_answer_rate: float | None = Field(None, ge=0.0, le=1.0)
+    # the golden set has no-answer cases and none of them abstained (0 of n): warn (the gate still
+    # passes, with a warning), fail, or off
+    no_answer_policy: Literal["warn", "fail", "off"] = "warn"
 
 
 class SweepSettings(_Strict):
@@ -375,8 +378,9 @@ class EvaluateSettings(_Strict):
     thresholds: EvaluateThresholds = EvaluateThresholds()
     fail_on_gate: bool = False
     fail_on_invalid_golden_set: bool = False
+    # "previous-passing" (the pinned report, else the last report whose gate passed on a valid golden set),
     # "previous" (the <prefix>-latest.json that existed before this run), "none", or a report JSON path
-    baseline: str = "previous"
+    baseline: str = "previous-passing"
     seed: int = 42
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     # the date the hard filter's effective-date rules use; None = today
@@ -401,7 +405,7 @@ class EvaluateSettings(_Strict):
     @classmethod
     def _baseline_not_blank(cls, value: str) -> str:
         if not value.strip():
-            raise ValueError("baseline must be 'previous', 'none' or a report JSON path")
+            raise ValueError("baseline must be 'previous-passing', 'previous', 'none' or a report JSON path")
         return value
 
 

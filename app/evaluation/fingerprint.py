@@ -47,12 +47,63 @@ def corpus_fingerprint(chunk_ids: Iterable[str]) -> dict[str, Any]:
     return {"chunks": len(ids), "sha256": sha256_text("\n".join(ids))}
 
 
+# The keys of rag.models, rag.ingest and rag.store that can move a result, and those that only move speed,
+# memory or where files live. Every key of those sections is in exactly one of the two (a unit test checks),
+# so a key added later has to be placed. rag.retrieval and rag.chain are fingerprinted whole.
+RESULT_KEYS: dict[str, tuple[str, ...]] = {
+    # the model and the texts it embeds: the vectors themselves
+    "models": ("embedder", "query_prompt", "passage_prompt"),
+    # how a document becomes chunks, and which documents are refused
+    "ingest": ("chunk_size", "chunk_overlap", "min_chunk_chars", "max_document_chars", "follow_symlinks"),
+    # exact or approximate search, and the approximate index's parameters (hnsw_m and
+    # hnsw_construction_ef apply when a collection is created)
+    "store": ("exact_search_max_chunks", "hnsw_search_ef", "hnsw_m", "hnsw_construction_ef"),
+}
+SPEED_KEYS: dict[str, tuple[str, ...]] = {
+    # float-level noise at most (batch padding, thread count, device kernels, the traced query model is
+    # checked against eager at load)
+    "models": (
+        "batch_size",
+        "cache_dir",
+        "device",
+        "ingest_slice_ms",
+        "threads",
+        "max_query_batch",
+        "query_batch_wait_ms",
+        "query_slots",
+        "trace_queries",
+    ),
+    # which knowledge base is read is the corpus fingerprint's business, not a setting's
+    "ingest": ("paths", "on_startup", "commit_chunks", "progress_log_seconds"),
+    "store": ("mode", "path", "host", "port", "collection", "cache_chunks"),
+}
+
+
+def result_settings(rag: Any) -> dict[str, Any]:
+    """The settings that can move a result, as the report's `run.settings`: {"models": {...}, "ingest":
+    {...}, "store": {...}} with the `RESULT_KEYS` of those sections, then rag.retrieval and rag.chain whole.
+    `rag` is a `RagSettings`."""
+    out: dict[str, Any] = {}
+    for section, keys in RESULT_KEYS.items():
+        dumped = getattr(rag, section).model_dump(mode="json")
+        out[section] = {key: dumped[key] for key in keys}
+    out["retrieval"] = rag.retrieval.model_dump(mode="json")
+    out["chain"] = rag.chain.model_dump(mode="json")
+    return out
+
+
 def chain_settings(retrieval: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]:
     return {"retrieval": retrieval, "chain": chain}
 
 
 def chain_sha256(settings: dict[str, Any]) -> str:
-    """SHA-256 of rag.retrieval + rag.chain in canonical JSON."""
+    """SHA-256 of rag.retrieval + rag.chain in canonical JSON (`chain_settings`)."""
+    return sha256_text(canonical_json(settings))
+
+
+def settings_sha256(settings: dict[str, Any]) -> str:
+    """SHA-256 of `run.settings` (every setting that can move a result, `result_settings`) in canonical
+    JSON: two runs with the same hash ran the same configuration."""
     return sha256_text(canonical_json(settings))
 
 
@@ -83,18 +134,20 @@ def run_fingerprint(
     golden: GoldenSet,
     chunk_ids: Iterable[str],
     embedder: Any,
-    retrieval: dict[str, Any],
-    chain: dict[str, Any],
+    settings: dict[str, Any],
     k: int,
     as_of: date,
     evaluated_at: str,
 ) -> dict[str, Any]:
-    settings = chain_settings(retrieval, chain)
+    """What exactly was run. `settings` is `result_settings(rag)`; `chainSha256` covers its retrieval and
+    chain parts (as in reports before models, ingest and store were fingerprinted), `settingsSha256` all
+    of it. K and asOf have their own fields."""
     return {
         "goldenSetSha256": golden_set_sha256(golden),
         "corpusFingerprint": corpus_fingerprint(chunk_ids),
         "embedder": embedder,
-        "chainSha256": chain_sha256(settings),
+        "chainSha256": chain_sha256(chain_settings(settings["retrieval"], settings["chain"])),
+        "settingsSha256": settings_sha256(settings),
         "settings": settings,
         "k": k,
         "codeVersion": code_version(),

@@ -9,12 +9,19 @@
   baseline (or with one that is not comparable) these checks pass and `notes` says why.
 * Safety: `max_forbidden_hits` (default 0: one forbidden document in any top K fails), and for the
   no-answer cases `min_correct_abstention` and `max_false_answer_rate`.
+* Policies (`no_answer_policy`: warn | fail | off): a check whose severity the setting chooses. With
+  "warn" a check that does not hold is a warning (`GateResult.warnings`, "gate WARN" in the log): the
+  gate still passes. `no_answer_policy` holds when the golden set has no no-answer cases, or when at
+  least one of them abstained (returned nothing): 0 of n is what it catches.
+
+A check's `passed` says whether it held; its `severity` ("fail" or "warn") whether not holding fails the
+gate or warns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from app.evaluation.records import GateFailure
 from app.settings import EvaluateThresholds
@@ -33,6 +40,15 @@ _LEVELS = {
 # max_drop field -> comparison metric
 _DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
 
+Severity = Literal["fail", "warn"]
+
+
+def policy_severity(policy: str) -> Severity | None:
+    """A warn | fail | off setting as a check's severity (None: not checked)."""
+    if policy == "off":
+        return None
+    return "fail" if policy == "fail" else "warn"
+
 
 @dataclass(frozen=True)
 class GateCheck:
@@ -43,6 +59,22 @@ class GateCheck:
     value: float | None
     passed: bool
     message: str = ""
+    severity: Severity = "fail"
+
+    @property
+    def failed(self) -> bool:
+        """Did not hold, and fails the gate."""
+        return not self.passed and self.severity == "fail"
+
+    @property
+    def warned(self) -> bool:
+        """Did not hold, and only warns."""
+        return not self.passed and self.severity == "warn"
+
+    @property
+    def status(self) -> str:
+        """The log's word for it: ok, WARN or FAILED."""
+        return "FAILED" if self.failed else "WARN" if self.warned else "ok"
 
     def describe(self) -> str:
         if self.message:
@@ -61,11 +93,17 @@ class GateResult:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        """No check of severity "fail" failed (warnings do not count)."""
+        return not any(c.failed for c in self.checks)
 
     @property
     def failures(self) -> list[GateFailure]:
-        return [c.failure() for c in self.checks if not c.passed]
+        return [c.failure() for c in self.checks if c.failed]
+
+    @property
+    def warnings(self) -> list[GateFailure]:
+        """The checks that did not hold but only warn, in the shape of a failure."""
+        return [c.failure() for c in self.checks if c.warned]
 
     def to_json(self) -> dict[str, Any]:
         from app.evaluation.records import to_json
@@ -80,11 +118,13 @@ class GateResult:
                     "threshold": c.threshold,
                     "value": c.value,
                     "passed": c.passed,
+                    "severity": c.severity,
                     "message": c.describe(),
                 }
                 for c in self.checks
             ],
             "failures": to_json(self.failures),
+            "warnings": to_json(self.warnings),
             "notes": list(self.notes),
         }
 
@@ -107,8 +147,39 @@ def check_gate(
         passed = value is not None and (value >= threshold if op == ">=" else value <= threshold)
         result.checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
     _forbidden(result, summary, thresholds, cases or [])
+    _no_answer_policy(result, summary, thresholds)
     _regressions(result, thresholds, comparison, no_baseline_reason)
     return result
+
+
+def _no_answer_policy(result: GateResult, summary: dict[str, Any], thresholds: EvaluateThresholds) -> None:
+    """`no_answer_policy`: abstained = round(correctAbstentionRate x n) of the n no-answer cases; the
+    check holds when abstained >= 1. Not checked without no-answer cases."""
+    severity = policy_severity(thresholds.no_answer_policy)
+    no_answer = summary.get("noAnswer") or {}
+    n = int(no_answer.get("cases") or 0)
+    if severity is None or n == 0:
+        return
+    rate = no_answer.get("correctAbstentionRate")
+    abstained = round(float(rate) * n) if rate is not None else 0
+    message = f"{abstained} of {n} no-answer cases abstained"
+    if abstained == 0:
+        message += (
+            " (every one returned documents: the chain never says 'no answer'; a level is "
+            "rag.evaluate.thresholds.min_correct_abstention)"
+        )
+    result.checks.append(
+        GateCheck(
+            "no_answer_policy",
+            "noAnswer.correctAbstentions",
+            ">=",
+            1.0,
+            float(abstained),
+            abstained >= 1,
+            message,
+            severity,
+        )
+    )
 
 
 def _forbidden(

@@ -9,8 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.evaluation.baselines import (
+    Baseline,
+    latest_report_path,
+    record_passing,
+    resolve_baseline,
+)
 from app.evaluation.build.audit import AuditSource, attach_audit, audit_section
-from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
+from app.evaluation.compare import BaselineError, baseline_line, compare_reports
 from app.evaluation.fingerprint import run_fingerprint
 from app.evaluation.gate import GateResult, check_gate
 from app.evaluation.golden_set import GoldenSet, GoldenSetError, load_golden_set
@@ -31,14 +37,7 @@ from app.settings import ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
 
-
-@dataclass
-class Baseline:
-    """The report this run is compared with (None: no comparison, `note` says why)."""
-
-    report: dict[str, Any] | None
-    path: str | None
-    note: str
+__all__ = ["Baseline", "latest_report_path", "resolve_baseline"]
 
 
 @dataclass
@@ -52,34 +51,6 @@ class EvaluationOutcome:
     @property
     def gate_failures(self) -> list[str]:
         return [f.message for f in self.gate.failures]
-
-
-def latest_report_path(settings: EvaluateSettings) -> Path:
-    return Path(settings.output_dir) / f"{settings.report_prefix}-latest.json"
-
-
-def resolve_baseline(settings: EvaluateSettings) -> Baseline:
-    """`rag.evaluate.baseline`: "none"; "previous" = the -latest report as it is before this run (none
-    on a first run; an unusable one is logged and skipped); or a report path, which must be usable
-    (BaselineError otherwise, naming the file)."""
-    choice = settings.baseline
-    if choice == "none":
-        return Baseline(None, None, "rag.evaluate.baseline is none")
-    if choice == "previous":
-        path = latest_report_path(settings)
-        if not path.exists():
-            return Baseline(None, None, f"no previous report at {path} (first run)")
-        try:
-            report = load_report(path)
-        except BaselineError as exc:
-            log.warning("[RetrievalEval] previous report not used as baseline: %s", exc)
-            return Baseline(None, None, f"the previous report is not usable: {exc}")
-        # name the previous run by its own timestamped copy (the -latest file is about to be replaced)
-        own = path.parent / str(report.get("run", {}).get("reportFile") or "")
-        if own != path.parent and own.is_file():
-            path = own
-        return Baseline(report, str(path), f"previous report {path}")
-    return Baseline(load_report(choice), choice, f"report {choice}")
 
 
 @dataclass(frozen=True)
@@ -188,6 +159,7 @@ def finish_evaluation(
             baseline.report, report, baseline.path or "", seed=settings.seed, alpha=settings.alpha
         )
         report["comparison"] = to_json(comparison)
+        report["comparison"]["baseline"].update(kind=baseline.kind, note=baseline.note)
         report["segments"] = to_json(segments(report["cases"], baseline.report["cases"], settings.seed))
     else:
         report["baselineNote"] = baseline.note
@@ -196,8 +168,12 @@ def finish_evaluation(
     )
     report["gate"] = gate.to_json()
     paths = write_reports(report, settings, render_markdown(report), stamp)
+    passing = record_passing(report, settings, gate.passed)
+    if passing is not None:
+        paths.append(passing)
     log.info("[RetrievalEval] %s", summary_line(report))
     if report["comparison"] is not None:
+        log.info("[RetrievalEval] baseline: %s", baseline.note)
         log.info("[RetrievalEval] %s", baseline_line(report["comparison"], k_label(report)))
     else:
         log.info("[RetrievalEval] no baseline: %s", baseline.note)
@@ -205,12 +181,13 @@ def finish_evaluation(
     if line:
         log.info("[RetrievalEval] %s", line)
     for check in gate.checks:
-        (log.info if check.passed else log.error)(
-            "[RetrievalEval] gate %s %s", "ok" if check.passed else "FAILED", check.describe()
-        )
+        level = logging.ERROR if check.failed else logging.WARNING if check.warned else logging.INFO
+        log.log(level, "[RetrievalEval] gate %s %s", check.status, check.describe())
     for note in gate.notes:
         log.info("[RetrievalEval] gate note: %s", note)
     _log_paths(paths)
+    if passing is not None:
+        log.info("[RetrievalEval] gate passed: %s is this run's report (the last passing baseline)", passing)
     return EvaluationOutcome(report, evaluation, gate, paths)
 
 
@@ -261,8 +238,7 @@ def run_description(described: dict[str, Any], evaluation: Evaluation, known: Kn
             evaluation.golden,
             known.chunk,
             described["embedder"],
-            described["retrieval"],
-            described["chain"],
+            described["settings"],
             evaluation.default_k,
             evaluation.as_of or date.today(),
             evaluated_at,

@@ -1,17 +1,27 @@
-"""The run fingerprint: reformatting the golden set does not change it, editing does."""
+"""The run fingerprint: reformatting the golden set does not change it, editing does; every setting that
+can move a result is in it and named when it changes, speed knobs are not."""
 
 from __future__ import annotations
 
 import json
+from datetime import date
 
+import pytest
+
+from app.evaluation.compare import describe_differences
 from app.evaluation.fingerprint import (
+    RESULT_KEYS,
+    SPEED_KEYS,
     canonical_json,
     chain_sha256,
     corpus_fingerprint,
     golden_set_sha256,
+    result_settings,
+    run_fingerprint,
     sha256_text,
 )
 from app.evaluation.golden_set import parse_golden_set
+from app.settings import IngestSettings, ModelsSettings, Settings, StoreSettings
 
 CASES = [
     {"id": "a", "query": "工资什么时候发", "expectedDocIds": ["hr-payroll-zh"]},
@@ -45,3 +55,106 @@ def test_chain_hash_is_canonical_json() -> None:
     reordered = {"chain": {"bm25": {"b": 0.75, "enabled": True}}, "retrieval": {"top_k": 5}}
     assert chain_sha256(settings) == chain_sha256(reordered) == sha256_text(canonical_json(settings))
     assert canonical_json(settings) == '{"chain":{"bm25":{"b":0.75,"enabled":true}},"retrieval":{"top_k":5}}'
+
+
+def fingerprint(**changes: object) -> dict:
+    """A run fingerprint of the sample cases with default settings, `changes` applied as
+    {"models.query_prompt": "query: "}."""
+    settings = Settings()
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        setattr(getattr(settings.rag, section), key, value)
+    golden = parse_golden_set(json.dumps({"cases": CASES}), "g.json")
+    return run_fingerprint(
+        golden,
+        ["c1", "c2"],
+        {"name": "e5", "dimension": 384, "checksum": "c"},
+        result_settings(settings.rag),
+        5,
+        date(2026, 12, 1),
+        "2026-12-01T00:00:00+00:00",
+    )
+
+
+def test_every_key_of_models_ingest_and_store_is_either_result_moving_or_speed_only() -> None:
+    for section, model in (("models", ModelsSettings), ("ingest", IngestSettings), ("store", StoreSettings)):
+        result, speed = set(RESULT_KEYS[section]), set(SPEED_KEYS[section])
+        assert not result & speed, section
+        assert result | speed == set(model.model_fields), section
+
+
+def test_run_settings_are_the_result_moving_keys_and_retrieval_and_chain_whole() -> None:
+    rag = Settings().rag
+    settings = result_settings(rag)
+    assert list(settings) == ["models", "ingest", "store", "retrieval", "chain"]
+    assert settings["models"] == {
+        "embedder": "multilingual-e5-small",
+        "query_prompt": None,
+        "passage_prompt": None,
+    }
+    assert settings["ingest"] == {
+        "chunk_size": 600,
+        "chunk_overlap": 100,
+        "min_chunk_chars": 1,
+        "max_document_chars": 500_000,
+        "follow_symlinks": False,
+    }
+    assert settings["retrieval"] == rag.retrieval.model_dump(mode="json")
+    assert settings["chain"] == rag.chain.model_dump(mode="json")
+
+
+def test_a_query_prompt_change_is_named_and_moves_the_settings_hash_only() -> None:
+    before, after = fingerprint(), fingerprint(**{"models.query_prompt": "query: "})
+    assert describe_differences(before, after) == ['rag.models.query_prompt: null -> "query: "']
+    assert before["settingsSha256"] != after["settingsSha256"]
+    assert before["settingsSha256"] == sha256_text(canonical_json(before["settings"]))
+    assert (
+        before["chainSha256"]
+        == after["chainSha256"]
+        == chain_sha256({"retrieval": before["settings"]["retrieval"], "chain": before["settings"]["chain"]})
+    )
+    assert fingerprint()["settingsSha256"] == before["settingsSha256"]
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        ({"ingest.chunk_size": 400}, "rag.ingest.chunk_size: 600 -> 400"),
+        ({"ingest.chunk_overlap": 50}, "rag.ingest.chunk_overlap: 100 -> 50"),
+        ({"ingest.min_chunk_chars": 20}, "rag.ingest.min_chunk_chars: 1 -> 20"),
+        ({"models.passage_prompt": ""}, 'rag.models.passage_prompt: null -> ""'),
+        (
+            {"models.embedder": "all-MiniLM-L6-v2"},
+            'rag.models.embedder: "multilingual-e5-small" -> "all-MiniLM-L6-v2"',
+        ),
+        ({"store.exact_search_max_chunks": 0}, "rag.store.exact_search_max_chunks: 30000 -> 0"),
+        ({"retrieval.candidate_k": 20}, "rag.retrieval.candidate_k: 50 -> 20"),
+    ],
+)
+def test_each_result_moving_setting_is_named(change: dict, line: str) -> None:
+    before, after = fingerprint(), fingerprint(**change)
+    assert describe_differences(before, after) == [line]
+    assert before["settingsSha256"] != after["settingsSha256"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"models.batch_size": 8}, {"models.threads": 1}, {"ingest.commit_chunks": 7}, {"store.cache_chunks": 0}],
+)
+def test_speed_knobs_are_not_in_the_fingerprint(change: dict) -> None:
+    before, after = fingerprint(), fingerprint(**change)
+    assert describe_differences(before, after) == []
+    assert before["settingsSha256"] == after["settingsSha256"]
+
+
+def test_an_older_baseline_without_models_ingest_store_names_each_section_once() -> None:
+    current = fingerprint(**{"retrieval.candidate_k": 20})
+    older = fingerprint()
+    older["settings"] = {"retrieval": older["settings"]["retrieval"], "chain": older["settings"]["chain"]}
+    del older["settingsSha256"]
+    assert describe_differences(older, current) == [
+        "rag.ingest: not in the baseline report's fingerprint (an older Sieve): unknown",
+        "rag.models: not in the baseline report's fingerprint (an older Sieve): unknown",
+        "rag.store: not in the baseline report's fingerprint (an older Sieve): unknown",
+        "rag.retrieval.candidate_k: 50 -> 20",
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.gate import check_gate
+from app.evaluation.gate import GateCheck, GateResult, check_gate
 from app.settings import EvaluateThresholds
 
 SUMMARY = {
@@ -34,10 +34,10 @@ def comparison(baseline: float, current: float, significant: bool, broken: list[
     }
 
 
-def test_defaults_check_only_forbidden_hits_with_zero_tolerance() -> None:
+def test_defaults_check_forbidden_hits_with_zero_tolerance_and_the_no_answer_policy() -> None:
     result = check_gate(SUMMARY, EvaluateThresholds())
-    assert [c.name for c in result.checks] == ["max_forbidden_hits"]
-    assert result.passed
+    assert [c.name for c in result.checks] == ["max_forbidden_hits", "no_answer_policy"]
+    assert result.passed and result.warnings == []
 
 
 def test_one_forbidden_document_fails_and_names_the_case_and_document() -> None:
@@ -125,3 +125,69 @@ def test_gate_json_has_failures_with_check_actual_limit_message() -> None:
             "message": "min_recall: recall=0.9000, needs >= 0.95",
         }
     ]
+
+
+def no_answer(cases: int, abstained: int) -> dict:
+    rate = abstained / cases if cases else None
+    return {
+        **SUMMARY,
+        "noAnswer": {
+            "cases": cases,
+            "correctAbstentionRate": rate,
+            "falseAnswerRate": None if rate is None else 1 - rate,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("policy", "cases", "abstained", "passed", "warned", "failed"),
+    [
+        ("warn", 4, 0, True, True, False),  # 0 of 4: a warning, the gate passes
+        ("fail", 4, 0, False, False, True),  # 0 of 4: the gate fails
+        ("off", 4, 0, True, False, False),  # not checked
+        ("warn", 4, 1, True, False, False),  # 1 of 4 abstained: holds
+        ("fail", 4, 1, True, False, False),
+        ("fail", 0, 0, True, False, False),  # no no-answer cases: nothing to check
+    ],
+)
+def test_no_answer_policy(policy, cases, abstained, passed, warned, failed) -> None:
+    result = check_gate(no_answer(cases, abstained), EvaluateThresholds(no_answer_policy=policy))
+    assert result.passed is passed
+    assert [w.check for w in result.warnings] == (["no_answer_policy"] if warned else [])
+    assert [f.check for f in result.failures] == (["no_answer_policy"] if failed else [])
+    checked = [c for c in result.checks if c.name == "no_answer_policy"]
+    assert len(checked) == (0 if policy == "off" or cases == 0 else 1)
+    if checked:
+        assert checked[0].value == float(abstained) and checked[0].threshold == 1.0
+        assert checked[0].severity == ("fail" if policy == "fail" else "warn")
+
+
+def test_no_answer_warning_names_the_count_and_the_json_lists_it_apart_from_failures() -> None:
+    result = check_gate(no_answer(4, 0), EvaluateThresholds())
+    out = result.to_json()
+    assert out["passed"] is True and out["failures"] == []
+    (warning,) = out["warnings"]
+    assert (warning["check"], warning["actual"], warning["limit"]) == ("no_answer_policy", 0.0, 1.0)
+    assert warning["message"].startswith("no_answer_policy: 0 of 4 no-answer cases abstained (")
+    row = next(c for c in out["checks"] if c["name"] == "no_answer_policy")
+    assert (row["passed"], row["severity"]) == (False, "warn")
+    held = check_gate(no_answer(4, 3), EvaluateThresholds()).to_json()
+    row = next(c for c in held["checks"] if c["name"] == "no_answer_policy")
+    assert (row["passed"], row["message"]) == (True, "no_answer_policy: 3 of 4 no-answer cases abstained")
+
+
+def test_the_min_correct_abstention_level_still_fails_beside_the_policy() -> None:
+    result = check_gate(no_answer(4, 0), EvaluateThresholds(min_correct_abstention=0.25))
+    assert [f.check for f in result.failures] == ["min_correct_abstention"]
+    assert [w.check for w in result.warnings] == ["no_answer_policy"]
+
+
+def test_a_warn_check_never_fails_the_gate_and_a_fail_check_always_does() -> None:
+    warn = GateCheck("w", "m", ">=", 1.0, 0.0, False, severity="warn")
+    fail = GateCheck("f", "m", ">=", 1.0, 0.0, False)
+    held = GateCheck("h", "m", ">=", 1.0, 1.0, True, severity="warn")
+    assert (warn.status, fail.status, held.status) == ("WARN", "FAILED", "ok")
+    assert GateResult([warn, held]).passed
+    assert not GateResult([warn, fail]).passed
+    assert [w.check for w in GateResult([warn, fail, held]).warnings] == ["w"]
+    assert [f.check for f in GateResult([warn, fail, held]).failures] == ["f"]

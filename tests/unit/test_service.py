@@ -64,3 +64,29 @@ def test_closing_the_service_stops_the_embedder_workers_then_the_store() -> None
     sieve = Sieve(Settings(), ClosingEmbedder(order), ClosingStore(order), reranker=None, lexical=empty)  # type: ignore[arg-type]
     sieve.close()
     assert order == ["embedder", "store"]
+
+
+class DescribedStore(NoStore):
+    description = "embedded Chroma at x"
+    name = "sieve"
+
+    def count(self) -> int:
+        return 3
+
+
+class IdentityEmbedder(NoEmbedder):
+    def identity(self) -> dict[str, object]:
+        return {"name": "e5", "dimension": 384, "checksum": "c"}
+
+
+def test_describe_carries_every_setting_that_can_move_a_result() -> None:
+    from app.evaluation.fingerprint import result_settings
+
+    settings = Settings()
+    settings.rag.chain.rerank.enabled = False
+    settings.rag.models.query_prompt = "query: "
+    empty = Bm25Index.build([], [], Analyzer())
+    sieve = Sieve(settings, IdentityEmbedder(), DescribedStore(), reranker=None, lexical=empty)  # type: ignore[arg-type]
+    described = sieve.describe()
+    assert described["settings"] == result_settings(settings.rag)
+    assert described["settings"]["models"]["query_prompt"] == "query: "  # type: ignore[index]

@@ -1,0 +1,243 @@
+"""Which report an evaluation is compared with (`rag.evaluate.baseline`), and the files that keep it.
+
+In `rag.evaluate.output_dir`, beside the timestamped reports and `<prefix>-latest.json`:
+
+* `<prefix>-passing.json`: a copy of the last report whose gate passed on a valid golden set, written
+  atomically after such a run. A run whose gate failed, or a broken golden set's ("invalid") report,
+  never replaces it.
+* `<prefix>-pinned.json`: a copy of the report pinned with `sieve baseline pin FILE`, until
+  `sieve baseline unpin`.
+
+Both are whole copies, so pruning the timestamped reports (`keep_reports`) never takes away what they
+need; the pruning pattern matches timestamped names only.
+
+Resolution, by `rag.evaluate.baseline`:
+
+* "previous-passing" (the default): the pinned report, else the last passing one, else no baseline, with a
+  note saying why. A pinned report that cannot be used is an error (the user chose it).
+* "previous": `<prefix>-latest.json` as it is before this run. When it cannot be used (a broken golden
+  set's report, a damaged file), the newest usable timestamped report, and the note says so.
+* "none": no comparison.
+* a path: that report, which must be usable.
+
+An unusable configured or pinned report raises `BaselineError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.evaluation.compare import BaselineError, load_report
+from app.evaluation.report import _atomic_write
+from app.settings import EvaluateSettings
+
+log = logging.getLogger("sieve.evaluation")
+
+PREVIOUS_PASSING = "previous-passing"
+PREVIOUS = "previous"
+NONE = "none"
+
+KIND_PINNED = "pinned"
+KIND_PASSING = "last passing"
+KIND_PREVIOUS = "previous"
+KIND_FILE = "configured file"
+
+
+@dataclass
+class Baseline:
+    """The report this run is compared with (None: no comparison, `note` says why). `kind` is how it was
+    chosen: pinned, last passing, previous, configured file (None without a report)."""
+
+    report: dict[str, Any] | None
+    path: str | None
+    note: str
+    kind: str | None = None
+
+
+def latest_report_path(settings: EvaluateSettings) -> Path:
+    return Path(settings.output_dir) / f"{settings.report_prefix}-latest.json"
+
+
+def passing_report_path(settings: EvaluateSettings) -> Path:
+    return Path(settings.output_dir) / f"{settings.report_prefix}-passing.json"
+
+
+def pinned_report_path(settings: EvaluateSettings) -> Path:
+    return Path(settings.output_dir) / f"{settings.report_prefix}-pinned.json"
+
+
+def resolve_baseline(settings: EvaluateSettings) -> Baseline:
+    """The baseline `rag.evaluate.baseline` names, as the module docstring says."""
+    choice = settings.baseline
+    if choice == NONE:
+        return Baseline(None, None, "rag.evaluate.baseline is none")
+    if choice == PREVIOUS_PASSING:
+        return _previous_passing(settings)
+    if choice == PREVIOUS:
+        return _previous(settings)
+    return Baseline(load_report(choice), choice, f"configured report {choice}", KIND_FILE)
+
+
+def _previous_passing(settings: EvaluateSettings) -> Baseline:
+    pinned = pinned_report_path(settings)
+    if pinned.exists():
+        try:
+            report = load_report(pinned)
+        except BaselineError as exc:
+            raise BaselineError(
+                f"{exc} (the pinned baseline; `sieve baseline unpin` removes the pin)"
+            ) from None
+        return Baseline(report, str(pinned), f"pinned report {pinned}", KIND_PINNED)
+    passing = passing_report_path(settings)
+    if not passing.exists():
+        return Baseline(
+            None,
+            None,
+            f"no passing report yet: no run in {passing.parent} has passed its gate on a valid golden set "
+            f"({passing.name} is written after one does; `sieve baseline pin FILE` pins a report)",
+        )
+    try:
+        report = load_report(passing)
+    except BaselineError as exc:
+        log.warning("[RetrievalEval] last passing report not used as baseline: %s", exc)
+        return Baseline(None, None, f"the last passing report is not usable: {exc}")
+    path = _own_copy(passing, report)
+    return Baseline(report, str(path), f"last passing report {path}", KIND_PASSING)
+
+
+def _previous(settings: EvaluateSettings) -> Baseline:
+    latest = latest_report_path(settings)
+    if not latest.exists():
+        return Baseline(None, None, f"no previous report at {latest} (first run)")
+    try:
+        report = load_report(latest)
+    except BaselineError as exc:
+        log.warning("[RetrievalEval] previous report not used as baseline: %s", exc)
+        older = newest_usable_report(settings)
+        if older is None:
+            return Baseline(
+                None,
+                None,
+                f"the previous report is not usable ({exc}), and no older timestamped report in "
+                f"{latest.parent} is",
+            )
+        path, report = older
+        return Baseline(
+            report,
+            str(path),
+            f"previous report {path}: the newest usable one ({latest.name} is not usable: {exc})",
+            KIND_PREVIOUS,
+        )
+    # name the previous run by its own timestamped copy (the -latest file is about to be replaced)
+    path = _own_copy(latest, report)
+    return Baseline(report, str(path), f"previous report {path}", KIND_PREVIOUS)
+
+
+def _own_copy(path: Path, report: dict[str, Any]) -> Path:
+    """The report's own timestamped file beside `path` when it is still there, else `path`."""
+    own = path.parent / str(report.get("run", {}).get("reportFile") or "")
+    return own if own != path.parent and own.is_file() else path
+
+
+def timestamped_reports(settings: EvaluateSettings) -> list[Path]:
+    """`<prefix>-<YYYYmmddTHHMMSSZ>.json` in the output folder, newest first."""
+    out = Path(settings.output_dir)
+    if not out.is_dir():
+        return []
+    pattern = re.compile(rf"^{re.escape(settings.report_prefix)}-\d{{8}}T\d{{6}}Z\.json$")
+    return sorted((p for p in out.iterdir() if pattern.match(p.name) and p.is_file()), reverse=True)
+
+
+def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, dict[str, Any]] | None:
+    """The newest timestamped report that `load_report` accepts (an evaluated run, well formed)."""
+    for path in timestamped_reports(settings):
+        try:
+            return path, load_report(path)
+        except BaselineError:
+            continue
+    return None
+
+
+def record_passing(report: dict[str, Any], settings: EvaluateSettings, gate_passed: bool) -> Path | None:
+    """After a run: copy `report` to `<prefix>-passing.json` (atomically) when its gate passed on a valid
+    golden set (status "ok"); otherwise leave the pointer as it is. Written with the JSON reports only
+    (`write_json`), as `-latest.json` is. Returns the path written, or None."""
+    if not gate_passed or report.get("status") != "ok" or not settings.write_json:
+        return None
+    path = passing_report_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+    return path
+
+
+def pin(source: str | Path, settings: EvaluateSettings) -> tuple[Path, dict[str, Any]]:
+    """Check `source` is a usable report (`load_report`; BaselineError naming it otherwise) and copy its
+    bytes to `<prefix>-pinned.json`, atomically. Returns the pinned path and the report."""
+    report = load_report(source)
+    text = Path(source).read_text(encoding="utf-8")
+    path = pinned_report_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, text)
+    return path, report
+
+
+def unpin(settings: EvaluateSettings) -> Path | None:
+    """Remove the pinned report; returns its path, or None when nothing was pinned."""
+    path = pinned_report_path(settings)
+    if not path.exists():
+        return None
+    path.unlink()
+    return path
+
+
+def report_line(path: Path) -> str:
+    """One line about a report file for `sieve baseline show`: evaluated when, status, gate, nDCG; or why
+    it cannot be read."""
+    if not path.exists():
+        return "none"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return f"{path} (cannot be read: {exc})"
+    if not isinstance(report, dict):
+        return f"{path} (not a report)"
+    run = _object(report.get("run"))
+    when = run.get("evaluatedAt") or run.get("startedAt") or "?"
+    status = report.get("status")
+    parts = [f"evaluated {when}"]
+    if status != "ok":
+        parts.append(f"status {status!r}: nothing was evaluated")
+    else:
+        parts.append("gate passed" if _object(report.get("gate")).get("passed") else "gate FAILED")
+        ndcg = _object(report.get("summary")).get("ndcg")
+        if isinstance(ndcg, int | float):
+            parts.append(f"nDCG {ndcg:.3f}")
+    return f"{path} ({', '.join(parts)})"
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def show(settings: EvaluateSettings) -> list[str]:
+    """What `sieve baseline show` prints: the setting, the candidate files and the report the next run
+    would be compared with, with the reason. Raises BaselineError when that report cannot be used."""
+    lines = [
+        f"rag.evaluate.baseline: {settings.baseline}",
+        f"pinned: {report_line(pinned_report_path(settings))}",
+        f"last passing: {report_line(passing_report_path(settings))}",
+        f"latest: {report_line(latest_report_path(settings))}",
+    ]
+    baseline = resolve_baseline(settings)
+    if baseline.report is None:
+        lines.append(f"next run: no baseline: {baseline.note}")
+    else:
+        lines.append(f"next run compares with: {baseline.note}")
+    if settings.baseline != PREVIOUS_PASSING and pinned_report_path(settings).exists():
+        lines.append("note: the pinned report is used only with rag.evaluate.baseline: previous-passing")
+    return lines
