@@ -66,7 +66,7 @@ def latest(output_dir: Path) -> dict:
 def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, output_dir: Path) -> None:
     code, out, _ = run(capsys, caplog, "eval")
     assert code == 0, out
-    assert "no baseline: no previous report at" in out
+    assert "no baseline: no passing report yet" in out
     first = latest(output_dir)
     assert first["comparison"] is None
     (output_dir / "first.json").write_text(json.dumps(first), encoding="utf-8")
@@ -203,3 +203,77 @@ def test_a_baseline_file_that_cannot_be_used_is_exit_2_before_anything_runs(
     assert not (tmp_path / "retrieval-eval").exists()
     code, _, err = run(capsys, caplog, "compare", str(missing), str(missing))
     assert code == 2 and "baseline report not found" in err
+
+
+def test_a_run_that_fails_its_gate_never_becomes_the_baseline(
+    capsys, caplog, monkeypatch, output_dir: Path
+) -> None:
+    code, out, _ = run(capsys, caplog, "eval")
+    assert code == 0, out
+    first = latest(output_dir)
+    passing = output_dir / "retrieval-eval-passing.json"
+    assert json.loads(passing.read_text(encoding="utf-8")) == first
+    assert f"report: {passing}" in out
+
+    code, out, err = run(capsys, caplog, "eval", "--min-ndcg", "0.999")
+    assert code == 1, out
+    second = latest(output_dir)
+    assert second["gate"]["passed"] is False and "gate failed: min_ndcg" in err
+    assert second["comparison"]["baseline"]["kind"] == "last passing"
+    assert json.loads(passing.read_text(encoding="utf-8")) == first  # not replaced by the failed run
+
+    monkeypatch.setenv("RAG__MODELS__QUERY_PROMPT", "query: ")
+    code, out, logs = run(capsys, caplog, "eval")
+    assert code == 0, out
+    third = latest(output_dir)
+    comp = third["comparison"]
+    own = output_dir / first["run"]["reportFile"]
+    assert (comp["baseline"]["kind"], comp["baseline"]["path"]) == ("last passing", str(own))
+    assert comp["baseline"]["evaluatedAt"] == first["run"]["evaluatedAt"] != second["run"]["evaluatedAt"]
+    assert comp["baseline"]["note"] == f"last passing report {own}"
+    assert f"baseline: last passing report {own}" in out
+    assert f"[RetrievalEval] baseline: last passing report {own}" in logs
+    # the "What changed: nothing": the prompt is named now
+    assert comp["differences"] == ['rag.models.query_prompt: null -> "query: "']
+    assert third["run"]["settingsSha256"] != first["run"]["settingsSha256"]
+    assert third["run"]["chainSha256"] == first["run"]["chainSha256"]
+    markdown = (output_dir / "retrieval-eval-latest.md").read_text(encoding="utf-8")
+    assert f"Baseline (last passing) `{own}`" in markdown
+    assert '`rag.models.query_prompt: null -> "query: "`' in markdown
+    assert json.loads(passing.read_text(encoding="utf-8")) == third  # this one passed: the new pointer
+
+
+def test_no_answer_cases_that_never_abstain_warn_and_eval_still_exits_0(
+    capsys, caplog, monkeypatch, tmp_path: Path
+) -> None:
+    golden = tmp_path / "golden.json"
+    cases = [
+        {"id": "pay", "query": "工资什么时候发", "expectedDocIds": ["hr-payroll-zh"]},
+        {"id": "na-1", "query": "公司食堂今天的菜单是什么", "expectNoAnswer": True},
+        {"id": "na-2", "query": "What is the CEO's favourite colour?", "expectNoAnswer": True},
+    ]
+    golden.write_text(json.dumps({"cases": cases}, ensure_ascii=False), encoding="utf-8")
+    args = ("eval", "--golden-set", str(golden), "--baseline", "none")
+    code, out, err = run(capsys, caplog, *args)
+    report = latest(tmp_path / "retrieval-eval")
+    na = report["summary"]["noAnswer"]
+    assert na["cases"] == 2
+    abstained = round(na["correctAbstentionRate"] * 2)
+    assert abstained == 0, "the default chain (fallback on) answers every query"
+    message = "no_answer_policy: 0 of 2 no-answer cases abstained ("
+    assert code == 0, err
+    assert report["gate"]["passed"] is True and report["gate"]["failures"] == []
+    (warning,) = report["gate"]["warnings"]
+    assert warning["check"] == "no_answer_policy" and warning["message"].startswith(message)
+    assert f"gate WARN: {message}" in err
+    assert f"[RetrievalEval] gate WARN {message}" in err  # the log
+    markdown = (tmp_path / "retrieval-eval" / "retrieval-eval-latest.md").read_text(encoding="utf-8")
+    assert (
+        "## Gate: PASSED (1 warning)" in markdown
+        and "| no_answer_policy | 0.000 | >= 1.0 | WARN |" in markdown
+    )
+
+    monkeypatch.setenv("RAG__EVALUATE__THRESHOLDS__NO_ANSWER_POLICY", "fail")
+    code, _, err = run(capsys, caplog, *args)
+    assert code == 1
+    assert f"gate failed: {message}" in err and "gate WARN" not in err
