@@ -346,6 +346,8 @@ class EvaluateThresholds(_Strict):
     # the golden set has no-answer cases and none of them abstained (0 of n): warn (the gate still
     # passes, with a warning), fail, or off
     no_answer_policy: Literal["warn", "fail", "off"] = "warn"
+    # a regression that may come from unjudged documents (compare.unverified_reason): warn or fail the gate
+    unjudged_policy: Literal["warn", "fail"] = "warn"
 
 
 class SweepSettings(_Strict):

@@ -14,6 +14,12 @@
   gate still passes. `no_answer_policy` holds when the golden set has no no-answer cases, or when at
   least one of them abstained (returned nothing): 0 of n is what it catches.
 
+* `unjudged_policy` (warn | fail): a regression the comparison cannot verify because unjudged documents
+  entered the top K. A `max_drop` beyond its limit whose condensed-list drop (unjudged documents removed) is
+  within it, and a broken case the comparison marks unverified (`compare.unverified_reason`), warn with
+  "warn" (the broken case is left out of `max_broken_cases` and named in `unverified_broken_cases`) and fail
+  as ordinary regressions with "fail".
+
 A check's `passed` says whether it held; its `severity` ("fail" or "warn") whether not holding fails the
 gate or warns.
 """
@@ -242,24 +248,72 @@ def _regressions(
             f"{metric} {row['baseline']:.3f} -> {row['current']:.3f}: "
             f"drop {drop:+.3f}, allowed {limit} ({why})"
         )
+        severity: Severity = "fail"
+        unverified = _unverified_drop(comparison, metric, limit) if failed else None
+        if unverified is not None:
+            message += f"; {unverified}"
+            severity = "warn" if thresholds.unjudged_policy == "warn" else "fail"
         result.checks.append(
-            GateCheck(f"max_drop.{name}", metric, "<=", float(limit), drop, not failed, message)
+            GateCheck(f"max_drop.{name}", metric, "<=", float(limit), drop, not failed, message, severity)
         )
     if thresholds.max_broken_cases is not None:
-        broken = comparison["cases"]["broken"]
-        limit = thresholds.max_broken_cases
-        message = f"broken cases (hit 1 -> 0): {len(broken)}, allowed {limit}"
-        if broken:
-            message += " (" + ", ".join(broken) + ")"
+        _broken_cases(result, thresholds, comparison, thresholds.max_broken_cases)
+
+
+def _unverified_drop(comparison: dict[str, Any], metric: str, limit: float) -> str | None:
+    """Why a drop beyond `max_drop` is unverified, or None: the change brought unjudged documents into
+    some top K, and on the condensed lists (unjudged documents removed) the drop is within the limit."""
+    account = comparison.get("unjudged") or {}
+    row = (comparison.get("condensedMetrics") or {}).get(metric)
+    if not account.get("newUnjudged") or row is None:
+        return None
+    drop = row["baseline"] - row["current"]
+    if drop > limit + 1e-12:
+        return None
+    return (
+        f"unverified: {account['headline']}, and with unjudged documents removed {metric} "
+        f"{row['baseline']:.3f} -> {row['current']:.3f} (drop {drop:+.3f})"
+    )
+
+
+def _broken_cases(
+    result: GateResult, thresholds: EvaluateThresholds, comparison: dict[str, Any], limit: int
+) -> None:
+    """`max_broken_cases` counts the broken cases; with `unjudged_policy: warn` an unverified one (its drop
+    may come from unjudged documents, compare.unverified_reason) is left out of the count and warned about
+    in an `unverified_broken_cases` check instead."""
+    broken = comparison["cases"]["broken"]
+    unverified = set(comparison["cases"].get("unverified") or []) & set(broken)
+    counted = broken if thresholds.unjudged_policy == "fail" else [i for i in broken if i not in unverified]
+    message = f"broken cases (hit 1 -> 0): {len(counted)}, allowed {limit}"
+    if counted:
+        message += " (" + ", ".join(counted) + ")"
+    if unverified and thresholds.unjudged_policy == "warn":
+        message += f"; {len(unverified)} unverified left out (unjudged_policy: warn)"
+    result.checks.append(
+        GateCheck(
+            "max_broken_cases",
+            "cases.broken",
+            "<=",
+            float(limit),
+            float(len(counted)),
+            len(counted) <= limit,
+            message,
+        )
+    )
+    if unverified and thresholds.unjudged_policy == "warn":
+        details = comparison.get("caseDetails") or {}
+        why = "; ".join(f"{i}: {details.get(i, {}).get('why', 'unverified')}" for i in sorted(unverified))
         result.checks.append(
             GateCheck(
-                "max_broken_cases",
-                "cases.broken",
+                "unverified_broken_cases",
+                "cases.unverified",
                 "<=",
-                float(limit),
-                float(len(broken)),
-                len(broken) <= limit,
-                message,
+                0.0,
+                float(len(unverified)),
+                False,
+                f"{len(unverified)} broken case(s) may be broken only by unjudged documents ({why})",
+                "warn",
             )
         )
 

@@ -23,7 +23,9 @@ METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
 BASELINE_LINE = re.compile(
     r"vs baseline (?P<when>\S+) \((?P<paired>\d+) paired\): nDCG@(?:K|\d+) (?P<before>\d\.\d{3}) -> "
     r"(?P<after>\d\.\d{3}) \((?P<delta>[+-]\d\.\d{3}), 95% CI \[(?P<lo>-?\d\.\d{3}), (?P<hi>-?\d\.\d{3})\], "
-    r"p=(?P<p>[\d.e-]+)\) fixed=(?P<fixed>\d+) broken=(?P<broken>\d+)$"
+    r"p=(?P<p>[\d.e-]+)\) fixed=(?P<fixed>\d+) broken=(?P<broken>\d+)"
+    r"(?:; (?P<unjudged>\d+) of the (?P<new>\d+) new top-K documents are unjudged"
+    r"(?: \(unverified regressions: [^)]+\))?)?$"
 )
 
 
@@ -120,6 +122,19 @@ def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, 
         len(comp["cases"]["fixed"]),
         len(comp["cases"]["broken"]),
     )
+    # turning BM25 off brings documents into some top K: the line counts them and their unjudged share
+    account = comp["unjudged"]
+    assert account["newInTopK"] > 0
+    assert (int(match["unjudged"]), int(match["new"])) == (account["newUnjudged"], account["newInTopK"])
+    recount = sum(
+        len(
+            {d["docId"] for d in c["rankedDocuments"][: c["topK"]]}
+            - set(b["rankedDocuments"][i]["docId"] for i in range(min(b["topK"], len(b["rankedDocuments"]))))
+        )
+        for c, b in ((c, {x["id"]: x for x in first["cases"]}[c["id"]]) for c in second["cases"])
+        if c["metrics"] and b["metrics"]
+    )
+    assert account["newInTopK"] == recount
     assert f"[RetrievalEval] {line}" in logs
     assert "changed: rag.chain.bm25.enabled: true -> false" in out
 

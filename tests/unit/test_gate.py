@@ -191,3 +191,57 @@ def test_a_warn_check_never_fails_the_gate_and_a_fail_check_always_does() -> Non
     assert not GateResult([warn, fail]).passed
     assert [w.check for w in GateResult([warn, fail, held]).warnings] == ["w"]
     assert [f.check for f in GateResult([warn, fail, held]).failures] == ["f"]
+
+
+def unjudged_comparison(condensed_current: float, new_unjudged: int = 3) -> dict:
+    """nDCG 0.90 -> 0.80 (significant), one broken case `b` the comparison calls unverified; on the
+    condensed lists nDCG 0.90 -> `condensed_current`."""
+    comp = comparison(0.90, 0.80, True, broken=["a", "b"])
+    comp["cases"]["unverified"] = ["b"]
+    comp["caseDetails"] = {"b": {"why": "unverified: 2 unjudged new document(s) in the top K (x, y)"}}
+    comp["unjudged"] = {
+        "newInTopK": 4,
+        "newUnjudged": new_unjudged,
+        "headline": f"{new_unjudged} of the 4 new top-K documents are unjudged",
+    }
+    comp["condensedMetrics"] = {"ndcg": {"baseline": 0.90, "current": condensed_current}}
+    return comp
+
+
+def test_a_drop_that_unjudged_documents_explain_warns_by_default_and_fails_with_policy_fail() -> None:
+    warn = check_gate(SUMMARY, EvaluateThresholds(max_drop={"ndcg": 0.05}), unjudged_comparison(0.88))
+    (check,) = [c for c in warn.checks if c.name == "max_drop.ndcg"]
+    assert (check.passed, check.severity) == (False, "warn")
+    assert warn.passed
+    # drop 0.90 - 0.80 = 0.10 > 0.05, but with unjudged documents removed 0.90 - 0.88 = 0.02 <= 0.05
+    assert check.describe().endswith(
+        "unverified: 3 of the 4 new top-K documents are unjudged, and with unjudged documents removed "
+        "ndcg 0.900 -> 0.880 (drop +0.020)"
+    )
+    fail = check_gate(
+        SUMMARY,
+        EvaluateThresholds(max_drop={"ndcg": 0.05}, unjudged_policy="fail"),
+        unjudged_comparison(0.88),
+    )
+    assert not fail.passed
+
+
+def test_a_drop_the_condensed_lists_confirm_is_a_failure_whatever_the_policy() -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds(max_drop={"ndcg": 0.05}), unjudged_comparison(0.80))
+    (check,) = [c for c in result.checks if c.name == "max_drop.ndcg"]
+    assert (check.passed, check.severity) == (False, "fail")
+    assert not result.passed
+
+
+def test_unverified_broken_cases_are_left_out_of_the_count_and_warned_about() -> None:
+    result = check_gate(SUMMARY, EvaluateThresholds(max_broken_cases=1), unjudged_comparison(0.88))
+    broken = {c.name: c for c in result.checks}
+    assert broken["max_broken_cases"].value == 2 - 1  # a and b broken, b unverified
+    assert broken["max_broken_cases"].passed
+    assert broken["unverified_broken_cases"].severity == "warn"
+    assert result.passed and [w.check for w in result.warnings] == ["unverified_broken_cases"]
+    strict = check_gate(
+        SUMMARY, EvaluateThresholds(max_broken_cases=1, unjudged_policy="fail"), unjudged_comparison(0.88)
+    )
+    assert {c.name: c.value for c in strict.checks}["max_broken_cases"] == 2
+    assert not strict.passed
