@@ -21,15 +21,219 @@ def _add_golden_subcommands(gsub: Any) -> None:
     """`sieve golden sample | generate | pool | export | check`."""
     _add_sample(gsub)
     _add_generate(gsub)
+    _add_check(gsub)
     _add_pool(gsub)
     _add_export(gsub)
-    _add_check(gsub)
 
 
 def _add_top_level(sub: Any) -> None:
     """`sieve label` and `sieve baseline`."""
     _add_baseline(sub)
     _add_label(sub)
+
+
+def _add_generate(gsub: Any) -> None:
+    gen = gsub.add_parser(
+        "generate",
+        help="make a question per passage of the ingested store (golden cases with origin: generated)",
+        description="Picks N passages stratified by knowledge tag and document, makes a question per passage "
+        "(offline templates or an OpenAI-compatible LLM), keeps those whose passage BM25 or dense search "
+        "finds again in its top 20, and appends them to --out (docs/generation.md).",
+    )
+    gen.add_argument("--chunks", type=int, required=True, metavar="N", help="passages to pick")
+    gen.add_argument(
+        "--generator", choices=["offline", "llm"], help="default rag.generate.generator (offline)"
+    )
+    gen.add_argument(
+        "--out",
+        default="golden_set/generated.jsonl",
+        help="JSONL file the cases are appended to (default golden_set/generated.jsonl)",
+    )
+    gen.add_argument("--seed", type=int, help="default rag.generate.seed (42)")
+    gen.add_argument("--per-chunk", type=int, default=1, help="questions per passage (default 1)")
+    gen.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import sys
+    from datetime import date
+    from pathlib import Path
+
+    from app import exit_codes
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.build import generate as gen
+    from app.evaluation.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.settings import nested
+
+    overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
+    if args.seed is not None:
+        overrides.append(nested("rag.generate.seed", args.seed))
+    settings = settings_with(*overrides)
+    cfg = settings.rag.generate
+    out = Path(args.out)
+    try:
+        options = gen.GenerateOptions(
+            chunks=args.chunks,
+            per_chunk=args.per_chunk,
+            seed=cfg.seed,
+            min_passage_chars=cfg.min_passage_chars,
+            round_trip_k=cfg.round_trip_k,
+            round_trip=gen.GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
+        )
+        gen.check_out_path(out)
+        endpoint = ChatEndpoint.from_settings(cfg.llm) if cfg.generator == "llm" else None
+    except (gen.GenerateError, LlmError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    existing = gen.existing_case_ids(out)  # an invalid out file: GoldenSetError, exit 2
+    sieve = open_sieve(settings)
+    client = ChatClient(endpoint) if endpoint is not None else None
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        passages = gen.store_passages(sieve.store)
+        tokens = sieve.analyzer.tokens
+        generator: gen.QuestionGenerator = (
+            gen.LlmGenerator(client)
+            if client is not None
+            else gen.OfflineGenerator(
+                tokens, gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages), cfg.seed, cfg.key_terms
+            )
+        )
+        result = gen.generate(
+            passages,
+            generator,
+            gen.StoreSearcher(sieve.lexical, sieve.embedder, sieve.store),
+            tokens,
+            options,
+            gen.hard_filter_rule(settings.rag.chain.hard_filter, settings.rag.evaluate.as_of or date.today()),
+            existing,
+        )
+    except LlmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.UNAVAILABLE
+    finally:
+        if client is not None:
+            client.close()
+        sieve.close()
+    gen.append_cases(out, result.cases)
+    for line in result.lines():
+        print(line)
+    print(f"wrote {len(result.cases)} cases to {out}")
+    return exit_codes.OK
+
+
+def _add_check(gsub: Any) -> None:
+    check = gsub.add_parser(
+        "check",
+        help="audit the golden set against the index: duplicates, stale ids, filtered or copied "
+        "documents, coverage",
+        description="Lists duplicate and near-duplicate queries, stale ids (with a remap by content hash), "
+        "expected documents the hard filter removes, documents with copies under other ids, documents "
+        "relevant and forbidden within one group, and what no case touches (docs/golden-set-audit.md). "
+        "Exit 0 when it ran (findings are information), 1 with --strict and any finding, 2 on a broken "
+        "golden set.",
+    )
+    check.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    check.add_argument("--json", action="store_true", help="print the audit as JSON")
+    check.add_argument("--strict", action="store_true", help="exit 1 when there is any finding")
+    check.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    import json
+    from datetime import date
+
+    from app import exit_codes
+    from app.cli import open_sieve, settings_with
+    from app.evaluation.build import audit
+    from app.evaluation.golden_set import load_golden_set
+    from app.evaluation.records import to_json
+    from app.evaluation.runner import KnownIds, check_knowledge_tags
+
+    settings = settings_with()
+    ev = settings.rag.evaluate
+    golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    sieve = open_sieve(settings)
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
+        source = audit.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
+        result = audit.run_audit(
+            golden,
+            source,
+            ev.as_of or date.today(),
+            audit.previous_report_path(ev),
+            ev.audit.near_duplicate_cosine,
+        )
+    finally:
+        sieve.close()
+    found = to_json(result)
+    print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else audit.audit_text(found), end="")
+    if args.json:
+        print()
+    return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK
+
+
+def _add_baseline(sub: Any) -> None:
+    baseline = sub.add_parser(
+        "baseline",
+        help="pin, unpin or show the report the evaluation compares with",
+        description="With rag.evaluate.baseline: previous-passing (the default) a run is compared with the "
+        "pinned report, else the last report whose gate passed on a valid golden set (docs/baselines.md).",
+    )
+    bsub = baseline.add_subparsers(dest="baseline_command", required=True)
+    pin = bsub.add_parser("pin", help="check FILE is a usable report and pin a copy of it as the baseline")
+    pin.add_argument("file", metavar="FILE", help="an evaluation report JSON")
+    unpin = bsub.add_parser("unpin", help="remove the pinned report (the last passing one is used again)")
+    show = bsub.add_parser("show", help="which report the next run would be compared with, and why")
+    for parser in (pin, unpin, show):
+        parser.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
+    pin.set_defaults(func=_baseline_pin)
+    unpin.set_defaults(func=_baseline_unpin)
+    show.set_defaults(func=_baseline_show)
+
+
+def _evaluate_settings(args: argparse.Namespace) -> Any:
+    from app.cli import settings_with
+    from app.settings import nested
+
+    overrides = [nested("rag.evaluate.output_dir", args.output_dir)] if args.output_dir else []
+    return settings_with(*overrides).rag.evaluate
+
+
+def _baseline_pin(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+    from app.evaluation.baselines import report_line
+
+    ev = _evaluate_settings(args)
+    path, report = baselines.pin(args.file, ev)  # BaselineError -> exit 2, naming the file
+    print(f"pinned {args.file} as {report_line(path)}")
+    if not (report.get("gate") or {}).get("passed"):
+        print("note: that report's gate FAILED; it is the baseline all the same, as pinned")
+    if ev.baseline != baselines.PREVIOUS_PASSING:
+        print(f"note: rag.evaluate.baseline is {ev.baseline}: the pin is used only with previous-passing")
+    return exit_codes.OK
+
+
+def _baseline_unpin(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+
+    removed = baselines.unpin(_evaluate_settings(args))
+    print(f"unpinned: removed {removed}" if removed else "nothing was pinned")
+    return exit_codes.OK
+
+
+def _baseline_show(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation import baselines
+
+    for line in baselines.show(_evaluate_settings(args)):  # BaselineError -> exit 2
+        print(line)
+    return exit_codes.OK
 
 
 def _add_sample(gsub: Any) -> None:
@@ -109,59 +313,6 @@ def _sample(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(line)
     return exit_codes.OK
-
-
-def _add_check(gsub: Any) -> None:
-    check = gsub.add_parser(
-        "check",
-        help="audit the golden set against the index: duplicates, stale ids, filtered or copied "
-        "documents, coverage",
-        description="Lists duplicate and near-duplicate queries, stale ids (with a remap by content hash), "
-        "expected documents the hard filter removes, documents with copies under other ids, documents "
-        "relevant and forbidden within one group, and what no case touches (docs/golden-set-audit.md). "
-        "Exit 0 when it ran (findings are information), 1 with --strict and any finding, 2 on a broken "
-        "golden set.",
-    )
-    check.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
-    check.add_argument("--json", action="store_true", help="print the audit as JSON")
-    check.add_argument("--strict", action="store_true", help="exit 1 when there is any finding")
-    check.set_defaults(func=_check)
-
-
-def _check(args: argparse.Namespace) -> int:
-    import json
-    from datetime import date
-
-    from app import exit_codes
-    from app.cli import open_sieve, settings_with
-    from app.evaluation.build import audit
-    from app.evaluation.golden_set import load_golden_set
-    from app.evaluation.records import to_json
-    from app.evaluation.runner import KnownIds, check_knowledge_tags
-
-    settings = settings_with()
-    ev = settings.rag.evaluate
-    golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
-    sieve = open_sieve(settings)
-    try:
-        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
-            sieve.ingest(settings.rag.ingest.paths, progress=True)
-        check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
-        source = audit.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
-        result = audit.run_audit(
-            golden,
-            source,
-            ev.as_of or date.today(),
-            audit.previous_report_path(ev),
-            ev.audit.near_duplicate_cosine,
-        )
-    finally:
-        sieve.close()
-    found = to_json(result)
-    print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else audit.audit_text(found), end="")
-    if args.json:
-        print()
-    return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK
 
 
 # -- labelling: `sieve label`, `sieve golden pool`, `sieve golden export` (docs/labelling.md) ----------------
@@ -355,154 +506,3 @@ def _export(args: argparse.Namespace) -> int:
     for conflict in result.conflicts:
         print(f"conflict (not applied): {conflict.message()}", file=sys.stderr)
     return exit_codes.GATE_FAILED if result.conflicts else exit_codes.OK
-
-
-def _add_generate(gsub: Any) -> None:
-    gen = gsub.add_parser(
-        "generate",
-        help="make a question per passage of the ingested store (golden cases with origin: generated)",
-        description="Picks N passages stratified by knowledge tag and document, makes a question per passage "
-        "(offline templates or an OpenAI-compatible LLM), keeps those whose passage BM25 or dense search "
-        "finds again in its top 20, and appends them to --out (docs/generation.md).",
-    )
-    gen.add_argument("--chunks", type=int, required=True, metavar="N", help="passages to pick")
-    gen.add_argument(
-        "--generator", choices=["offline", "llm"], help="default rag.generate.generator (offline)"
-    )
-    gen.add_argument(
-        "--out",
-        default="golden_set/generated.jsonl",
-        help="JSONL file the cases are appended to (default golden_set/generated.jsonl)",
-    )
-    gen.add_argument("--seed", type=int, help="default rag.generate.seed (42)")
-    gen.add_argument("--per-chunk", type=int, default=1, help="questions per passage (default 1)")
-    gen.set_defaults(func=_generate)
-
-
-def _generate(args: argparse.Namespace) -> int:
-    import sys
-    from datetime import date
-    from pathlib import Path
-
-    from app import exit_codes
-    from app.cli import open_sieve, settings_with
-    from app.evaluation.build import generate as gen
-    from app.evaluation.build.llm import ChatClient, ChatEndpoint, LlmError
-    from app.settings import nested
-
-    overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
-    if args.seed is not None:
-        overrides.append(nested("rag.generate.seed", args.seed))
-    settings = settings_with(*overrides)
-    cfg = settings.rag.generate
-    out = Path(args.out)
-    try:
-        options = gen.GenerateOptions(
-            chunks=args.chunks,
-            per_chunk=args.per_chunk,
-            seed=cfg.seed,
-            min_passage_chars=cfg.min_passage_chars,
-            round_trip_k=cfg.round_trip_k,
-            round_trip=gen.GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
-        )
-        gen.check_out_path(out)
-        endpoint = ChatEndpoint.from_settings(cfg.llm) if cfg.generator == "llm" else None
-    except (gen.GenerateError, LlmError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    existing = gen.existing_case_ids(out)  # an invalid out file: GoldenSetError, exit 2
-    sieve = open_sieve(settings)
-    client = ChatClient(endpoint) if endpoint is not None else None
-    try:
-        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
-            sieve.ingest(settings.rag.ingest.paths, progress=True)
-        passages = gen.store_passages(sieve.store)
-        tokens = sieve.analyzer.tokens
-        generator: gen.QuestionGenerator = (
-            gen.LlmGenerator(client)
-            if client is not None
-            else gen.OfflineGenerator(
-                tokens, gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages), cfg.seed, cfg.key_terms
-            )
-        )
-        result = gen.generate(
-            passages,
-            generator,
-            gen.StoreSearcher(sieve.lexical, sieve.embedder, sieve.store),
-            tokens,
-            options,
-            gen.hard_filter_rule(settings.rag.chain.hard_filter, settings.rag.evaluate.as_of or date.today()),
-            existing,
-        )
-    except LlmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.UNAVAILABLE
-    finally:
-        if client is not None:
-            client.close()
-        sieve.close()
-    gen.append_cases(out, result.cases)
-    for line in result.lines():
-        print(line)
-    print(f"wrote {len(result.cases)} cases to {out}")
-    return exit_codes.OK
-
-
-def _add_baseline(sub: Any) -> None:
-    baseline = sub.add_parser(
-        "baseline",
-        help="pin, unpin or show the report the evaluation compares with",
-        description="With rag.evaluate.baseline: previous-passing (the default) a run is compared with the "
-        "pinned report, else the last report whose gate passed on a valid golden set (docs/baselines.md).",
-    )
-    bsub = baseline.add_subparsers(dest="baseline_command", required=True)
-    pin = bsub.add_parser("pin", help="check FILE is a usable report and pin a copy of it as the baseline")
-    pin.add_argument("file", metavar="FILE", help="an evaluation report JSON")
-    unpin = bsub.add_parser("unpin", help="remove the pinned report (the last passing one is used again)")
-    show = bsub.add_parser("show", help="which report the next run would be compared with, and why")
-    for parser in (pin, unpin, show):
-        parser.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
-    pin.set_defaults(func=_baseline_pin)
-    unpin.set_defaults(func=_baseline_unpin)
-    show.set_defaults(func=_baseline_show)
-
-
-def _evaluate_settings(args: argparse.Namespace) -> Any:
-    from app.cli import settings_with
-    from app.settings import nested
-
-    overrides = [nested("rag.evaluate.output_dir", args.output_dir)] if args.output_dir else []
-    return settings_with(*overrides).rag.evaluate
-
-
-def _baseline_pin(args: argparse.Namespace) -> int:
-    from app import exit_codes
-    from app.evaluation import baselines
-    from app.evaluation.baselines import report_line
-
-    ev = _evaluate_settings(args)
-    path, report = baselines.pin(args.file, ev)  # BaselineError -> exit 2, naming the file
-    print(f"pinned {args.file} as {report_line(path)}")
-    if not (report.get("gate") or {}).get("passed"):
-        print("note: that report's gate FAILED; it is the baseline all the same, as pinned")
-    if ev.baseline != baselines.PREVIOUS_PASSING:
-        print(f"note: rag.evaluate.baseline is {ev.baseline}: the pin is used only with previous-passing")
-    return exit_codes.OK
-
-
-def _baseline_unpin(args: argparse.Namespace) -> int:
-    from app import exit_codes
-    from app.evaluation import baselines
-
-    removed = baselines.unpin(_evaluate_settings(args))
-    print(f"unpinned: removed {removed}" if removed else "nothing was pinned")
-    return exit_codes.OK
-
-
-def _baseline_show(args: argparse.Namespace) -> int:
-    from app import exit_codes
-    from app.evaluation import baselines
-
-    for line in baselines.show(_evaluate_settings(args)):  # BaselineError -> exit 2
-        print(line)
-    return exit_codes.OK
