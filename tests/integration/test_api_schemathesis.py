@@ -71,6 +71,10 @@ def ready_app(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterat
             nested("rag.evaluate.output_dir", str(base / "eval")),
             nested("rag.server.admin_token", ADMIN_TOKEN),
             nested("rag.server.jobs_dir", str(base / "jobs")),
+            # the labelling routes append judgments: never to the repository's golden_set/
+            nested("rag.label.drafts", str(base / "drafts.jsonl")),
+            nested("rag.label.judgments", str(base / "judgments.jsonl")),
+            nested("rag.label.queue", str(base / "label-queue.jsonl")),
         )
     )
     store = ChromaStore.open(app_settings.rag.store, real_embedder.identity())
