@@ -263,6 +263,9 @@ def render_result(r) -> str:
             f"{d.rank:>2}  {_clip(d.docId, 24):<24} {_clip(d.source, 16):<16} {_num(s.dense, 3):>6} "
             f"{_num(s.bm25, 2):>7} {_num(s.fused, 4):>7} {_num(s.rerank, 2):>7}  {d.title}: {snippet}"
         )
+        for a in d.attached:
+            heading = a.headingPath.split(" > ")[-1]
+            lines.append(f"{'':>4}+ attached {a.chunkId} [{heading}]: {' '.join(a.text.split())[:60]}")
     if not r.documents:
         lines.append("    (no documents)")
     lines += ["", "stages:"]

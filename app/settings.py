@@ -298,6 +298,9 @@ class DiversitySettings(_Strict):
     max_cosine: Cosine | None = 0.97
     max_per_source: int | None = Field(None, ge=1)
     max_per_document: int | None = Field(1, ge=1)
+    # chunks of a document past max_per_document are attached (best first, up to this many) to its kept chunk
+    # and returned with it, instead of only dropped; 0 = drop them
+    attach_per_document: int = Field(2, ge=0, le=10)
     mmr: bool = False
     mmr_lambda: float = Field(0.7, ge=0.0, le=1.0)
 

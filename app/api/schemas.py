@@ -61,6 +61,15 @@ class Scores(BaseModel):
     rerank: float | None = None
 
 
+class AttachedChunk(BaseModel):
+    """A further chunk of the document, attached by the diversity stage (`attach_per_document`)."""
+
+    chunkId: str
+    headingPath: str
+    text: str
+    scores: Scores
+
+
 class RetrievedDocument(BaseModel):
     rank: int
     docId: str
@@ -72,6 +81,7 @@ class RetrievedDocument(BaseModel):
     headingPath: str
     origin: list[str]
     scores: Scores
+    attached: list[AttachedChunk] = []
 
 
 class RemovedItem(BaseModel):
@@ -255,8 +265,21 @@ def document_view(rank: int, c: Candidate) -> RetrievedDocument:
         knowledgeTag=c.knowledge_tag,
         headingPath=str(c.metadata.get("heading_path", "")),
         origin=sorted(c.origin),
-        scores=Scores(**{k: round(v, 6) for k, v in c.scores.items() if k in Scores.model_fields}),
+        scores=_scores(c),
+        attached=[
+            AttachedChunk(
+                chunkId=a.chunk_id,
+                headingPath=str(a.metadata.get("heading_path", "")),
+                text=a.text,
+                scores=_scores(a),
+            )
+            for a in c.attached
+        ],
     )
+
+
+def _scores(c: Candidate) -> Scores:
+    return Scores(**{k: round(v, 6) for k, v in c.scores.items() if k in Scores.model_fields})
 
 
 def retrieve_response(result: RetrievalResult, debug: bool = False) -> RetrieveResponse:

@@ -280,20 +280,26 @@ def condensed(ranked_ids: Sequence[str], judged: Collection[str]) -> list[str]:
     return [i for i in ranked_ids if i in judged]
 
 
-def evidence_recall_at_k(ranked_chunk_ids: Sequence[str], groups: Sequence[Collection[str]], k: int) -> float:
-    """EvidenceRecall@K = max over the acceptable evidence groups G_j of |G_j ∩ top K| / |G_j|: how much of
-    the best-covered way of answering is in the top K (1.0: one whole group is there).
+def evidence_recall_at_k(
+    ranked_chunks: Sequence[Sequence[str]], groups: Sequence[Collection[str]], k: int
+) -> float:
+    """EvidenceRecall@K = max over the acceptable evidence groups G_j of |G_j ∩ T| / |G_j|, T the chunk ids
+    the top K returns: how much of the best-covered way of answering is there (1.0: one whole group is).
 
-    Groups are sets of chunk ids (anyOf: any one group answers). Raises `UndefinedMetricError` without a
-    group. Example: groups [{a, b}, {c}], top K = [a, x] -> max(1/2, 0/1) = 0.5."""
+    Each rank of `ranked_chunks` is the chunk ids that rank returns: its chunk, then the chunks the diversity
+    stage attached to it (`attach_per_document`); the cut is at K ranks. Groups are sets of chunk ids (anyOf:
+    any one group answers). Raises `UndefinedMetricError` without a group. Example: groups [{a, b}, {c}],
+    top 2 = [[a], [x]] -> max(1/2, 0/1) = 0.5; top 1 = [[x, c]] -> 1/1."""
     _check_k(k)
     if not groups or any(not g for g in groups):
         raise UndefinedMetricError("the case names no evidence group")
-    top = set(ranked_chunk_ids[:k])
+    top = {chunk for rank in ranked_chunks[:k] for chunk in rank}
     return max(len(set(g) & top) / len(set(g)) for g in groups)
 
 
-def evidence_hit_at_k(ranked_chunk_ids: Sequence[str], groups: Sequence[Collection[str]], k: int) -> float:
-    """EvidenceHit@K = 1 when some acceptable evidence group is wholly in the top K, else 0 (the answer
-    can be read from the top K). Equals 1 exactly when `evidence_recall_at_k` is 1."""
-    return 1.0 if evidence_recall_at_k(ranked_chunk_ids, groups, k) == 1.0 else 0.0
+def evidence_hit_at_k(
+    ranked_chunks: Sequence[Sequence[str]], groups: Sequence[Collection[str]], k: int
+) -> float:
+    """EvidenceHit@K = 1 when some acceptable evidence group is wholly among the chunks the top K returns,
+    else 0 (the answer can be read from the top K). Equals 1 exactly when `evidence_recall_at_k` is 1."""
+    return 1.0 if evidence_recall_at_k(ranked_chunks, groups, k) == 1.0 else 0.0

@@ -206,6 +206,7 @@ class RankedDocument:
     matched: bool
     reason: str  # "relevant (grade 1)", "duplicate of a higher-ranked hit", "FORBIDDEN", "not relevant"
     snippet: str  # the first SNIPPET_CHARS characters of the chunk's text
+    attached: list[str]  # chunk ids the diversity stage attached to it (its document's further chunks)
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,7 @@ def case_record(c: CaseResult) -> CaseRecord:
                 matched=key in relevant and key not in seen,
                 reason=reason,
                 snippet=d.text[:SNIPPET_CHARS],
+                attached=[a.chunk_id for a in d.attached],
             )
         )
         seen.add(key)
@@ -888,7 +889,9 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
                 f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | "
                 f"{_f(sc.get('dense'))} | "
                 f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d['matched'] else 'no'} | "
-                f"{d['reason']} | {_cell(d.get('snippet', ''), 200)} |"
+                f"{d['reason']} | {_cell(d.get('snippet', ''), 200)}"
+                + (f" (+ attached {', '.join(d['attached'])})" if d.get("attached") else "")
+                + " |"
             )
     else:
         out.append("No documents returned.")

@@ -400,7 +400,7 @@ def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequenc
             )
         }
     if item.evidence_groups:
-        chunks = [c.chunk_id for c in outcome.documents[:k]]
+        chunks = [c.chunk_ids_with_attached() for c in outcome.documents[:k]]
         item.evidence = {
             "evidenceRecall": metrics.evidence_recall_at_k(chunks, item.evidence_groups, k),
             "evidenceHit": metrics.evidence_hit_at_k(chunks, item.evidence_groups, k),
@@ -469,7 +469,7 @@ def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) 
         chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
         identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
         wanted = {c for group in item.evidence_groups for c in group}
-        top_chunks = [c.chunk_id for c in outcome.documents[:k]]
+        top_chunks = [i for c in outcome.documents[:k] for i in c.chunk_ids_with_attached()]
         item.evidence_lost = _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after)
 
 

@@ -93,6 +93,9 @@ class Candidate:
     # None = not known. The diversity stage computes a candidate's exact cosines with the kept ones only
     # when this is within `nearest_slack` of max_cosine.
     nearest: float | None = field(default=None, repr=False, compare=False)
+    # further chunks of its document that the diversity stage attached to it instead of giving them a rank of
+    # their own (`diversity.attach_per_document`), best first; they travel with it into the result
+    attached: tuple[Candidate, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.unit is None and self.embedding is not None:
@@ -110,6 +113,18 @@ class Candidate:
         fields["scores"] = scores
         copy.__dict__ = fields
         return copy
+
+    def with_attached(self, attached: tuple[Candidate, ...]) -> Candidate:
+        """A copy carrying `attached` and everything else of this one (the same fields, as `with_scores`)."""
+        copy = object.__new__(Candidate)
+        fields = self.__dict__.copy()
+        fields["attached"] = attached
+        copy.__dict__ = fields
+        return copy
+
+    def chunk_ids_with_attached(self) -> list[str]:
+        """Its own chunk id, then those of the chunks attached to it."""
+        return [self.chunk_id, *(a.chunk_id for a in self.attached)]
 
     @property
     def source(self) -> str:

@@ -162,7 +162,9 @@ def test_eval_prints_the_summary_and_writes_the_reports(capsys, output_dir: Path
     for figure in ("avgMRR=", "avgNDCG=", "hitRate=", "p50=", "p95="):
         assert figure in lines[0]
     reports = [line.removeprefix("report: ") for line in lines[1:] if line.startswith("report: ")]
-    assert len(reports) == 6  # json, md and html (issue 10), each timestamped and -latest
+    # json, md and html, each timestamped and -latest, and -passing.json (the gate passed: the next baseline)
+    assert len(reports) == 3 * 2 + 1
+    assert str(output_dir / "retrieval-eval-passing.json") in reports
     assert {Path(p).parent for p in reports} == {output_dir}
     assert str(output_dir / "retrieval-eval-latest.json") in reports
     assert str(output_dir / "retrieval-eval-latest.md") in reports

@@ -292,3 +292,41 @@ def test_no_answer_cases_that_never_abstain_warn_and_eval_still_exits_0(
     code, _, err = run(capsys, caplog, *args)
     assert code == 1
     assert f"gate failed: {message}" in err and "gate WARN" not in err
+
+
+def test_a_change_that_surfaces_unjudged_documents_is_unverified_not_a_regression(
+    capsys, caplog, monkeypatch, output_dir: Path
+) -> None:
+    """The sample set judges only its expected documents, so ranking by BM25 alone pushes expected
+    documents down below documents nobody judged: the comparison says so, and with unjudged_policy warn
+    (the default) max_broken_cases 0 warns instead of failing; with fail it fails."""
+    code, out, _ = run(capsys, caplog, "eval", "--baseline", "none")
+    assert code == 0, out
+    baseline = str(output_dir / latest(output_dir)["run"]["reportFile"])
+    monkeypatch.setenv("RAG__EVALUATE__THRESHOLDS__MAX_BROKEN_CASES", "0")
+    monkeypatch.setenv("RAG__CHAIN__BM25__DENSE_WEIGHT", "0.0")
+    monkeypatch.setenv("RAG__CHAIN__BM25__BM25_WEIGHT", "1.0")
+    code, out, err = run(capsys, caplog, "eval", "--baseline", baseline)
+    report = latest(output_dir)
+    comp = report["comparison"]
+    broken, unverified = comp["cases"]["broken"], comp["cases"]["unverified"]
+    assert broken, "BM25 alone breaks some case of the sample set"
+    account = comp["unjudged"]
+    assert f"; {account['newUnjudged']} of the {account['newInTopK']} new top-K documents are unjudged" in out
+    for case_id in broken:
+        detail = comp["caseDetails"][case_id]
+        assert detail["verified"] is (case_id not in unverified)
+        if not detail["verified"]:
+            assert detail["newUnjudged"] and detail["why"].startswith("unverified: ")
+    verified_broken = [i for i in broken if i not in unverified]
+    assert code == (1 if verified_broken else 0), err
+    checks = {c["name"]: c for c in report["gate"]["checks"]}
+    assert checks["max_broken_cases"]["value"] == len(verified_broken)
+    if unverified and set(unverified) & set(broken):
+        assert checks["unverified_broken_cases"]["severity"] == "warn"
+        assert "gate WARN: unverified_broken_cases:" in err
+
+    monkeypatch.setenv("RAG__EVALUATE__THRESHOLDS__UNJUDGED_POLICY", "fail")
+    code, _, err = run(capsys, caplog, "eval", "--baseline", baseline)
+    assert code == 1, "every broken case counts with unjudged_policy fail"
+    assert f"broken cases (hit 1 -> 0): {len(broken)}, allowed 0" in err

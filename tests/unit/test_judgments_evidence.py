@@ -40,12 +40,15 @@ def test_judged_at_k_divides_by_k_as_ir_measures_does() -> None:
 
 def test_evidence_recall_is_the_best_covered_group_and_a_hit_needs_a_whole_group() -> None:
     groups = [{"a", "b"}, {"c"}]
-    assert metrics.evidence_recall_at_k(["a", "x"], groups, 2) == max(1 / 2, 0 / 1)
-    assert metrics.evidence_hit_at_k(["a", "x"], groups, 2) == 0.0
-    assert metrics.evidence_recall_at_k(["x", "c"], groups, 2) == 1 / 1
-    assert metrics.evidence_hit_at_k(["x", "c"], groups, 2) == 1.0
+    assert metrics.evidence_recall_at_k([["a"], ["x"]], groups, 2) == max(1 / 2, 0 / 1)
+    assert metrics.evidence_hit_at_k([["a"], ["x"]], groups, 2) == 0.0
+    assert metrics.evidence_recall_at_k([["x"], ["c"]], groups, 2) == 1 / 1
+    assert metrics.evidence_hit_at_k([["x"], ["c"]], groups, 2) == 1.0
+    # a chunk attached to a rank counts with it; the cut is at K ranks
+    assert metrics.evidence_recall_at_k([["x", "c"], ["a"]], groups, 1) == 1 / 1
+    assert metrics.evidence_recall_at_k([["x"], ["a", "b"]], groups, 1) == max(0 / 2, 0 / 1)
     with pytest.raises(metrics.UndefinedMetricError):
-        metrics.evidence_recall_at_k(["a"], [], 1)
+        metrics.evidence_recall_at_k([["a"]], [], 1)
 
 
 def test_right_document_wrong_chunk_scores_the_document_and_says_where_the_evidence_went() -> None:
@@ -145,3 +148,31 @@ def test_summary_evidence_figures_are_means_over_the_cases_with_evidence() -> No
     assert evidence["evidenceRecall"] == pytest.approx((0 + 1 / 2) / 2)
     assert evidence["evidenceHit"] == 0.0
     assert evidence["lostBy"] == {"REMOVED_BY_diversity": 1, "REMOVED_BY_threshold": 1}
+
+
+def test_an_evidence_chunk_attached_to_its_documents_kept_chunk_counts_as_in_the_top_k() -> None:
+    class Attaching(FakeChain):
+        """As FakeChain, with c5 (the removed second chunk of A) attached to c1 (A) in the final list."""
+
+        def retrieve_many(self, requests, today=None, on_result=None):
+            results = super().retrieve_many(requests, today)
+            for i, result in enumerate(results):
+                first = result.documents[0]
+                c5 = next(c for c in result.raw_candidates if c.chunk_id == "c5")
+                result.documents[0] = first.with_attached((c5,))
+                if on_result:
+                    on_result(i, result)
+            return results
+
+    golden = GoldenSet(
+        "t",
+        [
+            GoldenCase.model_validate(
+                {"id": "p", "query": "q", "expectedDocIds": ["A"], "evidenceChunkIds": ["c5"]}
+            )
+        ],
+        "golden.json",
+    )
+    (c,) = evaluate(Attaching(), golden, 3, KNOWN).cases
+    assert c.evidence == {"evidenceRecall": 1 / 1, "evidenceHit": 1.0}
+    assert c.evidence_lost == []

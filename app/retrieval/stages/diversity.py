@@ -47,7 +47,10 @@ class DiversityStage:
     4. `max_per_source`: its source already has that many kept (`source=a.md already has 2`); candidates with
        no source are not capped;
     5. `max_per_document`: its document already has that many chunks kept (`doc=d1 already has 1`), so a
-       long document cannot fill the whole top K with its own chunks.
+       long document cannot fill the whole top K with its own chunks. Such a chunk is still removed from the
+       ranking, but up to `attach_per_document` of them (best first) are attached to the document's first
+       kept chunk (`doc=d1 already has 1; attached to c1`): the document keeps one rank, and the passage that
+       answers, when it is not the document's best-ranked chunk, still reaches the reader.
     Then, if `mmr`, the survivors are reordered (never removed) by maximal marginal relevance:
     pick next argmax  lambda * rel(c) - (1 - lambda) * max cosine(c, picked)  (0 when nothing is picked yet),
     rel = the latest score (rerank > fused > dense, the first any survivor has) min-max scaled to [0, 1]
@@ -80,6 +83,9 @@ class DiversityStage:
         doc_cap = self.settings.max_per_document
         max_cosine = self.settings.max_cosine
 
+        attach_limit = self.settings.attach_per_document
+        first_kept: dict[str, str] = {}  # doc id -> chunk id of its first kept chunk
+        attachments: dict[str, list[Candidate]] = {}
         exact_duplicates = self.settings.drop_exact_duplicates
         document_copies = self.settings.drop_document_copies
 
@@ -113,6 +119,10 @@ class DiversityStage:
                 why = f"source={source} already has {per_source[source]}"
             if why is None and doc_cap is not None and per_doc.get(candidate.doc_id, 0) >= doc_cap:
                 why = f"doc={candidate.doc_id} already has {per_doc[candidate.doc_id]}"
+                host = first_kept[candidate.doc_id]
+                if len(attachments.get(host, ())) < attach_limit:
+                    attachments.setdefault(host, []).append(candidate)
+                    why += f"; attached to {host}"
 
             if why is not None:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
@@ -131,7 +141,13 @@ class DiversityStage:
             if source:
                 per_source[source] = per_source.get(source, 0) + 1
             per_doc[candidate.doc_id] = per_doc.get(candidate.doc_id, 0) + 1
+            first_kept.setdefault(candidate.doc_id, candidate.chunk_id)
 
+        if attachments:
+            kept = [
+                c.with_attached(tuple(attachments[c.chunk_id])) if c.chunk_id in attachments else c
+                for c in kept
+            ]
         if self.settings.mmr and len(kept) > 1:
             kept = mmr_order(kept, self.settings.mmr_lambda)
         return StageOutcome(kept=kept, removed=removed)
