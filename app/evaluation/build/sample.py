@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.evaluation.build.audit import NEAR_DUPLICATE_COSINE, normalise_query
+from app.evaluation.build.generate import append_cases
 from app.evaluation.golden_set import GoldenCase, load_golden_set
 
 MIN_LENGTH = 3
@@ -450,20 +451,6 @@ def existing_cases(path: Path) -> list[GoldenCase]:
     except (OSError, UnicodeDecodeError):
         pass  # load_golden_set names the file and the problem
     return list(load_golden_set(path).cases)
-
-
-def append_cases(path: Path, cases: Sequence[dict[str, Any]]) -> None:
-    """Append `cases` one JSON line each (UTF-8 as is), after a newline if the file lacks a final one."""
-    if not cases:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lead = ""
-    if path.exists() and path.stat().st_size > 0:
-        with path.open("rb") as f:
-            f.seek(-1, 2)
-            lead = "" if f.read(1) == b"\n" else "\n"
-    with path.open("a", encoding="utf-8") as f:
-        f.write(lead + "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases))
 
 
 def embed_all(embed: Callable[[list[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
