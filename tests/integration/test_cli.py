@@ -115,8 +115,13 @@ def test_query_json_is_the_api_response(capsys) -> None:
         "headingPath",
         "origin",
         "scores",
+        "attached",
     }
     assert set(body["documents"][0]["scores"]) == {"dense", "bm25", "fused", "rerank"}
+    # the payroll document keeps one rank; the pay-date section rides along with its FAQ section
+    attached = body["documents"][0]["attached"]
+    assert "c_bd40b192f1607e6098269d1b" in [a["chunkId"] for a in attached]
+    assert set(attached[0]) == {"chunkId", "headingPath", "text", "scores"}
     assert set(body["stages"][0]) == {
         "name",
         "enabled",
