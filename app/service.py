@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from app.ingest.chunker import embedding_text
+from app.ingest.chunker import embedding_text, stored_chunk
 from app.ingest.pipeline import Ingestor, IngestReport, Progress
-from app.ingest.types import Chunk, Document
+from app.ingest.types import Document
 from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
@@ -262,14 +262,5 @@ def lexical_directory(settings: Settings) -> Path:
 
 
 def _index_text(stored: StoredChunk) -> str:
-    meta = stored.metadata
-    heading = str(meta.get("heading_path", ""))
-    chunk = Chunk(
-        chunk_id=stored.chunk_id,
-        doc_id=str(meta.get("doc_id", "")),
-        text=stored.text,
-        position=int(meta.get("position", 0)),
-        heading_path=tuple(p for p in heading.split(" > ") if p),
-        metadata=meta,
-    )
-    return embedding_text(chunk, str(meta.get("title", "")))
+    chunk = stored_chunk(stored.chunk_id, stored.text, stored.metadata)
+    return embedding_text(chunk, str(stored.metadata.get("title", "")))

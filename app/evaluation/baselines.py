@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.evaluation.compare import BaselineError, load_report
-from app.evaluation.report import _atomic_write
+from app.evaluation.report import atomic_write_text
 from app.settings import EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
@@ -171,7 +171,7 @@ def record_passing(report: dict[str, Any], settings: EvaluateSettings, gate_pass
         return None
     path = passing_report_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(report, ensure_ascii=False, indent=2) + "\n")
     return path
 
 
@@ -182,7 +182,7 @@ def pin(source: str | Path, settings: EvaluateSettings) -> tuple[Path, dict[str,
     text = Path(source).read_text(encoding="utf-8")
     path = pinned_report_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, text)
+    atomic_write_text(path, text)
     return path, report
 
 

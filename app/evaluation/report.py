@@ -375,7 +375,7 @@ def write_reports(
             f"{settings.report_prefix}-latest.{suffix}",
         ):
             path = out / name
-            _atomic_write(path, text)
+            atomic_write_text(path, text)
             written.append(path)
     if settings.keep_reports is not None:
         for path in prune_reports(out, settings.report_prefix, settings.keep_reports):
@@ -418,10 +418,16 @@ def ordinary_file_mode() -> int:
     return 0o666 & ~current
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, keep_mode: bool = False) -> None:
+    """Replace `path` with `text` all at once (a temporary file in the same folder, fsync, rename): a reader
+    sees the old file or the new one, never half of one. The file gets the ordinary mode (0666 minus the
+    umask), or with `keep_mode` the mode of the file it replaces when there is one."""
+    mode = ordinary_file_mode()
+    if keep_mode and path.exists():
+        mode = path.stat().st_mode & 0o777
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, ordinary_file_mode())  # mkstemp creates 0600; a report is an ordinary file
+        os.fchmod(fd, mode)  # mkstemp creates 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -58,7 +58,7 @@ from app.evaluation.replay import (
     point_metrics,
     replay,
 )
-from app.evaluation.report import _atomic_write, report_stamp, summarize
+from app.evaluation.report import atomic_write_text, report_stamp, summarize
 from app.evaluation.runner import Evaluation
 from app.settings import ChainSettings, EvaluateThresholds
 
@@ -971,6 +971,6 @@ def write_tune(doc: dict[str, Any], output_dir: str, prefix: str, stamp: str | N
     ):
         for name in (f"{prefix}-tune-{stamp}.{suffix}", f"{prefix}-tune-latest.{suffix}"):
             path = out / name
-            _atomic_write(path, text)
+            atomic_write_text(path, text)
             written.append(path)
     return written

@@ -235,6 +235,20 @@ def chunk_document(
     return chunks
 
 
+def stored_chunk(stored_id: str, text: str, metadata: dict[str, Any]) -> Chunk:
+    """A chunk as the store gives it back (its id, text and the metadata `chunk_document` wrote), rebuilt
+    as a `Chunk`: what `embedding_text` reads to give the text its vector and BM25 entry were made from."""
+    heading = str(metadata.get("heading_path", ""))
+    return Chunk(
+        chunk_id=stored_id,
+        doc_id=str(metadata.get("doc_id", "")),
+        text=text,
+        position=int(metadata.get("position", 0)),
+        heading_path=tuple(p for p in heading.split(HEADING_PATH_SEPARATOR) if p),
+        metadata=metadata,
+    )
+
+
 def embedding_text(chunk: Chunk, title: str | None = None) -> str:
     """ "title › h1 › h2\\n\\ntext": the one string both the embedder and BM25 see for a chunk.
 

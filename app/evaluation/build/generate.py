@@ -60,8 +60,7 @@ from app.evaluation.build.literalness import literalness
 from app.evaluation.build.llm import ChatClient, clean_question, question_messages
 from app.evaluation.golden_set import load_golden_set
 from app.evaluation.segments import query_language
-from app.ingest.chunker import HEADING_PATH_SEPARATOR, embedding_text
-from app.ingest.types import Chunk
+from app.ingest.chunker import embedding_text, stored_chunk
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
@@ -128,23 +127,15 @@ class Passage:
     @classmethod
     def of(cls, chunk_id: str, text: str, metadata: dict[str, Any]) -> Passage:
         """A passage from a stored chunk's id, text and metadata (as ingest wrote them)."""
-        heading = tuple(p for p in str(metadata.get("heading_path", "")).split(HEADING_PATH_SEPARATOR) if p)
+        chunk = stored_chunk(chunk_id, text, metadata)
         title = str(metadata.get("title", ""))
-        chunk = Chunk(
-            chunk_id=chunk_id,
-            doc_id=str(metadata.get("doc_id", "")),
-            text=text,
-            position=int(metadata.get("position", 0)),
-            heading_path=heading,
-            metadata=metadata,
-        )
         return cls(
             chunk_id=chunk_id,
             doc_id=chunk.doc_id,
             text=text,
             indexed_text=embedding_text(chunk, title),
             title=title,
-            heading_path=heading,
+            heading_path=chunk.heading_path,
             knowledge_tag=knowledge_tag_of(metadata),
             position=chunk.position,
             metadata=metadata,

@@ -38,7 +38,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from app.evaluation.golden_set import GoldenCase, GoldenSetError, parse_golden_set
+from app.evaluation.report import atomic_write_text
 
 GRADES = (0, 1, 2, 3)
 FORBIDDEN = "forbidden"
@@ -546,24 +546,6 @@ def read_drafts(path: str | Path) -> list[dict[str, Any]]:
     return read_golden_document(text, path).cases
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` all at once (a temporary file in the same folder, fsync, rename): a
-    reader sees the old file or the new one, never half of one. The file keeps the old one's permissions."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else None
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        if mode is not None:
-            os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class JudgmentLog:
     """The judgments file, appended to by the labelling page: each judgment is one line written with one
     `write` call, flushed and fsynced before the append returns, under a lock held across threads (a
@@ -628,5 +610,5 @@ def export_files(
     if target == golden_path and new_text == text:
         return ExportOutcome(result, target, written=False)
     target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, new_text)
+    atomic_write_text(target, new_text, keep_mode=True)
     return ExportOutcome(result, target, written=True)
