@@ -45,9 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
     except Exception as exc:  # the boundary: one clear line instead of a traceback
-        from app.evaluation.compare import BaselineError
-        from app.evaluation.golden_set import GoldenSetError
-        from app.evaluation.trec import TrecFormatError
+        from app.evaluation.compare.comparison import BaselineError
+        from app.evaluation.golden.cases import GoldenSetError
+        from app.evaluation.scoring.trec import TrecFormatError
         from app.models import ModelLoadError
         from app.store import StoreError
 

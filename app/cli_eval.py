@@ -98,13 +98,14 @@ def add_eval_commands(sub: Any) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     from app.cli import open_sieve, settings_with
-    from app.evaluation.beir import load_beir_cases
-    from app.evaluation.build.audit import AuditSource, audit_section
-    from app.evaluation.build.audit import summary_line as audit_summary
-    from app.evaluation.compare import BaselineError, baseline_line
-    from app.evaluation.golden_set import load_golden_set
-    from app.evaluation.report import k_label
-    from app.evaluation.runner import KnownIds
+    from app.evaluation.compare.comparison import BaselineError, baseline_line
+    from app.evaluation.golden.audit import AuditSource, audit_section
+    from app.evaluation.golden.audit import summary_line as audit_summary
+    from app.evaluation.golden.beir import load_beir_cases
+    from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.report.build import k_label
+    from app.evaluation.run.runner import KnownIds
+    from app.evaluation.scoring.trec import export_evaluation
     from app.evaluation.startup import (
         finish_evaluation,
         resolve_baseline,
@@ -113,8 +114,7 @@ def eval_command(args: argparse.Namespace) -> int:
         run_sweep,
         summary_line,
     )
-    from app.evaluation.trec import export_evaluation
-    from app.evaluation.tune import sweep_line
+    from app.evaluation.tune.grid import sweep_line
     from app.settings import nested
 
     overrides: list[dict[str, Any]] = []
@@ -204,12 +204,12 @@ def tune_command(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     from app.cli import open_sieve, settings_with
-    from app.evaluation.golden_set import load_golden_set
-    from app.evaluation.holdout import SplitError, check_split_flags, make_split
-    from app.evaluation.replay import record
-    from app.evaluation.runner import KnownIds
+    from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.run.runner import KnownIds
     from app.evaluation.startup import run_evaluation
-    from app.evaluation.tune import GridError, parse_grid, run_split, tune_markdown, write_tune
+    from app.evaluation.tune.grid import GridError, parse_grid, run_split, tune_markdown, write_tune
+    from app.evaluation.tune.holdout import SplitError, check_split_flags, make_split
+    from app.evaluation.tune.replay import record
     from app.settings import nested
 
     overrides: list[dict[str, Any]] = []
@@ -308,7 +308,7 @@ def tune_command(args: argparse.Namespace) -> int:
 
 def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
     """The replayed current configuration against the real evaluation it was recorded from."""
-    from app.evaluation.replay import POINT_METRICS, point_metrics
+    from app.evaluation.tune.replay import POINT_METRICS, point_metrics
 
     real = point_metrics(evaluation)
     off = [
@@ -324,9 +324,9 @@ def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
 
 def compare_command(args: argparse.Namespace) -> int:
     from app.cli import settings_with
-    from app.evaluation.compare import BaselineError, baseline_line, compare_reports, load_report
-    from app.evaluation.records import to_json
-    from app.evaluation.report import comparison_markdown, k_label
+    from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports, load_report
+    from app.evaluation.report.build import comparison_markdown, k_label
+    from app.evaluation.report.model import to_json
 
     try:
         base = load_report(args.baseline)
@@ -347,7 +347,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def trec_eval_command(args: argparse.Namespace) -> int:
-    from app.evaluation import trec
+    from app.evaluation.scoring import trec
 
     try:
         ks = [int(k) for k in args.k.split(",") if k.strip()]

@@ -61,8 +61,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli import open_sieve, settings_with
-    from app.evaluation.build import generate as gen
-    from app.evaluation.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.evaluation.golden.build import generate as gen
+    from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
     from app.settings import nested
 
     overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
@@ -146,10 +146,10 @@ def _check(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli import open_sieve, settings_with
-    from app.evaluation.build import audit
-    from app.evaluation.golden_set import load_golden_set
-    from app.evaluation.records import to_json
-    from app.evaluation.runner import KnownIds, check_knowledge_tags
+    from app.evaluation.golden import audit
+    from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.report.model import to_json
+    from app.evaluation.run.runner import KnownIds, check_knowledge_tags
 
     settings = settings_with()
     ev = settings.rag.evaluate
@@ -205,8 +205,8 @@ def _evaluate_settings(args: argparse.Namespace) -> Any:
 
 def _baseline_pin(args: argparse.Namespace) -> int:
     from app import exit_codes
-    from app.evaluation import baselines
-    from app.evaluation.baselines import report_line
+    from app.evaluation.compare import baselines
+    from app.evaluation.compare.baselines import report_line
 
     ev = _evaluate_settings(args)
     path, report = baselines.pin(args.file, ev)  # BaselineError -> exit 2, naming the file
@@ -220,7 +220,7 @@ def _baseline_pin(args: argparse.Namespace) -> int:
 
 def _baseline_unpin(args: argparse.Namespace) -> int:
     from app import exit_codes
-    from app.evaluation import baselines
+    from app.evaluation.compare import baselines
 
     removed = baselines.unpin(_evaluate_settings(args))
     print(f"unpinned: removed {removed}" if removed else "nothing was pinned")
@@ -229,7 +229,7 @@ def _baseline_unpin(args: argparse.Namespace) -> int:
 
 def _baseline_show(args: argparse.Namespace) -> int:
     from app import exit_codes
-    from app.evaluation import baselines
+    from app.evaluation.compare import baselines
 
     for line in baselines.show(_evaluate_settings(args)):  # BaselineError -> exit 2
         print(line)
@@ -276,7 +276,7 @@ def _sample(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.querylog import log_files
     from app.cli import settings_with
-    from app.evaluation.build import sample
+    from app.evaluation.golden.build import sample
     from app.models import load_embedder
     from app.settings import nested
 
@@ -351,9 +351,9 @@ def _label(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.label import LabelDesk, LabelFiles
     from app.cli import settings_with
-    from app.evaluation.build.judgments import JudgmentsError
-    from app.evaluation.build.pool import QueueError
-    from app.evaluation.golden_set import GoldenSetError
+    from app.evaluation.golden.build.judgments import JudgmentsError
+    from app.evaluation.golden.build.pool import QueueError
+    from app.evaluation.golden.cases import GoldenSetError
     from app.settings import nested
 
     if not 0 <= args.port <= 65535:
@@ -443,7 +443,7 @@ def _pool(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli import settings_with
-    from app.evaluation.build.pool import QueueError, queue_report_file
+    from app.evaluation.golden.build.pool import QueueError, queue_report_file
 
     queue = args.queue or settings_with().rag.label.queue
     try:
@@ -480,7 +480,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli import settings_with
-    from app.evaluation.build.judgments import JudgmentsError, export_files
+    from app.evaluation.golden.build.judgments import JudgmentsError, export_files
 
     settings = settings_with()
     golden = args.golden_set or settings.rag.evaluate.resource_location

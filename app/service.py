@@ -222,8 +222,8 @@ class Sieve:
     def evaluation_target(self) -> EvaluationTarget:
         """What an evaluation of this service needs: its chain, the ids its store holds, its description,
         and what the golden-set audit reads."""
-        from app.evaluation.build.audit import AuditSource
-        from app.evaluation.runner import KnownIds
+        from app.evaluation.golden.audit import AuditSource
+        from app.evaluation.run.runner import KnownIds
         from app.evaluation.startup import EvaluationTarget
 
         return EvaluationTarget(
@@ -237,7 +237,7 @@ class Sieve:
     def describe(self) -> dict[str, object]:
         """What a report header needs: models, store and the chain's settings; `settings` is every setting
         that can move a result (the fingerprint's, `result_settings`)."""
-        from app.evaluation.fingerprint import result_settings
+        from app.evaluation.run.fingerprint import result_settings
 
         rag = self.settings.rag
         return {

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.beir import load_beir_cases
-from app.evaluation.golden_set import load_golden_set
+from app.evaluation.golden.beir import load_beir_cases
+from app.evaluation.golden.cases import load_golden_set
 from app.retrieval.chain import RetrievalRequest
 from app.service import Sieve
 from app.settings import load_settings, merge, nested

@@ -16,8 +16,8 @@ import platform
 import statistics
 import time
 
-from app.evaluation.golden_set import load_golden_set
-from app.evaluation.runner import KnownIds, evaluate
+from app.evaluation.golden.cases import load_golden_set
+from app.evaluation.run.runner import KnownIds, evaluate
 from app.service import Sieve
 from app.settings import load_settings, merge, nested
 

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.beir import load_beir_cases
-from app.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
-from app.evaluation.runner import KnownIds, evaluate, match_key
+from app.evaluation.golden.beir import load_beir_cases
+from app.evaluation.run.runner import KnownIds, evaluate, match_key
+from app.evaluation.scoring.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from app.retrieval.stages import stage_order
 from app.service import Sieve
 from app.settings import load_settings, merge, nested

@@ -6,7 +6,7 @@ goes through `/api/label/*`, which needs the admin token (`Authorization: Bearer
 
 * `GET  /api/label/status`           — ready or not (the models load first), and the default rater name;
 * `GET  /api/label/queue`            — the cases to judge, the least judged first (`LabelDesk.queue`);
-* `GET  /api/label/cases/{case_id}`  — one case: its pool of candidates (app/evaluation/build/pool.py) with
+* `GET  /api/label/cases/{case_id}`  — one case: its pool of candidates (golden/build/pool.py) with
                                        the query terms marked, the golden set's judgments and the raters';
 * `POST /api/label/judgments`        — one judgment, appended to the judgments file (one line, fsynced).
 
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import require_admin, require_sieve, sieve_state
 from app.api.errors import ApiError
 from app.api.schemas import error_responses
-from app.evaluation.build.judgments import (
+from app.evaluation.golden.build.judgments import (
     NO_ANSWER,
     Judgment,
     JudgmentLog,
@@ -41,7 +41,7 @@ from app.evaluation.build.judgments import (
     make_judgment,
     read_drafts,
 )
-from app.evaluation.build.pool import (
+from app.evaluation.golden.build.pool import (
     BASELINE,
     CURRENT,
     Pool,
@@ -56,7 +56,7 @@ from app.evaluation.build.pool import (
     report_rankings,
     variant_settings,
 )
-from app.evaluation.golden_set import GoldenCase, GoldenSetError, case_relevance_key, load_golden_set
+from app.evaluation.golden.cases import GoldenCase, GoldenSetError, case_relevance_key, load_golden_set
 
 if TYPE_CHECKING:
     from app.service import Sieve
@@ -160,7 +160,7 @@ class LabelDesk:
                     for name, s in variant_settings(sieve.settings).items()
                 }
             if self._known is None:
-                from app.evaluation.runner import KnownIds
+                from app.evaluation.run.runner import KnownIds
 
                 self._known = KnownIds.from_store(sieve.store)
             missing = [key for key in keys.values() if key not in self._pools]
@@ -207,7 +207,7 @@ class LabelDesk:
     ) -> dict[str, Any]:
         """One case as the page shows it (see `GET /api/label/cases/{case_id}`); `with_text` False leaves
         the texts out (the queue only counts)."""
-        from app.evaluation.runner import resolve_case
+        from app.evaluation.run.runner import resolve_case
 
         case = label_case.case
         grades, judged, _ = resolve_case(case, self._known)

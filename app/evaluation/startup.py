@@ -9,20 +9,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.evaluation.baselines import (
+from app.evaluation.compare.baselines import (
     Baseline,
     latest_report_path,
     record_passing,
     resolve_baseline,
 )
-from app.evaluation.build.audit import AuditSource, attach_audit, audit_section
-from app.evaluation.compare import BaselineError, baseline_line, compare_reports
-from app.evaluation.fingerprint import run_fingerprint
-from app.evaluation.gate import GateResult, check_gate
-from app.evaluation.golden_set import GoldenSet, GoldenSetError, load_golden_set
-from app.evaluation.records import to_json
-from app.evaluation.replay import record
-from app.evaluation.report import (
+from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports
+from app.evaluation.compare.gate import GateResult, check_gate
+from app.evaluation.golden.audit import AuditSource, attach_audit, audit_section
+from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
+from app.evaluation.report.build import (
     build_report,
     invalid_report,
     k_label,
@@ -30,9 +27,12 @@ from app.evaluation.report import (
     report_stamp,
     write_reports,
 )
-from app.evaluation.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
-from app.evaluation.segments import segments
-from app.evaluation.tune import sweep_line, threshold_sweep
+from app.evaluation.report.model import to_json
+from app.evaluation.report.segments import segments
+from app.evaluation.run.fingerprint import run_fingerprint
+from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
+from app.evaluation.tune.grid import sweep_line, threshold_sweep
+from app.evaluation.tune.replay import record
 from app.settings import ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.evaluation.stats import bootstrap_ci, holm, sign_flip_p_value
+from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
 from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration

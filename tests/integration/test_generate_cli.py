@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.evaluation.golden_set import load_golden_set
+from app.evaluation.golden.cases import load_golden_set
 from tests.fixtures.fake_llm import fake_llm
 from tests.fixtures.seeded_store import seeded_store
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.evaluation.golden_set import load_golden_set
+from app.evaluation.golden.cases import load_golden_set
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from app.evaluation.html import render_html
+from app.evaluation.render.html import render_html
 from tests.fixtures.reports import sample_sweep
 from tests.fixtures.seeded_store import seeded_store
 

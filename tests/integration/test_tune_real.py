@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from app.evaluation.golden_set import load_golden_set
-from app.evaluation.replay import point_metrics, record, replay
-from app.evaluation.runner import KnownIds
+from app.evaluation.golden.cases import load_golden_set
+from app.evaluation.run.runner import KnownIds
 from app.evaluation.startup import run_evaluation
-from app.evaluation.tune import REPLAYABLE, parse_grid
+from app.evaluation.tune.grid import REPLAYABLE, parse_grid
+from app.evaluation.tune.replay import point_metrics, record, replay
 from app.service import Sieve
 from app.settings import EvaluateSettings, RagSettings, Settings, StoreSettings
 from app.store import ChromaStore

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.evaluation import baselines
-from app.evaluation.baselines import (
+from app.evaluation.compare import baselines
+from app.evaluation.compare.baselines import (
     latest_report_path,
     passing_report_path,
     pinned_report_path,
     record_passing,
     resolve_baseline,
 )
-from app.evaluation.compare import BaselineError
-from app.evaluation.report import invalid_report, write_reports
+from app.evaluation.compare.comparison import BaselineError
+from app.evaluation.report.build import invalid_report, write_reports
 from app.evaluation.startup import EvaluationTarget, run_startup_evaluation
 from app.settings import ChainSettings, EvaluateSettings
 

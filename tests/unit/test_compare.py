@@ -9,15 +9,15 @@ from statistics import fmean
 
 import pytest
 
-from app.evaluation.compare import (
+from app.evaluation.compare.comparison import (
     BaselineError,
     baseline_line,
     compare_reports,
     describe_differences,
     load_report,
 )
-from app.evaluation.records import to_json
-from app.evaluation.stats import bootstrap_ci, holm, sign_flip_p_value
+from app.evaluation.report.model import to_json
+from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
 
 
 def metrics(ndcg: float, hit: float = 1.0) -> dict:

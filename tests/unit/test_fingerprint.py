@@ -8,8 +8,9 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.compare import describe_differences
-from app.evaluation.fingerprint import (
+from app.evaluation.compare.comparison import describe_differences
+from app.evaluation.golden.cases import parse_golden_set
+from app.evaluation.run.fingerprint import (
     RESULT_KEYS,
     SPEED_KEYS,
     canonical_json,
@@ -20,7 +21,6 @@ from app.evaluation.fingerprint import (
     run_fingerprint,
     sha256_text,
 )
-from app.evaluation.golden_set import parse_golden_set
 from app.settings import IngestSettings, ModelsSettings, Settings, StoreSettings
 
 CASES = [

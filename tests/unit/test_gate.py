@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.gate import GateCheck, GateResult, check_gate
+from app.evaluation.compare.gate import GateCheck, GateResult, check_gate
 from app.settings import EvaluateThresholds
 
 SUMMARY = {

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.build import generate as gen
-from app.evaluation.build.generate import (
+from app.evaluation.golden.build import generate as gen
+from app.evaluation.golden.build.generate import (
     CorpusIdf,
     GenerateError,
     GenerateOptions,
@@ -26,8 +26,8 @@ from app.evaluation.build.generate import (
     case_id,
     pick_passages,
 )
-from app.evaluation.build.literalness import literalness
-from app.evaluation.golden_set import load_golden_set
+from app.evaluation.golden.build.literalness import literalness
+from app.evaluation.golden.cases import load_golden_set
 from app.retrieval.lexical import Analyzer
 from app.settings import HardFilterSettings
 
@@ -445,7 +445,7 @@ def test_appending_to_a_file_without_a_final_newline_and_reading_its_ids(tmp_pat
 
 
 def test_a_broken_out_file_is_an_error_naming_it(tmp_path: Path) -> None:
-    from app.evaluation.golden_set import GoldenSetError
+    from app.evaluation.golden.cases import GoldenSetError
 
     out = tmp_path / "set.jsonl"
     out.write_text('{"id": "x"}\n', encoding="utf-8")

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from app.cli import main
-from app.evaluation.build import audit as au
-from app.evaluation.build.audit import (
+from app.evaluation.golden import audit as au
+from app.evaluation.golden.audit import (
     ContentCopy,
     Coverage,
     DuplicateQuery,
@@ -28,8 +28,8 @@ from app.evaluation.build.audit import (
     Suggestion,
     TagCoverage,
 )
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.records import to_json
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.model import to_json
 from app.ingest.ids import text_sha256
 from app.settings import EvaluateSettings, HardFilterSettings
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from app.evaluation.golden_set import (
+from app.evaluation.golden.cases import (
     MAX_REPORTED_ERRORS,
     GoldenCase,
     GoldenSetError,

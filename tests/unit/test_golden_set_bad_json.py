@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.evaluation.golden_set import GoldenSetError, load_golden_set
+from app.evaluation.golden.cases import GoldenSetError, load_golden_set
 
 DEEP = 100_000
 VALID = {"id": "q1", "query": "How do I reset my password?", "expectedDocIds": ["doc-1"]}

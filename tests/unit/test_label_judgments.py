@@ -1,4 +1,4 @@
-"""The judgments file and its merge into the golden set (app/evaluation/build/judgments.py): parsing, a
+"""The judgments file and its merge into the golden set (app/evaluation/golden/build/judgments.py): parsing, a
 rater's latest judgment, conflicts between raters and against a case, promotion of drafts, and the golden-set
 file written back in its own layout, all at once."""
 
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.cli import main
-from app.evaluation.build.judgments import (
+from app.evaluation.golden.build.judgments import (
     Judgment,
     JudgmentLog,
     JudgmentsError,
@@ -31,7 +31,7 @@ from app.evaluation.build.judgments import (
     render_golden_document,
     resolve,
 )
-from app.evaluation.golden_set import GoldenSetError, load_golden_set, parse_golden_set
+from app.evaluation.golden.cases import GoldenSetError, load_golden_set, parse_golden_set
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "golden_set" / "golden-set.json"

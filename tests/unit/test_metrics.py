@@ -4,7 +4,7 @@ from math import log2
 
 import pytest
 
-from app.evaluation.metrics import (
+from app.evaluation.scoring.metrics import (
     CONVENTIONS,
     UndefinedMetricError,
     case_metrics,
@@ -226,7 +226,7 @@ def test_duplicate_rate_counts_content_duplicates(ranked, texts, k, expected):
 
 
 def test_hit_counts_are_the_numbers_behind_the_ratios():
-    from app.evaluation.metrics import hit_counts
+    from app.evaluation.scoring.metrics import hit_counts
 
     relevance = {"a": 1.0, "b": 2.0, "c": 1.0, "x": 0.0}
     assert hit_counts(["z", "b", "b", "a", "c"], relevance, 4) == {

@@ -5,7 +5,7 @@ import pytrec_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.evaluation.metrics import (
+from app.evaluation.scoring.metrics import (
     has_relevant,
     hit_rate_at_k,
     mrr_at_k,
@@ -13,7 +13,7 @@ from app.evaluation.metrics import (
     precision_at_k,
     recall_at_k,
 )
-from app.evaluation.trec import evaluate_run
+from app.evaluation.scoring.trec import evaluate_run
 
 DOC_IDS = [f"d{i}" for i in range(12)]
 

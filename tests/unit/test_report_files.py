@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
-from app.evaluation import report as report_module
-from app.evaluation.report import prune_reports, write_reports
+from app.evaluation.report import build as report_module
+from app.evaluation.report.build import prune_reports, write_reports
 from app.settings import EvaluateSettings
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.evaluation.compare import compare_reports
-from app.evaluation.records import to_json
-from app.evaluation.report import comparison_markdown
+from app.evaluation.compare.comparison import compare_reports
+from app.evaluation.report.build import comparison_markdown
+from app.evaluation.report.model import to_json
 
 
 def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict:

@@ -6,8 +6,8 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.runner import (
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.run.runner import (
     NOT_IN_INDEX,
     NOT_RETRIEVED,
     RANKED_OUT,

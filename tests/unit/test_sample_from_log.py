@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.build import sample as sample_module
-from app.evaluation.build.sample import (
+from app.evaluation.golden.build import sample as sample_module
+from app.evaluation.golden.build.sample import (
     BLANK,
     EXACT_DUPLICATE,
     IN_GOLDEN_SET,
@@ -38,7 +38,7 @@ from app.evaluation.build.sample import (
     select_drafts,
     too_short,
 )
-from app.evaluation.golden_set import GoldenSetError, load_golden_set
+from app.evaluation.golden.cases import GoldenSetError, load_golden_set
 
 TOO_SHORT = too_short(3)
 

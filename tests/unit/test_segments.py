@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.segments import groups, query_language, segments
+from app.evaluation.report.segments import groups, query_language, segments
 
 
 def case(cid, tags=(), tag=None, query="pay day", group=None, ndcg=1.0, hit=1.0, top=None, scored=True):

@@ -80,7 +80,7 @@ class IdentityEmbedder(NoEmbedder):
 
 
 def test_describe_carries_every_setting_that_can_move_a_result() -> None:
-    from app.evaluation.fingerprint import result_settings
+    from app.evaluation.run.fingerprint import result_settings
 
     settings = Settings()
     settings.rag.chain.rerank.enabled = False

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.stats import (
+from app.evaluation.scoring.stats import (
     bootstrap_ci,
     changed_by,
     fixed_and_broken,

@@ -1,7 +1,7 @@
 import pytest
 import pytrec_eval
 
-from app.evaluation.trec import (
+from app.evaluation.scoring.trec import (
     QUERY_CONVENTION,
     TrecFormatError,
     evaluate_run,

@@ -10,10 +10,9 @@ from datetime import date
 import numpy as np
 import pytest
 
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.replay import ReplayError, pareto_front, point_metrics, record, replay
-from app.evaluation.runner import KnownIds, evaluate
-from app.evaluation.tune import (
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.run.runner import KnownIds, evaluate
+from app.evaluation.tune.grid import (
     REPLAYABLE,
     GridError,
     normalise_key,
@@ -24,6 +23,7 @@ from app.evaluation.tune import (
     sweep_values,
     threshold_sweep,
 )
+from app.evaluation.tune.replay import ReplayError, pareto_front, point_metrics, record, replay
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.stages import build_stages

@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.holdout import (
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.run.runner import KnownIds, evaluate
+from app.evaluation.tune.grid import parse_grid, run_folds, run_holdout, tune_markdown, write_tune
+from app.evaluation.tune.holdout import (
     HELD_OUT,
     TUNING,
     SplitError,
@@ -25,9 +27,7 @@ from app.evaluation.holdout import (
     make_split,
     split_units,
 )
-from app.evaluation.replay import record
-from app.evaluation.runner import KnownIds, evaluate
-from app.evaluation.tune import parse_grid, run_folds, run_holdout, tune_markdown, write_tune
+from app.evaluation.tune.replay import record
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.stages import build_stages

@@ -7,7 +7,7 @@ Formats (whitespace-separated, one judgement or result per line, blank lines ign
   ordered by score descending, ties broken by docid descending (byte-wise string comparison, which for Python
   strings is the same as code point order). A docid may appear once per query in either file.
 
-`evaluate_run` scores with the functions of `app.evaluation.metrics` and follows trec_eval's default (no `-c`)
+`evaluate_run` scores with the functions of `scoring.metrics` and follows trec_eval's default (no `-c`)
 for which queries count; see `QUERY_CONVENTION`.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.evaluation import metrics
+from app.evaluation.scoring import metrics
 
 Qrels = dict[str, dict[str, int]]
 Run = dict[str, list[tuple[str, float]]]
@@ -247,7 +247,7 @@ def evaluate_run(
 
 def export_evaluation(evaluation: Any, directory: Path) -> tuple[Path, Path]:
     """Write the evaluation's run (documents as ranked, first occurrence of each id) and qrels."""
-    from app.evaluation.runner import match_key  # the runner imports nothing from here
+    from app.evaluation.run.runner import match_key  # the runner imports nothing from here
 
     directory.mkdir(parents=True, exist_ok=True)
     run: dict[str, list[tuple[str, float]]] = {}

@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.build.audit import NEAR_DUPLICATE_COSINE, normalise_query
-from app.evaluation.build.generate import append_cases
-from app.evaluation.golden_set import GoldenCase, load_golden_set
+from app.evaluation.golden.audit import NEAR_DUPLICATE_COSINE, normalise_query
+from app.evaluation.golden.build.generate import append_cases
+from app.evaluation.golden.cases import GoldenCase, load_golden_set
 
 MIN_LENGTH = 3
 DEFAULT_SEED = 42

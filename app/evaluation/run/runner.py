@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from app.evaluation import metrics
-from app.evaluation.golden_set import (
+from app.evaluation.golden.cases import (
     GoldenCase,
     GoldenSet,
     GoldenSetError,
     case_expected_relevance,
     case_relevance_key,
 )
-from app.evaluation.records import Loss, RemovedItem, StageStat
+from app.evaluation.report.model import Loss, RemovedItem, StageStat
+from app.evaluation.scoring import metrics
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
 from app.retrieval.types import Candidate, RetrievalResult, knowledge_tag_of
 

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.records import to_json
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.model import to_json
 from app.ingest.ids import text_sha256
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of, unit_rows

@@ -21,13 +21,26 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from app.evaluation import metrics
-from app.evaluation.build.audit import audit_markdown
-from app.evaluation.compare import METRIC_LABELS, SMALL_SAMPLE, p_text
-from app.evaluation.fingerprint import case_sha256
-from app.evaluation.records import CaseRecord, RankedDocument, StageRow, Summary, to_json
-from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED, RANKED_OUT, CaseResult, Evaluation, match_key
-from app.evaluation.segments import groups, origin_comparison, origin_line, query_language, segments
+from app.evaluation.compare.comparison import METRIC_LABELS, SMALL_SAMPLE, p_text
+from app.evaluation.golden.audit import audit_markdown
+from app.evaluation.report.model import CaseRecord, RankedDocument, StageRow, Summary, to_json
+from app.evaluation.report.segments import (
+    groups,
+    origin_comparison,
+    origin_line,
+    query_language,
+    segments,
+)
+from app.evaluation.run.fingerprint import case_sha256
+from app.evaluation.run.runner import (
+    NOT_IN_INDEX,
+    NOT_RETRIEVED,
+    RANKED_OUT,
+    CaseResult,
+    Evaluation,
+    match_key,
+)
+from app.evaluation.scoring import metrics
 from app.settings import EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
@@ -363,7 +376,7 @@ def write_reports(
     if settings.write_markdown and markdown is not None:
         payloads.append(("md", markdown))
     if settings.write_html:
-        from app.evaluation.html import render_html  # Jinja2 is loaded only when a page is written
+        from app.evaluation.render.html import render_html  # Jinja2 is loaded only when a page is written
 
         try:
             payloads.append(("html", render_html(report)))
@@ -542,7 +555,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
         lines.append("")
     lines += _gate_markdown(report["gate"])
-    from app.evaluation.tune import sweep_markdown  # tune imports this module
+    from app.evaluation.tune.grid import sweep_markdown  # tune imports this module
 
     lines += sweep_markdown(report)
     lines += _segments_markdown(report)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.evaluation.golden_set import GoldenCase, GoldenSet, GoldenSetError
+from app.evaluation.golden.cases import GoldenCase, GoldenSet, GoldenSetError
 
 
 def load_beir_cases(directory: Path, split: str) -> GoldenSet:

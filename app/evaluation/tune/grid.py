@@ -13,7 +13,7 @@ recall and nDCG, the one with the most correct abstentions (at least one); ties 
 recall, then the earlier point of the grid.
 
 Holdout and folds (`sieve tune --holdout FRACTION | --folds K`), so that choosing and judging on the same
-cases shows. The cases are split by `app.evaluation.holdout` (deterministic for `rag.evaluate.seed`,
+cases shows. The cases are split by `app.evaluation.tune.holdout` (deterministic for `rag.evaluate.seed`,
 stratified by knowledge tag and case kind, a group's paraphrases on one side; see `assign_parts`). With a
 holdout the grid's rows, the current configuration and the recommendation are those of the tuning part alone
 (the same rule); then, for the current configuration C and each recommended point R, on each part P:
@@ -48,9 +48,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.evaluation.golden_set import GoldenCase
-from app.evaluation.holdout import HELD_OUT, TUNING, case_kind
-from app.evaluation.replay import (
+from app.evaluation.golden.cases import GoldenCase
+from app.evaluation.report.build import atomic_write_text, report_stamp, summarize
+from app.evaluation.run.runner import Evaluation
+from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
+from app.evaluation.tune.replay import (
     POINT_METRICS,
     Recording,
     pareto_front,
@@ -58,8 +60,6 @@ from app.evaluation.replay import (
     point_metrics,
     replay,
 )
-from app.evaluation.report import atomic_write_text, report_stamp, summarize
-from app.evaluation.runner import Evaluation
 from app.settings import ChainSettings, EvaluateThresholds
 
 DEFAULT_MAX_POINTS = 2000

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.evaluation.golden_set import GoldenCase
+from app.evaluation.golden.cases import GoldenCase
 
 TUNING, HELD_OUT = "tuning", "heldOut"
 

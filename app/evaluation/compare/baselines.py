@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.evaluation.compare import BaselineError, load_report
-from app.evaluation.report import atomic_write_text
+from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.report.build import atomic_write_text
 from app.settings import EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.evaluation.records import GateFailure
+from app.evaluation.report.model import GateFailure
 from app.settings import EvaluateThresholds
 
 # threshold field -> (summary key, comparison)
@@ -112,7 +112,7 @@ class GateResult:
         return [c.failure() for c in self.checks if c.warned]
 
     def to_json(self) -> dict[str, Any]:
-        from app.evaluation.records import to_json
+        from app.evaluation.report.model import to_json
 
         return {
             "passed": self.passed,

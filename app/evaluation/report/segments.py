@@ -11,9 +11,9 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any
 
-from app.evaluation import stats
-from app.evaluation.build.literalness import band
-from app.evaluation.records import Group, Segment, SegmentDelta
+from app.evaluation.golden.build.literalness import band
+from app.evaluation.report.model import Group, Segment, SegmentDelta
+from app.evaluation.scoring import stats
 
 SEGMENT_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
 SMALL_SEGMENT = 10
@@ -76,7 +76,7 @@ def segments(
 ) -> list[Segment]:
     """One segment per tag value, knowledge tag, query language, origin (manual, generated, log; a case
     without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
-    `app.evaluation.build.literalness.band`; a case without literalness is in none), sorted by kind in
+    `app.evaluation.golden.build.literalness.band`; a case without literalness is in none), sorted by kind in
     that order, then by name (origins and bands in the order just given). `cases` is the number of cases
     in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
     paired difference over the segment's cases scored on both sides and its uncorrected sign-flip p-value

@@ -26,7 +26,7 @@ its passage again, written as golden cases with `origin: generated`.
      Passages alternate which kind comes first (the 1st, 3rd, ... picked passage: heading; the others: key
      terms), so a set holds both. The language is the passage text's (`query_language`); the template of
      a language is chosen by a hash of seed, chunk and kind.
-   - `LlmGenerator`: one chat completion per question (app/evaluation/build/llm.py).
+   - `LlmGenerator`: one chat completion per question (app/evaluation/golden/build/llm.py).
 3. **Round trip**: each question is searched in the whole collection (no knowledge tag: a tag's few chunks
    would make the check trivial) by BM25 (the lexical index) and by dense search (the store's nearest
    chunks to the query vector), the top `round_trip_k` (20) of each. `either` keeps it when its passage is
@@ -37,7 +37,7 @@ its passage again, written as golden cases with `origin: generated`.
 4. **Write**: every kept question becomes a case {id: "gen-" + the first 10 hex digits of
    sha256(chunkId + query), query, knowledgeTag: the chunk's, expectedDocIds: [its document],
    evidenceChunkIds: [the chunk], origin: "generated", generator, passageChunkId, literalness (against the
-   chunk's indexed text: app/evaluation/build/literalness.py)}; cases whose id the out file already holds
+   chunk's indexed text: literalness.py)}; cases whose id the out file already holds
    are dropped, the rest appended one JSON line each.
 """
 
@@ -56,10 +56,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.evaluation.build.literalness import literalness
-from app.evaluation.build.llm import ChatClient, clean_question, question_messages
-from app.evaluation.golden_set import load_golden_set
-from app.evaluation.segments import query_language
+from app.evaluation.golden.build.literalness import literalness
+from app.evaluation.golden.build.llm import ChatClient, clean_question, question_messages
+from app.evaluation.golden.cases import load_golden_set
+from app.evaluation.report.segments import query_language
 from app.ingest.chunker import embedding_text, stored_chunk
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of

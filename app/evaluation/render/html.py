@@ -22,7 +22,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from app.evaluation.runner import NOT_IN_INDEX, NOT_RETRIEVED
+from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORST_CASES = 20

@@ -11,7 +11,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from app.evaluation.golden_set import GoldenCase, GoldenSet
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
 
 
 def canonical_json(value: Any) -> str:

@@ -12,8 +12,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from app.evaluation import stats
-from app.evaluation.records import (
+from app.evaluation.report.model import (
     BaselineRef,
     BeforeAfter,
     CaseChanges,
@@ -23,6 +22,7 @@ from app.evaluation.records import (
     StageDelta,
     UnjudgedAccount,
 )
+from app.evaluation.scoring import stats
 
 COMPARED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
 METRIC_LABELS = {

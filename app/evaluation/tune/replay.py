@@ -34,10 +34,10 @@ from datetime import date
 from statistics import fmean
 from typing import Any
 
-from app.evaluation.gate import check_gate
-from app.evaluation.golden_set import GoldenCase, GoldenSet
-from app.evaluation.report import summarize
-from app.evaluation.runner import CaseResult, Evaluation, score_case
+from app.evaluation.compare.gate import check_gate
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.build import summarize
+from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
 from app.retrieval.stages import build_stages, stage_order

@@ -1,0 +1,1 @@
+"""A report against its baseline: the comparison, which baseline, and the gate."""

@@ -1,0 +1,1 @@
+"""The golden set: its cases and their rules, BEIR import, and the audit."""

@@ -1,0 +1,1 @@
+"""The report rendered: Markdown, HTML, and the tuning report."""

@@ -1,0 +1,1 @@
+"""The measures of a ranked list against judgments, their statistics, and TREC export."""

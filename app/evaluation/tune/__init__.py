@@ -1,0 +1,1 @@
+"""Tuning: recorded runs replayed over settings grids, and held-out splits."""
