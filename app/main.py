@@ -18,20 +18,20 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from app import exit_codes
 from app.api.errors import install_error_handlers
-from app.api.jobs import JobBook, JobRunner
 from app.api.label import LabelDesk
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit
-from app.api.querylog import QueryLog, open_query_log
+from app.api.querylog import open_query_log
 from app.api.routes import router
+from app.api.state import AppState
 from app.settings import Settings
+
+__all__ = ["AppState", "create_app", "create_label_app", "startup_sequence", "stop_writers"]
 
 log = logging.getLogger("sieve")
 
@@ -43,31 +43,6 @@ QUERYLOG_CLOSE_S = 1.0
 EXIT_STARTUP_FAILED = exit_codes.UNAVAILABLE
 EXIT_GATE_FAILED = exit_codes.GATE_FAILED
 EXIT_INVALID_GOLDEN_SET = exit_codes.BAD_INPUT
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    phase: str = "starting"
-    ready: bool = False
-    error: str | None = None
-    exit_code: int = 0
-    sieve: object | None = None  # app.service.Sieve once loaded
-    owns_sieve: bool = False  # opened by this app's startup (then its shutdown closes it)
-    evaluation_progress: str | None = None
-    # serialises writers (ingest, evaluation) against each other; reads need no lock
-    write_lock: threading.Lock = field(default_factory=threading.Lock)
-    stopping: threading.Event = field(default_factory=threading.Event)
-    # monotonic time by which the process must be gone; set when the stop is asked (SIGTERM)
-    stop_deadline: float | None = None
-    jobs: JobBook = field(init=False)
-    job_runner: JobRunner = field(init=False)
-    querylog: QueryLog | None = None  # rag.querylog.enabled: opened and closed by the lifespan
-
-    def __post_init__(self) -> None:
-        server = self.settings.rag.server
-        self.jobs = JobBook(Path(server.jobs_dir), server.keep_jobs)
-        self.job_runner = JobRunner(self.jobs)
 
 
 def create_app(

@@ -21,7 +21,7 @@ from fastapi.security import HTTPBearer
 from app.api.errors import ApiError
 
 if TYPE_CHECKING:
-    from app.main import AppState
+    from app.api.state import AppState
     from app.service import Sieve
 
 # Declares the scheme in the OpenAPI document; the header itself is read and checked below.

@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from app.api.deps import READER_SECURITY, require_admin, require_reader, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
+from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse, evaluation_run_view
 from app.api.jobs import Job, JobInterrupted
 from app.api.querylog import QueryLogParams, query_record, read_newest
 from app.api.readiness import store_probe
@@ -282,6 +283,42 @@ def run_evaluation(request: Request) -> JSONResponse:
     if outcome.report is None:
         raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
     return JSONResponse(outcome.report)
+
+
+@router.post(
+    "/api/evaluations/runs",
+    response_model=EvaluationRunResponse,
+    tags=["evaluation"],
+    dependencies=admin,
+    responses=WRITE_ERRORS,
+)
+def run_evaluation_outcome(
+    request: Request, body: EvaluationRunRequest | None = None
+) -> EvaluationRunResponse:
+    """Run an evaluation now (admin token), as the startup one does with this server's chain and
+    `rag.evaluate` (the body may change K, the baseline and the thresholds for this run), write its reports
+    and answer with its outcome: the lines `sieve eval` prints, the report files, the gate. The answer comes
+    when the golden set has run (`sieve eval --server` waits for it). A baseline or golden set that cannot
+    be used is a 422 naming it; a write already running, 409."""
+    from app.evaluation.compare.comparison import BaselineError
+    from app.evaluation.startup import resolve_baseline, run_startup_evaluation
+
+    state = sieve_state(request)
+    sieve = require_sieve(request)
+    settings = (body or EvaluationRunRequest()).apply(state.settings.rag.evaluate)
+    try:
+        resolve_baseline(settings)
+    except BaselineError as exc:
+        raise ApiError(422, str(exc), field="baseline") from None
+    if not state.write_lock.acquire(blocking=False):
+        raise ApiError(409, "an evaluation or ingest is already running")
+    try:
+        outcome = run_startup_evaluation(sieve.evaluation_target(), settings, None)
+    finally:
+        state.write_lock.release()
+    if outcome.invalid_golden_set is not None:
+        raise ApiError(422, outcome.invalid_golden_set)
+    return evaluation_run_view(outcome)
 
 
 # how long GET /api/querylog waits for the entries queued before it to be written

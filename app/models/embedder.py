@@ -605,4 +605,15 @@ def configure_torch_threads() -> int:
     except RuntimeError:  # only allowed before the first parallel op; keep whatever is set
         pass
     _query_threads = threads
+    quiet_model_loading()
     return threads
+
+
+def quiet_model_loading() -> None:
+    """Keep transformers' load-time output off the terminal and the server log: its "Loading weights"
+    progress bar and its warnings (such as "`loss_type=None` was set in the config but it is unrecognized",
+    about a training loss an encoder never computes). Its errors still show."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from app import exit_codes
+from app.cli.common import fail, open_sieve, settings_with
+from app.settings import nested
 
 _THRESHOLD_FLAGS = {
     "min_recall": "--min-recall",
@@ -44,6 +46,12 @@ def add_eval_commands(sub: Any) -> None:
     ev.add_argument("--collection", help="collection for the BEIR corpus (default beir-<dir name>)")
     ev.add_argument(
         "--export-trec", metavar="DIR", help="also write run.trec and qrels.trec for trec_eval/ranx"
+    )
+    ev.add_argument(
+        "--server",
+        metavar="URL",
+        help="run the evaluation on a running `sieve serve` at URL with its loaded models and store "
+        "(admin token; default $SIEVE_SERVER)",
     )
     ev.set_defaults(func=eval_command)
 
@@ -97,13 +105,23 @@ def add_eval_commands(sub: Any) -> None:
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from app.cli import open_sieve, settings_with
-    from app.evaluation.compare.comparison import BaselineError, baseline_line
+    from app.cli.client import ServerError, server_url
+
+    try:
+        url = server_url(args.server)
+        if url is not None:
+            return _eval_on_server(url, args)
+    except ServerError as exc:
+        return fail(exc.message, exc.code)
+    return _eval_here(args)
+
+
+def _eval_here(args: argparse.Namespace) -> int:
+    from app.api.evaluations import evaluation_run_view
+    from app.evaluation.compare.comparison import BaselineError
     from app.evaluation.golden.audit import AuditSource, audit_section
-    from app.evaluation.golden.audit import summary_line as audit_summary
     from app.evaluation.golden.beir import load_beir_cases
     from app.evaluation.golden.cases import load_golden_set
-    from app.evaluation.report.build import k_label
     from app.evaluation.run.runner import KnownIds
     from app.evaluation.scoring.trec import export_evaluation
     from app.evaluation.startup import (
@@ -112,16 +130,12 @@ def eval_command(args: argparse.Namespace) -> int:
         run_description,
         run_evaluation,
         run_sweep,
-        summary_line,
     )
-    from app.evaluation.tune.grid import sweep_line
-    from app.settings import nested
 
     overrides: list[dict[str, Any]] = []
     if args.top_k is not None:
         if not 1 <= args.top_k <= 100:
-            print(f"error: --top-k must be between 1 and 100, got {args.top_k}", file=sys.stderr)
-            return exit_codes.BAD_INPUT
+            return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
         overrides.append(nested("rag.evaluate.top_k", args.top_k))
     if args.output_dir:
         overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
@@ -144,8 +158,7 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         baseline = resolve_baseline(ev)  # before anything runs: a bad baseline file costs nothing
     except BaselineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+        return fail(str(exc))
 
     sieve = open_sieve(settings)
     try:
@@ -169,33 +182,75 @@ def eval_command(args: argparse.Namespace) -> int:
     outcome = finish_evaluation(
         evaluation, ev, run_description(described, evaluation, known), baseline, sweep, audit
     )
-    report = outcome.report or {}
-    print(summary_line(report))
-    if report.get("comparison") is not None:
-        print(f"baseline: {baseline.note}")
-        print(baseline_line(report["comparison"], k_label(report)))
-        for difference in report["comparison"]["differences"]:
-            print(f"  changed: {difference}")
-    else:
-        print(f"no baseline: {baseline.note}")
-    line = sweep_line(report.get("sweep"))
-    if line:
-        print(line)
-    if report.get("audit") is not None:
-        print(f"golden-set audit: {audit_summary(report['audit'])}")
-    for path in outcome.paths:
-        print(f"report: {path}")
+    exported: list[str] = []
     if args.export_trec:
         run_path, qrels_path = export_evaluation(evaluation, Path(args.export_trec))
-        print(f"trec run: {run_path}\ntrec qrels: {qrels_path}")
-    for note in outcome.gate.notes:
+        exported = [f"trec run: {run_path}", f"trec qrels: {qrels_path}"]
+    return print_evaluation(evaluation_run_view(outcome), exported)
+
+
+# flags that name files or a dataset on this machine: a server evaluates its own golden set and store
+_LOCAL_ONLY_FLAGS = {
+    "golden_set": "--golden-set",
+    "output_dir": "--output-dir",
+    "beir": "--beir",
+    "collection": "--collection",
+    "export_trec": "--export-trec",
+}
+_SERVER_BASELINES = ("previous-passing", "previous", "none")
+
+
+def _eval_on_server(url: str, args: argparse.Namespace) -> int:
+    """`sieve eval --server URL`: `POST /api/evaluations/runs` with the admin token; the server runs its
+    golden set through its own chain and writes the reports in its `rag.evaluate.output_dir`."""
+    from app.api.evaluations import THRESHOLD_FIELDS, EvaluationRunResponse
+    from app.cli.client import SieveClient, server_token
+
+    given = [flag for name, flag in _LOCAL_ONLY_FLAGS.items() if getattr(args, name)]
+    if args.split != "test":
+        given.append("--split")
+    if given:
+        return fail(
+            f"{', '.join(given)} cannot be used with --server: the server evaluates its own golden set "
+            "(rag.evaluate.resource_location) and writes its reports in its rag.evaluate.output_dir"
+        )
+    if args.top_k is not None and not 1 <= args.top_k <= 100:
+        return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
+    if args.baseline is not None and args.baseline not in _SERVER_BASELINES:
+        return fail(
+            f"--baseline with --server must be one of {', '.join(_SERVER_BASELINES)} (a report file is "
+            f"read on the server, from its rag.evaluate.baseline), got {args.baseline!r}"
+        )
+    body: dict[str, Any] = {}
+    if args.top_k is not None:
+        body["topK"] = args.top_k
+    if args.baseline is not None:
+        body["baseline"] = args.baseline
+    for field, key in THRESHOLD_FIELDS.items():
+        value = getattr(args, key)
+        if value is not None:
+            body[field] = value
+    answer = SieveClient(url, server_token("admin", settings_with)).evaluate(body)
+    return print_evaluation(EvaluationRunResponse.model_validate(answer))
+
+
+def print_evaluation(view: Any, extra: list[str] | None = None) -> int:
+    """Print an `EvaluationRunResponse` as `sieve eval` does and return its exit code: the lines and the
+    report files on stdout (then `extra`), gate notes on stdout, warnings and failures on stderr; 1 when
+    a gate check failed."""
+    for line in view.lines:
+        print(line)
+    for path in view.reports:
+        print(f"report: {path}")
+    for line in extra or []:
+        print(line)
+    for note in view.gate.notes:
         print(f"gate note: {note}")
-    for warning in outcome.gate.warnings:
-        print(f"gate WARN: {warning.message}", file=sys.stderr)
-    failures = outcome.gate.failures
-    for failure in failures:
-        print(f"gate failed: {failure.message}", file=sys.stderr)
-    return exit_codes.GATE_FAILED if failures else exit_codes.OK
+    for warning in view.gate.warnings:
+        print(f"gate WARN: {warning}", file=sys.stderr)
+    for failure in view.gate.failures:
+        print(f"gate failed: {failure}", file=sys.stderr)
+    return exit_codes.GATE_FAILED if view.gate.failures else exit_codes.OK
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -203,11 +258,11 @@ def tune_command(args: argparse.Namespace) -> int:
     import time
     from datetime import UTC, datetime
 
-    from app.cli import open_sieve, settings_with
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.render.tune import tune_markdown, write_tune
     from app.evaluation.run.runner import KnownIds
     from app.evaluation.startup import run_evaluation
-    from app.evaluation.tune.grid import GridError, parse_grid, run_split, tune_markdown, write_tune
+    from app.evaluation.tune.grid import GridError, parse_grid, run_split
     from app.evaluation.tune.holdout import SplitError, check_split_flags, make_split
     from app.evaluation.tune.replay import record
     from app.settings import nested
@@ -323,9 +378,8 @@ def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from app.cli import settings_with
     from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports, load_report
-    from app.evaluation.report.build import comparison_markdown, k_label
+    from app.evaluation.render.markdown import comparison_markdown, k_label
     from app.evaluation.report.model import to_json
 
     try:

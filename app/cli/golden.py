@@ -60,7 +60,7 @@ def _generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from app import exit_codes
-    from app.cli import open_sieve, settings_with
+    from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden.build import generate as gen
     from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
     from app.settings import nested
@@ -145,7 +145,7 @@ def _check(args: argparse.Namespace) -> int:
     from datetime import date
 
     from app import exit_codes
-    from app.cli import open_sieve, settings_with
+    from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden import audit
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.report.model import to_json
@@ -196,7 +196,7 @@ def _add_baseline(sub: Any) -> None:
 
 
 def _evaluate_settings(args: argparse.Namespace) -> Any:
-    from app.cli import settings_with
+    from app.cli.common import settings_with
     from app.settings import nested
 
     overrides = [nested("rag.evaluate.output_dir", args.output_dir)] if args.output_dir else []
@@ -275,7 +275,7 @@ def _sample(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.api.querylog import log_files
-    from app.cli import settings_with
+    from app.cli.common import settings_with
     from app.evaluation.golden.build import sample
     from app.models import load_embedder
     from app.settings import nested
@@ -350,7 +350,7 @@ def _label(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.api.label import LabelDesk, LabelFiles
-    from app.cli import settings_with
+    from app.cli.common import settings_with
     from app.evaluation.golden.build.judgments import JudgmentsError
     from app.evaluation.golden.build.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
@@ -442,7 +442,7 @@ def _pool(args: argparse.Namespace) -> int:
     import sys
 
     from app import exit_codes
-    from app.cli import settings_with
+    from app.cli.common import settings_with
     from app.evaluation.golden.build.pool import QueueError, queue_report_file
 
     queue = args.queue or settings_with().rag.label.queue
@@ -479,7 +479,7 @@ def _export(args: argparse.Namespace) -> int:
     import sys
 
     from app import exit_codes
-    from app.cli import settings_with
+    from app.cli.common import settings_with
     from app.evaluation.golden.build.judgments import JudgmentsError, export_files
 
     settings = settings_with()

@@ -1,0 +1,94 @@
+"""The `sieve` command (also `python -m app`): one module per group of subcommands.
+
+- `app.cli.serve`: `serve`;
+- `app.cli.query`: `ingest`, `query`;
+- `app.cli.eval`: `eval`, `tune`, `compare`, `trec-eval`;
+- `app.cli.golden`: `golden ...`, `baseline ...`, `label`;
+- `app.cli.client`: `--server URL` (or `$SIEVE_SERVER`) on `query` and `eval`, which ask a running
+  `sieve serve` instead of loading the models here;
+- `app.cli.common`: the settings of this invocation, `open_sieve`, logging.
+
+Exit codes: one table for every subcommand and `sieve serve`, in `app.exit_codes`: 0 success; 1 an
+evaluation gate check failed; 2 bad input (configuration, files, golden set, baseline report, a token the
+server refuses); 3 the service could not start or the server could not be reached; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from app import exit_codes
+from app.cli.common import (
+    EXIT_GATE,
+    EXIT_INPUT,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    configure_logging,
+    open_sieve,
+    set_config_path,
+    settings_with,
+)
+from app.cli.eval import add_eval_commands
+from app.cli.golden import add_golden_commands
+from app.cli.query import add_query_commands, render_result
+from app.cli.serve import add_serve_command
+from app.settings import SettingsError
+
+__all__ = [
+    "EXIT_GATE",
+    "EXIT_INPUT",
+    "EXIT_OK",
+    "EXIT_RUNTIME",
+    "main",
+    "open_sieve",
+    "render_result",
+    "settings_with",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    set_config_path(args.config)
+    configure_logging(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return exit_codes.INTERRUPTED
+    except Exception as exc:  # the boundary: one clear line instead of a traceback
+        from app.evaluation.compare.comparison import BaselineError
+        from app.evaluation.golden.cases import GoldenSetError
+        from app.evaluation.scoring.trec import TrecFormatError
+        from app.models import ModelLoadError
+        from app.store import StoreError
+
+        if isinstance(exc, GoldenSetError | TrecFormatError | FileNotFoundError | BaselineError):
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_INPUT
+        if isinstance(exc, StoreError | ModelLoadError):
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_RUNTIME
+        raise
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sieve", description="RAG retrieval that grades itself.")
+    parser.add_argument(
+        "--config", help="YAML settings file (default: $SIEVE_CONFIG or config/application.yml)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_command(sub)
+    add_query_commands(sub)
+    add_eval_commands(sub)
+    add_golden_commands(sub)
+    return parser
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

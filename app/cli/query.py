@@ -1,0 +1,158 @@
+"""`sieve ingest` and `sieve query`: put documents in the store, ask the chain and show what each stage did.
+
+`sieve query --server URL` asks a running `sieve serve` (`app.cli.client`) and prints the same table or
+JSON as a query run here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from app.cli.client import ServerError, SieveClient, server_token, server_url
+from app.cli.common import EXIT_INPUT, EXIT_OK, fail, open_sieve, settings_with
+from app.settings import nested
+
+# characters of a chunk's text shown after its title in the human table
+SNIPPET_CHARS = 60
+
+
+def add_query_commands(sub: Any) -> None:
+    ingest = sub.add_parser(
+        "ingest", help="ingest files or directories (Markdown, text, JSONL, BEIR corpus.jsonl)"
+    )
+    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument(
+        "--rebuild", action="store_true", help="drop the collection first (e.g. a new embedder)"
+    )
+    ingest.set_defaults(func=ingest_command)
+
+    query = sub.add_parser("query", help="retrieve through the chain and show what each stage did")
+    query.add_argument("text")
+    query.add_argument("--top-k", type=int)
+    query.add_argument("--knowledge-tag")
+    query.add_argument("--json", action="store_true", help="print the same object as POST /api/retrieve")
+    query.add_argument("--debug", action="store_true", help="list every removed chunk with its reason")
+    query.add_argument(
+        "--server",
+        metavar="URL",
+        help="ask a running `sieve serve` at URL instead of loading the models here (default $SIEVE_SERVER)",
+    )
+    query.set_defaults(func=query_command)
+
+
+def ingest_command(args: argparse.Namespace) -> int:
+    # no query is made here: tracing the query model or reading every vector for the exact dense search
+    # would only add seconds to the start (and the exact search a read-back after every committed batch)
+    settings = settings_with(
+        nested("rag.models.trace_queries", False), nested("rag.store.exact_search_max_chunks", 0)
+    )
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:
+        return fail(f"no such file or directory: {', '.join(missing)}")
+    sieve = open_sieve(settings, rebuild=args.rebuild)
+    try:
+        report = sieve.ingest(args.paths, progress=True)
+    finally:
+        sieve.close()
+    print(report.summary())
+    for error in report.errors:
+        print(f"error: {error}", file=sys.stderr)
+    return EXIT_INPUT if report.errors else EXIT_OK
+
+
+def query_command(args: argparse.Namespace) -> int:
+    from app.api.schemas import RetrieveResponse, retrieve_response, to_json
+
+    text = args.text
+    if not text.strip():
+        return fail("query must not be blank")
+    if args.top_k is not None and not 1 <= args.top_k <= 100:
+        return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
+    try:
+        url = server_url(args.server)
+        if url is not None:
+            response = RetrieveResponse.model_validate(_ask_server(url, args))
+        else:
+            response = retrieve_response(_retrieve_here(args), debug=args.debug)
+    except ServerError as exc:
+        return fail(exc.message, exc.code)
+    if args.json:
+        print(json.dumps(to_json(response), ensure_ascii=False, indent=2))
+    else:
+        print(render_result(response))
+    return EXIT_OK
+
+
+def _retrieve_here(args: argparse.Namespace) -> Any:
+    settings = settings_with()
+    top_k = settings.rag.retrieval.top_k if args.top_k is None else args.top_k
+    sieve = open_sieve(settings)
+    try:
+        if settings.rag.ingest.on_startup and sieve.store.count() == 0 and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        return sieve.retrieve(args.text, top_k, args.knowledge_tag)
+    finally:
+        sieve.close()
+
+
+def _ask_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The server's `POST /api/retrieve` answer; the top-k default is the server's `rag.retrieval.top_k`."""
+    body: dict[str, Any] = {"query": args.text, "debug": args.debug}
+    if args.top_k is not None:
+        body["topK"] = args.top_k
+    if args.knowledge_tag is not None:
+        body["knowledgeTag"] = args.knowledge_tag
+    token = server_token("reader", settings_with)
+    return SieveClient(url, token).retrieve(body)
+
+
+def render_result(r: Any) -> str:
+    """The human table of a `RetrieveResponse`: one row per document (full doc id and source; only the
+    text is cut, to its first `SNIPPET_CHARS` characters), its attached chunks, then every stage."""
+    origins = ", ".join(f"{k} {v}" for k, v in r.candidateOrigins.items())
+    id_width = max([len("docId"), *(len(d.docId) for d in r.documents)])
+    source_width = max([len("source"), *(len(d.source) for d in r.documents)])
+    lines = [
+        f"query: {r.query}",
+        f"{r.finalCount} of {r.originalCount} candidates ({origins}); fallback used: "
+        f"{'yes' if r.fallbackUsed else 'no'}; {r.latencyMs:.0f} ms",
+        "",
+        f"{'#':>2}  {'docId':<{id_width}} {'source':<{source_width}} {'dense':>6} {'bm25':>7} {'fused':>7} "
+        f"{'rerank':>7}  title / text",
+    ]
+    for d in r.documents:
+        s = d.scores
+        lines.append(
+            f"{d.rank:>2}  {d.docId:<{id_width}} {d.source:<{source_width}} {_num(s.dense, 3):>6} "
+            f"{_num(s.bm25, 2):>7} {_num(s.fused, 4):>7} {_num(s.rerank, 2):>7}  "
+            f"{d.title}: {_snippet(d.text)}"
+        )
+        for a in d.attached:
+            heading = a.headingPath.split(" > ")[-1]
+            lines.append(f"{'':>4}+ attached {a.chunkId} [{heading}]: {_snippet(a.text)}")
+    if not r.documents:
+        lines.append("    (no documents)")
+    lines += ["", "stages:"]
+    for st in r.stages:
+        if st.skipped:
+            status = st.skipped
+        else:
+            status = f"{st.inputCount:>3} -> {st.outputCount:<3} removed {st.removed}"
+            if st.added:
+                status += f", added {st.added}"
+        lines.append(f"  {st.name:<21} {status:<40} {st.latencyMs:7.1f} ms")
+        for item in st.removedItems or []:
+            lines.append(f"      - {item.docId} ({item.chunkId}): {item.reason}")
+    return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _snippet(text: str) -> str:
+    """The first `SNIPPET_CHARS` characters of `text` with its whitespace runs folded to one space."""
+    return " ".join(text.split())[:SNIPPET_CHARS]

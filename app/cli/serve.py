@@ -1,0 +1,96 @@
+"""`sieve serve`: the HTTP API over uvicorn (ingests and evaluates at startup as configured)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from typing import Any
+
+from app.cli.common import EXIT_RUNTIME, log, settings_with
+from app.settings import nested
+
+
+def add_serve_command(sub: Any) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve the HTTP API (ingests and evaluates at startup as configured)"
+    )
+    serve.add_argument(
+        "--evaluate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the startup evaluation (rag.evaluate.enabled)",
+    )
+    serve.add_argument("--host", help="rag.server.host")
+    serve.add_argument("--port", type=int, help="rag.server.port")
+    serve.set_defaults(func=serve_command)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    import signal
+
+    import uvicorn
+
+    from app.main import create_app
+
+    overrides = []
+    if args.evaluate is not None:
+        overrides.append(nested("rag.evaluate.enabled", args.evaluate))
+    if args.host:
+        overrides.append(nested("rag.server.host", args.host))
+    if args.port:
+        overrides.append(nested("rag.server.port", args.port))
+    settings = settings_with(*overrides)
+    exit_code = {"code": 0}
+    server: uvicorn.Server | None = None
+
+    def on_fatal(code: int) -> None:
+        exit_code["code"] = code
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
+    state = app.state.sieve_state
+    deadline = settings.rag.server.shutdown_seconds
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Writers stop at their next slice from this moment, not after uvicorn has drained connections.
+            if state.stop_deadline is None:
+                state.stop_deadline = time.monotonic() + deadline
+                _exit_after(deadline - 0.25)
+            state.stopping.set()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
+        host=settings.rag.server.host,
+        port=settings.rag.server.port,
+        log_level="info",
+        log_config=None,
+        timeout_graceful_shutdown=max(1, int(deadline / 3)),
+    )
+    server = _Server(config)
+    # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the
+    # process as "killed by SIGTERM"; a clean shutdown on request is a success, so that re-raise is ignored.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return exit_code["code"]
+
+
+def _exit_after(seconds: float) -> None:
+    """The last resort of the shutdown deadline: end the process if it is still here after `seconds`."""
+    import threading
+
+    def force() -> None:
+        log.error("shutdown took longer than rag.server.shutdown_seconds; exiting now")
+        logging.shutdown()
+        os._exit(EXIT_RUNTIME)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
