@@ -19,20 +19,16 @@ from app.evaluation.compare.comparison import BaselineError, baseline_line, comp
 from app.evaluation.compare.gate import GateResult, check_gate
 from app.evaluation.golden.audit import AuditSource, attach_audit, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
-from app.evaluation.report.build import (
-    build_report,
-    invalid_report,
-    k_label,
-    render_markdown,
-    report_stamp,
-    write_reports,
-)
+from app.evaluation.render.files import report_stamp, write_reports
+from app.evaluation.render.markdown import k_label, render_markdown
 from app.evaluation.report.model import to_json
-from app.evaluation.report.segments import segments
+from app.evaluation.run.build import build_report, invalid_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
+from app.evaluation.run.segments import segments
 from app.evaluation.tune.grid import sweep_line, threshold_sweep
 from app.evaluation.tune.replay import record
+from app.files import utc_now
 from app.settings import ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
@@ -83,7 +79,12 @@ def run_startup_evaluation(
         check_knowledge_tags(golden, target.known)  # a case no chunk can match is a golden-set error
     except GoldenSetError as exc:
         log.error("[RetrievalEval] not run: %s", exc)
-        report = invalid_report(settings.resource_location, str(exc), run_header(described))
+        report = invalid_report(
+            settings.resource_location,
+            str(exc),
+            run_header(described),
+            utc_now().isoformat(timespec="seconds"),
+        )
         paths = write_reports(report, settings, render_markdown(report))
         _log_paths(paths)
         return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))

@@ -19,7 +19,8 @@ from app.evaluation.compare.baselines import (
     resolve_baseline,
 )
 from app.evaluation.compare.comparison import BaselineError
-from app.evaluation.report.build import invalid_report, write_reports
+from app.evaluation.render.files import write_reports
+from app.evaluation.run.build import invalid_report
 from app.evaluation.startup import EvaluationTarget, run_startup_evaluation
 from app.settings import ChainSettings, EvaluateSettings
 
@@ -206,7 +207,7 @@ def test_pruning_the_timestamped_reports_never_touches_the_pointer_files(tmp_pat
 
 
 def test_invalid_report_is_refused_as_a_pin(tmp_path) -> None:
-    bad = write(tmp_path / "bad.json", invalid_report("g.json", "broken", {}))
+    bad = write(tmp_path / "bad.json", invalid_report("g.json", "broken", {}, "2026-12-01T00:00:00+00:00"))
     with pytest.raises(BaselineError, match="bad.json: the baseline run did not evaluate anything"):
         baselines.pin(bad, settings(tmp_path / "out"))
     assert not pinned_report_path(settings(tmp_path / "out")).exists()

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet, GoldenSetError
-from app.evaluation.report.build import summary_record
+from app.evaluation.run.build import summary_record
 from app.evaluation.run.runner import NOT_IN_INDEX, KnownIds, evaluate
 from app.evaluation.scoring import metrics
 from tests.unit.test_runner import FakeChain

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
-from app.evaluation.report import build as report_module
-from app.evaluation.report.build import prune_reports, write_reports
+from app import files
+from app.evaluation.render.files import prune_reports, write_reports
 from app.settings import EvaluateSettings
 
 
@@ -60,7 +60,7 @@ def test_write_reports_prunes_to_keep_reports(tmp_path, monkeypatch) -> None:
     )
     stamped = sorted(p.name for p in tmp_path.iterdir() if "latest" not in p.name)
     assert len(stamped) == 2 and stamped[0] == "retrieval-eval-20260103T000000Z.json"
-    assert report_module.ordinary_file_mode() == 0o666 & ~_umask()
+    assert files.ordinary_file_mode() == 0o666 & ~_umask()
 
 
 def _umask() -> int:

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from app.evaluation.render.files import prune_reports, write_reports
 from app.evaluation.render.html import render_html
-from app.evaluation.report.build import prune_reports, write_reports
 from app.settings import EvaluateSettings
 from tests.fixtures.reports import SWEEP_PARAM, sample_report, sample_sweep
 

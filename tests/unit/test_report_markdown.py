@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.evaluation.compare.comparison import compare_reports
-from app.evaluation.report.build import comparison_markdown
+from app.evaluation.render.markdown import comparison_markdown
 from app.evaluation.report.model import to_json
 
 

@@ -7,8 +7,8 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.report.build import build_report, case_record, summary_record
 from app.evaluation.report.model import CaseRecord, Summary, to_json
+from app.evaluation.run.build import build_report, case_record, summary_record
 from app.evaluation.run.runner import evaluate
 from tests.unit.test_runner import KNOWN, FakeChain, golden
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.report.segments import groups, query_language, segments
+from app.evaluation.golden.language import query_language
+from app.evaluation.run.segments import groups, segments
 
 
 def case(cid, tags=(), tag=None, query="pay day", group=None, ndcg=1.0, hit=1.0, top=None, scored=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.report.segments import origin_comparison, origin_line, segments
+from app.evaluation.run.segments import origin_comparison, origin_line, segments
 
 
 def case(cid, ndcg=1.0, origin=None, literalness=None, scored=True, query="pay day"):

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.render.tune import tune_markdown, write_tune
 from app.evaluation.run.runner import KnownIds, evaluate
-from app.evaluation.tune.grid import parse_grid, run_folds, run_holdout, tune_markdown, write_tune
+from app.evaluation.tune.grid import parse_grid, run_folds, run_holdout
 from app.evaluation.tune.holdout import (
     HELD_OUT,
     TUNING,

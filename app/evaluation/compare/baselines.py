@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.evaluation.compare.comparison import BaselineError, load_report
-from app.evaluation.report.build import atomic_write_text
+from app.files import atomic_write_text
 from app.settings import EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")

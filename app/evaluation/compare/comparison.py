@@ -337,8 +337,8 @@ def describe_differences(
     """What changed between two runs, in words, from their fingerprints: each changed setting of the
     fingerprinted sections (rag.models, rag.ingest, rag.store, rag.retrieval, rag.chain:
     `rag.models.query_prompt: null -> "query: "`), the embedder, the corpus, the golden set (cases added,
-    removed, changed), K, asOf and the code version. A section only one report fingerprints (one written
-    before that section was) is named once, as unknown, rather than key by key."""
+    removed, changed), K, asOf and the code version. A section only one report fingerprints (the other
+    report's Sieve did not record it) is named once, as unknown, rather than key by key."""
     out: list[str] = []
     if "settings" not in b_run:
         out.append("the baseline report has no run fingerprint (written by an older Sieve): settings unknown")

@@ -33,6 +33,7 @@ from app.evaluation.golden.cases import (
 )
 from app.evaluation.report.model import Loss, RemovedItem, StageStat
 from app.evaluation.scoring import metrics
+from app.evaluation.scoring.metrics import match_key
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
 from app.retrieval.types import Candidate, RetrievalResult, knowledge_tag_of
 
@@ -145,14 +146,6 @@ class Evaluation:
     def k_mixed(self) -> bool:
         """True when some case carries its own topK different from the default K."""
         return any(c.k != self.default_k for c in self.cases)
-
-
-def match_key(candidate: Candidate, key: str) -> str:
-    if key == "chunk":
-        return candidate.chunk_id
-    if key == "source":
-        return candidate.source
-    return candidate.doc_id
 
 
 def evaluate(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 CONVENTIONS = (
     "Metric conventions: the ranked list is cut at K first, as returned; a relevant id counts once, "
@@ -303,3 +304,13 @@ def evidence_hit_at_k(
     """EvidenceHit@K = 1 when some acceptable evidence group is wholly among the chunks the top K returns,
     else 0 (the answer can be read from the top K). Equals 1 exactly when `evidence_recall_at_k` is 1."""
     return 1.0 if evidence_recall_at_k(ranked_chunks, groups, k) == 1.0 else 0.0
+
+
+def match_key(candidate: Any, key: str) -> str:
+    """The id a retrieved document is matched on for a case's `matchOn` (`key`): its `chunk_id` for
+    "chunk", its `source` for "source", else its `doc_id`."""
+    if key == "chunk":
+        return str(candidate.chunk_id)
+    if key == "source":
+        return str(candidate.source)
+    return str(candidate.doc_id)

@@ -247,15 +247,13 @@ def evaluate_run(
 
 def export_evaluation(evaluation: Any, directory: Path) -> tuple[Path, Path]:
     """Write the evaluation's run (documents as ranked, first occurrence of each id) and qrels."""
-    from app.evaluation.run.runner import match_key  # the runner imports nothing from here
-
     directory.mkdir(parents=True, exist_ok=True)
     run: dict[str, list[tuple[str, float]]] = {}
     qrels: dict[str, dict[str, float]] = {}
     for c in evaluation.cases:
         if c.result is None or c.metrics is None:
             continue
-        ranked = list(dict.fromkeys(match_key(d, c.key) for d in c.result.documents[: c.k]))
+        ranked = list(dict.fromkeys(metrics.match_key(d, c.key) for d in c.result.documents[: c.k]))
         run[c.case.id] = scores_from_ranking(ranked)
         qrels[c.case.id] = {doc: int(round(g)) for doc, g in c.relevance.items()}
     run_path, qrels_path = directory / "run.trec", directory / "qrels.trec"

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 from app.evaluation.golden.build.literalness import literalness
 from app.evaluation.golden.build.llm import ChatClient, clean_question, question_messages
 from app.evaluation.golden.cases import load_golden_set
-from app.evaluation.report.segments import query_language
+from app.evaluation.golden.language import query_language
 from app.ingest.chunker import embedding_text, stored_chunk
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of

@@ -48,7 +48,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
-from app.evaluation.report.build import atomic_write_text
+from app.files import atomic_write_text
 
 GRADES = (0, 1, 2, 3)
 FORBIDDEN = "forbidden"

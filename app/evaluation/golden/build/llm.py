@@ -21,7 +21,7 @@ import httpx
 
 from app.settings import LlmSettings
 
-# One prompt per passage language (app.evaluation.report.segments.query_language of the passage text).
+# One prompt per passage language (app.evaluation.golden.language.query_language of the passage text).
 PROMPTS = {
     "zh": (
         "你在为一个文档检索系统编写评测问题。",

@@ -355,7 +355,7 @@ def _queue_from_comparison(comparison: Mapping[str, Any]) -> list[QueueEntry]:
 
 def write_queue(path: Path, entries: Sequence[QueueEntry], source: str) -> None:
     """Replace the queue file with `entries` (JSONL, one case a line), all at once."""
-    from app.evaluation.report.build import atomic_write_text
+    from app.files import atomic_write_text
 
     at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from statistics import fmean
 from typing import Any
 
 from app.evaluation.golden.build.literalness import band
+from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import Group, Segment, SegmentDelta
 from app.evaluation.scoring import stats
 
@@ -21,26 +22,6 @@ SEGMENT_KINDS = ("tag", "knowledgeTag", "language", "origin", "literalness")
 ORIGINS = ("manual", "generated", "log")
 # segment names in reading order where alphabetical order would not do
 _NAME_ORDER = {"origin": ORIGINS, "literalness": ("low", "mid", "high")}
-
-
-def is_cjk(ch: str) -> bool:
-    """A CJK ideograph (the Unified Ideographs blocks, extension A, the compatibility block, and
-    extensions B and later in planes 2-3)."""
-    code = ord(ch)
-    return (
-        0x4E00 <= code <= 0x9FFF
-        or 0x3400 <= code <= 0x4DBF
-        or 0xF900 <= code <= 0xFAFF
-        or 0x20000 <= code <= 0x3FFFF
-    )
-
-
-def query_language(text: str) -> str:
-    """ "zh" when more than half of the query's letters (`str.isalpha`) are CJK ideographs, else "en"
-    (a query with no letters is "en")."""
-    letters = [ch for ch in text if ch.isalpha()]
-    cjk = sum(1 for ch in letters if is_cjk(ch))
-    return "zh" if letters and 2 * cjk > len(letters) else "en"
 
 
 def _members(cases: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:

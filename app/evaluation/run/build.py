@@ -1,0 +1,340 @@
+"""The report built from a run, without I/O or clock: `build_report` turns an `Evaluation` (and the run
+description, whose timestamps come in) into the report JSON (`schemaVersion`), case records and the per-stage
+table included; the segments and paraphrase groups are computed here, once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from statistics import fmean
+from typing import Any
+
+from app.evaluation.golden.language import query_language
+from app.evaluation.report.model import CaseRecord, RankedDocument, StageRow, Summary, to_json
+from app.evaluation.run.fingerprint import case_sha256
+from app.evaluation.run.runner import (
+    NOT_IN_INDEX,
+    NOT_RETRIEVED,
+    RANKED_OUT,
+    CaseResult,
+    Evaluation,
+    match_key,
+)
+from app.evaluation.run.segments import groups, origin_comparison, segments
+from app.evaluation.scoring import metrics
+
+SCHEMA_VERSION = 2
+SUMMARY_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate")
+AT_K_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
+CONDENSED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
+WORST_CASES = 20
+SNIPPET_CHARS = 200
+
+
+def summarize(evaluation: Evaluation) -> dict[str, Any]:
+    """The report JSON's `summary`: `summary_record` through the one serialiser."""
+    return to_json(summary_record(evaluation))
+
+
+def summary_record(evaluation: Evaluation) -> Summary:
+    """Macro averages over the cases with relevant documents; no-answer cases get their own figures."""
+    cases = evaluation.cases
+    scored = [c for c in cases if c.metrics is not None]
+    no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
+    batch_latencies = [c.latency_ms for c in cases if c.latency_ms is not None]
+    single_latencies = [c.single_latency_ms for c in cases if c.single_latency_ms is not None]
+
+    def mean_of(name: str) -> float | None:
+        return fmean(c.metrics[name] for c in scored) if scored else None  # type: ignore[index]
+
+    lost: dict[str, int] = {}
+    for c in cases:
+        for item in c.lost:
+            lost[item.where] = lost.get(item.where, 0) + 1
+    return Summary(
+        cases=len(cases),
+        succeeded=sum(1 for c in cases if c.error is None),
+        failed=sum(1 for c in cases if c.error is not None),
+        scored_cases=len(scored),
+        recall=mean_of("recall"),
+        hit_rate=mean_of("hitRate"),
+        mrr=mean_of("mrr"),
+        ndcg=mean_of("ndcg"),
+        precision=mean_of("precision"),
+        top1_accuracy=mean_of("top1Accuracy"),
+        duplicate_rate=mean_of("duplicateRate"),
+        counts={
+            "scoredCases": len(scored),
+            "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
+            "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
+            "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
+        },
+        k_mixed=evaluation.k_mixed,
+        at_k={
+            str(k): {
+                m: (
+                    fmean(c.at_k[k][m] for c in scored if k in c.at_k)
+                    if any(k in c.at_k for c in scored)
+                    else None
+                )
+                for m in AT_K_METRICS
+            }
+            for k in evaluation.k_values
+        },
+        latency_ms=metrics.latency_summary(single_latencies) if single_latencies else None,
+        latency_sample_cases=len(single_latencies),
+        batch_latency_ms=metrics.latency_summary(batch_latencies) if batch_latencies else None,
+        no_answer={
+            "cases": len(no_answer),
+            "correctAbstentionRate": fmean(1.0 if c.abstained else 0.0 for c in no_answer)
+            if no_answer
+            else None,
+            "falseAnswerRate": fmean(0.0 if c.abstained else 1.0 for c in no_answer) if no_answer else None,
+        },
+        forbidden={
+            "hits": sum(len(c.forbidden_found) for c in cases),
+            "cases": sum(1 for c in cases if c.forbidden_found),
+        },
+        expected_missing_from_index=sum(len(c.missing_from_index) for c in cases),
+        lost_by=dict(sorted(lost.items())),
+        failed_case_ids=[
+            c.case.id
+            for c in cases
+            if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
+        ],
+        judged=fmean(c.judged for c in scored if c.judged is not None)
+        if any(c.judged is not None for c in scored)
+        else None,
+        unjudged_in_top_k=sum(len(c.unjudged) for c in scored),
+        condensed={
+            m: (
+                fmean(c.condensed[m] for c in scored if c.condensed)
+                if any(c.condensed for c in scored)
+                else None
+            )
+            for m in CONDENSED_METRICS
+        },
+        evidence=_evidence_summary(cases),
+    )
+
+
+def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
+    """Over the cases that name evidence and ran: their count, mean evidenceRecall and evidenceHit, and
+    where the evidence chunks of the unanswered ones were lost."""
+    with_evidence = [c for c in cases if c.evidence is not None]
+    lost: dict[str, int] = {}
+    for c in with_evidence:
+        for item in c.evidence_lost:
+            lost[item.where] = lost.get(item.where, 0) + 1
+    return {
+        "cases": len(with_evidence),
+        "evidenceRecall": fmean(c.evidence["evidenceRecall"] for c in with_evidence)  # type: ignore[index]
+        if with_evidence
+        else None,
+        "evidenceHit": fmean(c.evidence["evidenceHit"] for c in with_evidence)  # type: ignore[index]
+        if with_evidence
+        else None,
+        "lostBy": dict(sorted(lost.items())),
+    }
+
+
+def stage_table(evaluation: Evaluation) -> list[StageRow]:
+    """Per stage, over all cases: removed, removedRelevant, latency, and the averages of Recall/MRR/nDCG of
+    the list after that stage (first row: the raw candidates)."""
+    ok = [c for c in evaluation.cases if c.result is not None]
+    scored = [c for c in ok if c.metrics is not None]
+    rows = [
+        StageRow(
+            name="candidates",
+            enabled=True,
+            skipped=None,
+            removed=0,
+            removed_relevant=0,
+            added=0,
+            latency_ms=_mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
+            after_stage=_after(scored, "candidates"),
+        )
+    ]
+    for i, name in enumerate(evaluation.stage_names):
+        stats = [c.stage_stats[i] for c in ok if i < len(c.stage_stats)]
+        skipped = {s.skipped for s in stats if s.skipped}
+        rows.append(
+            StageRow(
+                name=name,
+                enabled=all(s.enabled for s in stats) if stats else True,
+                skipped="; ".join(sorted(skipped)) or None,
+                removed=sum(s.removed for s in stats),
+                removed_relevant=sum(s.removed_relevant for s in stats),
+                added=sum(s.added for s in stats),
+                latency_ms=_mean([s.latency_ms for s in stats]),
+                after_stage=_after(scored, name),
+            )
+        )
+    return rows
+
+
+def _after(scored: list[CaseResult], stage: str) -> dict[str, float | None]:
+    values = [c.after_stage[stage] for c in scored if stage in c.after_stage]
+    return {
+        m: (fmean(v[m] for v in values if m in v) if any(m in v for v in values) else None)
+        for m in ("recall", "mrr", "ndcg", "judged")
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(fmean(values), 3) if values else None
+
+
+def build_report(
+    evaluation: Evaluation,
+    run_info: dict[str, Any],
+    gate: dict[str, Any] | None = None,
+    comparison: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report JSON. `gate` and `comparison` are the JSON of `GateResult` and `Comparison`; the
+    caller (startup.finish_evaluation) fills them in once the baseline is compared."""
+    summary = summarize(evaluation)
+    origins: dict[str, int] = {}
+    for c in evaluation.cases:
+        if c.result is not None:
+            for k, v in c.result.trace.candidate_origins.items():
+                origins[k] = origins.get(k, 0) + v
+    started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
+    cases = [to_json(case_record(c)) for c in evaluation.cases]
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "status": "ok",
+        "run": {
+            **run_info,
+            "startedAt": started,
+            "evaluatedAt": run_info.get("evaluatedAt") or started,
+            "durationMs": round(evaluation.duration_ms, 1),
+            "goldenSet": evaluation.golden.path,
+            "datasetVersion": evaluation.golden.dataset_version,
+            "k": evaluation.default_k,
+            "kValues": list(evaluation.k_values),
+            "asOf": evaluation.as_of.isoformat() if evaluation.as_of else run_info.get("asOf"),
+            "conventions": metrics.CONVENTIONS,
+        },
+        "summary": summary,
+        "comparison": comparison,
+        "gate": gate or {"passed": True, "checks": [], "failures": [], "notes": []},
+        "stages": to_json(stage_table(evaluation)),
+        "segments": to_json(segments(cases)),
+        "origins": origin_comparison(cases),
+        "groups": to_json(groups(cases)),
+        "candidateOrigins": origins,
+        "warnings": evaluation.warnings,
+        "cases": cases,
+    }
+
+
+def invalid_report(golden_path: str, error: str, run_info: dict[str, Any], started_at: str) -> dict[str, Any]:
+    """The report of a run that could not start (the golden set is broken): it says why nothing ran."""
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "status": "invalid",
+        "error": error,
+        "run": {**run_info, "goldenSet": golden_path, "startedAt": started_at},
+        "summary": None,
+        "comparison": None,
+        "gate": {"passed": False, "checks": [], "failures": [], "notes": []},
+        "sweep": None,
+        "stages": [],
+        "segments": [],
+        "origins": None,
+        "groups": [],
+        "cases": [],
+    }
+
+
+def case_record(c: CaseResult) -> CaseRecord:
+    case = c.case
+    docs = c.result.documents if c.result else []
+    relevant = metrics.relevant_ids(c.relevance)
+    seen: set[str] = set()
+    ranked = []
+    for rank, d in enumerate(docs, start=1):
+        key = match_key(d, c.key)
+        if d.doc_id in case.forbidden_doc_ids:
+            reason = "FORBIDDEN"
+        elif key in relevant and key in seen:
+            reason = "duplicate of a higher-ranked hit"
+        elif key in relevant:
+            grade = c.relevance.get(key, 1.0)
+            reason = f"relevant (grade {grade:g})"
+        elif key in c.judged_ids:
+            reason = "judged not relevant"
+        else:
+            reason = "unjudged"
+        ranked.append(
+            RankedDocument(
+                rank=rank,
+                doc_id=d.doc_id,
+                chunk_id=d.chunk_id,
+                source=d.source,
+                title=d.title,
+                scores={k: round(v, 6) for k, v in d.scores.items()},
+                origin=sorted(d.origin),
+                matched=key in relevant and key not in seen,
+                reason=reason,
+                snippet=d.text[:SNIPPET_CHARS],
+                attached=[a.chunk_id for a in d.attached],
+            )
+        )
+        seen.add(key)
+    result = c.result
+    return CaseRecord(
+        id=case.id,
+        query=case.query,
+        knowledge_tag=case.knowledge_tag,
+        top_k=c.k,
+        note=case.note,
+        tags=case.tags,
+        group=case.group,
+        language=query_language(case.query),
+        origin=case.origin,
+        generator=case.generator,
+        passage_chunk_id=case.passage_chunk_id,
+        literalness=case.literalness,
+        case_sha256=case_sha256(case),
+        match_on=c.key,
+        expected=dict(c.relevance),
+        forbidden_doc_ids=case.forbidden_doc_ids,
+        expect_no_answer=case.expect_no_answer,
+        status=c.status,
+        error=c.error,
+        metrics=c.metrics,
+        at_k={str(k): {m: v[m] for m in AT_K_METRICS} for k, v in c.at_k.items()},
+        expected_count=c.counts.get("expectedCount", len(relevant)),
+        hit_count=c.counts.get("hitCount"),
+        first_hit_rank=c.counts.get("firstHitRank"),
+        original_count=result.original_count if result else None,
+        final_count=len(result.documents) if result else None,
+        abstained=c.abstained if case.expect_no_answer else None,
+        latency_ms=c.latency_ms,
+        single_latency_ms=c.single_latency_ms,
+        fallback_used=result.fallback_used if result else None,
+        ranked_documents=ranked,
+        filter_stats=list(c.stage_stats),
+        after_stage=c.after_stage,
+        lost=list(c.lost),
+        forbidden_found=c.forbidden_found,
+        missing_from_index=c.missing_from_index,
+        judged=c.judged,
+        unjudged=list(c.unjudged),
+        condensed=c.condensed,
+        evidence_groups=c.evidence_groups,
+        evidence=c.evidence,
+        evidence_lost=list(c.evidence_lost),
+        expanded_sources=c.expanded_sources,
+    )
+
+
+__all__ = [
+    "NOT_IN_INDEX",
+    "NOT_RETRIEVED",
+    "RANKED_OUT",
+    "build_report",
+    "invalid_report",
+    "summarize",
+]
