@@ -35,7 +35,7 @@ bench-eval: install
 	$(BIN)/python scripts/bench_eval.py
 
 # Quality on the BEIR datasets in ../shared/datasets (SIEVE_DATASETS=DIR elsewhere) -> docs/benchmarks.md.
-# The first run embeds SciFact's corpus (about 15 min on 2 cores); later runs reuse the store.
+# The first run embeds SciFact's corpus (about 18 min on 2 idle cores); later runs reuse the store.
 bench-quality: install
 	$(BIN)/python scripts/bench_quality.py
 

@@ -66,7 +66,7 @@ class ModelsSettings(_Strict):
     # slices, so a query waits for at most one slice behind a large write.
     ingest_slice_ms: float = Field(100.0, gt=0.0)
     # Ingest workers: threads that embed ingest slices side by side, each on one torch intra-op thread.
-    # None = every core this process may use; 1 = one slice at a time (the path before issue 11).
+    # None = every core this process may use; 1 = one slice at a time, in the caller's thread.
     # Queries keep their own measured choice ($OMP_NUM_THREADS, else half the cores): see embedder.py.
     threads: int | None = Field(None, ge=1, le=256)
     # Queries that arrive together are embedded in one model call, up to this many texts (1 = no batching).

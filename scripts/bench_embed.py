@@ -10,7 +10,7 @@ the 1-minute load average is printed beside every figure):
    path (`Embedder.embed_passages`: ~250 ms slices in length order) on 1 worker and on one worker per core,
    each worker on 1 intra-op thread; ONNX Runtime fp32 (the model exported with `torch.onnx.export`) on
    1 thread and every core. Passages/s, and the smallest cosine of each one's vectors to torch 1 thread
-   batch 32 (today's path).
+   batch 32 (the reference).
 2. Two thirds of those passages through 1 worker and one worker per core while another process spins on
    one core (`python -c 'while 1: pass'`, in a session of its own), alternately 1 N N 1 ..., `2 * --rounds`
    times each: does a busy machine make the workers slower than one?

@@ -10,10 +10,9 @@ base is ingested at its start), an admin token and the evaluation off, then meas
 3. `--clients` threads each sending `--queries` queries on their own connection: errors, throughput, p95,
    and the throughput ratio to one sequential client (the idle phase);
 4. unless --no-compare, the server is restarted on the same store once per setting of `COMPARED`, and
-   phases 1 and 3 run again: `query_slots=1` (one query model call at a time, as before the slots),
-   `max_query_batch=1` (queries embedded one model call each, as before issue 11: the batcher's gain and
-   its p95) and `trace_queries=false` (the query model eager, not traced), so each is compared with the
-   default within one run.
+   phases 1 and 3 run again: `query_slots=1` (one query model call at a time), `max_query_batch=1`
+   (queries embedded one model call each: the batcher's gain and its p95) and `trace_queries=false` (the
+   query model eager, not traced), so each is compared with the default within one run.
 Prints a Markdown block and writes it between the `bench-load` markers of `--doc` (unless --no-doc).
 Figures vary with what else the machine runs: compare the ratios of one run, not runs with each other.
 """

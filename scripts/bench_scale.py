@@ -1,4 +1,4 @@
-"""Sieve at scale: synthetic collections of 100k and 1M chunks, measured (issue 11 §2).
+"""Sieve at scale: synthetic collections of 100k and 1M chunks, measured.
 
     python scripts/bench_scale.py [--sizes 100000,1000000] [--workdir target/bench-scale] [--doc FILE]
 

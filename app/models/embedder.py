@@ -77,7 +77,7 @@ class Embedder:
         query_slots: int = 1,
     ):
         """`workers`: ingest slices run on this many threads at once, each on one torch intra-op thread
-        (1: one slice at a time in the caller's thread, the path before issue 11; see `embed_passages`).
+        (1: one slice at a time in the caller's thread; see `embed_passages`).
         `query_threads`: torch intra-op threads for query calls, set in the calling thread before each one
         (None: leave torch as it is). `max_query_batch` > 1: concurrent `embed_queries` calls are embedded
         together (see batcher.py). `query_model`: what runs the model for queries in place of

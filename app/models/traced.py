@@ -3,7 +3,7 @@
 Why. In eager mode a forward pass of a transformer returns to Python between its operators, hundreds of
 times, and every return must take the GIL back. In a server other request threads hold the GIL for their
 chain and HTTP work, and each re-take can wait for the interpreter's switch interval (5 ms). Measured here
-in one process (docs/benchmarks.md, "Load"): one batch of 4 SciFact queries took 88 ms alone and 2,140 ms
+in one process: one batch of 4 SciFact queries took 88 ms alone and 2,140 ms
 beside one thread running Python; traced, 101 and 227 ms. A trace
 (`torch.jit.trace`) runs the forward pass in TorchScript's C++ interpreter, which holds the GIL only at its
 two ends.

@@ -15,7 +15,7 @@ block owns it while it lives, and other threads' settings are then ignored witho
 are threadpoolctl's findings at the first call: every BLAS loaded by then, numpy's among them (this module
 imports numpy first). A BLAS loaded after that (scipy's, which sentence-transformers brings) multiplies
 nothing of numpy's and is left alone. Any other BLAS (an OpenMP OpenBLAS, MKL, BLIS) gets threadpoolctl's
-`limit`, as before.
+`limit`.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ class CandidateGenerator:
         """The dense top `candidate_k` of each query vector, among the chunks tagged `tag` if not None.
 
         Chroma's search with `where` (its filtered HNSW search) costs far more than an unfiltered one at
-        scale: 0.5-2.3 s a query at 1M chunks, against 86 ms for the nearest 4,000 (docs/benchmarks.md).
+        scale: 0.5-2.3 s a query at 1M chunks, against 86 ms for the nearest 4,000 (docs/scaling.md).
         So, when the lexical index knows that `tag` has `count` of its `live` chunks, the nearest
         n = ceil(POST_FILTER_MARGIN * candidate_k * live / count) chunks are fetched unfiltered, if n is at
         most `tag_post_filter_max`, and the first `candidate_k` of them with the tag (by the index's tags)

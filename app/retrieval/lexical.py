@@ -411,8 +411,8 @@ class Bm25Index:
         """(arrays and string lists of the live chunks, tag names), for `lexical_files.save`.
 
         The lock is held only while the index's arrays are copied (211 MiB, 0.1 s at 1M chunks);
-        the sort that puts the postings in CSR form runs after it, beside queries and writes. Holding it for
-        the whole export stalled every query for 9-11 s at 1M chunks (docs/scaling.md)."""
+        the sort that puts the postings in CSR form runs after it, beside queries and writes. Held for the
+        whole export, it would stall every query for the export's 6-11 s at 1M chunks (docs/scaling.md)."""
         with self._lock:
             raw, tags = self._raw(copy=True), list(self._tags)
         return _export(raw), tags

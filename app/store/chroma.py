@@ -418,7 +418,7 @@ class ChromaStore:
         """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
         of `doc_ids`: a `get` by ids, and one with `where: {doc_id: {$in: ...}}`. The first costs what is
         asked; the second does not: any `where` took Chroma 150-166 ms at 1M chunks whatever it matched
-        (docs/benchmarks.md), still far from re-reading the collection's metadata, as writes did before."""
+        (docs/scaling.md), still far less than re-reading the collection's metadata."""
         out: dict[str, dict[str, Any]] = {}
         batch = self._max_batch()
         for start in range(0, len(chunk_ids), batch):

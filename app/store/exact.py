@@ -1,7 +1,7 @@
 """Exact nearest-neighbour search over every chunk's vector, held in this process, for a collection of up to
 `rag.store.exact_search_max_chunks` chunks (`ChromaStore.query_ids` uses it when it can).
 
-Why. Measured on SciFact (17,986 chunks, 384 dimensions, one query at a time, docs/benchmarks.md "Chain"):
+Why. Measured on SciFact (17,986 chunks, 384 dimensions, one query at a time, scripts/bench_chain.py):
 Chroma's HNSW search for the 50 nearest took 3.4-4.0 ms at `ef_search` 200, about 0.9 ms of it the call's
 fixed cost and the rest the graph walk (3.2 ms at `ef_search` 100, which found only 97.3% of the true top
 50). One float32 matrix-vector product over all the vectors and a partial sort took 0.7-2.1 ms, and finds
@@ -28,7 +28,7 @@ transposed operand. Measured at 18k x 384 (300 queries, numpy's OpenBLAS on 2 th
 against 1.01 for chunks as rows between reads of 4 MB of other memory, and 1.02 against 1.33 between
 pauses of 1 ms; in the chain (scripts/bench_chain.py, six runs alternated with the rows layout) the
 dense search took 1.53-1.88 ms against 2.09-2.40. It sums each cosine in another order than the rows
-layout did: scores moved by at most 3.6e-7 over the 300 SciFact test queries, no query's top 10 changed.
+layout: scores differ by at most 3.6e-7 over the 300 SciFact test queries, no query's top 10 differs.
 
 Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 46 MB at the default limit of 30,000),
 plus the ids.

@@ -1,5 +1,5 @@
 """Two `sieve serve` processes on one real `chroma run`: a document written through one is found by the
-other's BM25 within rag.lexical.refresh_seconds, and a replaced one disappears from it (issue 11)."""
+other's BM25 within rag.lexical.refresh_seconds, and a replaced one disappears from it."""
 
 from __future__ import annotations
 

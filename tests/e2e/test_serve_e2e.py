@@ -313,9 +313,8 @@ def big_document(doc_id: str, sections: int) -> dict[str, str]:
     return {"id": doc_id, "title": "Archive procedures", "text": body, "knowledge": "archive"}
 
 
-# Issue 11 changed what an interrupted job leaves: issue 8's ingest wrote nothing before it had embedded
-# everything; ingest now stores committed batches (rag.ingest.commit_chunks), which stay, and sending the
-# documents again embeds only the rest.
+# An interrupted job keeps the batches it committed (rag.ingest.commit_chunks), and sending the documents
+# again embeds only the rest.
 def test_sigterm_during_a_large_write_stops_in_time_keeps_its_committed_batches_and_a_resend_finishes_it(
     serve,
 ) -> None:

@@ -216,7 +216,7 @@ def test_a_write_over_sync_write_chunks_becomes_a_job_with_progress_and_report(
         assert client.post("/api/retrieve", json=QUERY).status_code == 200
         job = wait_job(client, job_id)
         assert job["state"] == "done", job
-        # issue 11: progress also counts the new chunks stored in committed batches
+        # progress also counts the new chunks stored in committed batches
         assert job["chunks"] == 4 and job["progress"] == {"embedded": 4, "stored": 4, "chunks": 4}
         assert job["report"]["added"] == 4 and job["report"]["errors"] == []
         listed = client.get("/api/jobs", headers=ADMIN).json()["jobs"]

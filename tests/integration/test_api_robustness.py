@@ -1,6 +1,5 @@
 """Hostile requests against a real uvicorn server over one keep-alive connection, a real Sieve (the packaged
-e5 embedder, an embedded Chroma holding the sample base) and a real `chroma run` for readiness (issue 8 §3,
-§4).
+e5 embedder, an embedded Chroma holding the sample base) and a real `chroma run` for readiness.
 
 Every request in a test goes over the same TCP connection (`http.client`, no reconnects): a server that
 answered and then dropped the connection would fail the next request.

@@ -1,7 +1,7 @@
 """Schemathesis against /openapi.json: generated valid and invalid requests for every operation, on the real
 app over a real Sieve (the packaged e5 embedder, an embedded Chroma holding a copy of the sample base).
 Checks: no 5xx, every status code and content type declared, every body valid against its declared schema, and
-requests that break the schema rejected with a 4xx (issue 8 §3).
+requests that break the schema rejected with a 4xx.
 
 Bounded: `MAX_EXAMPLES` per operation and per mode (positive, negative); about a minute on 2 busy cores.
 """

@@ -1,5 +1,5 @@
 """`sieve ingest` and `sieve eval` given hostile files: exit 2 with lines naming file and line, never a
-traceback or exit 1 (the "gate failed" code) (issue 8 §3)."""
+traceback or exit 1 (the "gate failed" code)."""
 
 from __future__ import annotations
 

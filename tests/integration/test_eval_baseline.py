@@ -248,7 +248,7 @@ def test_a_run_that_fails_its_gate_never_becomes_the_baseline(
     assert comp["baseline"]["note"] == f"last passing report {own}"
     assert f"baseline: last passing report {own}" in out
     assert f"[RetrievalEval] baseline: last passing report {own}" in logs
-    # the "What changed: nothing": the prompt is named now
+    # a changed prompt is named among the differences, not reported as "What changed: nothing"
     assert comp["differences"] == ['rag.models.query_prompt: null -> "query: "']
     assert third["run"]["settingsSha256"] != first["run"]["settingsSha256"]
     assert third["run"]["chainSha256"] == first["run"]["chainSha256"]

@@ -303,8 +303,8 @@ def test_a_document_over_max_document_chars_is_an_error_naming_its_line_and_keep
     assert harness.ids_by_doc()["j2"] == before["j2"]  # the file had an error: j2 keeps its old chunk
 
 
-# Issue 11 changed what an interrupted ingest leaves: it used to write nothing (issue 8); it now keeps the
-# batches it committed (rag.ingest.commit_chunks), and the rerun embeds only the rest.
+# An interrupted ingest keeps the batches it committed (rag.ingest.commit_chunks), and the rerun embeds
+# only the rest.
 def test_an_ingest_stopped_before_its_first_commit_writes_nothing(
     tmp_path, harness, tiny_embedder, monkeypatch
 ):
@@ -394,7 +394,7 @@ def test_a_copy_under_another_id_gets_the_very_same_vector_and_is_embedded_once(
 
 def test_a_documents_only_write_reads_only_its_own_documents_chunks_not_the_whole_store(tmp_path, harness):
     """An API write (documents, no files) finds what it replaces with two indexed lookups (its chunk ids,
-    its doc ids): its cost follows the write, not the collection (issue 11: 1M chunks were all read back)."""
+    its doc ids): its cost follows the write, not the collection (no read of every chunk's metadata)."""
     kb = write_kb(tmp_path)
     harness.ingest(kb)
     before = harness.ids_by_doc()

@@ -1,5 +1,5 @@
 """Ingest of hostile folders into a real embedded Chroma: every problem is in the report, nothing raises
-half-way, nothing outside the folder is read unless `rag.ingest.follow_symlinks` says so (issue 8 §3).
+half-way, nothing outside the folder is read unless `rag.ingest.follow_symlinks` says so.
 
 The tiny random embedder stands in for e5 (only the plumbing is under test)."""
 
@@ -38,7 +38,8 @@ def ingestor(store: ChromaStore, embedder, follow_symlinks: bool = False) -> Ing
 
 
 def hostile_folder(root: Path) -> Path:
-    """Good files around every kind of bad entry the issue lists, sorted so that bad ones come between."""
+    """Good files around bad entries (a link loop, links out of the folder, a too-deep JSON line, a reserved
+    key), sorted so that bad ones come between."""
     kb = root / "kb"
     (kb / "sub").mkdir(parents=True)
     (root / "outside").mkdir()

@@ -1,6 +1,6 @@
 """A `sieve ingest` killed with -9 mid-ingest keeps the batches it committed; the rerun embeds only the rest.
 
-Issue 11: ingest stores new chunks in committed batches of `rag.ingest.commit_chunks`. The tiny random
+Ingest stores new chunks in committed batches of `rag.ingest.commit_chunks`. The tiny random
 embedder stands in for e5 (plumbing only), one passage per model call so the ingest lasts long enough to be
 killed in the middle; the CLI's progress bar (stderr, a file here) says how far it got.
 """

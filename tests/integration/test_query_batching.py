@@ -114,7 +114,7 @@ def eight_threads_of_queries(e5: Embedder) -> None:
 
 
 def test_ingest_workers_give_the_one_thread_vectors(e5) -> None:
-    # The same model and tokenizer behind a one-worker embedder (the path before issue 11) and a
+    # The same model and tokenizer behind a one-worker embedder (one slice at a time) and a
     # four-worker one with one-passage slices, so that the workers tokenise and run the model side by side.
     passages = [q * 5 for q in QUERIES]
     one = Embedder(e5.model, e5.name, e5.checksum, 32, e5.query_prompt, e5.passage_prompt, workers=1)

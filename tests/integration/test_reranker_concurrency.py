@@ -1,8 +1,8 @@
 """The real CrossEncoderScorer shared by concurrent requests: its one fast tokenizer is never used by two
 threads at once (that fails with "Already borrowed"), and scores do not depend on what else is running.
 
-With tokenizers 0.23 this run did not fail before the fix either (the collision window is narrow); the unit
-test with a borrow-checking fake (tests/unit/test_reranker_windows.py) fails without the lock every time."""
+With tokenizers 0.23 this run passes even without the lock (the collision window is narrow); the unit test
+with a borrow-checking fake (tests/unit/test_reranker_windows.py) fails without the lock every time."""
 
 from __future__ import annotations
 

@@ -195,8 +195,8 @@ def test_candidate_k_zero_gives_lexical_candidates_only(sieve):
 
 
 def test_a_copy_of_the_vpn_guide_under_another_id_is_dropped_as_a_copy(sieve):
-    """it-vpn-setup-mirror is the VPN guide under another id and source; another of its sections used to get
-    through two ranks below the original."""
+    """it-vpn-setup-mirror is the VPN guide under another id and source: none of its sections is returned
+    beside the original, not even one ranking below it."""
     result = sieve.retrieve("How do I connect to the VPN when working from home?")
     ranked = doc_ids(result)
     assert "it-vpn-setup" in ranked and "it-vpn-setup-mirror" not in ranked

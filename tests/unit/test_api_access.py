@@ -112,8 +112,8 @@ def test_unfinished_jobs_are_reported_interrupted_at_the_next_start(tmp_path: Pa
         assert job is not None and job.state == "interrupted"
         on_disk = json.loads((tmp_path / f"{job_id}.json").read_text())
         assert on_disk["state"] == "interrupted"
-    # Issue 11: ingest commits in batches, so the record says what of the job is stored (issue 8's
-    # "nothing was written" holds only for a job that committed no batch).
+    # Ingest commits in batches, so the record says what of the job is stored ("nothing of it was
+    # written" only for a job that committed no batch).
     for job_id in (running.id, queued.id):
         assert "nothing of it was written" in (again.get(job_id).error or "")  # type: ignore[union-attr]
     error = again.get(committed.id).error or ""  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""Every bad request gets a JSON answer in the documented shape, never a 500 with a traceback (issue 8 §3).
+"""Every bad request gets a JSON answer in the documented shape, never a 500 with a traceback.
 
 The app is the real one (`create_app`) around a fake Sieve: the fake records what reached it, so a test can
 also check that a refused request wrote nothing. The real server and real store are in

@@ -222,8 +222,8 @@ def test_one_thread_limits_numpys_blas_inside_and_restores_it_after() -> None:
 
 def test_one_thread_holds_while_another_thread_owns_openblas_in_threadpoolctl() -> None:
     """threadpoolctl 3.8 ignores, without a word, the OpenBLAS settings of a thread while another living
-    thread "controls" OpenBLAS (it set the count outside a `limit` block): that made an earlier version
-    of `one_thread` a no-op after the integration tests. `one_thread` sets the count itself."""
+    thread "controls" OpenBLAS (it set the count outside a `limit` block), which would make a `one_thread`
+    built on threadpoolctl a no-op after the integration tests. `one_thread` sets the count itself."""
     from threadpoolctl import ThreadpoolController
 
     from app.retrieval.blas import one_thread

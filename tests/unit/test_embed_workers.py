@@ -1,4 +1,4 @@
-"""Ingest on several worker threads (issue 11 §3), with a fake model: vectors and order as one thread's,
+"""Ingest on several worker threads, with a fake model: vectors and order as one thread's,
 the shared tokenizer never entered by two threads at once, queries first, stopping, progress, errors, and
 torch's per-thread intra-op counts (workers 1, queries their own)."""
 

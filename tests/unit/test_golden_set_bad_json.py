@@ -1,5 +1,5 @@
 """Golden-set files that json.loads cannot take, or that hold strings which are not Unicode: a GoldenSetError
-naming the file and line (or case), never a RecursionError traceback (issue 8 §3)."""
+naming the file and line (or case), never a RecursionError traceback."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 §3 pieces without a model: the progress line and view (ingest workers: test_embed_workers.py)."""
+"""Ingest progress without a model: the progress line and view (ingest workers: test_embed_workers.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Hostile corpus folders: the loader reports every problem as a LoadError naming the file (and line), and
-never raises, so ingest has read and validated everything before it writes anything (issue 8 §3)."""
+never raises, so ingest has read and validated everything before it writes anything."""
 
 from __future__ import annotations
 

@@ -216,10 +216,10 @@ class FifoLock:
 
 def test_a_caller_whose_query_was_embedded_returns_without_leading_another_call() -> None:
     # a's call runs; b arrives and leads the next batch (waiting for the model); c joins b's batch. When a's
-    # call ends, a must not hand the lead on again: before the fix it cleared the flag b held, so c became a
-    # second leader and queued for the model although b's batch took c's query. c's vector was then ready
-    # after b's call, but c waited for a third call (d's) before it could answer: under 8 HTTP clients,
-    # queries waited for other queries' calls and 458 of 480 model calls embedded one query.
+    # call ends, a must not hand the lead on again: clearing the flag b holds would make c a second leader,
+    # queued for the model although b's batch took c's query; c's vector would be ready after b's call,
+    # but c would wait for a third call (d's) before it could answer. Under 8 HTTP clients that makes
+    # queries wait for other queries' calls, and almost every model call embeds one query.
     encoder, model = GatedEncoder(), FifoLock(grant_s=0.1)
     batcher = QueryBatcher(encoder, model.hold, max_batch=16, wait_ms=0.0)
     got: dict[str, np.ndarray] = {}
@@ -247,7 +247,7 @@ def test_a_caller_whose_query_was_embedded_returns_without_leading_another_call(
     assert encoder.calls[:2] == [["a"], ["b", "c"]]
     d = start("d")
     until(lambda: model.waiting() >= 1)  # d leads the third call and waits for the model
-    time.sleep(0.1)  # (before the fix, c is queued for the model too, ahead of d)
+    time.sleep(0.1)  # (a second leader c would be queued for the model here, ahead of d)
     encoder.gates[1].set()
     b.join(5)
     c.join(5)
