@@ -359,7 +359,7 @@ def test_diversity_drops_chunks_of_a_copied_document_whatever_their_section() ->
         section("mirror-3", "it-vpn-setup-mirror", "h-vpn", "Troubleshooting"),  # another section
         section("vpn-2", "it-vpn-setup", "h-vpn", "Installing the client"),  # the kept document itself
         section("mirror-1", "it-vpn-setup-mirror", "h-vpn", "When you need the VPN"),  # also the same text
-        section("legacy", "no-hash-doc", None),  # stored before doc_sha256 existed: rule skipped
+        section("legacy", "no-hash-doc", None),  # a chunk without doc_sha256: rule skipped
         section("legacy-2", "no-hash-doc-2", None),
     ]
     outcome = stage.run(ctx(), candidates)
