@@ -172,9 +172,10 @@ class Sieve:
         `on_commit` and, on a Chroma server, other processes' through the change log, checked before
         queries and every `refresh_seconds` in the background."""
         rag = self.settings.rag
-        directory: Path | None = lexical_directory(self.settings)
+        found = lexical_directory(self.settings)
+        directory: Path | None = found
         try:
-            check_free(directory)
+            check_free(found)
         except LexicalFilesError as exc:
             # e.g. `sieve ingest` into a Chroma server while `sieve serve` holds the default directory:
             # work on an in-memory index (its writes still reach the others through the change log)

@@ -245,7 +245,7 @@ REPORT_ERRORS = error_responses(401, 403, 404, 500)
 JOB_ERRORS = error_responses(401, 403, 404, 422, 500)
 # a route whose success is not JSON (the HTML report): FastAPI would give a `model` its media type, so the
 # JSON error body is declared by reference (ErrorResponse is in the components through the other routes)
-HTML_REPORT_ERRORS = {
+HTML_REPORT_ERRORS: dict[int | str, dict[str, Any]] = {
     s: {
         "description": ERROR_DESCRIPTIONS[s],
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},

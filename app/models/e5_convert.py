@@ -256,7 +256,7 @@ def build_tokenizer(e5: E5File):  # -> tokenizers.Tokenizer
 
     dropped = [cp for cp, out in e5.norm_map.items() if out == ""]
     spaced = [cp for cp, out in e5.norm_map.items() if out == " " and cp != 0x20]
-    steps = []
+    steps: list[normalizers.Normalizer] = []
     if dropped:
         steps.append(normalizers.Replace(Regex(_char_class(dropped)), ""))
     if spaced:

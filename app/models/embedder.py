@@ -510,7 +510,7 @@ def weights_checksum(folder: Path) -> str:
     for path in files:
         digest.update(path.relative_to(folder).as_posix().encode())
         with path.open("rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+            while block := fh.read(1 << 20):
                 digest.update(block)
     return digest.hexdigest()[:CHECKSUM_CHARS]
 

@@ -96,8 +96,9 @@ def trace_query_model(model: Any, prompt: str) -> tuple[TracedQueryModel | None,
         return None, f"its first module is {kind}, not a Transformer with a Hugging Face model"
     if not hasattr(model, "preprocess"):
         return None, "its sentence-transformers has no `preprocess` (before version 5)"
-    if getattr(first, "module_output_name", "token_embeddings") != "token_embeddings":
-        return None, f"its Transformer outputs {first.module_output_name!r}, not token embeddings"
+    output_name = getattr(first, "module_output_name", "token_embeddings")
+    if output_name != "token_embeddings":
+        return None, f"its Transformer outputs {output_name!r}, not token embeddings"
     started = time.perf_counter()
     device = getattr(model, "device", None)
 

@@ -13,6 +13,7 @@ the query vector), so the similarity threshold and the fusion see one consistent
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -209,7 +210,7 @@ DENSE, LEXICAL, BOTH = frozenset({"dense"}), frozenset({"bm25"}), frozenset({"de
 
 def _geometry(
     vectors: list[np.ndarray | None], known: list[np.ndarray | None] | None = None, with_nearest: bool = True
-) -> tuple[list[np.ndarray | None], list[float | None]]:
+) -> tuple[list[np.ndarray | None], Sequence[float | None]]:
     """Per vector: `unit_vector` of it, and the largest cosine of that with any other unit vector of the
     list (`Candidate.nearest`; -inf when it is the only one, None when the vectors differ in length, or
     for all with `with_nearest=False`).

@@ -85,7 +85,7 @@ def ranks(scored: Sequence[tuple[Candidate, float | None]], positive_only: bool 
     """1-based rank by score descending, ties by doc_id then chunk_id; a candidate whose score is None (or,
     with `positive_only`, <= 0) gets none."""
     present = [(c, v) for c, v in scored if v is not None and (not positive_only or v > 0)]
-    present.sort(key=lambda p: (-p[1], p[0].doc_id, p[0].chunk_id))  # type: ignore[operator]
+    present.sort(key=lambda p: (-p[1], p[0].doc_id, p[0].chunk_id))
     return {c.chunk_id: i for i, (c, _) in enumerate(present, start=1)}
 
 

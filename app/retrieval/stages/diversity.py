@@ -171,8 +171,10 @@ def mmr_order(candidates: list[Candidate], lam: float) -> list[Candidate]:
         best = max(remaining, key=lambda i: (lam * relevance[i] - (1 - lam) * max_sim[i], -i))
         order.append(best)
         remaining.remove(best)
-        if vectors[best] is not None:
+        picked = vectors[best]
+        if picked is not None:
             for i in remaining:
-                if vectors[i] is not None:
-                    max_sim[i] = max(max_sim[i], float(vectors[i] @ vectors[best]))
+                other = vectors[i]
+                if other is not None:
+                    max_sim[i] = max(max_sim[i], float(other @ picked))
     return [group[i] for i in order] + rest
