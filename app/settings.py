@@ -361,6 +361,14 @@ class SweepSettings(_Strict):
     tolerance: float = Field(0.005, ge=0.0, le=1.0)
 
 
+class ReportSettings(_Strict):
+    """What the evaluation report's Markdown shows (the JSON always keeps every case)."""
+
+    # true: the Markdown ends with every case's detail (its ranking, trace and judgments); false: the worst
+    # cases only, the rest in the JSON's `cases`
+    case_detail: bool = False
+
+
 class AuditSettings(_Strict):
     """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/golden/audit.py)."""
 
@@ -395,6 +403,7 @@ class EvaluateSettings(_Strict):
     keep_reports: int | None = Field(50, ge=1)
     sweep: SweepSettings = SweepSettings()
     audit: AuditSettings = AuditSettings()
+    report: ReportSettings = ReportSettings()
 
     @field_validator("k_values")
     @classmethod

@@ -168,7 +168,7 @@ def finish_evaluation(
         report["summary"], settings.thresholds, report["comparison"], report["cases"], baseline.note
     )
     report["gate"] = gate.to_json()
-    paths = write_reports(report, settings, render_markdown(report), stamp)
+    paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)
     passing = record_passing(report, settings, gate.passed)
     if passing is not None:
         paths.append(passing)

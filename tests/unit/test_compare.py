@@ -80,6 +80,8 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "query": "query c",
         "before": ["doc-c"],
         "now": ["doc-c"],
+        "beforeFused": [None],
+        "nowFused": [None],
         "newInTopK": [],
         "newUnjudged": [],
         "verified": True,

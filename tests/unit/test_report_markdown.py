@@ -26,7 +26,12 @@ def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict
                     "precision": 0.2,
                     "top1Accuracy": hit[i],
                 },
-                "rankedDocuments": [{"docId": f"{i}-{'new' if not enabled else 'old'}"}],
+                "rankedDocuments": [
+                    {
+                        "docId": f"{i}-{'new' if not enabled else 'old'}",
+                        "scores": {"fused": 0.9 if enabled else 0.8},
+                    }
+                ],
             }
             for i, v in ndcg.items()
         ],
@@ -41,8 +46,8 @@ def test_comparison_section_says_what_changed_lists_fixed_and_broken_and_warns_o
     assert text.startswith("## Compared with baseline")
     assert "Only 3 paired cases (fewer than 30): small differences cannot be significant" in text
     assert "- `rag.chain.bm25.enabled: true -> false`" in text
-    assert "Fixed (hit 0 → 1): 1" in text and "| a | q a | a-old | a-new |" in text
-    assert "Broken (hit 1 → 0): 1" in text and "| b | q b | b-old | b-new |" in text
+    assert "Fixed (hit 0 → 1): 1" in text and "| a | q a | a-old (0.900) | a-new (0.800) |" in text
+    assert "Broken (hit 1 → 0): 1" in text and "| b | q b | b-old (0.900) | b-new (0.800) |" in text
     assert "| nDCG@5 | 0.500 | 0.500 | +0.000 |" in text
 
 

@@ -23,16 +23,10 @@ from app.evaluation.report.model import (
     UnjudgedAccount,
 )
 from app.evaluation.scoring import stats
+from app.evaluation.scoring.measures import COMPARED, RANKING
+from app.evaluation.scoring.measures import fmt as _f
+from app.evaluation.scoring.measures import fmt_p as p_text
 
-COMPARED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
-METRIC_LABELS = {
-    "recall": "Recall",
-    "hitRate": "HitRate",
-    "mrr": "MRR",
-    "ndcg": "nDCG",
-    "precision": "Precision",
-    "top1Accuracy": "Top-1",
-}
 SMALL_SAMPLE = 30
 
 
@@ -86,12 +80,12 @@ def _check_shape(p: Path, report: dict[str, Any]) -> None:
         if values is not None:
             if not isinstance(values, dict):
                 raise BaselineError(f"{where}: 'metrics' must be an object or null")
-            for name in COMPARED_METRICS:
+            for name in COMPARED:
                 if not _is_number(values.get(name)):
                     raise BaselineError(f"{where}: metrics.{name} must be a number, got {values.get(name)!r}")
         condensed = case.get("condensed")
         if condensed is not None and not (
-            isinstance(condensed, dict) and all(_is_number(condensed.get(n)) for n in CONDENSED_COMPARED)
+            isinstance(condensed, dict) and all(_is_number(condensed.get(n)) for n in RANKING)
         ):
             raise BaselineError(f"{where}: 'condensed' must be an object of numbers or null")
         unjudged = case.get("unjudged", [])
@@ -139,7 +133,7 @@ def compare_reports(
         {i: c_cases[i]["condensed"] for i in with_condensed},
         seed,
         alpha,
-        CONDENSED_COMPARED,
+        RANKING,
     )
     b_hits = {i: float(b_cases[i]["metrics"]["hitRate"]) for i in scored}
     c_hits = {i: float(c_cases[i]["metrics"]["hitRate"]) for i in scored}
@@ -169,6 +163,8 @@ def compare_reports(
             "query": c_cases[i].get("query"),
             "before": _top(b_cases[i]),
             "now": _top(c_cases[i]),
+            "beforeFused": _top_fused(b_cases[i]),
+            "nowFused": _top_fused(c_cases[i]),
             "newInTopK": new,
             "newUnjudged": unjudged,
             "verified": why is None,
@@ -186,15 +182,12 @@ def compare_reports(
     )
 
 
-CONDENSED_COMPARED = ("recall", "hitRate", "mrr", "ndcg", "precision")
-
-
 def _paired_rows(
     before_by_case: dict[str, dict[str, Any]],
     after_by_case: dict[str, dict[str, Any]],
     seed: int,
     alpha: float,
-    names: tuple[str, ...] = COMPARED_METRICS,
+    names: tuple[str, ...] = COMPARED,
 ) -> dict[str, MetricComparison]:
     """Per metric over the paired cases: the means, the mean difference with its bootstrap CI, the
     sign-flip p-value and the Holm-adjusted p-value (significant: pHolm < alpha)."""
@@ -271,6 +264,12 @@ def unverified_reason(
 
 def _top(case: dict[str, Any], n: int = 3) -> list[str]:
     return [d.get("docId", "?") for d in (case.get("rankedDocuments") or [])[:n]]
+
+
+def _top_fused(case: dict[str, Any], n: int = 3) -> list[float | None]:
+    """The fused score of each of `_top`'s documents (the score that decides the order; None when the
+    report has none)."""
+    return [(d.get("scores") or {}).get("fused") for d in (case.get("rankedDocuments") or [])[:n]]
 
 
 def _evaluated_at(run: dict[str, Any]) -> str | None:
@@ -412,17 +411,6 @@ def _stage_deltas(b_stages: list[dict[str, Any]], c_stages: list[dict[str, Any]]
             )
         )
     return rows
-
-
-def _f(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def p_text(p: float | None) -> str:
-    """p-values in two significant digits (0.19, 0.0012, 1)."""
-    if p is None:
-        return "n/a"
-    return f"{p:.2g}"
 
 
 def baseline_line(comparison: dict[str, Any], k_label: str) -> str:

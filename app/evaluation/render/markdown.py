@@ -5,22 +5,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.evaluation.compare.comparison import METRIC_LABELS, SMALL_SAMPLE, p_text
+from app.evaluation.compare.comparison import SMALL_SAMPLE
 from app.evaluation.golden.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
-from app.evaluation.run.segments import origin_line
+from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
+from app.evaluation.scoring import measures
+from app.evaluation.scoring.measures import fmt as _f
+from app.evaluation.scoring.measures import fmt_ms as _ms
+from app.evaluation.scoring.measures import fmt_p as p_text
 
 WORST_CASES = 20
 
 
 def k_label(report: dict[str, Any]) -> str:
-    """ "@5" when every case was scored at the run's K; "@K" when cases carry their own topK (the
-    Markdown then says "at each case's K")."""
-    run, summary = report["run"], report.get("summary") or {}
-    return "@K" if summary.get("kMixed") else f"@{run['k']}"
+    """The report's cut-off label (`measures.k_label`): "@5", or "@K" when cases carry their own topK."""
+    run, summary = report.get("run") or {}, report.get("summary") or {}
+    return measures.k_label(run.get("k"), bool(summary.get("kMixed")))
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: dict[str, Any], case_detail: bool = False) -> str:
+    """The report as Markdown, most telling first: the verdict, the gate, the comparison with the baseline and
+    the worst cases; then the summary, the run, the stages, segments, groups, sweep and audit. `case_detail`
+    (rag.evaluate.report.case_detail) appends every case's ranking and trace; without it they stay in the
+    JSON's `cases`."""
     run = report["run"]
     lines = [f"# Retrieval evaluation — {run.get('startedAt', '')}", ""]
     if report["status"] != "ok":
@@ -32,16 +39,163 @@ def render_markdown(report: dict[str, Any]) -> str:
             "Fix the golden set (the message above names the file, line or case and field) and run again.",
         ]
         return "\n".join(lines) + "\n"
-    s = report["summary"]
     kl = k_label(report)
+    lines += verdict_markdown(report, kl)
+    lines += _gate_markdown(report["gate"])
     lines += comparison_markdown(report, kl)
+    lines += _worst_markdown(report, kl)
+    lines += _summary_markdown(report, kl)
+    lines += _run_markdown(report)
+    lines += _stages_markdown(report, kl)
+    lines += _segments_markdown(report)
+    lines += sweep_markdown(report)
+    audit = audit_markdown(report.get("audit"))
+    if audit:
+        lines += audit[1:] if audit[0] == "" else audit
+        lines.append("")
+    if report["warnings"]:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
+    lines += ["## Cases", ""]
+    if case_detail:
+        for c in report["cases"]:
+            lines += _case_markdown(c)
+    else:
+        lines += [
+            f"Every case's ranking, trace and judgments ({len(report['cases'])} cases) are in the JSON "
+            "report's `cases`; `rag.evaluate.report.case_detail: true` lists them here.",
+            "",
+        ]
+    lines += ["## Conventions", "", run["conventions"], ""]
+    return "\n".join(lines) + "\n"
+
+
+def verdict_markdown(report: dict[str, Any], kl: str) -> list[str]:
+    """The first lines: the gate's verdict, the headline figures and the comparison in one sentence."""
+    s, gate = report["summary"], report["gate"]
+    warned = len(gate.get("warnings") or [])
+    verdict = "PASSED" if gate["passed"] else "FAILED"
+    if warned:
+        verdict += f" with {warned} warning{'s' if warned != 1 else ''}"
+    figures = ", ".join(
+        f"{measures.label(key, kl)} {measures.fmt(s.get(key))}" for key in ("ndcg", "recall", "mrr")
+    )
+    comp = report.get("comparison")
+    if comp and comp.get("comparable") and "ndcg" in comp.get("metrics", {}):
+        row = comp["metrics"]["ndcg"]
+        cases = comp["cases"]
+        against = (
+            f"nDCG{kl} {row['delta']:+.3f} against the baseline (p {measures.fmt_p(row['pValue'])}, "
+            f"{'significant' if row['significant'] else 'not significant'}); "
+            f"{len(cases['fixed'])} fixed, {len(cases['broken'])} broken"
+        )
+    elif comp:
+        against = "not comparable with the baseline"
+    else:
+        against = f"no baseline ({report.get('baselineNote') or 'none'})"
+    return [
+        f"**Gate {verdict}.** {figures} over {s['scoredCases']} scored cases "
+        f"({s['cases']} in all, {s['noAnswer']['cases']} no-answer, {s['failed']} failed); {against}.",
+        "",
+    ]
+
+
+def _worst_markdown(report: dict[str, Any], kl: str) -> list[str]:
+    s = report["summary"]
+    failed_ids = s.get("failedCaseIds") or []
+    lines = ["## Worst cases", ""]
+    if failed_ids:
+        lines += [
+            f"{len(failed_ids)} case(s) with recall < 1 or an error: {', '.join(failed_ids)}. "
+            f"The worst {WORST_CASES} are below; each document with its fused score (the order).",
+            "",
+        ]
+    worst = _worst(report["cases"])
+    if not worst:
+        lines.append("Every scored case found all its expected documents at rank 1.")
+    else:
+        lines += [
+            f"| Case | Query | nDCG{kl} | Expected | Got (top 3, fused score) | Where lost |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c in worst:
+            got = _ranked_text(c["rankedDocuments"][:3])
+            lost = "; ".join(f"{x['id']}: {x['where']}" for x in c["lost"]) or "-"
+            nd = _f(c["metrics"]["ndcg"]) if c["metrics"] else c["status"]
+            lines.append(
+                f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
+                f"{got} | {_cell(lost, None)} |"
+            )
+    return lines + [""]
+
+
+def _ids_with_scores(ids: list[str], fused: list[float | None] | None) -> str:
+    """`doc-a (0.897), doc-b (0.512)`; a comparison read from a report without fused scores shows "n/a"."""
+    scores = list(fused or [])
+    scores += [None] * (len(ids) - len(scores))
+    return ", ".join(f"{i} ({_f(f)})" for i, f in zip(ids, scores, strict=False)) or "(nothing)"
+
+
+def _ranked_text(docs: list[dict[str, Any]]) -> str:
+    """`doc-a (0.897), doc-b (0.512)`: full doc ids with their fused scores, "(nothing)" for none."""
+    return (
+        ", ".join(f"{d['docId']} ({_f((d.get('scores') or {}).get('fused'))})" for d in docs) or "(nothing)"
+    )
+
+
+def _summary_markdown(report: dict[str, Any], kl: str) -> list[str]:
+    s = report["summary"]
+    lines = ["## Summary", "", "| Measure | Value |", "|---|---|"]
+    counts = s.get("counts") or {}
+    scored, hits = counts.get("scoredCases"), counts.get("hits")
+    found, total = counts.get("relevantFound"), counts.get("relevantTotal")
+    extras = {
+        "recall": f" (mean per case; {found} of {total} relevant found)" if total else "",
+        "hitRate": f" = {hits}/{scored}" if scored else "",
+        "duplicateRate": " (ids and content)",
+    }
+    for key in measures.HEADLINE:
+        lines.append(
+            f"| {measures.label(key, kl)} | {measures.measure(key).format(s[key])}{extras.get(key, '')} |"
+        )
+    lat = s["latencyMs"] or {}
+    batch = s.get("batchLatencyMs") or {}
+    na = s["noAnswer"]
+    na_n = na["cases"]
+    abst = round((na["correctAbstentionRate"] or 0) * na_n) if na_n else 0
+    lines += [
+        f"| Latency p50 / p95 / max (single query, {s.get('latencySampleCases', 0)} cases) | "
+        f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
+        f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
+        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na['correctAbstentionRate'])} "
+        f"({abst}/{na_n}) / {_f(na['falseAnswerRate'])} ({na_n - abst}/{na_n}) |",
+        f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
+        f"| Expected ids missing from the index | {s['expectedMissingFromIndex']} |",
+    ]
+    lines += _judgment_rows(s, kl)
+    lines.append("")
+    at_k = s.get("atK") or {}
+    if at_k:
+        lines += [
+            "Several cut-offs from the same ranking (every case cut at the same K):",
+            "",
+            "| K | " + " | ".join(measures.label(m) for m in measures.RANKING) + " |",
+            "|---|" + "---|" * len(measures.RANKING),
+        ]
+        for k, row in at_k.items():
+            lines.append(f"| {k} | " + " | ".join(_f(row[m]) for m in measures.RANKING) + " |")
+        lines.append("")
+    return lines
+
+
+def _run_markdown(report: dict[str, Any]) -> list[str]:
+    run, s = report["run"], report["summary"]
     models = run.get("models", {})
     k_note = f"{run['k']}" + (
         f" — cases carry their own topK, so the headline figures are at each case's K (default {run['k']})"
         if s.get("kMixed")
         else ""
     )
-    lines += [
+    return [
         "## Run",
         "",
         "| | |",
@@ -57,72 +211,28 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| Store | {run.get('store', '')} ({run.get('chunks', '?')} chunks, "
         f"sha256 {str((run.get('corpusFingerprint') or {}).get('sha256', ''))[:12]}) |",
         f"| Chain | {run.get('chainSummary', '')} (sha256 {str(run.get('chainSha256', ''))[:12]}) |",
-        f"| Chain settings | {_cell(run.get('chainSettings', ''), 2000)} |",
+        f"| Chain settings | {_cell(run.get('chainSettings', ''), None)} |",
         f"| Code version | {run.get('codeVersion', 'unknown')} |",
         f"| Duration | {run['durationMs'] / 1000:.1f} s |",
         "",
-        "## Summary",
-        "",
-        "| Metric | Value |",
-        "|---|---|",
     ]
-    counts = s.get("counts") or {}
-    scored, hits = counts.get("scoredCases"), counts.get("hits")
-    found, total = counts.get("relevantFound"), counts.get("relevantTotal")
-    for label, key, extra in (
-        (f"Recall{kl}", "recall", f" (mean per case; {found} of {total} relevant found)" if total else ""),
-        (f"HitRate{kl}", "hitRate", f" = {hits}/{scored}" if scored else ""),
-        (f"MRR{kl}", "mrr", ""),
-        (f"nDCG{kl}", "ndcg", ""),
-        (f"Precision{kl}", "precision", ""),
-        ("Top-1 accuracy", "top1Accuracy", ""),
-        (f"Duplicate rate{kl} (ids and content)", "duplicateRate", ""),
-    ):
-        lines.append(f"| {label} | {_f(s[key])}{extra} |")
-    lat = s["latencyMs"] or {}
-    batch = s.get("batchLatencyMs") or {}
-    na = s["noAnswer"]
-    na_n = na["cases"]
-    abst = round((na["correctAbstentionRate"] or 0) * na_n) if na_n else 0
-    lines += [
-        f"| Latency p50 / p95 / max (single query, {s.get('latencySampleCases', 0)} cases) | "
-        f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
-        f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
-        f"| No-answer: correct abstention / false answer | {_f(na['correctAbstentionRate'])} "
-        f"({abst}/{na_n}) / {_f(na['falseAnswerRate'])} ({na_n - abst}/{na_n}) |",
-        f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
-        f"| Expected ids missing from the index | {s['expectedMissingFromIndex']} |",
-    ]
-    lines += _judgment_rows(s, kl)
-    lines.append("")
-    at_k = s.get("atK") or {}
-    if at_k:
-        lines += [
-            "Several cut-offs from the same ranking (every case cut at the same K):",
-            "",
-            "| K | Recall | HitRate | MRR | nDCG | Precision |",
-            "|---|---|---|---|---|---|",
-        ]
-        for k, row in at_k.items():
-            lines.append(
-                f"| {k} | {_f(row['recall'])} | {_f(row['hitRate'])} | {_f(row['mrr'])} | "
-                f"{_f(row['ndcg'])} | {_f(row['precision'])} |"
-            )
-        lines.append("")
-    lines += _gate_markdown(report["gate"])
-    lines += sweep_markdown(report)
-    lines += _segments_markdown(report)
-    lines += [
+
+
+def _stages_markdown(report: dict[str, Any], kl: str) -> list[str]:
+    s = report["summary"]
+    lines = [
         "## Per-stage filter statistics",
         "",
         "Removed = candidates (chunks) the stage dropped over all cases; removed relevant = expected ids the "
         "stage made disappear from the list (a filter removing relevant documents is a bug to look at; "
-        "dropping a second chunk of a document that stays is not counted). Recall/MRR/nDCG/Judged are of "
-        "the list after the stage, cut at K.",
+        "dropping a second chunk of a document that stays is not counted). "
+        + "/".join(measures.label(m) for m in measures.AFTER_STAGE)
+        + " are of the list after the stage, cut at K.",
         "",
-        f"| Stage | Removed | Removed relevant | Avg ms | Recall{kl} | MRR{kl} | nDCG{kl} | Judged{kl} "
-        "| Note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Stage | Removed | Removed relevant | Avg ms | "
+        + " | ".join(measures.label(m, kl) for m in measures.AFTER_STAGE)
+        + " | Note |",
+        "|---|---|---|---|" + "---|" * len(measures.AFTER_STAGE) + "---|",
     ]
     for st in report["stages"]:
         a = st["afterStage"]
@@ -132,7 +242,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         flag = " ⚠" if st["removedRelevant"] else ""
         lines.append(
             f"| {st['name']} | {st['removed']} | {st['removedRelevant']}{flag} | {_ms(st['latencyMs'])} | "
-            f"{_f(a['recall'])} | {_f(a['mrr'])} | {_f(a['ndcg'])} | {_f(a.get('judged'))} | {note} |"
+            + " | ".join(_f(a.get(m)) for m in measures.AFTER_STAGE)
+            + f" | {note} |"
         )
     origins = report.get("candidateOrigins") or {}
     if origins:
@@ -144,38 +255,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"`{k}` {v}" for k, v in s["lostBy"].items())
             + ".",
         ]
-    failed_ids = s.get("failedCaseIds") or []
-    lines += ["", "## Worst cases", ""]
-    if failed_ids:
-        lines += [
-            f"{len(failed_ids)} case(s) with recall < 1 or an error: {', '.join(failed_ids)}. "
-            f"The worst {WORST_CASES} are below.",
-            "",
-        ]
-    worst = _worst(report["cases"])
-    if not worst:
-        lines.append("Every scored case found all its expected documents at rank 1.")
-    else:
-        lines += [
-            "| Case | Query | nDCG | Expected | Got (top 3) | Where lost |",
-            "|---|---|---|---|---|---|",
-        ]
-        for c in worst:
-            got = ", ".join(d["docId"] for d in c["rankedDocuments"][:3]) or "(nothing)"
-            lost = "; ".join(f"{x['id']}: {x['where']}" for x in c["lost"]) or "-"
-            nd = _f(c["metrics"]["ndcg"]) if c["metrics"] else c["status"]
-            lines.append(
-                f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
-                f"{got} | {_cell(lost)} |"
-            )
-    lines += audit_markdown(report.get("audit"))
-    if report["warnings"]:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
-    lines += ["", "## Cases", ""]
-    for c in report["cases"]:
-        lines += _case_markdown(c)
-    lines += ["## Conventions", "", run["conventions"], ""]
-    return "\n".join(lines) + "\n"
+    return lines + [""]
 
 
 def _judgment_rows(s: dict[str, Any], kl: str) -> list[str]:
@@ -236,7 +316,7 @@ def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
         for name, row in comp["metrics"].items():
             ci = row["ci95"] or [None, None]
             out.append(
-                f"| {METRIC_LABELS.get(name, name)}{kl if name != 'top1Accuracy' else ''} | "
+                f"| {measures.label(name, kl)} | "
                 f"{_f(row['baseline'])} | {_f(row['current'])} | {row['delta']:+.3f} | "
                 f"[{_f(ci[0])}, {_f(ci[1])}] | {p_text(row['pValue'])} | {p_text(row['pHolm'])} | "
                 f"{'yes' if row['significant'] else 'no'} |"
@@ -274,13 +354,14 @@ def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
         out += [f"{title}: {len(ids)}", ""]
         if ids:
             out += [
-                "| Case | Query | Before (top 3) | Now (top 3) | New in top K (unjudged) | Verdict |",
+                "| Case | Query | Before (top 3, fused score) | Now (top 3, fused score) "
+                "| New in top K (unjudged) | Verdict |",
                 "|---|---|---|---|---|---|",
             ]
             for i in ids:
                 d = details.get(i, {})
-                before = ", ".join(d.get("before", [])) or "(nothing)"
-                now = ", ".join(d.get("now", [])) or "(nothing)"
+                before = _ids_with_scores(d.get("before", []), d.get("beforeFused"))
+                now = _ids_with_scores(d.get("now", []), d.get("nowFused"))
                 new = d.get("newInTopK")
                 new_text = "-" if new is None else f"{len(new)} ({len(d.get('newUnjudged') or [])} unjudged)"
                 verdict = "-" if title.startswith("Fixed") else (d.get("why") or "verified")
@@ -351,8 +432,8 @@ def _segments_markdown(report: dict[str, Any]) -> list[str]:
         out += [
             "## Segments",
             "",
-            "Means of the per-case figures over each segment's scored cases. ⚠ = fewer than 10 cases: "
-            "too small to read much into."
+            f"Means of the per-case figures over each segment's scored cases with at least {SMALL_SEGMENT} "
+            "cases; the smaller ones, too small to read much into, share one line below."
             + (
                 " Δ nDCG and its p-value against the baseline are exploratory (uncorrected)."
                 if with_delta
@@ -363,16 +444,26 @@ def _segments_markdown(report: dict[str, Any]) -> list[str]:
             + (" Δ nDCG | p |" if with_delta else ""),
             "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
         ]
-        for sg in segs:
+        for sg in (sg for sg in segs if not sg["small"]):
             m = sg["metrics"]
             row = (
-                f"| {sg['kind']} | {sg['name']} | {sg['cases']}{' ⚠' if sg['small'] else ''} | "
+                f"| {sg['kind']} | {sg['name']} | {sg['cases']} | "
                 f"{_f(m['recall'])} | {_f(m['hitRate'])} | {_f(m['mrr'])} | {_f(m['ndcg'])} |"
             )
             if with_delta:
                 d = ((sg.get("delta") or {}).get("metrics") or {}).get("ndcg")
                 row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
             out.append(row)
+        small = [sg for sg in segs if sg["small"]]
+        if small:
+            out += [
+                "",
+                f"Small segments (fewer than {SMALL_SEGMENT} cases, nDCG): "
+                + ", ".join(
+                    f"{sg['kind']} {sg['name']} {_f(sg['metrics']['ndcg'])} ({sg['cases']})" for sg in small
+                )
+                + ".",
+            ]
         out.append("")
     origin = origin_line(report.get("origins"))
     if origin:
@@ -452,14 +543,14 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     out += _case_judgment_lines(c)
     if c["rankedDocuments"]:
         out += [
-            "| Rank | docId | Source | Title | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in c["rankedDocuments"]:
             sc = d["scores"]
             out.append(
                 f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | "
-                f"{_f(sc.get('dense'))} | "
+                f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
                 f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d['matched'] else 'no'} | "
                 f"{d['reason']} | {_cell(d.get('snippet', ''), 200)}"
                 + (f" (+ attached {', '.join(d['attached'])})" if d.get("attached") else "")
@@ -515,13 +606,7 @@ def _ident(embedder: Any) -> str:
     return f"{embedder.get('name')} (dim {embedder.get('dimension')}, checksum {embedder.get('checksum')})"
 
 
-def _f(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def _ms(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.0f} ms"
-
-
-def _cell(text: str, limit: int = 120) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")[:limit]
+def _cell(text: str, limit: int | None = 120) -> str:
+    """Text made safe for a table cell; prose is cut at `limit` characters, ids (`limit` None) never."""
+    cell = str(text).replace("|", "\\|").replace("\n", " ")
+    return cell if limit is None else cell[:limit]

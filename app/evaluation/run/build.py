@@ -20,13 +20,9 @@ from app.evaluation.run.runner import (
     match_key,
 )
 from app.evaluation.run.segments import groups, origin_comparison, segments
-from app.evaluation.scoring import metrics
+from app.evaluation.scoring import measures, metrics
 
 SCHEMA_VERSION = 2
-SUMMARY_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate")
-AT_K_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
-CONDENSED_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision")
-WORST_CASES = 20
 SNIPPET_CHARS = 200
 
 
@@ -76,7 +72,7 @@ def summary_record(evaluation: Evaluation) -> Summary:
                     if any(k in c.at_k for c in scored)
                     else None
                 )
-                for m in AT_K_METRICS
+                for m in measures.RANKING
             }
             for k in evaluation.k_values
         },
@@ -111,7 +107,7 @@ def summary_record(evaluation: Evaluation) -> Summary:
                 if any(c.condensed for c in scored)
                 else None
             )
-            for m in CONDENSED_METRICS
+            for m in measures.RANKING
         },
         evidence=_evidence_summary(cases),
     )
@@ -176,7 +172,7 @@ def _after(scored: list[CaseResult], stage: str) -> dict[str, float | None]:
     values = [c.after_stage[stage] for c in scored if stage in c.after_stage]
     return {
         m: (fmean(v[m] for v in values if m in v) if any(m in v for v in values) else None)
-        for m in ("recall", "mrr", "ndcg", "judged")
+        for m in measures.AFTER_STAGE
     }
 
 
@@ -304,7 +300,7 @@ def case_record(c: CaseResult) -> CaseRecord:
         status=c.status,
         error=c.error,
         metrics=c.metrics,
-        at_k={str(k): {m: v[m] for m in AT_K_METRICS} for k, v in c.at_k.items()},
+        at_k={str(k): {m: v[m] for m in measures.RANKING} for k, v in c.at_k.items()},
         expected_count=c.counts.get("expectedCount", len(relevant)),
         hit_count=c.counts.get("hitCount"),
         first_hit_rank=c.counts.get("firstHitRank"),
