@@ -138,7 +138,7 @@ MIN_CHANGE_LOG_RETENTION_SECONDS = 3600
 
 
 class LexicalSettings(_Strict):
-    """The persisted BM25 index (see README "Lexical index")."""
+    """The persisted BM25 index (docs/design.md, "The lexical index")."""
 
     path: str | None = Field(
         None,
