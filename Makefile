@@ -3,20 +3,33 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Every transitive dependency of `.[test]`, pinned for Python 3.11 on this platform (`make lock` writes it).
+LOCK   := constraints.txt
 
-.PHONY: install run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain bench-change-log clean
+.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain bench-change-log clean
 
 install: $(STAMP)
 
 # torch is pinned and installed first: pip then takes the CPU wheel that lies on disk, and never
-# resolves a multi-GB CUDA build for sentence-transformers.
-$(STAMP): pyproject.toml
+# resolves a multi-GB CUDA build for sentence-transformers. Everything else comes at the versions in $(LOCK).
+$(STAMP): pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (Sieve needs Python 3.11)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(LOCK) torch==2.13.0
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[test]'
 	touch $(STAMP)
+
+# Rewrites $(LOCK) from pyproject.toml with pip-compile (pip-tools, in a venv of its own under target/, so
+# the tool never enters the app's environment). Pins already in $(LOCK) stay where pyproject.toml allows
+# them; `make lock LOCK_FLAGS=--upgrade` moves every pin to the newest release allowed.
+LOCK_FLAGS ?=
+lock:
+	$(PYTHON) -m venv target/pip-tools
+	target/pip-tools/bin/pip install --quiet 'pip-tools>=7.4,<8'
+	CUSTOM_COMPILE_COMMAND="make lock" target/pip-tools/bin/pip-compile --quiet $(LOCK_FLAGS) \
+		--extra test --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+		--output-file $(LOCK) pyproject.toml
 
 run: install
 	RAG__EVALUATE__ENABLED=true $(BIN)/sieve serve --host 127.0.0.1 --port 8000
