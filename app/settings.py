@@ -11,11 +11,12 @@ Every model forbids unknown keys, so a misspelt key is an error that names it in
 
 from __future__ import annotations
 
+import json
 import os
 from contextvars import ContextVar
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -29,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 DEFAULT_CONFIG_PATH = Path("config/application.yml")
 CONFIG_ENV_VAR = "SIEVE_CONFIG"
@@ -613,8 +615,60 @@ def load_settings(overrides: dict[str, Any] | None = None, config_path: str | Pa
             return Settings(**(overrides or {}))
         except ValidationError as exc:
             raise SettingsError(_describe(exc, path)) from None
+        except SourceError:
+            raise SettingsError(_describe_unparsed_env()) from None
     finally:
         _LOADING_FROM.reset(token)
+
+
+def _describe_unparsed_env() -> str:
+    """pydantic-settings reads a list, mapping or whole section from one environment variable as JSON, and
+    fails on anything else without naming the variable; name each such variable that is not JSON."""
+    bad = []
+    for name, value in sorted(os.environ.items()):
+        annotation = _env_annotation(name)
+        if annotation is None:
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            takes = "a list" if get_origin(annotation) in (list, set, tuple) else "a mapping"
+            example = "'[1, 10]'" if takes == "a list" else "'{\"key\": 0.8}'"
+            where = f"environment variable {name.upper()}"
+            bad.append(f"{where}: {value!r} is not JSON; this key takes {takes}, e.g. {example}")
+    if not bad:
+        bad.append(
+            "an environment variable RAG__... that takes a list or mapping holds a value that is not JSON"
+        )
+    return "invalid configuration:\n  " + "\n  ".join(bad)
+
+
+def _env_annotation(name: str) -> Any | None:
+    """The annotation of the key an environment variable RAG__A__B sets, when it is parsed as JSON (a list,
+    dict or section); None for any other variable."""
+    parts = name.lower().split("__")
+    if len(parts) < 2 or parts[0] != "rag":
+        return None
+    model: Any = Settings
+    annotation: Any = None
+    for part in parts:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return None
+        annotation = fields[part].annotation
+        model = _model_of(annotation)
+    origin = get_origin(annotation)
+    complex_origin = origin in (list, dict, set, tuple) or _model_of(annotation) is not None
+    return annotation if complex_origin else None
+
+
+def _model_of(annotation: Any) -> Any | None:
+    """The pydantic model inside an annotation (`Model`, `Model | None`), or None."""
+    candidates = [annotation, *get_args(annotation)]
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _describe(exc: ValidationError, path: Path | None) -> str:

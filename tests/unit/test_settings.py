@@ -112,6 +112,25 @@ def test_wrong_type_from_env_names_the_key(tmp_path, monkeypatch):
     assert "RAG__SERVER__PORT" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "takes"),
+    [
+        ("RAG__EVALUATE__K_VALUES", "1,10", "a list, e.g. '[1, 10]'"),
+        ("RAG__INGEST__PATHS", "docs/a", "a list, e.g. '[1, 10]'"),
+        ("RAG__CHAIN__DIVERSITY", "x", "a mapping, e.g. '{\"key\": 0.8}'"),
+    ],
+)
+def test_a_list_or_mapping_from_env_that_is_not_json_names_the_variable(
+    tmp_path, monkeypatch, name, value, takes
+):
+    write_config(tmp_path, monkeypatch, "rag: {}\n")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    expected = f"environment variable {name}: {value!r} is not JSON; this key takes {takes}"
+    assert str(info.value) == "invalid configuration:\n  " + expected
+
+
 def test_wrong_type_from_env_is_blamed_on_env_even_when_yaml_sets_the_key(tmp_path, monkeypatch):
     path = write_config(tmp_path, monkeypatch, "rag:\n  server:\n    port: 8000\n")
     monkeypatch.setenv("RAG__SERVER__PORT", "eighty")
