@@ -1,4 +1,4 @@
-"""Render a report JSON as the HTML page and screenshot it in headless Chromium (the README's picture).
+"""Render a report JSON as the HTML page and screenshot it in headless Chromium (docs/report.png).
 
     python scripts/report_screenshot.py target/retrieval-eval/retrieval-eval-latest.json docs/report.png
 
