@@ -81,6 +81,8 @@ class SieveClient:
 
     url: str
     token: str | None = None
+    # an httpx transport in place of the network (tests); None: the network
+    transport: Any = None
 
     def retrieve(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._post("/api/retrieve", body, QUERY_TIMEOUT_S)
@@ -94,7 +96,8 @@ class SieveClient:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT_S)
         try:
-            response = httpx.post(self.url + path, json=body, headers=headers, timeout=timeout)
+            with httpx.Client(transport=self.transport, timeout=timeout) as client:
+                response = client.post(self.url + path, json=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise ServerError(
                 f"cannot reach the server at {self.url}: {_reason(exc)} (is `sieve serve` running there?)",
