@@ -77,7 +77,7 @@ def evaluation_run_view(outcome: Any) -> EvaluationRunResponse:
     from app.evaluation.startup import summary_line
     from app.evaluation.tune.grid import sweep_line
 
-    report = outcome.report
+    report = outcome.json
     lines = [summary_line(report)]
     comparison = report.get("comparison")
     if comparison is not None:

@@ -282,7 +282,7 @@ def run_evaluation(request: Request) -> JSONResponse:
         state.write_lock.release()
     if outcome.report is None:
         raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
-    return JSONResponse(outcome.report)
+    return JSONResponse(outcome.json)
 
 
 @router.post(

@@ -380,7 +380,6 @@ def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
 def compare_command(args: argparse.Namespace) -> int:
     from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports, load_report
     from app.evaluation.render.markdown import comparison_markdown, k_label
-    from app.evaluation.report.model import to_json
 
     try:
         base = load_report(args.baseline)
@@ -389,14 +388,14 @@ def compare_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     ev = settings_with().rag.evaluate
-    comparison = to_json(compare_reports(base, current, args.baseline, seed=ev.seed, alpha=ev.alpha))
+    comparison = compare_reports(base, current, args.baseline, seed=ev.seed, alpha=ev.alpha).to_json()
     if args.json:
         print(json.dumps(comparison, ensure_ascii=False, indent=2))
         return exit_codes.OK
     label = k_label(current)
     print(baseline_line(comparison, label))
     print()
-    print("\n".join(comparison_markdown({**current, "comparison": comparison}, label)))
+    print("\n".join(comparison_markdown({**current.to_json(), "comparison": comparison}, label)))
     return exit_codes.OK
 
 

@@ -148,7 +148,6 @@ def _check(args: argparse.Namespace) -> int:
     from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden import audit
     from app.evaluation.golden.cases import load_golden_set
-    from app.evaluation.report.model import to_json
     from app.evaluation.run.runner import KnownIds, check_knowledge_tags
 
     settings = settings_with()
@@ -169,7 +168,7 @@ def _check(args: argparse.Namespace) -> int:
         )
     finally:
         sieve.close()
-    found = to_json(result)
+    found = audit.audit_json(result)
     print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else audit.audit_text(found), end="")
     if args.json:
         print()
@@ -211,7 +210,7 @@ def _baseline_pin(args: argparse.Namespace) -> int:
     ev = _evaluate_settings(args)
     path, report = baselines.pin(args.file, ev)  # BaselineError -> exit 2, naming the file
     print(f"pinned {args.file} as {report_line(path)}")
-    if not (report.get("gate") or {}).get("passed"):
+    if not report.gate.passed:
         print("note: that report's gate FAILED; it is the baseline all the same, as pinned")
     if ev.baseline != baselines.PREVIOUS_PASSING:
         print(f"note: rag.evaluate.baseline is {ev.baseline}: the pin is used only with previous-passing")

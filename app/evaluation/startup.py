@@ -21,11 +21,10 @@ from app.evaluation.golden.audit import AuditSource, attach_audit, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import to_json
+from app.evaluation.report.model import Report
 from app.evaluation.run.build import build_report, invalid_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
-from app.evaluation.run.segments import segments
 from app.evaluation.tune.grid import sweep_line, threshold_sweep
 from app.evaluation.tune.replay import record
 from app.files import utc_now
@@ -38,11 +37,16 @@ __all__ = ["Baseline", "latest_report_path", "resolve_baseline"]
 
 @dataclass
 class EvaluationOutcome:
-    report: dict[str, Any] | None
+    report: Report | None
     evaluation: Evaluation | None = None
     gate: GateResult = field(default_factory=GateResult)
     paths: list[Path] = field(default_factory=list)
     invalid_golden_set: str | None = None
+
+    @property
+    def json(self) -> dict[str, Any] | None:
+        """The report's JSON (what the report file holds), None without a report."""
+        return self.report.to_json() if self.report is not None else None
 
     @property
     def gate_failures(self) -> list[str]:
@@ -85,7 +89,7 @@ def run_startup_evaluation(
             run_header(described),
             utc_now().isoformat(timespec="seconds"),
         )
-        paths = write_reports(report, settings, render_markdown(report))
+        paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail))
         _log_paths(paths)
         return EvaluationOutcome(report, paths=paths, invalid_golden_set=str(exc))
     try:
@@ -148,34 +152,34 @@ def finish_evaluation(
     sweep: dict[str, Any] | None = None,
     audit: dict[str, Any] | None = None,
 ) -> EvaluationOutcome:
+    """Build the report once (segments with their deltas against the baseline), attach the sweep, the
+    audit, the comparison and the gate, write the files and log the summary."""
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
     stamp = report_stamp()
-    report = build_report(evaluation, run_info)
-    report["sweep"] = sweep
-    attach_audit(report, audit)  # `audit`: `audit_section`'s, made before the previous report is replaced
     if settings.write_json:
-        report["run"]["reportFile"] = f"{settings.report_prefix}-{stamp}.json"
+        run_info = {**run_info, "reportFile": f"{settings.report_prefix}-{stamp}.json"}
+    report = build_report(evaluation, run_info, baseline.report, settings.seed)
+    report.sweep = sweep
+    attach_audit(report, audit)  # `audit`: `audit_section`'s, made before the previous report is replaced
     if baseline.report is not None:
         comparison = compare_reports(
             baseline.report, report, baseline.path or "", seed=settings.seed, alpha=settings.alpha
         )
-        report["comparison"] = to_json(comparison)
-        report["comparison"]["baseline"].update(kind=baseline.kind, note=baseline.note)
-        report["segments"] = to_json(segments(report["cases"], baseline.report["cases"], settings.seed))
+        comparison.baseline.kind, comparison.baseline.note = baseline.kind, baseline.note
+        report.comparison = comparison
     else:
-        report["baselineNote"] = baseline.note
-    gate = check_gate(
-        report["summary"], settings.thresholds, report["comparison"], report["cases"], baseline.note
-    )
-    report["gate"] = gate.to_json()
+        report.baseline_note = baseline.note
+    data = report.to_json()
+    gate = check_gate(data["summary"], settings.thresholds, data["comparison"], data["cases"], baseline.note)
+    report.gate = gate.record()
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)
     passing = record_passing(report, settings, gate.passed)
     if passing is not None:
         paths.append(passing)
     log.info("[RetrievalEval] %s", summary_line(report))
-    if report["comparison"] is not None:
+    if report.comparison is not None:
         log.info("[RetrievalEval] baseline: %s", baseline.note)
-        log.info("[RetrievalEval] %s", baseline_line(report["comparison"], k_label(report)))
+        log.info("[RetrievalEval] %s", baseline_line(report.comparison.to_json(), k_label(report)))
     else:
         log.info("[RetrievalEval] no baseline: %s", baseline.note)
     line = sweep_line(sweep)
@@ -192,8 +196,10 @@ def finish_evaluation(
     return EvaluationOutcome(report, evaluation, gate, paths)
 
 
-def summary_line(report: dict[str, Any]) -> str:
-    s = report["summary"]
+def summary_line(report: Report | dict[str, Any]) -> str:
+    """The log's summary line: `done cases=67 succeeded=67 failed=0 avgRecall=0.99 ...`."""
+    summary = report.summary if isinstance(report, Report) else report["summary"]
+    s = summary.to_json() if summary is not None and not isinstance(summary, dict) else summary
     lat = s["latencyMs"] or s.get("batchLatencyMs") or {}
 
     def f(v: Any) -> str:

@@ -20,6 +20,7 @@ from app.evaluation.compare.baselines import (
 )
 from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.render.files import write_reports
+from app.evaluation.report.model import Report
 from app.evaluation.run.build import invalid_report
 from app.evaluation.startup import EvaluationTarget, run_startup_evaluation
 from app.settings import ChainSettings, EvaluateSettings
@@ -33,7 +34,7 @@ def report(stamp: str, passed: bool = True, status: str = "ok", ndcg: float = 0.
         "run": {"evaluatedAt": f"{stamp}-at", "reportFile": f"{PREFIX}-{stamp}.json"},
         "summary": {"ndcg": ndcg},
         "gate": {"passed": passed, "checks": [], "failures": [], "notes": []},
-        "cases": [{"id": "a", "metrics": None}],
+        "cases": [{"id": "a", "query": "q a", "topK": 5, "metrics": None}],
     }
 
 
@@ -64,13 +65,13 @@ def test_previous_passing_uses_the_pinned_report_before_the_passing_one(tmp_path
     write(passing_report_path(ev), report("20260102T000000Z"))
     chosen = resolve_baseline(ev)
     assert (chosen.kind, chosen.path) == ("last passing", str(passing_report_path(ev)))
-    assert chosen.report["run"]["evaluatedAt"] == "20260102T000000Z-at"
+    assert chosen.report.run.evaluated_at == "20260102T000000Z-at"
     assert chosen.note == f"last passing report {passing_report_path(ev)}"
 
     write(pinned_report_path(ev), report("20260101T000000Z", passed=False))
     chosen = resolve_baseline(ev)
     assert (chosen.kind, chosen.path) == ("pinned", str(pinned_report_path(ev)))
-    assert chosen.report["run"]["evaluatedAt"] == "20260101T000000Z-at"
+    assert chosen.report.run.evaluated_at == "20260101T000000Z-at"
     assert chosen.note == f"pinned report {pinned_report_path(ev)}"
 
 
@@ -97,7 +98,7 @@ def test_previous_uses_the_latest_report_even_when_its_gate_failed(tmp_path) -> 
     write(latest_report_path(ev), report("20260102T000000Z", passed=False))
     chosen = resolve_baseline(ev)
     assert chosen.kind == "previous"
-    assert chosen.report["run"]["evaluatedAt"] == "20260102T000000Z-at"
+    assert chosen.report.run.evaluated_at == "20260102T000000Z-at"
 
 
 def test_previous_skips_an_invalid_latest_for_the_newest_usable_timestamped_report(tmp_path) -> None:
@@ -109,7 +110,7 @@ def test_previous_skips_an_invalid_latest_for_the_newest_usable_timestamped_repo
     write(latest_report_path(ev), broken)
     chosen = resolve_baseline(ev)
     assert (chosen.kind, chosen.path) == ("previous", str(good))
-    assert chosen.report["run"]["evaluatedAt"] == "20260102T000000Z-at"
+    assert chosen.report.run.evaluated_at == "20260102T000000Z-at"
     assert chosen.note.startswith(
         f"previous report {good}: the newest usable one (retrieval-eval-latest.json"
     )
@@ -156,10 +157,13 @@ def test_only_a_passing_run_on_a_valid_golden_set_writes_the_pointer(
     before = report("20260101T000000Z")
     write(passing_report_path(ev), before)
     new = report("20260102T000000Z", passed=passed, status=status)
-    path = record_passing(new, ev, passed)
+    path = record_passing(Report.model_validate(new), ev, passed)
     assert (path is not None) is written
     on_disk = json.loads(passing_report_path(ev).read_text(encoding="utf-8"))
-    assert on_disk == (new if written else before)
+    if written:
+        assert on_disk == Report.model_validate(new).to_json()
+    else:
+        assert on_disk == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -187,12 +191,12 @@ def test_a_broken_golden_set_at_startup_leaves_the_passing_pointer_and_the_next_
 
 def test_pruning_the_timestamped_reports_never_touches_the_pointer_files(tmp_path) -> None:
     ev = settings(tmp_path, keep_reports=1, write_markdown=False, write_html=False)
-    first = report("20260101T000000Z")
+    first = Report.model_validate(report("20260101T000000Z"))
     write_reports(first, ev, None, "20260101T000000Z")
     record_passing(first, ev, True)
-    write(pinned_report_path(ev), first)
+    write(pinned_report_path(ev), first.to_json())
     for stamp in ("20260102T000000Z", "20260103T000000Z"):
-        write_reports(report(stamp, passed=False), ev, None, stamp)
+        write_reports(Report.model_validate(report(stamp, passed=False)), ev, None, stamp)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == [
         f"{PREFIX}-20260103T000000Z.json",
@@ -207,7 +211,9 @@ def test_pruning_the_timestamped_reports_never_touches_the_pointer_files(tmp_pat
 
 
 def test_invalid_report_is_refused_as_a_pin(tmp_path) -> None:
-    bad = write(tmp_path / "bad.json", invalid_report("g.json", "broken", {}, "2026-12-01T00:00:00+00:00"))
+    bad = write(
+        tmp_path / "bad.json", invalid_report("g.json", "broken", {}, "2026-12-01T00:00:00+00:00").to_json()
+    )
     with pytest.raises(BaselineError, match="bad.json: the baseline run did not evaluate anything"):
         baselines.pin(bad, settings(tmp_path / "out"))
     assert not pinned_report_path(settings(tmp_path / "out")).exists()

@@ -29,7 +29,7 @@ from app.evaluation.golden.audit import (
     TagCoverage,
 )
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import to_json
+from app.evaluation.report.model import Report
 from app.ingest.ids import text_sha256
 from app.settings import EvaluateSettings, HardFilterSettings
 
@@ -446,20 +446,29 @@ def test_the_audit_needs_one_vector_per_case() -> None:
 
 
 def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
-    report: dict[str, Any] = {"cases": [{"id": "v1"}, {"id": "unknown"}]}
-    au.attach_audit(report, to_json(sample_audit()))
-    assert report["cases"] == [
-        {"id": "v1", "expectedContent": {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"}},
-        {"id": "unknown", "expectedContent": {}},
+    report = Report.model_validate(
+        {
+            "run": {},
+            "cases": [{"id": "v1", "query": "q", "topK": 5}, {"id": "unknown", "query": "q", "topK": 5}],
+        }
+    )
+    au.attach_audit(report, au.audit_json(sample_audit()))
+    assert [(c.id, c.expected_content) for c in report.cases] == [
+        ("v1", {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"}),
+        ("unknown", {}),
     ]
-    assert "expectedContent" not in report["audit"]
-    assert report["audit"]["findings"]["staleIds"] == 1
+    assert [c["expectedContent"] for c in report.to_json()["cases"]] == [
+        {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"},
+        {},
+    ]
+    assert report.audit is not None and "expectedContent" not in report.audit
+    assert report.audit["findings"]["staleIds"] == 1
     au.attach_audit(report, None)
-    assert report["audit"] is None
+    assert report.audit is None
 
 
 def test_the_text_and_markdown_list_every_finding_with_its_cases() -> None:
-    found = to_json(sample_audit())
+    found = au.audit_json(sample_audit())
     text = au.audit_text(found)
     for line in [
         "Duplicate queries (same text once normalised): 1",

@@ -7,13 +7,16 @@ import stat
 
 from app import files
 from app.evaluation.render.files import prune_reports, write_reports
+from app.evaluation.report.model import Report, RunInfo
 from app.settings import EvaluateSettings
+
+REPORT = Report(run=RunInfo(k=5))
 
 
 def test_reports_get_the_ordinary_mode_honouring_the_umask(tmp_path) -> None:
     old = os.umask(0o027)
     try:
-        paths = write_reports({"a": 1}, EvaluateSettings(output_dir=str(tmp_path)), "# md\n")
+        paths = write_reports(REPORT, EvaluateSettings(output_dir=str(tmp_path)), "# md\n")
     finally:
         os.umask(old)
     assert paths
@@ -54,7 +57,7 @@ def test_write_reports_prunes_to_keep_reports(tmp_path, monkeypatch) -> None:
     for i in range(3):
         (tmp_path / f"retrieval-eval-2026010{i + 1}T000000Z.json").write_text("{}")
     write_reports(
-        {"a": 1},
+        REPORT,
         EvaluateSettings(output_dir=str(tmp_path), keep_reports=2, write_markdown=False, write_html=False),
         None,
     )

@@ -8,12 +8,18 @@ import pytest
 
 from app.evaluation.render.files import prune_reports, write_reports
 from app.evaluation.render.html import render_html
+from app.evaluation.report.model import Report
 from app.settings import EvaluateSettings
 from tests.fixtures.reports import SWEEP_PARAM, sample_report, sample_sweep
 
 
+def page(report: dict) -> str:
+    """The HTML of a report JSON, validated as a `Report` first."""
+    return render_html(Report.model_validate(report))
+
+
 def test_untrusted_query_and_snippet_render_as_text() -> None:
-    html = render_html(
+    html = page(
         sample_report(query="<script>alert(1)</script>", snippet='<img src=x onerror="alert(2)"> & more')
     )
     assert "<script>alert(1)</script>" not in html
@@ -23,14 +29,14 @@ def test_untrusted_query_and_snippet_render_as_text() -> None:
 
 
 def test_the_page_is_self_contained() -> None:
-    html = render_html({**sample_report(), "sweep": sample_sweep()})
+    html = page({**sample_report(), "sweep": sample_sweep()})
     assert not re.search(r"""\b(src|href|action)\s*=""", html), "nothing may be loaded from elsewhere"
     assert "http://" not in html and "https://" not in html
     assert "default-src 'none'" in html  # the CSP forbids any fetch should a later edit add one
 
 
 def test_tiles_show_the_summary_and_the_counts() -> None:
-    html = render_html(sample_report())
+    html = page(sample_report())
     tile = re.search(r'data-metric="recall">(.*?)</div>\s*</div>', html, re.S)
     assert tile is not None
     assert '<div class="value">0.750</div>' in tile.group(1)
@@ -43,9 +49,12 @@ def test_tiles_show_the_summary_and_the_counts() -> None:
 def test_tiles_show_the_baseline_delta_with_ci_and_p() -> None:
     report = sample_report()
     report["comparison"] = {
-        "baseline": {"path": "base.json", "evaluatedAt": "2026-11-30T00:00:00+00:00"},
+        "baseline": {"path": "base.json", "evaluatedAt": "2026-11-30T00:00:00+00:00", "run": {}},
         "pairedCases": 2,
         "comparable": True,
+        "differences": [],
+        "cases": {},
+        "stages": [],
         "metrics": {
             "ndcg": {
                 "baseline": 0.9,
@@ -58,7 +67,7 @@ def test_tiles_show_the_baseline_delta_with_ci_and_p() -> None:
             }
         },
     }
-    html = render_html(report)
+    html = page(report)
     tile = re.search(r'data-metric="ndcg">(.*?)</div>\s*</div>', html, re.S)
     assert tile is not None
     text = " ".join(tile.group(1).split())
@@ -67,7 +76,7 @@ def test_tiles_show_the_baseline_delta_with_ci_and_p() -> None:
 
 
 def test_funnel_counts_follow_the_stages_section() -> None:
-    html = render_html(sample_report())
+    html = page(sample_report())
     bars = re.findall(
         r'class="funnel-bar" data-stage="([^"]+)" data-kept="(\d+)" data-relevant-kept="(\d+)"', html
     )
@@ -81,7 +90,7 @@ def test_funnel_counts_follow_the_stages_section() -> None:
 
 def test_sweep_curve_has_a_point_per_row_and_marks_the_recommendation() -> None:
     sweep = sample_sweep()
-    html = render_html({**sample_report(), "sweep": sweep})
+    html = page({**sample_report(), "sweep": sweep})
     for series in ("recall", "correctAbstention", "meanResults"):
         block = re.search(rf'data-series="{series}">(.*?)</g>', html, re.S)
         assert block is not None and block.group(1).count('class="sweep-point"') == 21
@@ -91,12 +100,12 @@ def test_sweep_curve_has_a_point_per_row_and_marks_the_recommendation() -> None:
 
 
 def test_without_a_sweep_the_section_says_so() -> None:
-    html = render_html(sample_report())
+    html = page(sample_report())
     assert 'id="sweep-none"' in html and '<svg id="sweep"' not in html
 
 
 def test_worst_cases_expand_to_ranked_documents_and_where_lost() -> None:
-    html = render_html(sample_report())
+    html = page(sample_report())
     ids = re.findall(r'<details class="case" data-case-id="([^"]+)"', html)
     assert ids == ["weather", "payday"]  # a no-answer case that answered first, then by nDCG
     payday = html[html.index('data-case-id="payday"') :]
@@ -105,9 +114,7 @@ def test_worst_cases_expand_to_ranked_documents_and_where_lost() -> None:
 
 
 def test_an_invalid_report_says_why_nothing_ran() -> None:
-    html = render_html(
-        {"status": "invalid", "error": "golden-set.json line 3: 'query' is missing", "run": {}}
-    )
+    html = page({"status": "invalid", "error": "golden-set.json line 3: 'query' is missing", "run": {}})
     assert "Nothing ran" in html and "golden-set.json line 3: &#39;query&#39; is missing" in html
 
 
@@ -115,7 +122,7 @@ def test_a_thousand_cases_collapse_into_one_section() -> None:
     report = sample_report()
     base = report["cases"][1]
     report["cases"] = [{**base, "id": f"c{i:04d}"} for i in range(1000)]
-    html = render_html(report)
+    html = page(report)
     # one collapsed section holds every case; none is a worst case, so nothing else is per case
     assert '<details class="all" id="all-cases">' in html and '<details class="case"' not in html
     assert html.count('<td class="mono">c') == 1000
@@ -124,7 +131,9 @@ def test_a_thousand_cases_collapse_into_one_section() -> None:
 @pytest.mark.parametrize("write_html", [True, False])
 def test_write_reports_writes_the_html_next_to_the_json(tmp_path, write_html: bool) -> None:
     settings = EvaluateSettings(output_dir=str(tmp_path), write_html=write_html)
-    paths = write_reports(sample_report(), settings, "# md\n", stamp="20261201T050000Z")
+    paths = write_reports(
+        Report.model_validate(sample_report()), settings, "# md\n", stamp="20261201T050000Z"
+    )
     names = sorted(p.name for p in paths)
     html = ["retrieval-eval-20261201T050000Z.html", "retrieval-eval-latest.html"] if write_html else []
     assert names == sorted(
@@ -137,9 +146,7 @@ def test_write_reports_writes_the_html_next_to_the_json(tmp_path, write_html: bo
         ]
     )
     if write_html:
-        assert (tmp_path / "retrieval-eval-latest.html").read_text(encoding="utf-8") == render_html(
-            sample_report()
-        )
+        assert (tmp_path / "retrieval-eval-latest.html").read_text(encoding="utf-8") == page(sample_report())
 
 
 def test_prune_removes_old_html_with_its_set(tmp_path) -> None:
@@ -159,7 +166,7 @@ def test_a_sweep_without_no_answer_cases_draws_no_abstention_curve() -> None:
     for row in sweep["rows"]:
         row["metrics"]["correctAbstention"] = None
     sweep["recommendation"]["abstention"] = None
-    html = render_html({**sample_report(), "sweep": sweep})
+    html = page({**sample_report(), "sweep": sweep})
     block = re.search(r'data-series="correctAbstention">(.*?)</g>', html, re.S)
     assert block is not None and 'class="sweep-point"' not in block.group(1)
     assert (

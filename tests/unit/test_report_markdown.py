@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.evaluation.compare.comparison import compare_reports
 from app.evaluation.render.markdown import comparison_markdown
-from app.evaluation.report.model import to_json
+from app.evaluation.report.model import Report
 
 
 def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict:
@@ -41,7 +41,9 @@ def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict
 def test_comparison_section_says_what_changed_lists_fixed_and_broken_and_warns_on_few_cases() -> None:
     base = report({"a": 0.0, "b": 1.0, "c": 0.5}, {"a": 0.0, "b": 1.0, "c": 1.0}, True)
     cur = report({"a": 1.0, "b": 0.0, "c": 0.5}, {"a": 1.0, "b": 0.0, "c": 1.0}, False)
-    comparison = to_json(compare_reports(base, cur, "base.json"))
+    comparison = compare_reports(
+        Report.model_validate(base), Report.model_validate(cur), "base.json"
+    ).to_json()
     text = "\n".join(comparison_markdown({**cur, "comparison": comparison}, "@5"))
     assert text.startswith("## Compared with baseline")
     assert "Only 3 paired cases (fewer than 30): small differences cannot be significant" in text

@@ -1,5 +1,5 @@
-"""The report's typed records through the one serialiser: the per-case fields and the summary a reader sees,
-on the runner's fake chain (tests/unit/test_runner.py)."""
+"""The report's typed records and their model dumps: the per-case fields and the summary a reader sees, on the
+runner's fake chain (tests/unit/test_runner.py), and the report file read back equal to the report written."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.report.model import CaseRecord, Summary, to_json
+from app.evaluation.compare.comparison import load_report
+from app.evaluation.report.model import SCHEMA_VERSION, CaseRecord, Report, Summary, report_text
 from app.evaluation.run.build import build_report, case_record, summary_record
 from app.evaluation.run.runner import evaluate
 from tests.unit.test_runner import KNOWN, FakeChain, golden
@@ -22,7 +23,7 @@ def test_a_case_record_carries_its_counts_and_ranked_documents_with_snippets() -
     ev, c = one_case(expectedDocIds=["B", "C"], forbiddenDocIds=["D"])
     record = case_record(c)
     assert isinstance(record, CaseRecord)
-    view = to_json(record)
+    view = record.to_json()
     # final list [c1 (A), c2 (B), c4 (D)] at K=3: B is the one hit, at rank 2; C was removed by the threshold
     assert {
         k: view[k] for k in ("expectedCount", "hitCount", "firstHitRank", "originalCount", "finalCount")
@@ -53,11 +54,14 @@ def test_a_case_record_carries_its_counts_and_ranked_documents_with_snippets() -
 
 def test_the_report_json_is_the_records_serialised() -> None:
     ev, c = one_case(expectedDocIds=["A"])
-    report = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
-    assert report["cases"] == [to_json(case_record(c))]
+    typed = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
+    assert isinstance(typed, Report)
+    report = typed.to_json()
+    assert report["schemaVersion"] == SCHEMA_VERSION == 3
+    assert report["cases"] == [case_record(c).to_json()]
     summary = summary_record(ev)
     assert isinstance(summary, Summary)
-    assert report["summary"] == to_json(summary)
+    assert report["summary"] == summary.to_json()
     assert report["summary"]["counts"] == {
         "scoredCases": 1,
         "hits": 1,
@@ -65,3 +69,17 @@ def test_the_report_json_is_the_records_serialised() -> None:
         "relevantTotal": 1,
     }
     assert report["summary"]["hitRate"] == 1.0 and report["summary"]["top1Accuracy"] == 1.0
+
+
+def test_a_report_written_and_read_back_is_the_same_report(tmp_path) -> None:
+    ev, _ = one_case(expectedDocIds=["B", "C"], forbiddenDocIds=["D"])
+    built = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00", "chainSummary": "dense → rerank"})
+    text = report_text(built)
+    assert Report.model_validate_json(text) == built
+    path = tmp_path / "report.json"
+    path.write_text(text, encoding="utf-8")
+    loaded = load_report(path)
+    assert loaded == built
+    # keys of the run description the model does not name are kept as they came
+    assert loaded.run.model_extra == {"chainSummary": "dense → rerank"}
+    assert loaded.to_json()["run"]["chainSummary"] == "dense → rerank"

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.report.model import Report, report_text
 from app.files import atomic_write_text
 from app.settings import EvaluateSettings
 
@@ -53,7 +54,7 @@ class Baseline:
     """The report this run is compared with (None: no comparison, `note` says why). `kind` is how it was
     chosen: pinned, last passing, previous, configured file (None without a report)."""
 
-    report: dict[str, Any] | None
+    report: Report | None
     path: str | None
     note: str
     kind: str | None = None
@@ -138,9 +139,9 @@ def _previous(settings: EvaluateSettings) -> Baseline:
     return Baseline(report, str(path), f"previous report {path}", KIND_PREVIOUS)
 
 
-def _own_copy(path: Path, report: dict[str, Any]) -> Path:
+def _own_copy(path: Path, report: Report) -> Path:
     """The report's own timestamped file beside `path` when it is still there, else `path`."""
-    own = path.parent / str(report.get("run", {}).get("reportFile") or "")
+    own = path.parent / str(report.run.report_file or "")
     return own if own != path.parent and own.is_file() else path
 
 
@@ -153,7 +154,7 @@ def timestamped_reports(settings: EvaluateSettings) -> list[Path]:
     return sorted((p for p in out.iterdir() if pattern.match(p.name) and p.is_file()), reverse=True)
 
 
-def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, dict[str, Any]] | None:
+def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | None:
     """The newest timestamped report that `load_report` accepts (an evaluated run, well formed)."""
     for path in timestamped_reports(settings):
         try:
@@ -163,19 +164,19 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, dict[str, An
     return None
 
 
-def record_passing(report: dict[str, Any], settings: EvaluateSettings, gate_passed: bool) -> Path | None:
+def record_passing(report: Report, settings: EvaluateSettings, gate_passed: bool) -> Path | None:
     """After a run: copy `report` to `<prefix>-passing.json` (atomically) when its gate passed on a valid
     golden set (status "ok"); otherwise leave the pointer as it is. Written with the JSON reports only
     (`write_json`), as `-latest.json` is. Returns the path written, or None."""
-    if not gate_passed or report.get("status") != "ok" or not settings.write_json:
+    if not gate_passed or report.status != "ok" or not settings.write_json:
         return None
     path = passing_report_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+    atomic_write_text(path, report_text(report))
     return path
 
 
-def pin(source: str | Path, settings: EvaluateSettings) -> tuple[Path, dict[str, Any]]:
+def pin(source: str | Path, settings: EvaluateSettings) -> tuple[Path, Report]:
     """Check `source` is a usable report (`load_report`; BaselineError naming it otherwise) and copy its
     bytes to `<prefix>-pinned.json`, atomically. Returns the pinned path and the report."""
     report = load_report(source)

@@ -12,13 +12,17 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.evaluation.report.model import (
     BaselineRef,
     BeforeAfter,
     CaseChanges,
     CaseDelta,
+    CaseDetail,
     Comparison,
     MetricComparison,
+    Report,
     StageDelta,
     UnjudgedAccount,
 )
@@ -34,8 +38,9 @@ class BaselineError(ValueError):
     """The baseline report cannot be used; the message names the file and what is wrong."""
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
-    """A report JSON written by Sieve (status ok, with cases). Raises BaselineError naming the file."""
+def load_report(path: str | Path) -> Report:
+    """Read a report file with `Report.model_validate_json`. Raises BaselineError naming the file and, for a
+    report of the wrong shape, the case and field (`case 'a' (cases[0]): metrics.ndcg: ...`)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -44,71 +49,73 @@ def load_report(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"{p}: cannot read the baseline report: {exc}") from None
     try:
-        report = json.loads(text)
+        data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise BaselineError(f"{p}: not a JSON report: {exc}") from None
-    if not isinstance(report, dict) or "cases" not in report or "run" not in report:
+    if not isinstance(data, dict) or "cases" not in data or "run" not in data:
         raise BaselineError(f"{p}: not a Sieve evaluation report (no 'run' and 'cases')")
-    if report.get("status") != "ok":
-        raise BaselineError(
-            f"{p}: the baseline run did not evaluate anything (status {report.get('status')!r})"
-        )
-    if not isinstance(report["cases"], list) or not all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) for c in report["cases"]
-    ):
-        raise BaselineError(f"{p}: 'cases' must be a list of case records with an 'id'")
-    _check_shape(p, report)
+    try:
+        report = Report.model_validate_json(text)
+    except ValidationError as exc:
+        raise BaselineError(f"{p}: {validation_message(exc, data)}") from None
+    if report.status != "ok":
+        raise BaselineError(f"{p}: the baseline run did not evaluate anything (status {report.status!r})")
+    _check_cases(p, report)
     return report
+
+
+def validation_message(exc: ValidationError, data: Any) -> str:
+    """The first problem of a report that does not validate, located as a reader finds it: `case 'a'
+    (cases[0]): metrics.ndcg: Input should be a valid number, ...`, or `run: Input should be ...`."""
+    error = exc.errors(include_url=False)[0]
+    loc = list(error["loc"])
+    where = ""
+    if len(loc) >= 2 and loc[0] == "cases" and isinstance(loc[1], int):
+        cases = data.get("cases") if isinstance(data, dict) else None
+        case = cases[loc[1]] if isinstance(cases, list) and loc[1] < len(cases) else None
+        case_id = case.get("id") if isinstance(case, dict) else None
+        where = f"case {case_id!r} (cases[{loc[1]}])" if case_id is not None else f"cases[{loc[1]}]"
+        loc = loc[2:]
+    field = ""
+    for part in loc:
+        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+    located = ": ".join(x for x in (where, field) if x)
+    return f"{located}: {error['msg']}" if located else str(error["msg"])
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_shape(p: Path, report: dict[str, Any]) -> None:
-    """What the comparison reads must have the right types; a hand-edited report gets a message naming the
-    case and field instead of a traceback."""
-    if not isinstance(report["run"], dict):
-        raise BaselineError(f"{p}: 'run' must be an object")
+def _check_cases(p: Path, report: Report) -> None:
+    """What the comparison pairs on must hold beyond the types: unique case ids, and every compared measure
+    of a scored case a finite number."""
     seen: set[str] = set()
-    for index, case in enumerate(report["cases"]):
-        where = f"{p}: case {case['id']!r} (cases[{index}])"
-        if case["id"] in seen:
+    for index, case in enumerate(report.cases):
+        where = f"{p}: case {case.id!r} (cases[{index}])"
+        if case.id in seen:
             raise BaselineError(f"{where}: duplicate case id")
-        seen.add(case["id"])
-        values = case.get("metrics")
-        if values is not None:
-            if not isinstance(values, dict):
-                raise BaselineError(f"{where}: 'metrics' must be an object or null")
+        seen.add(case.id)
+        if case.metrics is not None:
             for name in COMPARED:
-                if not _is_number(values.get(name)):
-                    raise BaselineError(f"{where}: metrics.{name} must be a number, got {values.get(name)!r}")
-        condensed = case.get("condensed")
-        if condensed is not None and not (
-            isinstance(condensed, dict) and all(_is_number(condensed.get(n)) for n in RANKING)
-        ):
-            raise BaselineError(f"{where}: 'condensed' must be an object of numbers or null")
-        unjudged = case.get("unjudged", [])
-        if not isinstance(unjudged, list) or not all(isinstance(i, str) for i in unjudged):
-            raise BaselineError(f"{where}: 'unjudged' must be a list of ids")
-        ranked = case.get("rankedDocuments", [])
-        if not isinstance(ranked, list) or not all(isinstance(d, dict) for d in ranked):
-            raise BaselineError(f"{where}: 'rankedDocuments' must be a list of objects")
-    stages = report.get("stages", [])
-    if not isinstance(stages, list) or not all(isinstance(st, dict) and "name" in st for st in stages):
-        raise BaselineError(f"{p}: 'stages' must be a list of objects with a 'name'")
+                if not _is_number(case.metrics.get(name)):
+                    raise BaselineError(
+                        f"{where}: metrics.{name} must be a number, got {case.metrics.get(name)!r}"
+                    )
 
 
 def compare_reports(
-    baseline: dict[str, Any],
-    current: dict[str, Any],
+    baseline_report: Report,
+    current_report: Report,
     baseline_path: str,
     seed: int = 42,
     alpha: float = 0.05,
 ) -> Comparison:
     """Pair the cases by id; figures over the paired cases that have metrics on both sides (no-answer and
     failed cases excluded, as in the summary). With K different the runs are not comparable and no
-    statistics are computed."""
+    statistics are computed. The pairing reads both reports' JSON (`Report.to_json`), the form every report
+    file has."""
+    baseline, current = baseline_report.to_json(), current_report.to_json()
     b_cases = {c["id"]: c for c in baseline["cases"]}
     c_cases = {c["id"]: c for c in current["cases"]}
     paired = sorted(set(b_cases) & set(c_cases))
@@ -122,7 +129,15 @@ def compare_reports(
     ref = BaselineRef(path=baseline_path, evaluated_at=_evaluated_at(b_run), run=_fingerprint_only(b_run))
     stage_rows = _stage_deltas(baseline.get("stages") or [], current.get("stages") or [])
     if k_changes:
-        return Comparison(ref, False, differences, len(paired), {}, changes, stage_rows)
+        return Comparison(
+            baseline=ref,
+            comparable=False,
+            differences=differences,
+            paired_cases=len(paired),
+            metrics={},
+            cases=changes,
+            stages=stage_rows,
+        )
     scored = [i for i in paired if b_cases[i].get("metrics") and c_cases[i].get("metrics")]
     rows = _paired_rows(
         {i: b_cases[i]["metrics"] for i in scored}, {i: c_cases[i]["metrics"] for i in scored}, seed, alpha
@@ -142,8 +157,8 @@ def compare_reports(
         {i: float(b_cases[i]["metrics"]["ndcg"]) for i in scored},
         {i: float(c_cases[i]["metrics"]["ndcg"]) for i in scored},
     )
-    changes.improved = [CaseDelta(i, d) for i, d in improved]
-    changes.worsened = [CaseDelta(i, d) for i, d in worsened]
+    changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
+    changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
     new_total = new_unjudged_total = 0
     new_by_case: dict[str, tuple[list[str], list[str]]] = {}
     for i in scored:
@@ -159,26 +174,35 @@ def compare_reports(
             continue
         new, unjudged = new_by_case[i]
         why = unverified_reason(b_cases[i], c_cases[i], metric, unjudged)
-        details[i] = {
-            "query": c_cases[i].get("query"),
-            "before": _top(b_cases[i]),
-            "now": _top(c_cases[i]),
-            "beforeFused": _top_fused(b_cases[i]),
-            "nowFused": _top_fused(c_cases[i]),
-            "newInTopK": new,
-            "newUnjudged": unjudged,
-            "verified": why is None,
-            "why": why or "",
-        }
+        details[i] = CaseDetail(
+            query=c_cases[i].get("query"),
+            before=_top(b_cases[i]),
+            now=_top(c_cases[i]),
+            before_fused=_top_fused(b_cases[i]),
+            now_fused=_top_fused(c_cases[i]),
+            new_in_top_k=new,
+            new_unjudged=unjudged,
+            verified=why is None,
+            why=why or "",
+        )
     regressions = changes.broken + [d.id for d in changes.worsened]
-    changes.unverified = sorted({i for i in regressions if not details[i]["verified"]})
+    changes.unverified = sorted({i for i in regressions if not details[i].verified})
     account = UnjudgedAccount(
         new_in_top_k=new_total,
         new_unjudged=new_unjudged_total,
         headline=f"{new_unjudged_total} of the {new_total} new top-K documents are unjudged",
     )
     return Comparison(
-        ref, True, differences, len(scored), rows, changes, stage_rows, details, account, condensed_rows
+        baseline=ref,
+        comparable=True,
+        differences=differences,
+        paired_cases=len(scored),
+        metrics=rows,
+        cases=changes,
+        stages=stage_rows,
+        case_details=details,
+        unjudged=account,
+        condensed_metrics=condensed_rows,
     )
 
 
@@ -209,9 +233,7 @@ def _paired_rows(
     adjusted = stats.holm([rows[m].p_value for m in rows])
     for name, p_holm in zip(list(rows), adjusted, strict=True):
         row = rows[name]
-        rows[name] = MetricComparison(
-            row.baseline, row.current, row.delta, row.ci95, row.p_value, p_holm, bool(p_holm < alpha)
-        )
+        rows[name] = row.model_copy(update={"p_holm": p_holm, "significant": bool(p_holm < alpha)})
     return rows
 
 
@@ -402,11 +424,11 @@ def _stage_deltas(b_stages: list[dict[str, Any]], c_stages: list[dict[str, Any]]
             StageDelta(
                 name=s["name"],
                 removed_relevant=BeforeAfter(
-                    b.get("removedRelevant") if b else None, s.get("removedRelevant")
+                    baseline=b.get("removedRelevant") if b else None, current=s.get("removedRelevant")
                 ),
                 recall_after=BeforeAfter(
-                    ((b.get("afterStage") or {}).get("recall")) if b else None,
-                    (s.get("afterStage") or {}).get("recall"),
+                    baseline=((b.get("afterStage") or {}).get("recall")) if b else None,
+                    current=(s.get("afterStage") or {}).get("recall"),
                 ),
             )
         )

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.evaluation.report.model import GateFailure
+from app.evaluation.report.model import Gate, GateCheckRecord, GateFailure
 from app.settings import EvaluateThresholds
 
 # threshold field -> (summary key, comparison)
@@ -111,28 +111,31 @@ class GateResult:
         """The checks that did not hold but only warn, in the shape of a failure."""
         return [c.failure() for c in self.checks if c.warned]
 
-    def to_json(self) -> dict[str, Any]:
-        from app.evaluation.report.model import to_json
-
-        return {
-            "passed": self.passed,
-            "checks": [
-                {
-                    "name": c.name,
-                    "metric": c.metric,
-                    "op": c.op,
-                    "threshold": c.threshold,
-                    "value": c.value,
-                    "passed": c.passed,
-                    "severity": c.severity,
-                    "message": c.describe(),
-                }
+    def record(self) -> Gate:
+        """The gate as the report keeps it (`Report.gate`)."""
+        return Gate(
+            passed=self.passed,
+            checks=[
+                GateCheckRecord(
+                    name=c.name,
+                    metric=c.metric,
+                    op=c.op,
+                    threshold=c.threshold,
+                    value=c.value,
+                    passed=c.passed,
+                    severity=c.severity,
+                    message=c.describe(),
+                )
                 for c in self.checks
             ],
-            "failures": to_json(self.failures),
-            "warnings": to_json(self.warnings),
-            "notes": list(self.notes),
-        }
+            failures=self.failures,
+            warnings=self.warnings,
+            notes=list(self.notes),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report JSON's `gate`."""
+        return self.record().to_json()
 
 
 def check_gate(

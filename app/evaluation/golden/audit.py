@@ -48,9 +48,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.alias_generators import to_camel
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import to_json
+from app.evaluation.report.model import Report
 from app.ingest.ids import text_sha256
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of, unit_rows
@@ -251,14 +254,24 @@ def judged_docs(case: GoldenCase, index: IndexView) -> set[str]:
 
 # -- findings ------------------------------------------------------------------------------------------
 
+# The findings are pydantic dataclasses with camelCase JSON keys: `audit_json` is their model dump.
+_RECORD = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
-@dataclass(frozen=True)
+
+def record(cls: Any = None, *, frozen: bool = False) -> Any:
+    def wrap(c: Any) -> Any:
+        return pydantic_dataclass(c, frozen=frozen, config=_RECORD)
+
+    return wrap if cls is None else wrap(cls)
+
+
+@record(frozen=True)
 class DuplicateQuery:
     normalised: str
     cases: list[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class QueryPair:
     cases: list[str]  # two case ids, in golden-set order
     queries: list[str]
@@ -266,7 +279,7 @@ class QueryPair:
     group: str | None = None  # set for a paraphrase pair (both cases of this group)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Suggestion:
     """Where a stale id's content went (`by` "contentHash": the ids now carrying the hash the previous
     report recorded for it) or, `by` "name" and `guess` true, the closest names by difflib."""
@@ -276,7 +289,7 @@ class Suggestion:
     guess: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StaleId:
     case: str
     field: str
@@ -286,7 +299,7 @@ class StaleId:
     note: str  # why this suggestion, or why none
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Excluded:
     case: str
     id: str
@@ -294,7 +307,7 @@ class Excluded:
     reasons: list[str]  # the hard filter's reasons, one per distinct reason over the chunks
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContentCopy:
     case: str
     id: str
@@ -303,7 +316,7 @@ class ContentCopy:
     unjudged_copies: list[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RelevantAndForbidden:
     group: str
     id: str
@@ -311,7 +324,7 @@ class RelevantAndForbidden:
     forbidden_in: list[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TagCoverage:
     tag: str
     documents: int
@@ -319,7 +332,7 @@ class TagCoverage:
     cases: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Coverage:
     documents: int
     untouched_count: int
@@ -328,7 +341,7 @@ class Coverage:
     untouched_tags: list[str]
 
 
-@dataclass
+@record
 class Audit:
     """The audit of one golden set against one index (report JSON `audit`, `sieve golden check --json`)."""
 
@@ -357,6 +370,11 @@ class Audit:
     @property
     def total_findings(self) -> int:
         return sum(self.findings.values())
+
+
+def audit_json(audit: Audit) -> dict[str, Any]:
+    """The audit's JSON (report `audit`, `sieve golden check --json`): its model dump by alias."""
+    return TypeAdapter(Audit).dump_python(audit, mode="json", by_alias=True)
 
 
 def normalise_query(text: str) -> str:
@@ -615,7 +633,7 @@ def audit_golden_set(
         expected_content={case.id: expected_content(case, index, recorded) for case in cases},
     )
     audit.findings = {kind: len(getattr(audit, _attr(kind))) for kind in FINDING_KINDS}
-    audit.summary = summary_line(to_json(audit))
+    audit.summary = summary_line(audit_json(audit))
     return audit
 
 
@@ -714,9 +732,11 @@ def audit_section(golden: GoldenSet, source: AuditSource | None, settings: Any) 
     enabled, no source, or an internal error: {"ran": false, "error": why}."""
     audit_settings = getattr(settings, "audit", None)
     if audit_settings is not None and not audit_settings.enabled:
-        return to_json(Audit(ran=False, error="not run: rag.evaluate.audit.enabled is false"))
+        return audit_json(Audit(ran=False, error="not run: rag.evaluate.audit.enabled is false"))
     if source is None:
-        return to_json(Audit(ran=False, error="not run: no store and embedder were given to audit against"))
+        return audit_json(
+            Audit(ran=False, error="not run: no store and embedder were given to audit against")
+        )
     try:
         audit = run_audit(
             golden,
@@ -727,22 +747,22 @@ def audit_section(golden: GoldenSet, source: AuditSource | None, settings: Any) 
         )
     except Exception as exc:  # the audit is information: it must never cost the evaluation its report
         log.exception("[RetrievalEval] golden-set audit could not run")
-        return to_json(Audit(ran=False, error=f"could not run: {type(exc).__name__}: {exc}"))
+        return audit_json(Audit(ran=False, error=f"could not run: {type(exc).__name__}: {exc}"))
     log.info("[RetrievalEval] golden-set audit: %s", audit.summary)
-    return to_json(audit)
+    return audit_json(audit)
 
 
-def attach_audit(report: dict[str, Any], audit: dict[str, Any] | None) -> None:
+def attach_audit(report: Report, audit: dict[str, Any] | None) -> None:
     """Put `audit` into `report` as `audit`, and each case record's `expectedContent` from it (the
     per-case content hashes the next audit remaps stale ids with); the audit's own copy is dropped."""
     if audit is None:
-        report["audit"] = None
+        report.audit = None
         return
     audit = dict(audit)
     content = audit.pop("expectedContent", None) or {}
-    for record in report.get("cases") or []:
-        record["expectedContent"] = content.get(record.get("id"), {})
-    report["audit"] = audit
+    for record in report.cases:
+        record.expected_content = content.get(record.id, {})
+    report.audit = audit
 
 
 # -- rendering -----------------------------------------------------------------------------------------

@@ -5,12 +5,11 @@ files are never pruned)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
 
+from app.evaluation.report.model import Report, report_text
 from app.files import atomic_write_text, file_stamp
 from app.settings import EvaluateSettings
 
@@ -23,7 +22,7 @@ def report_stamp() -> str:
 
 
 def write_reports(
-    report: dict[str, Any], settings: EvaluateSettings, markdown: str | None, stamp: str | None = None
+    report: Report, settings: EvaluateSettings, markdown: str | None, stamp: str | None = None
 ) -> list[Path]:
     """Write the timestamped and the `-latest` files, then prune old timestamped sets down to
     `settings.keep_reports`; returns the paths written."""
@@ -33,7 +32,7 @@ def write_reports(
     written: list[Path] = []
     payloads: list[tuple[str, str]] = []
     if settings.write_json:
-        payloads.append(("json", json.dumps(report, ensure_ascii=False, indent=2) + "\n"))
+        payloads.append(("json", report_text(report)))
     if settings.write_markdown and markdown is not None:
         payloads.append(("md", markdown))
     if settings.write_html:

@@ -22,21 +22,16 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from app.evaluation.report.model import Report
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
+from app.evaluation.scoring import measures
+from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p, k_label
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORST_CASES = 20
 
-# (label, summary key, digits); the tiles follow the Markdown summary's order
-TILE_METRICS = (
-    ("Recall", "recall"),
-    ("HitRate", "hitRate"),
-    ("MRR", "mrr"),
-    ("nDCG", "ndcg"),
-    ("Precision", "precision"),
-    ("Top-1 accuracy", "top1Accuracy"),
-    ("Duplicate rate", "duplicateRate"),
-)
+# the tiles follow the Markdown summary's order
+TILE_METRICS = HEADLINE
 
 _ENV = Environment(
     loader=FileSystemLoader(TEMPLATES),
@@ -48,22 +43,14 @@ _ENV = Environment(
 )
 
 
-def fmt(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def fmt_p(value: Any) -> str:
-    if value is None:
-        return "n/a"
-    return "< 0.001" if value < 0.001 else f"{value:.3f}"
-
-
 _ENV.filters["f"] = fmt
 _ENV.filters["p"] = fmt_p
 
 
-def render_html(report: dict[str, Any]) -> str:
-    """The HTML page of a report JSON (`status` ok or invalid)."""
+def render_html(typed: Report) -> str:
+    """The HTML page of a report (`status` ok or invalid), drawn from its JSON (`Report.to_json`), so a
+    report read back from its file renders the same."""
+    report = typed.to_json()
     view = {
         "report": report,
         "run": report.get("run") or {},
@@ -84,7 +71,7 @@ def render_html(report: dict[str, Any]) -> str:
 
 def _k_label(report: dict[str, Any]) -> str:
     run, summary = report.get("run") or {}, report.get("summary") or {}
-    return "@K" if summary.get("kMixed") else f"@{run.get('k', '?')}"
+    return k_label(run.get("k"), bool(summary.get("kMixed")))
 
 
 # -- tiles -------------------------------------------------------------------------------------------
@@ -104,12 +91,12 @@ def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
         "hitRate": f"{counts.get('hits')} of {scored} cases hit" if scored else "no scored case",
     }
     out = []
-    for label, key in TILE_METRICS:
+    for key in TILE_METRICS:
         row = compared.get(key)
         out.append(
             {
                 "key": key,
-                "label": label + ("" if key == "top1Accuracy" else _k_label(report)),
+                "label": measures.label(key, _k_label(report)),
                 "value": s.get(key),
                 "counts": count_text.get(key, f"mean over {scored} scored cases"),
                 "delta": _delta(row),

@@ -8,6 +8,7 @@ from typing import Any
 from app.evaluation.compare.comparison import SMALL_SAMPLE
 from app.evaluation.golden.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
+from app.evaluation.report.model import Report
 from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
@@ -17,17 +18,21 @@ from app.evaluation.scoring.measures import fmt_p as p_text
 WORST_CASES = 20
 
 
-def k_label(report: dict[str, Any]) -> str:
+def k_label(report: Report | dict[str, Any]) -> str:
     """The report's cut-off label (`measures.k_label`): "@5", or "@K" when cases carry their own topK."""
+    if isinstance(report, Report):
+        return measures.k_label(report.run.k, bool(report.summary and report.summary.k_mixed))
     run, summary = report.get("run") or {}, report.get("summary") or {}
     return measures.k_label(run.get("k"), bool(summary.get("kMixed")))
 
 
-def render_markdown(report: dict[str, Any], case_detail: bool = False) -> str:
+def render_markdown(typed: Report, case_detail: bool = False) -> str:
     """The report as Markdown, most telling first: the verdict, the gate, the comparison with the baseline and
     the worst cases; then the summary, the run, the stages, segments, groups, sweep and audit. `case_detail`
     (rag.evaluate.report.case_detail) appends every case's ranking and trace; without it they stay in the
-    JSON's `cases`."""
+    JSON's `cases`. Drawn from the report's JSON (`Report.to_json`), so a report read back from its file
+    renders the same."""
+    report = typed.to_json()
     run = report["run"]
     lines = [f"# Retrieval evaluation — {run.get('startedAt', '')}", ""]
     if report["status"] != "ok":

@@ -1,35 +1,33 @@
-"""Typed records of a report's computed parts, and the one serialiser that turns them into report JSON.
+"""The report as one typed object: `Report` and the records it is made of, pydantic models whose JSON keys are
+the camelCase of their fields (`p_holm` -> `pHolm`, `ci95` stays). The report JSON is `Report.to_json()`
+(`model_dump(by_alias=True)`), and a report file is read back with `Report.model_validate_json`, so the files,
+the comparison and the renderers share one shape. `SCHEMA_VERSION` is the JSON's `schemaVersion`.
 
-`to_json` maps a dataclass to a dict with camelCase keys (`p_holm` -> `pHolm`, `ci95` stays), tuples to
-lists, and recurses into lists and dicts; the Markdown and the comparison read the JSON these records
-become, so there is one shape.
+A leaf: it imports nothing from the rest of the app.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+SCHEMA_VERSION = 3
 
 
-def camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+class Model(BaseModel):
+    """Every report record: camelCase JSON keys, constructed by field name."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, validate_assignment=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON: `model_dump(mode="json", by_alias=True)`."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
-def to_json(value: Any) -> Any:
-    """The one serialiser: dataclass -> {camelCase field: value}, recursively."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {camel(f.name): to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
-    return value
-
-
-@dataclass(frozen=True)
-class Loss:
+class Loss(Model):
     """Where one expected id that is not in the top K was lost (`where`: NOT_IN_INDEX, NOT_RETRIEVED,
     REMOVED_BY_<stage> with `stage` and the removal's `reason`, or RANKED_OUT)."""
 
@@ -39,48 +37,47 @@ class Loss:
     reason: str
 
 
-@dataclass(frozen=True)
-class RemovedItem:
+class RemovedItem(Model):
+    """A candidate a stage removed, with the stage's reason (`dense=0.21 < 0.30`) and whether it was one of
+    the case's expected ids (`relevant`; None outside an evaluation)."""
+
     chunk_id: str
     doc_id: str
     reason: str
-    relevant: bool
+    relevant: bool | None = None
 
 
-@dataclass(frozen=True)
-class StageStat:
+class StageStat(Model):
     """What one stage did for one case (report JSON: a case's `filterStats` entry)."""
 
     name: str
-    enabled: bool
-    skipped: str | None
-    input: int
-    output: int
-    removed: int
-    removed_relevant: int  # expected ids the stage made disappear from the list
-    removed_relevant_chunks: int  # removed chunks of expected ids (a second chunk of a kept document too)
-    added: int
-    latency_ms: float
-    removed_items: list[RemovedItem]
+    enabled: bool = True
+    skipped: str | None = None
+    input: int = 0
+    output: int = 0
+    removed: int = 0
+    removed_relevant: int = 0  # expected ids the stage made disappear from the list
+    removed_relevant_chunks: int = 0  # removed chunks of expected ids (a second chunk of a kept document too)
+    added: int = 0
+    latency_ms: float = 0.0
+    removed_items: list[RemovedItem] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class StageRow:
+class StageRow(Model):
     """One row of the report's per-stage table, over all cases (`afterStage`: mean Recall/MRR/nDCG of
     the list after the stage, cut at K)."""
 
     name: str
-    enabled: bool
-    skipped: str | None
-    removed: int
-    removed_relevant: int
-    added: int
-    latency_ms: float | None
-    after_stage: dict[str, float | None]
+    enabled: bool = True
+    skipped: str | None = None
+    removed: int = 0
+    removed_relevant: int = 0
+    added: int = 0
+    latency_ms: float | None = None
+    after_stage: dict[str, float | None] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class MetricComparison:
+class MetricComparison(Model):
     baseline: float
     current: float
     delta: float
@@ -90,26 +87,23 @@ class MetricComparison:
     significant: bool = False
 
 
-@dataclass(frozen=True)
-class CaseDelta:
+class CaseDelta(Model):
     id: str
     delta: float
 
 
-@dataclass
-class CaseChanges:
-    fixed: list[str] = field(default_factory=list)
-    broken: list[str] = field(default_factory=list)
-    improved: list[CaseDelta] = field(default_factory=list)
-    worsened: list[CaseDelta] = field(default_factory=list)
-    only_in_baseline: list[str] = field(default_factory=list)
-    only_in_current: list[str] = field(default_factory=list)
+class CaseChanges(Model):
+    fixed: list[str] = Field(default_factory=list)
+    broken: list[str] = Field(default_factory=list)
+    improved: list[CaseDelta] = Field(default_factory=list)
+    worsened: list[CaseDelta] = Field(default_factory=list)
+    only_in_baseline: list[str] = Field(default_factory=list)
+    only_in_current: list[str] = Field(default_factory=list)
     # broken or worsened cases whose drop may come from unjudged documents (compare.unverified_reason)
-    unverified: list[str] = field(default_factory=list)
+    unverified: list[str] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class UnjudgedAccount:
+class UnjudgedAccount(Model):
     """How much of what the change brought into the top K nobody has judged: over the paired scored
     cases, `new_in_top_k` = Σ |top K now − top K before| (distinct ids at the case's matching level) and
     `new_unjudged` = how many of those carry no judgment in the current golden set."""
@@ -119,28 +113,45 @@ class UnjudgedAccount:
     headline: str
 
 
-@dataclass(frozen=True)
-class BeforeAfter:
+class BeforeAfter(Model):
     baseline: float | None
     current: float | None
 
 
-@dataclass(frozen=True)
-class StageDelta:
+class StageDelta(Model):
     name: str
     removed_relevant: BeforeAfter
     recall_after: BeforeAfter
 
 
-@dataclass(frozen=True)
-class BaselineRef:
+class BaselineRef(Model):
+    """The baseline a comparison read: its file, when it was evaluated, its run description, and how it was
+    chosen (`kind`: pinned, last passing, previous, a file; `note`: the sentence the log prints)."""
+
     path: str
     evaluated_at: str | None
     run: dict[str, Any]
+    kind: str | None = None
+    note: str | None = None
 
 
-@dataclass
-class Comparison:
+class CaseDetail(Model):
+    """A fixed, broken or worsened case in a comparison: the top 3 document ids before and now with their
+    fused scores, the ids new in the top K and those of them nobody judged, and whether the drop is verified
+    (`why` says why not)."""
+
+    query: str | None
+    before: list[str]
+    now: list[str]
+    before_fused: list[float | None] = Field(default_factory=list)
+    now_fused: list[float | None] = Field(default_factory=list)
+    new_in_top_k: list[str]
+    new_unjudged: list[str]
+    verified: bool
+    why: str
+
+
+class Comparison(Model):
     baseline: BaselineRef
     comparable: bool
     differences: list[str]
@@ -148,31 +159,26 @@ class Comparison:
     metrics: dict[str, MetricComparison]
     cases: CaseChanges
     stages: list[StageDelta]
-    # fixed, broken and worsened cases: {id: {"query", "before": [top docIds], "now": [top docIds],
-    # "newInTopK": [...], "newUnjudged": [...], "verified": bool, "why": str}}
-    case_details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    case_details: dict[str, CaseDetail] = Field(default_factory=dict)
     unjudged: UnjudgedAccount | None = None
     # the same paired statistics on the condensed lists (unjudged documents removed)
-    condensed_metrics: dict[str, MetricComparison] = field(default_factory=dict)
+    condensed_metrics: dict[str, MetricComparison] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class GateFailure:
+class GateFailure(Model):
     check: str
     actual: Any
     limit: Any
     message: str
 
 
-@dataclass(frozen=True)
-class SegmentDelta:
+class SegmentDelta(Model):
     paired_cases: int
     metrics: dict[str, dict[str, float]]  # metric -> {"delta", "pValue"} (uncorrected, exploratory)
     exploratory: bool = True
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(Model):
     kind: str  # "tag" | "knowledgeTag" | "language"
     name: str
     cases: int
@@ -181,8 +187,7 @@ class Segment:
     delta: SegmentDelta | None = None
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(Model):
     name: str
     cases: list[str]
     hit_rate: float | None
@@ -192,102 +197,176 @@ class Group:
     same_top1: bool
 
 
-@dataclass(frozen=True)
-class RankedDocument:
+class RankedDocument(Model):
     """One document of a case's final top K (`matched`: the first hit of an expected id)."""
 
-    rank: int
+    rank: int = 0
     doc_id: str
-    chunk_id: str
-    source: str
-    title: str
-    scores: dict[str, float]
-    origin: list[str]
-    matched: bool
-    reason: str  # "relevant (grade 1)", "duplicate of a higher-ranked hit", "FORBIDDEN", "not relevant"
-    snippet: str  # the first SNIPPET_CHARS characters of the chunk's text
-    attached: list[str]  # chunk ids the diversity stage attached to it (its document's further chunks)
+    chunk_id: str = ""
+    source: str = ""
+    title: str = ""
+    scores: dict[str, float] = Field(default_factory=dict)
+    origin: list[str] = Field(default_factory=list)
+    matched: bool = False
+    reason: str = ""  # "relevant (grade 1)", "duplicate of a higher-ranked hit", "FORBIDDEN", "not relevant"
+    snippet: str = ""  # the first SNIPPET_CHARS characters of the chunk's text
+    attached: list[str] = Field(
+        default_factory=list
+    )  # chunk ids the diversity stage attached to it (its document's further chunks)
 
 
-@dataclass(frozen=True)
-class CaseRecord:
+class CaseRecord(Model):
     """One golden case as the report shows it: the case, its figures, its ranking and its trace."""
 
     id: str
     query: str
-    knowledge_tag: str | None
+    knowledge_tag: str | None = None
     top_k: int
-    note: str | None
-    tags: list[str]
-    group: str | None
-    language: str
-    origin: str  # manual | generated | log
-    generator: str | None
-    passage_chunk_id: str | None
-    literalness: float | None
-    case_sha256: str
-    match_on: str
-    expected: dict[str, float]
-    forbidden_doc_ids: list[str]
-    expect_no_answer: bool
-    status: str
-    error: str | None
-    metrics: dict[str, float] | None
-    at_k: dict[str, dict[str, float]]
-    expected_count: int
-    hit_count: int | None
-    first_hit_rank: int | None
-    original_count: int | None
-    final_count: int | None
-    abstained: bool | None
-    latency_ms: float | None
-    single_latency_ms: float | None
-    fallback_used: bool | None
-    ranked_documents: list[RankedDocument]
-    filter_stats: list[StageStat]
-    after_stage: dict[str, Any]
-    lost: list[Loss]
-    forbidden_found: list[str]
-    missing_from_index: list[str]
-    judged: float | None  # Judged@K of the top K (metrics.judged_at_k)
-    unjudged: list[str]  # the top K's ids that carry no judgment
-    condensed: dict[str, float] | None  # metrics at K of the condensed (judged-only) list
-    evidence_groups: list[list[str]]
-    evidence: dict[str, float] | None  # evidenceRecall, evidenceHit at K
-    evidence_lost: list[Loss]
-    expanded_sources: dict[str, list[str]]
+    note: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    group: str | None = None
+    language: str = ""
+    origin: str = ""  # manual | generated | log
+    generator: str | None = None
+    passage_chunk_id: str | None = None
+    literalness: float | None = None
+    case_sha256: str = ""
+    match_on: str = ""
+    expected: dict[str, float] = Field(default_factory=dict)
+    forbidden_doc_ids: list[str] = Field(default_factory=list)
+    expect_no_answer: bool = False
+    status: str = "ok"
+    error: str | None = None
+    metrics: dict[str, float] | None = None
+    at_k: dict[str, dict[str, float]] = Field(default_factory=dict)
+    expected_count: int = 0
+    hit_count: int | None = None
+    first_hit_rank: int | None = None
+    original_count: int | None = None
+    final_count: int | None = None
+    abstained: bool | None = None
+    latency_ms: float | None = None
+    single_latency_ms: float | None = None
+    fallback_used: bool | None = None
+    ranked_documents: list[RankedDocument] = Field(default_factory=list)
+    filter_stats: list[StageStat] = Field(default_factory=list)
+    after_stage: dict[str, Any] = Field(default_factory=dict)
+    lost: list[Loss] = Field(default_factory=list)
+    forbidden_found: list[str] = Field(default_factory=list)
+    missing_from_index: list[str] = Field(default_factory=list)
+    judged: float | None = None  # Judged@K of the top K (metrics.judged_at_k)
+    unjudged: list[str] = Field(default_factory=list)  # the top K's ids that carry no judgment
+    condensed: dict[str, float] | None = None  # metrics at K of the condensed (judged-only) list
+    evidence_groups: list[list[str]] = Field(default_factory=list)
+    evidence: dict[str, float] | None = None  # evidenceRecall, evidenceHit at K
+    evidence_lost: list[Loss] = Field(default_factory=list)
+    expanded_sources: dict[str, list[str]] = Field(default_factory=dict)
+    # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
+    expected_content: dict[str, Any] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Summary:
+class Summary(Model):
     """The run's headline figures: macro means over the scored cases (those with relevant documents);
     no-answer cases, forbidden hits and where expected ids were lost are counted apart."""
 
-    cases: int
-    succeeded: int
-    failed: int
-    scored_cases: int
-    recall: float | None
-    hit_rate: float | None
-    mrr: float | None
-    ndcg: float | None
-    precision: float | None
-    top1_accuracy: float | None
-    duplicate_rate: float | None
-    counts: dict[str, int]  # scoredCases, hits, relevantFound, relevantTotal
-    k_mixed: bool
-    at_k: dict[str, dict[str, float | None]]
-    latency_ms: dict[str, float] | None  # single-query retrieve() over the timed sample
-    latency_sample_cases: int
-    batch_latency_ms: dict[str, float] | None
-    no_answer: dict[str, Any]
-    forbidden: dict[str, int]
-    expected_missing_from_index: int
-    lost_by: dict[str, int]
-    failed_case_ids: list[str]
-    judged: float | None  # mean Judged@K over the scored cases
-    unjudged_in_top_k: int  # distinct (case, id) pairs in the scored cases' top K with no judgment
-    condensed: dict[
-        str, float | None
-    ]  # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
-    evidence: dict[str, Any]  # cases, evidenceRecall, evidenceHit, lostBy
+    cases: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    scored_cases: int = 0
+    recall: float | None = None
+    hit_rate: float | None = None
+    mrr: float | None = None
+    ndcg: float | None = None
+    precision: float | None = None
+    top1_accuracy: float | None = None
+    duplicate_rate: float | None = None
+    counts: dict[str, int] = Field(default_factory=dict)  # scoredCases, hits, relevantFound, relevantTotal
+    k_mixed: bool = False
+    at_k: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    latency_ms: dict[str, float] | None = None  # single-query retrieve() over the timed sample
+    latency_sample_cases: int = 0
+    batch_latency_ms: dict[str, float] | None = None
+    no_answer: dict[str, Any] = Field(default_factory=dict)
+    forbidden: dict[str, int] = Field(default_factory=dict)
+    expected_missing_from_index: int = 0
+    lost_by: dict[str, int] = Field(default_factory=dict)
+    failed_case_ids: list[str] = Field(default_factory=list)
+    judged: float | None = None  # mean Judged@K over the scored cases
+    unjudged_in_top_k: int = 0  # distinct (case, id) pairs in the scored cases' top K with no judgment
+    # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
+    condensed: dict[str, float | None] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field(default_factory=dict)  # cases, evidenceRecall, evidenceHit, lostBy
+
+
+class GateCheckRecord(Model):
+    """One gate check as the report keeps it (`message`: the check described, as the log prints it)."""
+
+    name: str
+    metric: str
+    op: str
+    threshold: float
+    value: float | None
+    passed: bool
+    severity: Literal["fail", "warn"] = "fail"
+    message: str = ""
+
+
+class Gate(Model):
+    """The gate's verdict: `passed` when no check of severity "fail" failed; `warnings` are the checks that
+    did not hold but only warn."""
+
+    passed: bool = True
+    checks: list[GateCheckRecord] = Field(default_factory=list)
+    failures: list[GateFailure] = Field(default_factory=list)
+    warnings: list[GateFailure] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class RunInfo(Model):
+    """What was run: the models, store and chain (`run_header`), the fingerprint (`run_fingerprint`: golden
+    set, corpus, embedder, chain and settings hashes) and the timing. The fields below are the ones every
+    report has or that the comparison reads; the header and fingerprint keys are kept as they come."""
+
+    model_config = ConfigDict(extra="allow")
+
+    started_at: str | None = None
+    evaluated_at: str | None = None
+    duration_ms: float | None = None
+    golden_set: str | None = None
+    dataset_version: str | int | None = None
+    k: int | None = None
+    k_values: list[int] = Field(default_factory=list)
+    as_of: str | None = None
+    conventions: str | None = None
+    code_version: str | None = None
+    report_file: str | None = None
+
+
+class Report(Model):
+    """The evaluation report. `status` "invalid": the golden set could not be read, nothing ran (`error`
+    says why, `summary` is None). `comparison` is None without a usable baseline (`baselineNote` says why);
+    `sweep` is the threshold sweep (`tune.grid.threshold_sweep`), `audit` the golden-set audit
+    (`golden.audit.audit_section`), both None when not run; `cases` always holds every case."""
+
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["ok", "invalid"] = "ok"
+    error: str | None = None
+    run: RunInfo
+    summary: Summary | None = None
+    comparison: Comparison | None = None
+    baseline_note: str | None = None
+    gate: Gate = Field(default_factory=Gate)
+    sweep: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
+    stages: list[StageRow] = Field(default_factory=list)
+    segments: list[Segment] = Field(default_factory=list)
+    origins: dict[str, Any] | None = None
+    groups: list[Group] = Field(default_factory=list)
+    candidate_origins: dict[str, int] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)
+    cases: list[CaseRecord] = Field(default_factory=list)
+
+
+def report_text(report: Report) -> str:
+    """The report file's text: the JSON by alias, indented by 2, non-ASCII as is, ending in a newline."""
+    return json.dumps(report.to_json(), ensure_ascii=False, indent=2) + "\n"

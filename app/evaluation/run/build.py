@@ -9,7 +9,15 @@ from statistics import fmean
 from typing import Any
 
 from app.evaluation.golden.language import query_language
-from app.evaluation.report.model import CaseRecord, RankedDocument, StageRow, Summary, to_json
+from app.evaluation.report.model import (
+    CaseRecord,
+    Gate,
+    RankedDocument,
+    Report,
+    RunInfo,
+    StageRow,
+    Summary,
+)
 from app.evaluation.run.fingerprint import case_sha256
 from app.evaluation.run.runner import (
     NOT_IN_INDEX,
@@ -22,13 +30,12 @@ from app.evaluation.run.runner import (
 from app.evaluation.run.segments import groups, origin_comparison, segments
 from app.evaluation.scoring import measures, metrics
 
-SCHEMA_VERSION = 2
 SNIPPET_CHARS = 200
 
 
 def summarize(evaluation: Evaluation) -> dict[str, Any]:
-    """The report JSON's `summary`: `summary_record` through the one serialiser."""
-    return to_json(summary_record(evaluation))
+    """The report JSON's `summary`: `summary_record`'s model dump."""
+    return summary_record(evaluation).to_json()
 
 
 def summary_record(evaluation: Evaluation) -> Summary:
@@ -183,23 +190,24 @@ def _mean(values: list[float]) -> float | None:
 def build_report(
     evaluation: Evaluation,
     run_info: dict[str, Any],
-    gate: dict[str, Any] | None = None,
-    comparison: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The report JSON. `gate` and `comparison` are the JSON of `GateResult` and `Comparison`; the
-    caller (startup.finish_evaluation) fills them in once the baseline is compared."""
-    summary = summarize(evaluation)
+    baseline: Report | None = None,
+    seed: int = 42,
+) -> Report:
+    """The report of `evaluation`, without I/O or clock (its times come from `evaluation` and `run_info`).
+    `run_info` is the run description (`startup.run_description`); with `baseline`, each segment carries its
+    exploratory delta against it (`run.segments.segments`). The comparison, the gate, the sweep and the audit
+    are the caller's to attach (`startup.finish_evaluation`); without them the report has none."""
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
             for k, v in c.result.trace.candidate_origins.items():
                 origins[k] = origins.get(k, 0) + v
     started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
-    cases = [to_json(case_record(c)) for c in evaluation.cases]
-    return {
-        "schemaVersion": SCHEMA_VERSION,
-        "status": "ok",
-        "run": {
+    records = [case_record(c) for c in evaluation.cases]
+    cases = [r.to_json() for r in records]
+    base_cases = [c.to_json() for c in baseline.cases] if baseline is not None else None
+    run = RunInfo.model_validate(
+        {
             **run_info,
             "startedAt": started,
             "evaluatedAt": run_info.get("evaluatedAt") or started,
@@ -210,37 +218,30 @@ def build_report(
             "kValues": list(evaluation.k_values),
             "asOf": evaluation.as_of.isoformat() if evaluation.as_of else run_info.get("asOf"),
             "conventions": metrics.CONVENTIONS,
-        },
-        "summary": summary,
-        "comparison": comparison,
-        "gate": gate or {"passed": True, "checks": [], "failures": [], "notes": []},
-        "stages": to_json(stage_table(evaluation)),
-        "segments": to_json(segments(cases)),
-        "origins": origin_comparison(cases),
-        "groups": to_json(groups(cases)),
-        "candidateOrigins": origins,
-        "warnings": evaluation.warnings,
-        "cases": cases,
-    }
+        }
+    )
+    return Report(
+        status="ok",
+        run=run,
+        summary=summary_record(evaluation),
+        stages=stage_table(evaluation),
+        segments=segments(cases, base_cases, seed),
+        origins=origin_comparison(cases),
+        groups=groups(cases),
+        candidate_origins=origins,
+        warnings=list(evaluation.warnings),
+        cases=records,
+    )
 
 
-def invalid_report(golden_path: str, error: str, run_info: dict[str, Any], started_at: str) -> dict[str, Any]:
+def invalid_report(golden_path: str, error: str, run_info: dict[str, Any], started_at: str) -> Report:
     """The report of a run that could not start (the golden set is broken): it says why nothing ran."""
-    return {
-        "schemaVersion": SCHEMA_VERSION,
-        "status": "invalid",
-        "error": error,
-        "run": {**run_info, "goldenSet": golden_path, "startedAt": started_at},
-        "summary": None,
-        "comparison": None,
-        "gate": {"passed": False, "checks": [], "failures": [], "notes": []},
-        "sweep": None,
-        "stages": [],
-        "segments": [],
-        "origins": None,
-        "groups": [],
-        "cases": [],
-    }
+    return Report(
+        status="invalid",
+        error=error,
+        run=RunInfo.model_validate({**run_info, "goldenSet": golden_path, "startedAt": started_at}),
+        gate=Gate(passed=False),
+    )
 
 
 def case_record(c: CaseResult) -> CaseRecord:

@@ -438,7 +438,7 @@ def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) 
                 added=len(stage.added),
                 latency_ms=stage.latency_ms,
                 removed_items=[
-                    RemovedItem(r.chunk_id, r.doc_id, r.reason, flag)
+                    RemovedItem(chunk_id=r.chunk_id, doc_id=r.doc_id, reason=r.reason, relevant=flag)
                     for r, flag in zip(stage.removed, flags, strict=True)
                 ],
             )
@@ -503,14 +503,28 @@ def _where_lost(
     lost = []
     for wanted in sorted(relevant - set(top_k)):
         if wanted in item.missing_from_index:
-            lost.append(Loss(wanted, NOT_IN_INDEX, "", "not in the index"))
+            lost.append(Loss(id=wanted, where=NOT_IN_INDEX, stage="", reason="not in the index"))
         elif wanted not in raw:
-            lost.append(Loss(wanted, NOT_RETRIEVED, "", "not among the vector or BM25 candidates"))
+            lost.append(
+                Loss(
+                    id=wanted,
+                    where=NOT_RETRIEVED,
+                    stage="",
+                    reason="not among the vector or BM25 candidates",
+                )
+            )
         elif wanted in final:
-            lost.append(Loss(wanted, RANKED_OUT, "", f"survived every stage but ranked below K={item.k}"))
+            lost.append(
+                Loss(
+                    id=wanted,
+                    where=RANKED_OUT,
+                    stage="",
+                    reason=f"survived every stage but ranked below K={item.k}",
+                )
+            )
         else:
             stage, reason = _vanished_at(wanted, trace, by_chunk, present_after, stage_order)
-            lost.append(Loss(wanted, f"REMOVED_BY_{stage}", stage, reason))
+            lost.append(Loss(id=wanted, where=f"REMOVED_BY_{stage}", stage=stage, reason=reason))
     return lost
 
 
