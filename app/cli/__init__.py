@@ -16,6 +16,7 @@ server refuses); 3 the service could not start or the server could not be reache
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INPUT
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
+    except BrokenPipeError:
+        # the reader of stdout stopped reading (`sieve query ... | head`): it had what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:  # the boundary: one clear line instead of a traceback
         from app.evaluation.compare.comparison import BaselineError
         from app.evaluation.golden.cases import GoldenSetError

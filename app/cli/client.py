@@ -115,7 +115,7 @@ class SieveClient:
         answer = _json_object(response)
         if response.status_code == 200 and answer is not None:
             return answer
-        raise _refusal(self.url, path, response, answer)
+        raise _refusal(self.url, path, response, answer, sent_token=bool(self.token))
 
 
 def _reason(exc: Exception) -> str:
@@ -131,7 +131,9 @@ def _json_object(response: Any) -> dict[str, Any] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _refusal(url: str, path: str, response: Any, answer: dict[str, Any] | None) -> ServerError:
+def _refusal(
+    url: str, path: str, response: Any, answer: dict[str, Any] | None, sent_token: bool
+) -> ServerError:
     status = response.status_code
     said = answer.get("error") if answer is not None else None
     if not isinstance(said, str):
@@ -142,7 +144,8 @@ def _refusal(url: str, path: str, response: Any, answer: dict[str, Any] | None) 
         )
     if status == 401:
         return ServerError(
-            f"the server at {url} refused the token (401): {said}; set ${TOKEN_ENV} to the server's token",
+            f"the server at {url} {'refused the token' if sent_token else 'needs a token'} (401): {said}; "
+            f"set ${TOKEN_ENV} to the server's token",
             exit_codes.BAD_INPUT,
         )
     if status == 403:

@@ -212,3 +212,17 @@ def test_bad_input_with_a_server_is_exit_2_before_any_request(
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert (out, err) == ("", message + "\n")
+
+
+def test_a_request_without_a_token_says_the_server_needs_one() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        assert "authorization" not in request.headers
+        return httpx.Response(401, json={"error": "missing or wrong token"})
+
+    client = SieveClient(URL, None, transport=httpx.MockTransport(answer))
+    with pytest.raises(ServerError) as caught:
+        client.retrieve({"query": "q"})
+    assert caught.value.message == (
+        f"the server at {URL} needs a token (401): missing or wrong token; "
+        "set $SIEVE_TOKEN to the server's token"
+    )
