@@ -8,7 +8,6 @@ Needs Debian's `chromium` and Playwright's Python package (the `test` extra); no
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.evaluation.render.html import render_html  # noqa: E402
+from app.evaluation.report.model import Report  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -31,7 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    report = json.loads(args.report.read_text(encoding="utf-8"))
+    report = Report.model_validate_json(args.report.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         page_path = Path(tmp) / "report.html"
         page_path.write_text(render_html(report), encoding="utf-8")

@@ -17,6 +17,7 @@ import pytest
 
 from app.cli import main
 from app.evaluation.render.html import render_html
+from app.evaluation.report.model import Report
 from tests.fixtures.reports import sample_sweep
 from tests.fixtures.seeded_store import seeded_store
 
@@ -89,7 +90,7 @@ def page_and_report(evaluated: Path, tmp_path_factory: pytest.TempPathFactory) -
     if not report.get("sweep"):
         report["sweep"] = sample_sweep()
         page = tmp_path_factory.mktemp("report-browser-page") / "retrieval-eval-latest.html"
-        page.write_text(render_html(report), encoding="utf-8")
+        page.write_text(render_html(Report.model_validate(report)), encoding="utf-8")
     return page, report
 
 

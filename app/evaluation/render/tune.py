@@ -7,15 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.grid import GAIN_METRICS, MIN_DENSE, fmt_value
 from app.evaluation.tune.holdout import HELD_OUT, TUNING
 from app.evaluation.tune.replay import POINT_METRICS
 from app.files import atomic_write_text, file_stamp
-
-
-def _f(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
 
 _METRIC_HEADERS = (
     "Recall",

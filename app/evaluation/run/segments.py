@@ -15,8 +15,9 @@ from app.evaluation.golden.build.literalness import band
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import Group, Segment, SegmentDelta
 from app.evaluation.scoring import stats
+from app.evaluation.scoring.measures import COMPARED
 
-SEGMENT_METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
+SEGMENT_METRICS = COMPARED
 SMALL_SEGMENT = 10
 SEGMENT_KINDS = ("tag", "knowledgeTag", "language", "origin", "literalness")
 ORIGINS = ("manual", "generated", "log")

@@ -1,13 +1,15 @@
 """The one registry of the report's measures: each with its JSON key, its label, its digits, its direction and
-a one-line definition; every table, tile, comparison and log line takes its metric names from here.
+a one-line definition; every table, tile, comparison and log line takes its measure names from here.
 
-Names follow ir_measures: a measure at a cut-off is written `<Name>@<K>` (`nDCG@10`). The names used are the
-ones ir_measures parses (`Recall` and `Precision` are its aliases of `R` and `P`, `MRR` of `RR`), so a label
-in a report can be pasted into `ir_measures.parse_measure`; `ir_measures` below names the canonical one.
-When the cases carry their own K the label is `<Name>@K` ("at each case's K").
+Names: a measure at a cut-off is written as ir_measures writes one, `<Name>@<K>` (`nDCG@10`). The names are
+those the reports show (`Recall@10`, `MRR@10`, `Precision@10`, `HitRate@10`), chosen over ir_measures'
+short names so a reader of an older report finds the same words; `Measure.ir_measures` gives the
+ir_measures name of the same quantity where there is one (`R`, `RR`, `P`, `Success`, `nDCG`, `Judged`), so
+`Recall@10` here is ir_measures' `R@10`. When the cases carry their own K the label is `<Name>@K` ("at each
+case's K"); a measure without a cut-off (`Top1Accuracy`) is written bare.
 
-The definitions are those of `app.evaluation.scoring.metrics` (the formulas, the duplicate and empty-case
-conventions and the tests live there); a measure without a cut-off (`Top1Accuracy`) is written bare.
+The formulas, the duplicate and empty-case conventions and their reference tests live with the functions in
+`app.evaluation.scoring.metrics`; the definitions below are their one-line summaries.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from pydantic import ValidationError
 from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import Evaluation
+from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.tune.replay import (
     POINT_METRICS,
@@ -616,10 +617,6 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.1f}"
     return str(value)
-
-
-def _f(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def sweep_line(sweep: dict[str, Any] | None) -> str | None:
