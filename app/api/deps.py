@@ -13,7 +13,7 @@ malformed or not ASCII is a 401, never an error of the server.
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request, Security
 from fastapi.security import HTTPBearer
@@ -63,7 +63,7 @@ def token_matches(given: bytes | None, expected: str | None) -> bool:
 
 
 # Reads take a token only when rag.server.api_token is set: in OpenAPI terms, no security or the bearer.
-READER_SECURITY = {"security": [{}, {"HTTPBearer": []}]}
+READER_SECURITY: dict[str, Any] = {"security": [{}, {"HTTPBearer": []}]}
 
 
 def require_reader(request: Request) -> None:

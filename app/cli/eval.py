@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app import exit_codes
 from app.cli.common import fail, open_sieve, settings_with
@@ -421,13 +421,15 @@ def trec_eval_command(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return exit_codes.OK
-    keys = list(result["aggregate"])  # type: ignore[arg-type]
+    aggregate = cast(dict[str, float | None], result["aggregate"])
+    per_query = cast(dict[str, dict[str, float]], result["perQuery"])
+    keys = list(aggregate)
     if args.per_query:
-        for qid, values in result["perQuery"].items():  # type: ignore[union-attr]
+        for qid, values in per_query.items():
             for key in keys:
                 print(f"{key:<16}{qid:<12}{values[key]:.4f}")
     for key in keys:
-        value = result["aggregate"][key]  # type: ignore[index]
+        value = aggregate[key]
         print(f"{key:<16}{'all':<12}{'n/a' if value is None else f'{value:.4f}'}")
     print(f"{'queries':<16}{'all':<12}{result['queries']}")
     return exit_codes.OK
