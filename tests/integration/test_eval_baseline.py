@@ -138,9 +138,11 @@ def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, 
     assert f"[RetrievalEval] {line}" in logs
     assert "changed: rag.chain.bm25.enabled: true -> false" in out
 
-    # the Markdown opens with the comparison
+    # the Markdown opens with the verdict, then the gate, then the comparison
     markdown = (output_dir / "retrieval-eval-latest.md").read_text(encoding="utf-8")
-    assert markdown.split("\n## ")[1].startswith("Compared with baseline")
+    sections = markdown.split("\n## ")
+    assert sections[0].splitlines()[2].startswith("**Gate PASSED") and "against the baseline" in sections[0]
+    assert sections[1].startswith("Gate: PASSED") and sections[2].startswith("Compared with baseline")
     assert "`rag.chain.bm25.enabled: true -> false`" in markdown
     assert "| nDCG@K |" in markdown
 

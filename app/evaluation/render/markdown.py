@@ -125,7 +125,12 @@ def _worst_markdown(report: dict[str, Any], kl: str) -> list[str]:
         for c in worst:
             got = _ranked_text(c["rankedDocuments"][:3])
             lost = "; ".join(f"{x['id']}: {x['where']}" for x in c["lost"]) or "-"
-            nd = _f(c["metrics"]["ndcg"]) if c["metrics"] else c["status"]
+            if c["metrics"]:
+                nd = _f(c["metrics"]["ndcg"])
+            elif c["expectNoAnswer"]:
+                nd = "no answer expected"
+            else:
+                nd = c["status"]
             lines.append(
                 f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
                 f"{got} | {_cell(lost, None)} |"
@@ -528,11 +533,11 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     out.append("")
     if c["metrics"]:
         m = c["metrics"]
+        kl = measures.k_label(c.get("topK"))
         out += [
-            "| Recall | HitRate | MRR | nDCG | Precision | Top-1 | Duplicates |",
-            "|---|---|---|---|---|---|---|",
-            f"| {_f(m['recall'])} | {_f(m['hitRate'])} | {_f(m['mrr'])} | {_f(m['ndcg'])} | "
-            f"{_f(m['precision'])} | {_f(m['top1Accuracy'])} | {_f(m['duplicateRate'])} |",
+            "| " + " | ".join(measures.label(key, kl) for key in measures.HEADLINE) + " |",
+            "|" + "---|" * len(measures.HEADLINE),
+            "| " + " | ".join(measures.measure(key).format(m.get(key)) for key in measures.HEADLINE) + " |",
             "",
         ]
     stats = ", ".join(

@@ -114,8 +114,10 @@ class UnjudgedAccount(Model):
 
 
 class BeforeAfter(Model):
-    baseline: float | None
-    current: float | None
+    """One figure of the baseline and of this run (a count stays an int)."""
+
+    baseline: int | float | None
+    current: int | float | None
 
 
 class StageDelta(Model):
