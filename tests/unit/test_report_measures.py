@@ -4,6 +4,7 @@ each definition checked against the value the scoring functions compute, written
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,15 @@ def test_definitions_agree_with_the_scoring_functions() -> None:
     groups = [{"c1", "c2"}, {"c3"}]
     assert metrics.evidence_recall_at_k([["c1"], ["z"]], groups, 2) == pytest.approx(max(1 / 2, 0 / 1))
     assert metrics.evidence_hit_at_k([["z", "c3"]], groups, 1) == 1.0
+
+
+def test_docs_report_lists_every_measure_as_the_registry_defines_it() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text(encoding="utf-8")
+    block = docs.split("<!-- measures:")[1].split("<!-- end of measures -->")[0]
+    lines = [line for line in block.splitlines() if line.startswith("- ")]
+    expected = []
+    for m in MEASURES:
+        names = f"`{m.key}`" + (f"; ir_measures `{m.ir_measures}`" if m.ir_measures else "")
+        direction = "higher is better" if m.direction == "higher" else "lower is better"
+        expected.append(f"- **{m.label('@K')}** ({names}; {direction}): {m.definition}")
+    assert lines == expected
