@@ -50,7 +50,8 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, store_path: Path, output_dir: Path,
     monkeypatch.chdir(REPO)
     for name in [n for n in os.environ if n.startswith("RAG__")]:
         monkeypatch.delenv(name)
-    monkeypatch.delenv("SIEVE_CONFIG", raising=False)
+    for name in ("SIEVE_CONFIG", "SIEVE_SERVER", "SIEVE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAG__STORE__PATH", str(store_path))
     monkeypatch.setenv("RAG__EVALUATE__OUTPUT_DIR", str(output_dir))
     monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))

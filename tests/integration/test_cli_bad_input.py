@@ -36,7 +36,8 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, store_path: Path, tmp_path: Path, r
     monkeypatch.chdir(REPO)
     for name in [n for n in os.environ if n.startswith("RAG__")]:
         monkeypatch.delenv(name)
-    monkeypatch.delenv("SIEVE_CONFIG", raising=False)
+    for name in ("SIEVE_CONFIG", "SIEVE_SERVER", "SIEVE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAG__STORE__PATH", str(store_path))
     monkeypatch.setenv("RAG__EVALUATE__OUTPUT_DIR", str(tmp_path / "eval"))
     monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))
@@ -110,7 +111,11 @@ def test_eval_with_a_too_deep_golden_set_line_exits_2_naming_file_and_line(tmp_p
     golden.write_text(
         json.dumps(case, ensure_ascii=False) + "\n" + "[" * DEEP + "]" * DEEP + "\n", encoding="utf-8"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RAG__") and k not in ("SIEVE_CONFIG", "SIEVE_SERVER", "SIEVE_TOKEN")
+    }
     env |= {"RAG__MODELS__CACHE_DIR": str(MODELS_CACHE), "RAG__EVALUATE__OUTPUT_DIR": str(tmp_path / "eval")}
     done = subprocess.run(
         [str(SIEVE), "eval", "--golden-set", str(golden)],

@@ -69,9 +69,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int
 def local_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A user's shell for local commands: its own copy of the sample base (the server holds its own)."""
     base = tmp_path_factory.mktemp("cli-local")
-    return clean_env(
+    env = clean_env(
         RAG__STORE__PATH=str(seeded_store(base / "store")), RAG__EVALUATE__OUTPUT_DIR=str(base / "local-eval")
     )
+    return {k: v for k, v in env.items() if k not in ("SIEVE_SERVER", "SIEVE_TOKEN")}
 
 
 @dataclass
