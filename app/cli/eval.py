@@ -1,7 +1,11 @@
-"""`sieve eval`, `sieve compare` and `sieve trec-eval`: the evaluation commands of the `sieve` face.
+"""`sieve eval`, `sieve tune`, `sieve compare` and `sieve trec-eval`: the evaluation commands.
+
+`sieve eval --server URL` runs the evaluation on a running `sieve serve` (`POST /api/evaluations/runs`) and
+prints what a local run prints (`print_evaluation` of the same `EvaluationRunResponse`).
 
 Exit codes: the table in `app.exit_codes` (0 every gate check held; 1 a gate check failed, each named
-on stderr; 2 bad input: configuration, golden set, baseline report, BEIR or TREC files).
+on stderr; 2 bad input: configuration, golden set, baseline report, BEIR or TREC files; with `--server`,
+see `app.cli.client`).
 """
 
 from __future__ import annotations
