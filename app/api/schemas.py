@@ -19,6 +19,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app.api.errors import safe_text
+from app.evaluation.report.model import RemovedItem
 from app.retrieval.types import Candidate, RetrievalResult
 from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
@@ -82,12 +83,6 @@ class RetrievedDocument(BaseModel):
     origin: list[str]
     scores: Scores
     attached: list[AttachedChunk] = []
-
-
-class RemovedItem(BaseModel):
-    chunkId: str
-    docId: str
-    reason: str
 
 
 class StageReport(BaseModel):
@@ -302,7 +297,7 @@ def retrieve_response(result: RetrievalResult, debug: bool = False) -> RetrieveR
                 scoreKey=s.score_key,
                 skipped=s.skipped,
                 removedItems=[
-                    RemovedItem(chunkId=r.chunk_id, docId=r.doc_id, reason=r.reason) for r in s.removed
+                    RemovedItem(chunk_id=r.chunk_id, doc_id=r.doc_id, reason=r.reason) for r in s.removed
                 ]
                 if debug
                 else None,

@@ -145,7 +145,7 @@ def render_result(r: Any) -> str:
                 status += f", added {st.added}"
         lines.append(f"  {st.name:<21} {status:<40} {st.latencyMs:7.1f} ms")
         for item in st.removedItems or []:
-            lines.append(f"      - {item.docId} ({item.chunkId}): {item.reason}")
+            lines.append(f"      - {item.doc_id} ({item.chunk_id}): {item.reason}")
     return "\n".join(lines)
 
 

@@ -18,9 +18,10 @@ SCHEMA_VERSION = 3
 
 
 class Model(BaseModel):
-    """Every report record: camelCase JSON keys, constructed by field name."""
+    """Every report record: camelCase JSON keys (also for a plain `model_dump` and in API responses), read by
+    alias or by field name."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, validate_assignment=False)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
 
     def to_json(self) -> dict[str, Any]:
         """The record's JSON: `model_dump(mode="json", by_alias=True)`."""
@@ -39,7 +40,8 @@ class Loss(Model):
 
 class RemovedItem(Model):
     """A candidate a stage removed, with the stage's reason (`dense=0.21 < 0.30`) and whether it was one of
-    the case's expected ids (`relevant`; None outside an evaluation)."""
+    the case's expected ids (`relevant`; None outside an evaluation). The one type of a removal as the report
+    and the API's debug view show it (the chain's own record is `app.retrieval.types.Removal`)."""
 
     chunk_id: str
     doc_id: str
