@@ -82,7 +82,7 @@ def evaluation_run_view(outcome: Any) -> EvaluationRunResponse:
     comparison = report.get("comparison")
     if comparison is not None:
         lines.append(f"baseline: {comparison['baseline']['note']}")
-        lines.append(baseline_line(comparison, k_label(report)))
+        lines.append(baseline_line(comparison, k_label(outcome.report)))
         lines += [f"  changed: {difference}" for difference in comparison["differences"]]
     else:
         lines.append(f"no baseline: {report.get('baselineNote')}")

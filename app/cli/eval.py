@@ -392,14 +392,15 @@ def compare_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     ev = settings_with().rag.evaluate
-    comparison = compare_reports(base, current, args.baseline, seed=ev.seed, alpha=ev.alpha).to_json()
+    compared = compare_reports(base, current, args.baseline, seed=ev.seed, alpha=ev.alpha)
+    comparison = compared.to_json()
     if args.json:
         print(json.dumps(comparison, ensure_ascii=False, indent=2))
         return exit_codes.OK
     label = k_label(current)
     print(baseline_line(comparison, label))
     print()
-    print("\n".join(comparison_markdown({**current.to_json(), "comparison": comparison}, label)))
+    print("\n".join(comparison_markdown(compared, None, label)))
     return exit_codes.OK
 
 

@@ -198,8 +198,11 @@ def finish_evaluation(
 
 def summary_line(report: Report | dict[str, Any]) -> str:
     """The log's summary line: `done cases=67 succeeded=67 failed=0 avgRecall=0.99 ...`."""
-    summary = report.summary if isinstance(report, Report) else report["summary"]
-    s = summary.to_json() if summary is not None and not isinstance(summary, dict) else summary
+    s: dict[str, Any]
+    if isinstance(report, Report):
+        s = report.summary.to_json() if report.summary is not None else {}
+    else:
+        s = report["summary"]
     lat = s["latencyMs"] or s.get("batchLatencyMs") or {}
 
     def f(v: Any) -> str:

@@ -73,7 +73,7 @@ def test_the_report_json_is_the_records_serialised() -> None:
 
 def test_a_report_written_and_read_back_is_the_same_report(tmp_path) -> None:
     ev, _ = one_case(expectedDocIds=["B", "C"], forbiddenDocIds=["D"])
-    built = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00", "chainSummary": "dense → rerank"})
+    built = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00", "collection": "kb-sample"})
     text = report_text(built)
     assert Report.model_validate_json(text) == built
     path = tmp_path / "report.json"
@@ -81,5 +81,5 @@ def test_a_report_written_and_read_back_is_the_same_report(tmp_path) -> None:
     loaded = load_report(path)
     assert loaded == built
     # keys of the run description the model does not name are kept as they came
-    assert loaded.run.model_extra == {"chainSummary": "dense → rerank"}
-    assert loaded.to_json()["run"]["chainSummary"] == "dense → rerank"
+    assert loaded.run.model_extra == {"collection": "kb-sample"}
+    assert loaded.to_json()["run"]["collection"] == "kb-sample"

@@ -166,7 +166,7 @@ def compare_reports(
         new_by_case[i] = (new, unjudged)
         new_total += len(new)
         new_unjudged_total += len(unjudged)
-    details: dict[str, dict[str, Any]] = {}
+    details: dict[str, CaseDetail] = {}
     for i, metric in [(i, "hitRate") for i in changes.fixed + changes.broken] + [
         (d.id, "ndcg") for d in changes.worsened
     ]:

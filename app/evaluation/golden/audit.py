@@ -258,20 +258,13 @@ def judged_docs(case: GoldenCase, index: IndexView) -> set[str]:
 _RECORD = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-def record(cls: Any = None, *, frozen: bool = False) -> Any:
-    def wrap(c: Any) -> Any:
-        return pydantic_dataclass(c, frozen=frozen, config=_RECORD)
-
-    return wrap if cls is None else wrap(cls)
-
-
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class DuplicateQuery:
     normalised: str
     cases: list[str]
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class QueryPair:
     cases: list[str]  # two case ids, in golden-set order
     queries: list[str]
@@ -279,7 +272,7 @@ class QueryPair:
     group: str | None = None  # set for a paraphrase pair (both cases of this group)
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class Suggestion:
     """Where a stale id's content went (`by` "contentHash": the ids now carrying the hash the previous
     report recorded for it) or, `by` "name" and `guess` true, the closest names by difflib."""
@@ -289,7 +282,7 @@ class Suggestion:
     guess: bool
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class StaleId:
     case: str
     field: str
@@ -299,7 +292,7 @@ class StaleId:
     note: str  # why this suggestion, or why none
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class Excluded:
     case: str
     id: str
@@ -307,7 +300,7 @@ class Excluded:
     reasons: list[str]  # the hard filter's reasons, one per distinct reason over the chunks
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class ContentCopy:
     case: str
     id: str
@@ -316,7 +309,7 @@ class ContentCopy:
     unjudged_copies: list[str]
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class RelevantAndForbidden:
     group: str
     id: str
@@ -324,7 +317,7 @@ class RelevantAndForbidden:
     forbidden_in: list[str]
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class TagCoverage:
     tag: str
     documents: int
@@ -332,7 +325,7 @@ class TagCoverage:
     cases: int
 
 
-@record(frozen=True)
+@pydantic_dataclass(frozen=True, config=_RECORD)
 class Coverage:
     documents: int
     untouched_count: int
@@ -341,7 +334,7 @@ class Coverage:
     untouched_tags: list[str]
 
 
-@record
+@pydantic_dataclass(config=_RECORD)
 class Audit:
     """The audit of one golden set against one index (report JSON `audit`, `sieve golden check --json`)."""
 

@@ -1,5 +1,5 @@
-"""The report as Markdown, rendered from the report JSON alone, so a report read back from disk renders the
-same."""
+"""The report as Markdown, read from the typed `Report`. A report read back from its file
+(`Report.model_validate_json`) renders the same."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from typing import Any
 from app.evaluation.compare.comparison import SMALL_SAMPLE
 from app.evaluation.golden.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import (
+    CaseDetail,
+    CaseRecord,
+    Comparison,
+    Gate,
+    Loss,
+    RankedDocument,
+    Report,
+    Summary,
+)
 from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
@@ -18,103 +27,246 @@ from app.evaluation.scoring.measures import fmt_p as p_text
 WORST_CASES = 20
 
 
-def k_label(report: Report | dict[str, Any]) -> str:
+def k_label(report: Report) -> str:
     """The report's cut-off label (`measures.k_label`): "@5", or "@K" when cases carry their own topK."""
-    if isinstance(report, Report):
-        return measures.k_label(report.run.k, bool(report.summary and report.summary.k_mixed))
-    run, summary = report.get("run") or {}, report.get("summary") or {}
-    return measures.k_label(run.get("k"), bool(summary.get("kMixed")))
+    return measures.k_label(report.run.k, bool(report.summary and report.summary.k_mixed))
 
 
-def render_markdown(typed: Report, case_detail: bool = False) -> str:
+def render_markdown(report: Report, case_detail: bool = False) -> str:
     """The report as Markdown, most telling first: the verdict, the gate, the comparison with the baseline and
     the worst cases; then the summary, the run, the stages, segments, groups, sweep and audit. `case_detail`
     (rag.evaluate.report.case_detail) appends every case's ranking and trace; without it they stay in the
-    JSON's `cases`. Drawn from the report's JSON (`Report.to_json`), so a report read back from its file
-    renders the same."""
-    report = typed.to_json()
-    run = report["run"]
-    lines = [f"# Retrieval evaluation — {run.get('startedAt', '')}", ""]
-    if report["status"] != "ok":
+    JSON's `cases`."""
+    run = report.run
+    lines = [f"# Retrieval evaluation — {run.started_at or ''}", ""]
+    if report.status != "ok" or report.summary is None:
         lines += [
-            f"**Nothing ran: {report['error']}**",
+            f"**Nothing ran: {report.error}**",
             "",
-            f"- Golden set: `{run.get('goldenSet')}`",
+            f"- Golden set: `{run.golden_set}`",
             "",
             "Fix the golden set (the message above names the file, line or case and field) and run again.",
         ]
         return "\n".join(lines) + "\n"
+    s = report.summary
     kl = k_label(report)
-    lines += verdict_markdown(report, kl)
-    lines += _gate_markdown(report["gate"])
-    lines += comparison_markdown(report, kl)
-    lines += _worst_markdown(report, kl)
-    lines += _summary_markdown(report, kl)
-    lines += _run_markdown(report)
-    lines += _stages_markdown(report, kl)
+    lines += verdict_markdown(report, s, kl)
+    lines += _gate_markdown(report.gate)
+    lines += comparison_markdown(report.comparison, report.baseline_note, kl)
+    lines += _worst_markdown(report, s, kl)
+    lines += _summary_markdown(s, kl)
+    lines += _run_markdown(report, s)
+    lines += _stages_markdown(report, s, kl)
     lines += _segments_markdown(report)
-    lines += sweep_markdown(report)
-    audit = audit_markdown(report.get("audit"))
+    lines += sweep_markdown(report.sweep)
+    audit = audit_markdown(report.audit)
     if audit:
         lines += audit[1:] if audit[0] == "" else audit
         lines.append("")
-    if report["warnings"]:
-        lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
+    if report.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in report.warnings] + [""]
     lines += ["## Cases", ""]
     if case_detail:
-        for c in report["cases"]:
+        for c in report.cases:
             lines += _case_markdown(c)
     else:
         lines += [
-            f"Every case's ranking, trace and judgments ({len(report['cases'])} cases) are in the JSON "
+            f"Every case's ranking, trace and judgments ({len(report.cases)} cases) are in the JSON "
             "report's `cases`; `rag.evaluate.report.case_detail: true` lists them here.",
             "",
         ]
-    lines += ["## Conventions", "", run["conventions"], ""]
+    lines += ["## Conventions", "", run.conventions or "", ""]
     return "\n".join(lines) + "\n"
 
 
-def verdict_markdown(report: dict[str, Any], kl: str) -> list[str]:
+def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     """The first lines: the gate's verdict, the headline figures and the comparison in one sentence."""
-    s, gate = report["summary"], report["gate"]
-    warned = len(gate.get("warnings") or [])
-    verdict = "PASSED" if gate["passed"] else "FAILED"
+    gate = report.gate
+    warned = len(gate.warnings)
+    verdict = "PASSED" if gate.passed else "FAILED"
     if warned:
         verdict += f" with {warned} warning{'s' if warned != 1 else ''}"
     figures = ", ".join(
-        f"{measures.label(key, kl)} {measures.fmt(s.get(key))}" for key in ("ndcg", "recall", "mrr")
+        f"{measures.label(key, kl)} {measures.fmt(getattr(s, attr))}"
+        for key, attr in (("ndcg", "ndcg"), ("recall", "recall"), ("mrr", "mrr"))
     )
-    comp = report.get("comparison")
-    if comp and comp.get("comparable") and "ndcg" in comp.get("metrics", {}):
-        row = comp["metrics"]["ndcg"]
-        cases = comp["cases"]
+    comp = report.comparison
+    if comp is not None and comp.comparable and "ndcg" in comp.metrics:
+        row = comp.metrics["ndcg"]
         against = (
-            f"nDCG{kl} {row['delta']:+.3f} against the baseline (p {measures.fmt_p(row['pValue'])}, "
-            f"{'significant' if row['significant'] else 'not significant'}); "
-            f"{len(cases['fixed'])} fixed, {len(cases['broken'])} broken"
+            f"nDCG{kl} {row.delta:+.3f} against the baseline (p {measures.fmt_p(row.p_value)}, "
+            f"{'significant' if row.significant else 'not significant'}); "
+            f"{len(comp.cases.fixed)} fixed, {len(comp.cases.broken)} broken"
         )
-    elif comp:
+    elif comp is not None:
         against = "not comparable with the baseline"
     else:
-        against = f"no baseline ({report.get('baselineNote') or 'none'})"
+        against = f"no baseline ({report.baseline_note or 'none'})"
+    no_answer = s.no_answer.get("cases", 0)
     return [
-        f"**Gate {verdict}.** {figures} over {s['scoredCases']} scored cases "
-        f"({s['cases']} in all, {s['noAnswer']['cases']} no-answer, {s['failed']} failed); {against}.",
+        f"**Gate {verdict}.** {figures} over {s.scored_cases} scored cases "
+        f"({s.cases} in all, {no_answer} no-answer, {s.failed} failed); {against}.",
         "",
     ]
 
 
-def _worst_markdown(report: dict[str, Any], kl: str) -> list[str]:
-    s = report["summary"]
-    failed_ids = s.get("failedCaseIds") or []
+def _gate_markdown(gate: Gate) -> list[str]:
+    out: list[str] = []
+    if gate.checks:
+        warned = len(gate.warnings)
+        out += [
+            "## Gate: "
+            + ("PASSED" if gate.passed else "FAILED")
+            + (f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""),
+            "",
+            "| Check | Value | Needs | | |",
+            "|---|---|---|---|---|",
+        ]
+        for c in gate.checks:
+            status = "ok" if c.passed else "WARN" if c.severity == "warn" else "**FAIL**"
+            out.append(
+                f"| {c.name} | {_f(c.value)} | {c.op} {c.threshold} | {status} | {_cell(c.message, 400)} |"
+            )
+        out.append("")
+    for note in gate.notes:
+        out += [f"- {note}"]
+    if gate.notes:
+        out.append("")
+    return out
+
+
+def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: str) -> list[str]:
+    """The "Compared with baseline" section (also what `sieve compare` prints under its line)."""
+    if comp is None:
+        return ["## Compared with baseline", "", f"No comparison: {baseline_note or 'no baseline'}.", ""]
+    base = comp.baseline
+    kind = f" ({base.kind})" if base.kind else ""
+    out = [
+        "## Compared with baseline",
+        "",
+        f"Baseline{kind} `{base.path}`, evaluated {base.evaluated_at or '?'} "
+        f"(code {base.run.get('codeVersion', '?')}); {comp.paired_cases} paired scored cases.",
+        "",
+    ]
+    if not comp.comparable:
+        out += ["**Not comparable** (K differs): no statistics.", ""]
+    elif comp.paired_cases < SMALL_SAMPLE:
+        out += [
+            f"> Only {comp.paired_cases} paired cases (fewer than {SMALL_SAMPLE}): small differences "
+            "cannot be significant here; read the deltas as indications, not findings.",
+            "",
+        ]
+    if comp.metrics:
+        out += [
+            "Per-case differences (current − baseline): 95% CI by percentile bootstrap (10,000 resamples); "
+            "p by the paired sign-flip test; significant = Holm-adjusted p < alpha.",
+            "",
+            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, row in comp.metrics.items():
+            low, high = row.ci95 or (None, None)
+            out.append(
+                f"| {measures.label(name, kl)} | {_f(row.baseline)} | {_f(row.current)} | {row.delta:+.3f} | "
+                f"[{_f(low)}, {_f(high)}] | {p_text(row.p_value)} | {p_text(row.p_holm)} | "
+                f"{'yes' if row.significant else 'no'} |"
+            )
+        out.append("")
+    out += ["What changed between the runs:", ""]
+    out += [f"- `{d}`" if d.startswith("rag.") else f"- {d}" for d in comp.differences]
+    if not comp.differences:
+        out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
+    out.append("")
+    if comp.unjudged is not None:
+        out += [
+            f"**{comp.unjudged.headline}.** A broken or worsened case whose drop comes from unjudged "
+            "documents (the condensed list, unjudged removed, did not drop) is *unverified*, not a "
+            "regression: judge those documents (`sieve golden pool --report`) to settle it.",
+            "",
+        ]
+        if "ndcg" in comp.condensed_metrics:
+            row = comp.condensed_metrics["ndcg"]
+            out += [
+                f"Condensed lists: nDCG{kl} {_f(row.baseline)} → {_f(row.current)} "
+                f"({row.delta:+.3f}, p {p_text(row.p_value)}).",
+                "",
+            ]
+    cases = comp.cases
+    for title, ids in (
+        ("Fixed (hit 0 → 1)", cases.fixed),
+        ("Broken (hit 1 → 0)", cases.broken),
+        ("Worsened (nDCG dropped)", [x.id for x in cases.worsened]),
+    ):
+        out += [f"{title}: {len(ids)}", ""]
+        if ids:
+            out += [
+                "| Case | Query | Before (top 3, fused score) | Now (top 3, fused score) "
+                "| New in top K (unjudged) | Verdict |",
+                "|---|---|---|---|---|---|",
+            ]
+            for i in ids:
+                out.append(_detail_row(i, comp.case_details.get(i), fixed=title.startswith("Fixed")))
+            out.append("")
+    moved = cases.improved[:10] + cases.worsened[:10]
+    if moved:
+        out += [
+            "nDCG changed: "
+            + ", ".join(f"{x.id} {x.delta:+.3f}" for x in moved)
+            + f" ({len(cases.improved)} improved, {len(cases.worsened)} worsened).",
+            "",
+        ]
+    if cases.only_in_baseline or cases.only_in_current:
+        out += [
+            "Left out of the paired figures: only in the baseline "
+            f"{', '.join(cases.only_in_baseline) or '-'}; only in this run "
+            f"{', '.join(cases.only_in_current) or '-'}.",
+            "",
+        ]
+    if comp.stages:
+        out += [
+            "| Stage | Removed relevant (before → now) | Recall after stage (before → now) |",
+            "|---|---|---|",
+        ]
+        for st in comp.stages:
+            rr, ra = st.removed_relevant, st.recall_after
+            out.append(
+                f"| {st.name} | {rr.baseline if rr.baseline is not None else 'n/a'} → {rr.current} | "
+                f"{_f(ra.baseline)} → {_f(ra.current)} |"
+            )
+        out.append("")
+    return out
+
+
+def _detail_row(case_id: str, d: CaseDetail | None, fixed: bool) -> str:
+    if d is None:
+        return f"| {case_id} |  | (nothing) | (nothing) | - | - |"
+    before = _ids_with_scores(d.before, d.before_fused)
+    now = _ids_with_scores(d.now, d.now_fused)
+    new_text = f"{len(d.new_in_top_k)} ({len(d.new_unjudged)} unjudged)"
+    verdict = "-" if fixed else (d.why or "verified")
+    return f"| {case_id} | {_cell(d.query or '')} | {before} | {now} | {new_text} | {_cell(verdict)} |"
+
+
+def _ids_with_scores(ids: list[str], fused: list[float | None]) -> str:
+    """`doc-a (0.897), doc-b (0.512)`; a comparison read from a report without fused scores shows "n/a"."""
+    scores = list(fused) + [None] * (len(ids) - len(fused))
+    return ", ".join(f"{i} ({_f(f)})" for i, f in zip(ids, scores, strict=False)) or "(nothing)"
+
+
+def _ranked_text(docs: list[RankedDocument]) -> str:
+    """`doc-a (0.897), doc-b (0.512)`: full doc ids with their fused scores, "(nothing)" for none."""
+    return ", ".join(f"{d.doc_id} ({_f(d.scores.get('fused'))})" for d in docs) or "(nothing)"
+
+
+def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     lines = ["## Worst cases", ""]
-    if failed_ids:
+    if s.failed_case_ids:
         lines += [
-            f"{len(failed_ids)} case(s) with recall < 1 or an error: {', '.join(failed_ids)}. "
+            f"{len(s.failed_case_ids)} case(s) with recall < 1 or an error: {', '.join(s.failed_case_ids)}. "
             f"The worst {WORST_CASES} are below; each document with its fused score (the order).",
             "",
         ]
-    worst = _worst(report["cases"])
+    worst = _worst(report.cases)
     if not worst:
         lines.append("Every scored case found all its expected documents at rank 1.")
     else:
@@ -123,113 +275,139 @@ def _worst_markdown(report: dict[str, Any], kl: str) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for c in worst:
-            got = _ranked_text(c["rankedDocuments"][:3])
-            lost = "; ".join(f"{x['id']}: {x['where']}" for x in c["lost"]) or "-"
-            if c["metrics"]:
-                nd = _f(c["metrics"]["ndcg"])
-            elif c["expectNoAnswer"]:
+            got = _ranked_text(c.ranked_documents[:3])
+            lost = "; ".join(f"{x.id}: {x.where}" for x in c.lost) or "-"
+            if c.metrics:
+                nd = _f(c.metrics["ndcg"])
+            elif c.expect_no_answer:
                 nd = "no answer expected"
             else:
-                nd = c["status"]
+                nd = c.status
             lines.append(
-                f"| {c['id']} | {_cell(c['query'])} | {nd} | {', '.join(c['expected']) or '-'} | "
+                f"| {c.id} | {_cell(c.query)} | {nd} | {', '.join(c.expected) or '-'} | "
                 f"{got} | {_cell(lost, None)} |"
             )
     return lines + [""]
 
 
-def _ids_with_scores(ids: list[str], fused: list[float | None] | None) -> str:
-    """`doc-a (0.897), doc-b (0.512)`; a comparison read from a report without fused scores shows "n/a"."""
-    scores = list(fused or [])
-    scores += [None] * (len(ids) - len(scores))
-    return ", ".join(f"{i} ({_f(f)})" for i, f in zip(ids, scores, strict=False)) or "(nothing)"
+def _worst(cases: list[CaseRecord]) -> list[CaseRecord]:
+    """The cases to look at first: failed ones, then no-answer cases that answered, then by nDCG and recall
+    (a case with a forbidden document in its top K is always listed); at most WORST_CASES."""
+
+    def badness(c: CaseRecord) -> tuple[float, float, str]:
+        if c.status == "failed":
+            return (-1.0, 0.0, c.id)
+        if c.expect_no_answer:
+            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
+        m = c.metrics or {}
+        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
+
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
+    return sorted(bad, key=badness)[:WORST_CASES]
 
 
-def _ranked_text(docs: list[dict[str, Any]]) -> str:
-    """`doc-a (0.897), doc-b (0.512)`: full doc ids with their fused scores, "(nothing)" for none."""
-    return (
-        ", ".join(f"{d['docId']} ({_f((d.get('scores') or {}).get('fused'))})" for d in docs) or "(nothing)"
-    )
-
-
-def _summary_markdown(report: dict[str, Any], kl: str) -> list[str]:
-    s = report["summary"]
+def _summary_markdown(s: Summary, kl: str) -> list[str]:
     lines = ["## Summary", "", "| Measure | Value |", "|---|---|"]
-    counts = s.get("counts") or {}
-    scored, hits = counts.get("scoredCases"), counts.get("hits")
-    found, total = counts.get("relevantFound"), counts.get("relevantTotal")
+    scored, hits = s.counts.get("scoredCases"), s.counts.get("hits")
+    found, total = s.counts.get("relevantFound"), s.counts.get("relevantTotal")
     extras = {
         "recall": f" (mean per case; {found} of {total} relevant found)" if total else "",
         "hitRate": f" = {hits}/{scored}" if scored else "",
         "duplicateRate": " (ids and content)",
     }
+    headline = s.to_json()
     for key in measures.HEADLINE:
         lines.append(
-            f"| {measures.label(key, kl)} | {measures.measure(key).format(s[key])}{extras.get(key, '')} |"
+            f"| {measures.label(key, kl)} | "
+            f"{measures.measure(key).format(headline[key])}{extras.get(key, '')} |"
         )
-    lat = s["latencyMs"] or {}
-    batch = s.get("batchLatencyMs") or {}
-    na = s["noAnswer"]
-    na_n = na["cases"]
-    abst = round((na["correctAbstentionRate"] or 0) * na_n) if na_n else 0
+    lat = s.latency_ms or {}
+    batch = s.batch_latency_ms or {}
+    na = s.no_answer
+    na_n = na.get("cases", 0)
+    abst = round((na.get("correctAbstentionRate") or 0) * na_n) if na_n else 0
     lines += [
-        f"| Latency p50 / p95 / max (single query, {s.get('latencySampleCases', 0)} cases) | "
+        f"| Latency p50 / p95 / max (single query, {s.latency_sample_cases} cases) | "
         f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
         f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
-        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na['correctAbstentionRate'])} "
-        f"({abst}/{na_n}) / {_f(na['falseAnswerRate'])} ({na_n - abst}/{na_n}) |",
-        f"| Forbidden documents in top K | {s['forbidden']['hits']} (in {s['forbidden']['cases']} cases) |",
-        f"| Expected ids missing from the index | {s['expectedMissingFromIndex']} |",
+        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na.get('correctAbstentionRate'))} "
+        f"({abst}/{na_n}) / {_f(na.get('falseAnswerRate'))} ({na_n - abst}/{na_n}) |",
+        f"| Forbidden documents in top K | {s.forbidden.get('hits', 0)} "
+        f"(in {s.forbidden.get('cases', 0)} cases) |",
+        f"| Expected ids missing from the index | {s.expected_missing_from_index} |",
     ]
     lines += _judgment_rows(s, kl)
     lines.append("")
-    at_k = s.get("atK") or {}
-    if at_k:
+    if s.at_k:
         lines += [
             "Several cut-offs from the same ranking (every case cut at the same K):",
             "",
             "| K | " + " | ".join(measures.label(m) for m in measures.RANKING) + " |",
             "|---|" + "---|" * len(measures.RANKING),
         ]
-        for k, row in at_k.items():
+        for k, row in s.at_k.items():
             lines.append(f"| {k} | " + " | ".join(_f(row[m]) for m in measures.RANKING) + " |")
         lines.append("")
     return lines
 
 
-def _run_markdown(report: dict[str, Any]) -> list[str]:
-    run, s = report["run"], report["summary"]
-    models = run.get("models", {})
-    k_note = f"{run['k']}" + (
-        f" — cases carry their own topK, so the headline figures are at each case's K (default {run['k']})"
-        if s.get("kMixed")
+def _judgment_rows(s: Summary, kl: str) -> list[str]:
+    """Summary rows for how complete the judgments are (Judged@K, the condensed-list figures) and for the
+    evidence chunks; reports without these figures have none of the rows."""
+    rows = []
+    if s.judged is not None:
+        rows.append(
+            f"| Judged{kl} (share of the top K with a judgment) | {_f(s.judged)} "
+            f"({s.unjudged_in_top_k} unjudged ids in the scored cases' top K) |"
+        )
+    cond = s.condensed
+    if cond.get("ndcg") is not None:
+        rows.append(
+            f"| Condensed list (unjudged removed): nDCG{kl} / Recall{kl} / MRR | {_f(cond['ndcg'])} / "
+            f"{_f(cond.get('recall'))} / {_f(cond.get('mrr'))} |"
+        )
+    ev = s.evidence
+    if ev.get("cases"):
+        lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
+        rows.append(
+            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
+            f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}) |"
+        )
+    return rows
+
+
+def _run_markdown(report: Report, s: Summary) -> list[str]:
+    run = report.run
+    k_note = f"{run.k}" + (
+        f" — cases carry their own topK, so the headline figures are at each case's K (default {run.k})"
+        if s.k_mixed
         else ""
     )
+    corpus = run.corpus_fingerprint or {}
     return [
         "## Run",
         "",
         "| | |",
         "|---|---|",
-        f"| Golden set | `{run['goldenSet']}` (version {run.get('datasetVersion') or 'n/a'}, "
-        f"sha256 {str(run.get('goldenSetSha256', ''))[:12]}) |",
-        f"| Cases | {s['cases']} ({s['scoredCases']} scored, {s['noAnswer']['cases']} no-answer, "
-        f"{s['failed']} failed) |",
+        f"| Golden set | `{run.golden_set}` (version {run.dataset_version or 'n/a'}, "
+        f"sha256 {(run.golden_set_sha256 or '')[:12]}) |",
+        f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.get('cases', 0)} no-answer, "
+        f"{s.failed} failed) |",
         f"| K | {k_note} |",
-        f"| As of | {run.get('asOf') or 'today'} (the date the hard filter's effective dates use) |",
-        f"| Embedder | {_ident(models.get('embedder'))} |",
-        f"| Reranker | {models.get('reranker') or 'none (rerank stage skipped)'} |",
-        f"| Store | {run.get('store', '')} ({run.get('chunks', '?')} chunks, "
-        f"sha256 {str((run.get('corpusFingerprint') or {}).get('sha256', ''))[:12]}) |",
-        f"| Chain | {run.get('chainSummary', '')} (sha256 {str(run.get('chainSha256', ''))[:12]}) |",
-        f"| Chain settings | {_cell(run.get('chainSettings', ''), None)} |",
-        f"| Code version | {run.get('codeVersion', 'unknown')} |",
-        f"| Duration | {run['durationMs'] / 1000:.1f} s |",
+        f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use) |",
+        f"| Embedder | {_ident(run.models.get('embedder'))} |",
+        f"| Reranker | {run.models.get('reranker') or 'none (rerank stage skipped)'} |",
+        f"| Store | {run.store or ''} ({run.chunks if run.chunks is not None else '?'} chunks, "
+        f"sha256 {str(corpus.get('sha256', ''))[:12]}) |",
+        f"| Chain | {run.chain_summary or ''} (sha256 {(run.chain_sha256 or '')[:12]}) |",
+        f"| Chain settings | {_cell(run.chain_settings or '', None)} |",
+        f"| Code version | {run.code_version or 'unknown'} |",
+        f"| Duration | {(run.duration_ms or 0.0) / 1000:.1f} s |",
         "",
     ]
 
 
-def _stages_markdown(report: dict[str, Any], kl: str) -> list[str]:
-    s = report["summary"]
+def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     lines = [
         "## Per-stage filter statistics",
         "",
@@ -244,201 +422,38 @@ def _stages_markdown(report: dict[str, Any], kl: str) -> list[str]:
         + " | Note |",
         "|---|---|---|---|" + "---|" * len(measures.AFTER_STAGE) + "---|",
     ]
-    for st in report["stages"]:
-        a = st["afterStage"]
-        note = st["skipped"] or ("" if st["enabled"] else "disabled")
-        if st.get("added"):
-            note = (note + "; " if note else "") + f"added {st['added']}"
-        flag = " ⚠" if st["removedRelevant"] else ""
+    for st in report.stages:
+        note = st.skipped or ("" if st.enabled else "disabled")
+        if st.added:
+            note = (note + "; " if note else "") + f"added {st.added}"
+        flag = " ⚠" if st.removed_relevant else ""
         lines.append(
-            f"| {st['name']} | {st['removed']} | {st['removedRelevant']}{flag} | {_ms(st['latencyMs'])} | "
-            + " | ".join(_f(a.get(m)) for m in measures.AFTER_STAGE)
+            f"| {st.name} | {st.removed} | {st.removed_relevant}{flag} | {_ms(st.latency_ms)} | "
+            + " | ".join(_f(st.after_stage.get(m)) for m in measures.AFTER_STAGE)
             + f" | {note} |"
         )
-    origins = report.get("candidateOrigins") or {}
-    if origins:
-        lines += ["", "Candidates came from: " + ", ".join(f"{k} {v}" for k, v in origins.items()) + "."]
-    if s["lostBy"]:
+    if report.candidate_origins:
+        lines += [
+            "",
+            "Candidates came from: "
+            + ", ".join(f"{k} {v}" for k, v in report.candidate_origins.items())
+            + ".",
+        ]
+    if s.lost_by:
         lines += [
             "",
             "Where expected documents outside the top K were lost: "
-            + ", ".join(f"`{k}` {v}" for k, v in s["lostBy"].items())
+            + ", ".join(f"`{k}` {v}" for k, v in s.lost_by.items())
             + ".",
         ]
     return lines + [""]
 
 
-def _judgment_rows(s: dict[str, Any], kl: str) -> list[str]:
-    """Summary rows for how complete the judgments are (Judged@K, the condensed-list figures) and for the
-    evidence chunks. Reports written before these figures existed have none of the keys."""
-    rows = []
-    if s.get("judged") is not None:
-        rows.append(
-            f"| Judged{kl} (share of the top K with a judgment) | {_f(s['judged'])} "
-            f"({s.get('unjudgedInTopK', 0)} unjudged ids in the scored cases' top K) |"
-        )
-    cond = s.get("condensed") or {}
-    if cond.get("ndcg") is not None:
-        rows.append(
-            f"| Condensed list (unjudged removed): nDCG{kl} / Recall{kl} / MRR | {_f(cond['ndcg'])} / "
-            f"{_f(cond['recall'])} / {_f(cond['mrr'])} |"
-        )
-    ev = s.get("evidence") or {}
-    if ev.get("cases"):
-        lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
-        rows.append(
-            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
-            f"{_f(ev['evidenceRecall'])} / {_f(ev['evidenceHit'])} ({lost}) |"
-        )
-    return rows
-
-
-def comparison_markdown(report: dict[str, Any], kl: str) -> list[str]:
-    comp = report.get("comparison")
-    if not comp:
-        note = report.get("baselineNote") or "no baseline"
-        return ["## Compared with baseline", "", f"No comparison: {note}.", ""]
-    base = comp["baseline"]
-    kind = f" ({base['kind']})" if base.get("kind") else ""
-    out = [
-        "## Compared with baseline",
-        "",
-        f"Baseline{kind} `{base['path']}`, evaluated {base.get('evaluatedAt') or '?'} "
-        f"(code {base.get('run', {}).get('codeVersion', '?')}); {comp['pairedCases']} paired scored cases.",
-        "",
-    ]
-    if not comp["comparable"]:
-        out += ["**Not comparable** (K differs): no statistics.", ""]
-    elif comp["pairedCases"] < SMALL_SAMPLE:
-        out += [
-            f"> Only {comp['pairedCases']} paired cases (fewer than {SMALL_SAMPLE}): small differences "
-            "cannot be significant here; read the deltas as indications, not findings.",
-            "",
-        ]
-    if comp["metrics"]:
-        out += [
-            "Per-case differences (current − baseline): 95% CI by percentile bootstrap (10,000 resamples); "
-            "p by the paired sign-flip test; significant = Holm-adjusted p < alpha.",
-            "",
-            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for name, row in comp["metrics"].items():
-            ci = row["ci95"] or [None, None]
-            out.append(
-                f"| {measures.label(name, kl)} | "
-                f"{_f(row['baseline'])} | {_f(row['current'])} | {row['delta']:+.3f} | "
-                f"[{_f(ci[0])}, {_f(ci[1])}] | {p_text(row['pValue'])} | {p_text(row['pHolm'])} | "
-                f"{'yes' if row['significant'] else 'no'} |"
-            )
-        out.append("")
-    out += ["What changed between the runs:", ""]
-    out += [f"- `{d}`" if d.startswith("rag.") else f"- {d}" for d in comp["differences"]]
-    if not comp["differences"]:
-        out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
-    out.append("")
-    account = comp.get("unjudged")
-    if account:
-        out += [
-            f"**{account['headline']}.** A broken or worsened case whose drop comes from unjudged "
-            "documents (the condensed list, unjudged removed, did not drop) is *unverified*, not a "
-            "regression: judge those documents (`sieve golden pool --report`) to settle it.",
-            "",
-        ]
-        cond = comp.get("condensedMetrics") or {}
-        if "ndcg" in cond:
-            row = cond["ndcg"]
-            out += [
-                f"Condensed lists: nDCG{kl} {_f(row['baseline'])} → {_f(row['current'])} "
-                f"({row['delta']:+.3f}, p {p_text(row['pValue'])}).",
-                "",
-            ]
-    cases = comp["cases"]
-    details = comp.get("caseDetails") or {}
-    worsened_ids = [x["id"] for x in cases["worsened"]]
-    for title, ids in (
-        ("Fixed (hit 0 → 1)", cases["fixed"]),
-        ("Broken (hit 1 → 0)", cases["broken"]),
-        ("Worsened (nDCG dropped)", worsened_ids),
-    ):
-        out += [f"{title}: {len(ids)}", ""]
-        if ids:
-            out += [
-                "| Case | Query | Before (top 3, fused score) | Now (top 3, fused score) "
-                "| New in top K (unjudged) | Verdict |",
-                "|---|---|---|---|---|---|",
-            ]
-            for i in ids:
-                d = details.get(i, {})
-                before = _ids_with_scores(d.get("before", []), d.get("beforeFused"))
-                now = _ids_with_scores(d.get("now", []), d.get("nowFused"))
-                new = d.get("newInTopK")
-                new_text = "-" if new is None else f"{len(new)} ({len(d.get('newUnjudged') or [])} unjudged)"
-                verdict = "-" if title.startswith("Fixed") else (d.get("why") or "verified")
-                query = _cell(d.get("query", ""))
-                out.append(f"| {i} | {query} | {before} | {now} | {new_text} | {_cell(verdict)} |")
-            out.append("")
-    moved = [(x, "+") for x in cases["improved"][:10]] + [(x, "") for x in cases["worsened"][:10]]
-    if moved:
-        out += [
-            "nDCG changed: "
-            + ", ".join(f"{x['id']} {x['delta']:+.3f}" for x, _ in moved)
-            + f" ({len(cases['improved'])} improved, {len(cases['worsened'])} worsened).",
-            "",
-        ]
-    if cases["onlyInBaseline"] or cases["onlyInCurrent"]:
-        out += [
-            "Left out of the paired figures: only in the baseline "
-            f"{', '.join(cases['onlyInBaseline']) or '-'}; only in this run "
-            f"{', '.join(cases['onlyInCurrent']) or '-'}.",
-            "",
-        ]
-    if comp["stages"]:
-        out += [
-            "| Stage | Removed relevant (before → now) | Recall after stage (before → now) |",
-            "|---|---|---|",
-        ]
-        for st in comp["stages"]:
-            rr, ra = st["removedRelevant"], st["recallAfter"]
-            out.append(
-                f"| {st['name']} | {rr['baseline'] if rr['baseline'] is not None else 'n/a'} → "
-                f"{rr['current']} | {_f(ra['baseline'])} → {_f(ra['current'])} |"
-            )
-        out.append("")
-    return out
-
-
-def _gate_markdown(gate: dict[str, Any]) -> list[str]:
-    out: list[str] = []
-    if gate["checks"]:
-        warned = len(gate.get("warnings") or [])
-        out += [
-            "## Gate: "
-            + ("PASSED" if gate["passed"] else "FAILED")
-            + (f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""),
-            "",
-            "| Check | Value | Needs | | |",
-            "|---|---|---|---|---|",
-        ]
-        for c in gate["checks"]:
-            status = "ok" if c["passed"] else "WARN" if c.get("severity") == "warn" else "**FAIL**"
-            out.append(
-                f"| {c['name']} | {_f(c['value'])} | {c['op']} {c['threshold']} | "
-                f"{status} | {_cell(c.get('message', ''), 400)} |"
-            )
-        out.append("")
-    for note in gate.get("notes") or []:
-        out += [f"- {note}"]
-    if gate.get("notes"):
-        out.append("")
-    return out
-
-
-def _segments_markdown(report: dict[str, Any]) -> list[str]:
-    segs = report.get("segments") or []
+def _segments_markdown(report: Report) -> list[str]:
+    segs = report.segments
     out: list[str] = []
     if segs:
-        with_delta = any(sg.get("delta") for sg in segs)
+        with_delta = any(sg.delta is not None for sg in segs)
         out += [
             "## Segments",
             "",
@@ -454,39 +469,35 @@ def _segments_markdown(report: dict[str, Any]) -> list[str]:
             + (" Δ nDCG | p |" if with_delta else ""),
             "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
         ]
-        for sg in (sg for sg in segs if not sg["small"]):
-            m = sg["metrics"]
+        for sg in (sg for sg in segs if not sg.small):
+            m = sg.metrics
             row = (
-                f"| {sg['kind']} | {sg['name']} | {sg['cases']} | "
-                f"{_f(m['recall'])} | {_f(m['hitRate'])} | {_f(m['mrr'])} | {_f(m['ndcg'])} |"
+                f"| {sg.kind} | {sg.name} | {sg.cases} | "
+                f"{_f(m.get('recall'))} | {_f(m.get('hitRate'))} | {_f(m.get('mrr'))} | {_f(m.get('ndcg'))} |"
             )
             if with_delta:
-                d = ((sg.get("delta") or {}).get("metrics") or {}).get("ndcg")
+                d = sg.delta.metrics.get("ndcg") if sg.delta is not None else None
                 row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
             out.append(row)
-        small = [sg for sg in segs if sg["small"]]
+        small = [sg for sg in segs if sg.small]
         if small:
             out += [
                 "",
                 f"Small segments (fewer than {SMALL_SEGMENT} cases, nDCG): "
-                + ", ".join(
-                    f"{sg['kind']} {sg['name']} {_f(sg['metrics']['ndcg'])} ({sg['cases']})" for sg in small
-                )
+                + ", ".join(f"{sg.kind} {sg.name} {_f(sg.metrics.get('ndcg'))} ({sg.cases})" for sg in small)
                 + ".",
             ]
         out.append("")
-    origin = origin_line(report.get("origins"))
+    origin = origin_line(report.origins)
     if origin:
         out += [origin[0].upper() + origin[1:] + ".", ""]
-    grps = report.get("groups") or []
+    grps = report.groups
     if grps:
-        spread = sorted(
-            (g for g in grps if (g.get("spread") or 0) > 0), key=lambda g: (-(g["spread"] or 0), g["name"])
-        )
+        spread = sorted((g for g in grps if (g.spread or 0) > 0), key=lambda g: (-(g.spread or 0), g.name))
         out += [
             "## Paraphrase groups",
             "",
-            f"{len(grps)} groups; {sum(1 for g in grps if g['sameTop1'])} return the same top document for "
+            f"{len(grps)} groups; {sum(1 for g in grps if g.same_top1)} return the same top document for "
             f"every phrasing; {len(spread)} differ in nDCG between phrasings" + (":" if spread else "."),
             "",
         ]
@@ -497,73 +508,73 @@ def _segments_markdown(report: dict[str, Any]) -> list[str]:
             ]
             for g in spread:
                 out.append(
-                    f"| {g['name']} | {', '.join(g['cases'])} | {_f(g['hitRate'])} | {_f(g['ndcgMin'])} | "
-                    f"{_f(g['ndcgMax'])} | {_f(g['spread'])} | {'yes' if g['sameTop1'] else 'no'} |"
+                    f"| {g.name} | {', '.join(g.cases)} | {_f(g.hit_rate)} | {_f(g.ndcg_min)} | "
+                    f"{_f(g.ndcg_max)} | {_f(g.spread)} | {'yes' if g.same_top1 else 'no'} |"
                 )
             out.append("")
     return out
 
 
-def _case_markdown(c: dict[str, Any]) -> list[str]:
-    out = [f"### {c['id']}", "", f"- Query: {c['query']}"]
-    if c["knowledgeTag"]:
-        out.append(f"- Knowledge tag: {c['knowledgeTag']}")
-    out.append(f"- topK: {c['topK']}")
-    if c["note"]:
-        out.append(f"- Note: {c['note']}")
-    if c["expectNoAnswer"]:
-        out.append(f"- Expected: no answer (abstained: {'yes' if c['abstained'] else 'no'})")
+def _case_markdown(c: CaseRecord) -> list[str]:
+    out = [f"### {c.id}", "", f"- Query: {c.query}"]
+    if c.knowledge_tag:
+        out.append(f"- Knowledge tag: {c.knowledge_tag}")
+    out.append(f"- topK: {c.top_k}")
+    if c.note:
+        out.append(f"- Note: {c.note}")
+    if c.expect_no_answer:
+        out.append(f"- Expected: no answer (abstained: {'yes' if c.abstained else 'no'})")
     else:
-        exp = ", ".join(f"{k} ({v:g})" for k, v in c["expected"].items())
-        out.append(f"- Expected ({c['matchOn']}): {exp}")
-    if c["forbiddenDocIds"]:
-        found = ", ".join(c["forbiddenFound"]) or "none found"
-        out.append(f"- Forbidden: {', '.join(c['forbiddenDocIds'])} ({found})")
-    if c["error"]:
-        out += ["", f"**Failed:** `{c['error']}`", ""]
+        exp = ", ".join(f"{k} ({v:g})" for k, v in c.expected.items())
+        out.append(f"- Expected ({c.match_on}): {exp}")
+    if c.forbidden_doc_ids:
+        found = ", ".join(c.forbidden_found) or "none found"
+        out.append(f"- Forbidden: {', '.join(c.forbidden_doc_ids)} ({found})")
+    if c.error:
+        out += ["", f"**Failed:** `{c.error}`", ""]
         return out
-    if c.get("group"):
-        out.append(f"- Group: {c['group']}")
+    if c.group:
+        out.append(f"- Group: {c.group}")
     out.append(
-        f"- Found {c.get('hitCount')} of {c.get('expectedCount')} expected; first hit at rank "
-        f"{c.get('firstHitRank') or '-'}; {c.get('finalCount')} returned of "
-        f"{c.get('originalCount')} candidates"
+        f"- Found {c.hit_count} of {c.expected_count} expected; first hit at rank "
+        f"{c.first_hit_rank or '-'}; {c.final_count} returned of {c.original_count} candidates"
     )
-    out.append(f"- Latency: {_ms(c['latencyMs'])}" + ("; fallback used" if c["fallbackUsed"] else ""))
+    out.append(f"- Latency: {_ms(c.latency_ms)}" + ("; fallback used" if c.fallback_used else ""))
     out.append("")
-    if c["metrics"]:
-        m = c["metrics"]
-        kl = measures.k_label(c.get("topK"))
+    if c.metrics:
+        kl = measures.k_label(c.top_k)
         out += [
             "| " + " | ".join(measures.label(key, kl) for key in measures.HEADLINE) + " |",
             "|" + "---|" * len(measures.HEADLINE),
-            "| " + " | ".join(measures.measure(key).format(m.get(key)) for key in measures.HEADLINE) + " |",
+            "| "
+            + " | ".join(measures.measure(key).format(c.metrics.get(key)) for key in measures.HEADLINE)
+            + " |",
             "",
         ]
     stats = ", ".join(
-        f"{s['name']} -{s['removed']}"
-        + (f" ({s['removedRelevant']} relevant)" if s["removedRelevant"] else "")
-        + (f" +{s['added']}" if s["added"] else "")
-        for s in c["filterStats"]
-        if s["removed"] or s["added"]
+        f"{s.name} -{s.removed}"
+        + (f" ({s.removed_relevant} relevant)" if s.removed_relevant else "")
+        + (f" +{s.added}" if s.added else "")
+        for s in c.filter_stats
+        if s.removed or s.added
     )
     out += [f"Filter stats: {stats or 'nothing removed'}", ""]
-    if c["lost"]:
-        out += ["Lost: " + "; ".join(f"{x['id']} {x['where']} ({x['reason']})" for x in c["lost"]), ""]
+    if c.lost:
+        out += ["Lost: " + _losses(c.lost), ""]
     out += _case_judgment_lines(c)
-    if c["rankedDocuments"]:
+    if c.ranked_documents:
         out += [
             "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for d in c["rankedDocuments"]:
-            sc = d["scores"]
+        for d in c.ranked_documents:
+            sc = d.scores
             out.append(
-                f"| {d['rank']} | {d['docId']} | {d['source']} | {_cell(d['title'])} | "
+                f"| {d.rank} | {d.doc_id} | {d.source} | {_cell(d.title)} | "
                 f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
-                f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d['matched'] else 'no'} | "
-                f"{d['reason']} | {_cell(d.get('snippet', ''), 200)}"
-                + (f" (+ attached {', '.join(d['attached'])})" if d.get("attached") else "")
+                f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d.matched else 'no'} | "
+                f"{d.reason} | {_cell(d.snippet, 200)}"
+                + (f" (+ attached {', '.join(d.attached)})" if d.attached else "")
                 + " |"
             )
     else:
@@ -572,42 +583,31 @@ def _case_markdown(c: dict[str, Any]) -> list[str]:
     return out
 
 
-def _case_judgment_lines(c: dict[str, Any]) -> list[str]:
+def _losses(lost: list[Loss]) -> str:
+    return "; ".join(f"{x.id} {x.where} ({x.reason})" for x in lost)
+
+
+def _case_judgment_lines(c: CaseRecord) -> list[str]:
     """A case's evidence figures, where its evidence was lost, Judged@K and its unjudged ids."""
     out = []
-    ev = c.get("evidence")
-    if ev:
-        groups = " | ".join(", ".join(g) for g in c.get("evidenceGroups") or [])
+    if c.evidence:
+        groups = " | ".join(", ".join(g) for g in c.evidence_groups)
         line = (
-            f"Evidence ({groups}): EvidenceRecall {_f(ev['evidenceRecall'])}, "
-            f"EvidenceHit {_f(ev['evidenceHit'])}"
+            f"Evidence ({groups}): EvidenceRecall {_f(c.evidence.get('evidenceRecall'))}, "
+            f"EvidenceHit {_f(c.evidence.get('evidenceHit'))}"
         )
-        lost = c.get("evidenceLost") or []
-        if lost:
-            line += "; lost: " + "; ".join(f"{x['id']} {x['where']} ({x['reason']})" for x in lost)
+        if c.evidence_lost:
+            line += "; lost: " + _losses(c.evidence_lost)
         out += [line, ""]
-    if c.get("expandedSources"):
+    if c.expanded_sources:
         shown = "; ".join(
-            f"{src} -> {', '.join(docs) or '(no document)'}" for src, docs in c["expandedSources"].items()
+            f"{src} -> {', '.join(docs) or '(no document)'}" for src, docs in c.expanded_sources.items()
         )
         out += [f"expectedSources expanded to documents: {shown}", ""]
-    if c.get("judged") is not None:
-        unjudged = ", ".join(c.get("unjudged") or []) or "none"
-        out += [f"Judged@K {_f(c['judged'])}; unjudged in the top K: {unjudged}", ""]
+    if c.judged is not None:
+        unjudged = ", ".join(c.unjudged) or "none"
+        out += [f"Judged@K {_f(c.judged)}; unjudged in the top K: {unjudged}", ""]
     return out
-
-
-def _worst(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def badness(c: dict[str, Any]) -> tuple[float, float, str]:
-        if c["status"] == "failed":
-            return (-1.0, 0.0, c["id"])
-        if c["expectNoAnswer"]:
-            return (0.0 if not c["abstained"] else 2.0, 0.0, c["id"])
-        m = c["metrics"] or {}
-        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c["id"])
-
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c["forbiddenFound"]]
-    return sorted(bad, key=badness)[:WORST_CASES]
 
 
 def _ident(embedder: Any) -> str:

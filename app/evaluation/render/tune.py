@@ -55,9 +55,8 @@ def _describe(rec: dict[str, Any] | None, current: dict[str, Any]) -> str:
     )
 
 
-def sweep_markdown(report: dict[str, Any]) -> list[str]:
-    """The report's "Threshold sweep" section (empty when the sweep is off)."""
-    sweep = report.get("sweep")
+def sweep_markdown(sweep: dict[str, Any] | None) -> list[str]:
+    """The report's "Threshold sweep" section from its `sweep` (empty when the sweep is off)."""
     if not sweep:
         return []
     current = sweep["current"]["metrics"]

@@ -328,11 +328,20 @@ class Gate(Model):
 
 class RunInfo(Model):
     """What was run: the models, store and chain (`run_header`), the fingerprint (`run_fingerprint`: golden
-    set, corpus, embedder, chain and settings hashes) and the timing. The fields below are the ones every
-    report has or that the comparison reads; the header and fingerprint keys are kept as they come."""
+    set, corpus, embedder, chain and settings hashes) and the timing. The fields below are the ones the
+    renderers and the comparison read; the other keys of the header and the fingerprint (`settings`,
+    `settingsSha256`, `embedder`, `retrieval`, `chain`, ...) are kept as they come."""
 
     model_config = ConfigDict(extra="allow")
 
+    models: dict[str, Any] = Field(default_factory=dict)  # embedder and reranker as described
+    store: str | None = None
+    chunks: int | None = None
+    chain_summary: str | None = None  # the enabled stages: "similarity_threshold → hard_filter → ..."
+    chain_settings: str | None = None  # the chain's settings in one line
+    golden_set_sha256: str | None = None
+    corpus_fingerprint: dict[str, Any] | None = None
+    chain_sha256: str | None = None
     started_at: str | None = None
     evaluated_at: str | None = None
     duration_ms: float | None = None

@@ -16,6 +16,7 @@ from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import Group, Segment, SegmentDelta
 from app.evaluation.scoring import stats
 from app.evaluation.scoring.measures import COMPARED
+from app.evaluation.scoring.measures import label as measure_label
 
 SEGMENT_METRICS = COMPARED
 SMALL_SEGMENT = 10
@@ -164,9 +165,7 @@ def origin_line(origins: dict[str, Any] | None) -> str | None:
     versus = (origins or {}).get("generatedVsManual")
     if not versus:
         return None
-    label = {"ndcg": "nDCG", "mrr": "MRR", "recall": "Recall", "hitRate": "HitRate"}.get(
-        versus["metric"], versus["metric"]
-    )
+    label = measure_label(versus["metric"])
     return (
         f"generated vs manual: {label} {versus['delta']:+.3f} ({versus['generated']:.3f} vs "
         f"{versus['manual']:.3f}, n={versus['generatedCases']} vs {versus['manualCases']} scored cases)"

@@ -280,7 +280,7 @@ class _MemoStage:
         if self.passes_through:
             outcome = self.stage.run(query, candidates)
             lineage.last = outcome.kept  # the same candidates, so the same source of scores
-            return outcome  # type: ignore[no-any-return]
+            return outcome
         if self.prefix_floor is not None and lineage.need is not None:
             enough = max(lineage.need, self.prefix_floor)
             size = 2 * max(enough, 1)
@@ -349,7 +349,7 @@ def _cached_rules(
     def reason(query: QueryContext, candidate: Candidate) -> str | None:
         key = ("hard_filter.reason", settings_key, query.knowledge_tag, query.today, candidate.chunk_id)
         if key in memo:
-            return memo[key]  # type: ignore[no-any-return]
+            return memo[key]
         why = rules(query, candidate)
         if len(memo) < MEMO_LIMIT:
             memo[key] = why
