@@ -25,6 +25,7 @@ from app.evaluation.report.model import Report
 from app.evaluation.run.build import build_report, invalid_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
+from app.evaluation.scoring.measures import fmt
 from app.evaluation.tune.grid import sweep_line, threshold_sweep
 from app.evaluation.tune.replay import record
 from app.files import utc_now
@@ -206,7 +207,7 @@ def summary_line(report: Report | dict[str, Any]) -> str:
     lat = s["latencyMs"] or s.get("batchLatencyMs") or {}
 
     def f(v: Any) -> str:
-        return "n/a" if v is None else f"{v:.2f}"
+        return fmt(v, 2)
 
     na = s["noAnswer"]
     line = (

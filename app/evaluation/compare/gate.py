@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.evaluation.report.model import Gate, GateCheckRecord, GateFailure
+from app.evaluation.scoring.measures import fmt
 from app.settings import EvaluateThresholds
 
 # threshold field -> (summary key, comparison)
@@ -85,7 +86,7 @@ class GateCheck:
     def describe(self) -> str:
         if self.message:
             return f"{self.name}: {self.message}"
-        shown = "n/a" if self.value is None else f"{self.value:.4f}"
+        shown = fmt(self.value, 4)
         return f"{self.name}: {self.metric}={shown}, needs {self.op} {self.threshold}"
 
     def failure(self) -> GateFailure:
