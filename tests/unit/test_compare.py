@@ -308,3 +308,18 @@ def test_a_baseline_without_condensed_figures_calls_any_drop_with_new_unjudged_d
     comp = compare(baseline, current, "base.json")
     assert comp.cases.unverified == ["a"]
     assert comp.case_details["a"].why == "unverified: 1 unjudged new document(s) in the top K (n)"
+
+
+def test_a_report_without_newer_fields_loads_as_a_baseline_and_names_no_unknown_change(tmp_path) -> None:
+    # a schemaVersion 2 report: no codeVersion, no fused scores, no expectedContent, no beforeFused
+    old = report({"a": 1.0, "b": 0.5})
+    old["schemaVersion"] = 2
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old), encoding="utf-8")
+    loaded = load_report(path)
+    assert loaded.schema_version == 2 and loaded.run.code_version is None
+    comp = compare_reports(
+        loaded, Report.model_validate(report({"a": 1.0, "b": 0.5}, codeVersion="abc")), "old.json"
+    )
+    assert comp.differences == []
+    assert "codeVersion" not in comp.baseline.run

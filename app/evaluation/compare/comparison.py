@@ -312,7 +312,7 @@ _FINGERPRINT_KEYS = (
 
 
 def _fingerprint_only(run: dict[str, Any]) -> dict[str, Any]:
-    return {k: run[k] for k in _FINGERPRINT_KEYS if k in run}
+    return {k: run[k] for k in _FINGERPRINT_KEYS if run.get(k) is not None}
 
 
 def _k_changes(
@@ -388,7 +388,7 @@ def describe_differences(
     if b_run.get("goldenSetSha256") and b_run.get("goldenSetSha256") != c_run.get("goldenSetSha256"):
         out.append("golden set: " + _golden_changes(b_cases or {}, c_cases or {}))
     for key, label in (("k", "K"), ("asOf", "asOf"), ("codeVersion", "code")):
-        if key in b_run and b_run.get(key) != c_run.get(key):
+        if b_run.get(key) is not None and b_run.get(key) != c_run.get(key):
             out.append(f"{label}: {b_run.get(key)} -> {c_run.get(key)}")
     return out
 
