@@ -110,7 +110,8 @@ def test_worst_cases_expand_to_ranked_documents_and_where_lost() -> None:
     assert ids == ["weather", "payday"]  # a no-answer case that answered first, then by nDCG
     payday = html[html.index('data-case-id="payday"') :]
     assert "<b>REMOVED_BY_similarity_threshold</b> — dense=0.71 &lt; 0.80" in payday
-    assert '<td class="mono">hr-payroll</td>' in payday
+    # each ranked document with its fused score (the order), then its dense score
+    assert '<td class="mono">hr-payroll</td><td class="num">0.900</td><td class="num">0.890</td>' in payday
 
 
 def test_an_invalid_report_says_why_nothing_ran() -> None:
