@@ -323,3 +323,13 @@ def test_a_report_without_newer_fields_loads_as_a_baseline_and_names_no_unknown_
     )
     assert comp.differences == []
     assert "codeVersion" not in comp.baseline.run
+
+
+def test_a_current_report_without_unjudged_lists_counts_ids_outside_expected_and_forbidden() -> None:
+    baseline = _two_case_report([_case("a", ["rel", "x"], 1.0, 1.0, [])])
+    now = _case("a", ["bad", "n"], 0.0, 0.0, [])
+    del now["unjudged"]  # a report written before Judged@K
+    comp = compare(baseline, _two_case_report([now]), "base.json")
+    # new in the top 2: bad (judged not relevant: it is in `expected` with grade 0) and n (unjudged)
+    assert comp.case_details["a"].new_in_top_k == ["bad", "n"]
+    assert comp.case_details["a"].new_unjudged == ["n"]

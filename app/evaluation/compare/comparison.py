@@ -20,16 +20,19 @@ from app.evaluation.report.model import (
     CaseChanges,
     CaseDelta,
     CaseDetail,
+    CaseRecord,
     Comparison,
     MetricComparison,
     Report,
     StageDelta,
+    StageRow,
     UnjudgedAccount,
 )
 from app.evaluation.scoring import stats
 from app.evaluation.scoring.measures import COMPARED, RANKING
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_p as p_text
+from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
 
@@ -113,21 +116,19 @@ def compare_reports(
 ) -> Comparison:
     """Pair the cases by id; figures over the paired cases that have metrics on both sides (no-answer and
     failed cases excluded, as in the summary). With K different the runs are not comparable and no
-    statistics are computed. The pairing reads both reports' JSON (`Report.to_json`), the form every report
-    file has."""
-    baseline, current = baseline_report.to_json(), current_report.to_json()
-    b_cases = {c["id"]: c for c in baseline["cases"]}
-    c_cases = {c["id"]: c for c in current["cases"]}
+    statistics are computed."""
+    b_cases = {c.id: c for c in baseline_report.cases}
+    c_cases = {c.id: c for c in current_report.cases}
     paired = sorted(set(b_cases) & set(c_cases))
     changes = CaseChanges(
         only_in_baseline=sorted(set(b_cases) - set(c_cases)),
         only_in_current=sorted(set(c_cases) - set(b_cases)),
     )
-    b_run, c_run = baseline.get("run", {}), current.get("run", {})
+    b_run, c_run = baseline_report.run.to_json(), current_report.run.to_json()
     differences = describe_differences(b_run, c_run, b_cases, c_cases)
     k_changes = _k_changes(b_run, c_run, b_cases, c_cases, paired)
     ref = BaselineRef(path=baseline_path, evaluated_at=_evaluated_at(b_run), run=_fingerprint_only(b_run))
-    stage_rows = _stage_deltas(baseline.get("stages") or [], current.get("stages") or [])
+    stage_rows = _stage_deltas(baseline_report.stages, current_report.stages)
     if k_changes:
         return Comparison(
             baseline=ref,
@@ -138,24 +139,27 @@ def compare_reports(
             cases=changes,
             stages=stage_rows,
         )
-    scored = [i for i in paired if b_cases[i].get("metrics") and c_cases[i].get("metrics")]
-    rows = _paired_rows(
-        {i: b_cases[i]["metrics"] for i in scored}, {i: c_cases[i]["metrics"] for i in scored}, seed, alpha
-    )
-    with_condensed = [i for i in scored if b_cases[i].get("condensed") and c_cases[i].get("condensed")]
+    b_metrics = {i: b_cases[i].metrics for i in paired}
+    c_metrics = {i: c_cases[i].metrics for i in paired}
+    scored = [i for i in paired if b_metrics[i] and c_metrics[i]]
+    before = {i: b_metrics[i] or {} for i in scored}
+    after = {i: c_metrics[i] or {} for i in scored}
+    rows = _paired_rows(before, after, seed, alpha)
+    b_condensed = {i: b_cases[i].condensed for i in scored}
+    c_condensed = {i: c_cases[i].condensed for i in scored}
+    with_condensed = [i for i in scored if b_condensed[i] and c_condensed[i]]
     condensed_rows = _paired_rows(
-        {i: b_cases[i]["condensed"] for i in with_condensed},
-        {i: c_cases[i]["condensed"] for i in with_condensed},
+        {i: b_condensed[i] or {} for i in with_condensed},
+        {i: c_condensed[i] or {} for i in with_condensed},
         seed,
         alpha,
         RANKING,
     )
-    b_hits = {i: float(b_cases[i]["metrics"]["hitRate"]) for i in scored}
-    c_hits = {i: float(c_cases[i]["metrics"]["hitRate"]) for i in scored}
-    changes.fixed, changes.broken = stats.fixed_and_broken(b_hits, c_hits)
+    changes.fixed, changes.broken = stats.fixed_and_broken(
+        {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
+    )
     improved, worsened = stats.changed_by(
-        {i: float(b_cases[i]["metrics"]["ndcg"]) for i in scored},
-        {i: float(c_cases[i]["metrics"]["ndcg"]) for i in scored},
+        {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
     )
     changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
     changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
@@ -175,7 +179,7 @@ def compare_reports(
         new, unjudged = new_by_case[i]
         why = unverified_reason(b_cases[i], c_cases[i], metric, unjudged)
         details[i] = CaseDetail(
-            query=c_cases[i].get("query"),
+            query=c_cases[i].query,
             before=_top(b_cases[i]),
             now=_top(c_cases[i]),
             before_fused=_top_fused(b_cases[i]),
@@ -237,14 +241,13 @@ def _paired_rows(
     return rows
 
 
-def _top_keys(case: dict[str, Any]) -> list[str]:
+def _top_keys(case: CaseRecord) -> list[str]:
     """The case's top K at its matching level (docId, chunkId or source of each ranked document)."""
-    field_name = {"chunk": "chunkId", "source": "source"}.get(str(case.get("matchOn")), "docId")
-    k = case.get("topK") or len(case.get("rankedDocuments") or [])
-    return [str(d.get(field_name, "?")) for d in (case.get("rankedDocuments") or [])[:k]]
+    k = case.top_k or len(case.ranked_documents)
+    return [match_key(d, case.match_on) for d in case.ranked_documents[:k]]
 
 
-def new_in_top_k(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+def new_in_top_k(before: CaseRecord, now: CaseRecord) -> tuple[list[str], list[str]]:
     """The ids the change brought into a case's top K (in the current top K, not in the baseline's; each
     once, in rank order), and those of them that carry no judgment in the current run: its `unjudged`
     list, or, for a report written before Judged@K, the ids outside `expected` and `forbiddenDocIds`."""
@@ -253,16 +256,16 @@ def new_in_top_k(before: dict[str, Any], now: dict[str, Any]) -> tuple[list[str]
     for key in _top_keys(now):
         if key not in old and key not in new:
             new.append(key)
-    if "unjudged" in now:
-        unjudged = set(now["unjudged"])
+    if "unjudged" in now.model_fields_set:
+        unjudged = set(now.unjudged)
     else:
-        judged = set(now.get("expected") or {}) | set(now.get("forbiddenDocIds") or [])
+        judged = set(now.expected) | set(now.forbidden_doc_ids)
         unjudged = {key for key in new if key not in judged}
     return new, [key for key in new if key in unjudged]
 
 
 def unverified_reason(
-    before: dict[str, Any], now: dict[str, Any], metric: str, new_unjudged: list[str]
+    before: CaseRecord, now: CaseRecord, metric: str, new_unjudged: list[str]
 ) -> str | None:
     """Why a broken (metric hitRate) or worsened (nDCG) case is not a verified regression, or None.
 
@@ -272,9 +275,9 @@ def unverified_reason(
     report from before them) any new unjudged document makes the drop unverified."""
     if not new_unjudged:
         return None
-    b_cond, c_cond = before.get("condensed"), now.get("condensed")
+    b_cond, c_cond = before.condensed, now.condensed
     shown = ", ".join(new_unjudged)
-    if isinstance(b_cond, dict) and isinstance(c_cond, dict) and metric in b_cond and metric in c_cond:
+    if b_cond is not None and c_cond is not None and metric in b_cond and metric in c_cond:
         if float(c_cond[metric]) < float(b_cond[metric]) - 1e-12:
             return None
         return (
@@ -284,14 +287,14 @@ def unverified_reason(
     return f"unverified: {len(new_unjudged)} unjudged new document(s) in the top K ({shown})"
 
 
-def _top(case: dict[str, Any], n: int = 3) -> list[str]:
-    return [d.get("docId", "?") for d in (case.get("rankedDocuments") or [])[:n]]
+def _top(case: CaseRecord, n: int = 3) -> list[str]:
+    return [d.doc_id for d in case.ranked_documents[:n]]
 
 
-def _top_fused(case: dict[str, Any], n: int = 3) -> list[float | None]:
+def _top_fused(case: CaseRecord, n: int = 3) -> list[float | None]:
     """The fused score of each of `_top`'s documents (the score that decides the order; None when the
     report has none)."""
-    return [(d.get("scores") or {}).get("fused") for d in (case.get("rankedDocuments") or [])[:n]]
+    return [d.scores.get("fused") for d in case.ranked_documents[:n]]
 
 
 def _evaluated_at(run: dict[str, Any]) -> str | None:
@@ -318,16 +321,16 @@ def _fingerprint_only(run: dict[str, Any]) -> dict[str, Any]:
 def _k_changes(
     b_run: dict[str, Any],
     c_run: dict[str, Any],
-    b_cases: dict[str, Any],
-    c_cases: dict[str, Any],
+    b_cases: dict[str, CaseRecord],
+    c_cases: dict[str, CaseRecord],
     paired: list[str],
 ) -> list[str]:
     out = []
     if b_run.get("k") != c_run.get("k"):
         out.append(f"K {b_run.get('k')} -> {c_run.get('k')}")
     for i in paired:
-        if b_cases[i].get("topK") != c_cases[i].get("topK"):
-            out.append(f"case {i} topK {b_cases[i].get('topK')} -> {c_cases[i].get('topK')}")
+        if b_cases[i].top_k != c_cases[i].top_k:
+            out.append(f"case {i} topK {b_cases[i].top_k} -> {c_cases[i].top_k}")
     return out
 
 
@@ -352,8 +355,8 @@ def _show(value: Any) -> str:
 def describe_differences(
     b_run: dict[str, Any],
     c_run: dict[str, Any],
-    b_cases: dict[str, Any] | None = None,
-    c_cases: dict[str, Any] | None = None,
+    b_cases: dict[str, CaseRecord] | None = None,
+    c_cases: dict[str, CaseRecord] | None = None,
 ) -> list[str]:
     """What changed between two runs, in words, from their fingerprints: each changed setting of the
     fingerprinted sections (rag.models, rag.ingest, rag.store, rag.retrieval, rag.chain:
@@ -399,13 +402,13 @@ def _embedder(e: Any) -> str:
     return f"{e.get('name')} (dim {e.get('dimension')}, checksum {e.get('checksum')})"
 
 
-def _golden_changes(b_cases: dict[str, Any], c_cases: dict[str, Any]) -> str:
+def _golden_changes(b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord]) -> str:
     added = sorted(set(c_cases) - set(b_cases))
     removed = sorted(set(b_cases) - set(c_cases))
     changed = sorted(
         i
         for i in set(b_cases) & set(c_cases)
-        if b_cases[i].get("caseSha256") and b_cases[i].get("caseSha256") != c_cases[i].get("caseSha256")
+        if b_cases[i].case_sha256 and b_cases[i].case_sha256 != c_cases[i].case_sha256
     )
     parts = []
     for label, ids in (("added", added), ("removed", removed), ("changed", changed)):
@@ -415,20 +418,19 @@ def _golden_changes(b_cases: dict[str, Any], c_cases: dict[str, Any]) -> str:
     return "; ".join(parts) or "the cases' canonical JSON differs"
 
 
-def _stage_deltas(b_stages: list[dict[str, Any]], c_stages: list[dict[str, Any]]) -> list[StageDelta]:
-    b_by = {s["name"]: s for s in b_stages if isinstance(s, dict) and "name" in s}
+def _stage_deltas(b_stages: list[StageRow], c_stages: list[StageRow]) -> list[StageDelta]:
+    b_by = {s.name: s for s in b_stages}
     rows = []
     for s in c_stages:
-        b = b_by.get(s["name"])
+        b = b_by.get(s.name)
         rows.append(
             StageDelta(
-                name=s["name"],
+                name=s.name,
                 removed_relevant=BeforeAfter(
-                    baseline=b.get("removedRelevant") if b else None, current=s.get("removedRelevant")
+                    baseline=b.removed_relevant if b else None, current=s.removed_relevant
                 ),
                 recall_after=BeforeAfter(
-                    baseline=((b.get("afterStage") or {}).get("recall")) if b else None,
-                    current=(s.get("afterStage") or {}).get("recall"),
+                    baseline=b.after_stage.get("recall") if b else None, current=s.after_stage.get("recall")
                 ),
             )
         )
