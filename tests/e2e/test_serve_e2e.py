@@ -163,7 +163,7 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
 
     # the JSON report
     report = json.loads(latest_json.read_text(encoding="utf-8"))
-    assert report["schemaVersion"] == 2
+    assert report["schemaVersion"] == 3
     assert report["status"] == "ok"
     summary = report["summary"]
     for key in ("cases", "recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy", "duplicateRate"):
@@ -204,9 +204,12 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
     for name in STAGE_NAMES:
         assert f"| {name} |" in markdown
     assert "## Worst cases" in markdown
-    assert [line.removeprefix("### ") for line in markdown.splitlines() if line.startswith("### ")] == [
-        c["id"] for c in report["cases"]
-    ]
+    # per-case detail stays in the JSON (rag.evaluate.report.case_detail is off by default)
+    assert not [line for line in markdown.splitlines() if line.startswith("### ")]
+    assert (
+        f"Every case's ranking, trace and judgments ({len(report['cases'])} cases) are in the JSON"
+        in markdown
+    )
 
     # the API, in both languages
     with api(server) as client:

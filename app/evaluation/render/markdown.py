@@ -307,7 +307,7 @@ def _worst(cases: list[CaseRecord]) -> list[CaseRecord]:
 
 
 def _summary_markdown(s: Summary, kl: str) -> list[str]:
-    lines = ["## Summary", "", "| Measure | Value |", "|---|---|"]
+    lines = ["## Summary", "", "| Metric | Value |", "|---|---|"]
     scored, hits = s.counts.get("scoredCases"), s.counts.get("hits")
     found, total = s.counts.get("relevantFound"), s.counts.get("relevantTotal")
     extras = {
