@@ -244,7 +244,8 @@ def _detail_row(case_id: str, d: CaseDetail | None, fixed: bool) -> str:
     now = _ids_with_scores(d.now, d.now_fused)
     new_text = f"{len(d.new_in_top_k)} ({len(d.new_unjudged)} unjudged)"
     verdict = "-" if fixed else (d.why or "verified")
-    return f"| {case_id} | {_cell(d.query or '')} | {before} | {now} | {new_text} | {_cell(verdict)} |"
+    verdict_cell = _cell(verdict, None)  # the verdict names doc ids: never cut
+    return f"| {case_id} | {_cell(d.query or '')} | {before} | {now} | {new_text} | {verdict_cell} |"
 
 
 def _ids_with_scores(ids: list[str], fused: list[float | None]) -> str:
