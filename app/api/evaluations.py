@@ -86,11 +86,11 @@ def evaluation_run_view(outcome: Any) -> EvaluationRunResponse:
         lines += [f"  changed: {difference}" for difference in comparison["differences"]]
     else:
         lines.append(f"no baseline: {report.get('baselineNote')}")
-    sweep = sweep_line(report.get("sweep"))
+    sweep = sweep_line(outcome.report.sweep)
     if sweep:
         lines.append(sweep)
-    if report.get("audit") is not None:
-        lines.append(f"golden-set audit: {audit_summary(report['audit'])}")
+    if outcome.report.audit is not None:
+        lines.append(f"golden-set audit: {audit_summary(outcome.report.audit)}")
     gate = outcome.gate
     return EvaluationRunResponse(
         lines=lines,

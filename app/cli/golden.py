@@ -168,8 +168,8 @@ def _check(args: argparse.Namespace) -> int:
         )
     finally:
         sieve.close()
-    found = audit.audit_json(result)
-    print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else audit.audit_text(found), end="")
+    text = json.dumps(audit.audit_json(result), ensure_ascii=False, indent=2) if args.json else None
+    print(text if text is not None else audit.audit_text(result), end="")
     if args.json:
         print()
     return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK

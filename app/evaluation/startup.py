@@ -17,11 +17,11 @@ from app.evaluation.compare.baselines import (
 )
 from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports
 from app.evaluation.compare.gate import GateResult, check_gate
-from app.evaluation.golden.audit import AuditSource, attach_audit, audit_section
+from app.evaluation.golden.audit import AuditResult, AuditSource, attach_audit, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import Report, Sweep
 from app.evaluation.run.build import build_report, invalid_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
@@ -111,7 +111,7 @@ def run_startup_evaluation(
 
 def run_sweep(
     evaluation: Evaluation, chain: Any, chain_settings: ChainSettings, settings: EvaluateSettings
-) -> dict[str, Any] | None:
+) -> Sweep | None:
     """The report's `sweep` (None when `rag.evaluate.sweep.enabled` is false): the similarity threshold
     replayed over the candidates `evaluation` recorded. A sweep that fails is logged and left out; it never
     costs the report."""
@@ -150,8 +150,8 @@ def finish_evaluation(
     settings: EvaluateSettings,
     run_info: dict[str, Any],
     baseline: Baseline | None = None,
-    sweep: dict[str, Any] | None = None,
-    audit: dict[str, Any] | None = None,
+    sweep: Sweep | None = None,
+    audit: AuditResult | None = None,
 ) -> EvaluationOutcome:
     """Build the report once (segments with their deltas against the baseline), attach the sweep, the
     audit, the comparison and the gate, write the files and log the summary."""

@@ -213,5 +213,5 @@ def test_eval_records_content_and_check_remaps_a_moved_document(base, capsys) ->
     finally:
         sieve.close()
     assert outcome.report is not None and outcome.report.audit is not None
-    assert outcome.report.audit["findings"] == audit["findings"]
-    assert outcome.report.audit["staleIds"] == audit["staleIds"]
+    assert outcome.report.audit.findings == audit["findings"]
+    assert outcome.report.to_json()["audit"]["staleIds"] == audit["staleIds"]

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from app.api.evaluations import EvaluationRunRequest
 from app.evaluation.compare.gate import GateCheck, GateResult
+from app.evaluation.report.model import Report
 from app.main import create_app
 from app.settings import EvaluateSettings, Settings
 from tests.unit.test_api_errors import ADMIN_TOKEN, FakeSieve, serve_fake
@@ -56,8 +57,9 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, EvaluateSettings]]:
     def run(target: Any, settings: EvaluateSettings, progress: Any = None) -> SimpleNamespace:
         calls.append((target, settings))
         report = {"summary": SUMMARY, "comparison": None, "baselineNote": "rag.evaluate.baseline is none"}
+        typed = Report.model_validate({"run": {}, **report})
         return SimpleNamespace(
-            json=report, gate=gate, paths=[Path("out/r-latest.json")], invalid_golden_set=None
+            report=typed, json=report, gate=gate, paths=[Path("out/r-latest.json")], invalid_golden_set=None
         )
 
     monkeypatch.setattr("app.evaluation.startup.run_startup_evaluation", run)

@@ -3,6 +3,7 @@ written inline; every expected finding is written out whole."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import date
 from pathlib import Path
@@ -452,7 +453,7 @@ def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
             "cases": [{"id": "v1", "query": "q", "topK": 5}, {"id": "unknown", "query": "q", "topK": 5}],
         }
     )
-    au.attach_audit(report, au.audit_json(sample_audit()))
+    au.attach_audit(report, sample_audit())
     assert [(c.id, c.expected_content) for c in report.cases] == [
         ("v1", {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"}),
         ("unknown", {}),
@@ -461,14 +462,17 @@ def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
         {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"},
         {},
     ]
-    assert report.audit is not None and "expectedContent" not in report.audit
-    assert report.audit["findings"]["staleIds"] == 1
+    assert report.audit is not None and "expectedContent" not in report.to_json()["audit"]
+    assert report.audit.findings["staleIds"] == 1
+    # the report's audit writes the audit's JSON without its content hashes, key for key and in order
+    written = {k: v for k, v in au.audit_json(sample_audit()).items() if k != "expectedContent"}
+    assert json.dumps(report.to_json()["audit"]) == json.dumps(written)
     au.attach_audit(report, None)
     assert report.audit is None
 
 
 def test_the_text_and_markdown_list_every_finding_with_its_cases() -> None:
-    found = au.audit_json(sample_audit())
+    found = sample_audit()
     text = au.audit_text(found)
     for line in [
         "Duplicate queries (same text once normalised): 1",
@@ -489,7 +493,7 @@ def test_the_text_and_markdown_list_every_finding_with_its_cases() -> None:
         "  knowledge tag it: 3 documents, 2 untouched, 1 cases",
     ]:
         assert line in text.splitlines()
-    assert text.splitlines()[-1] == f"summary: {found['summary']}"
+    assert text.splitlines()[-1] == f"summary: {found.summary}"
     markdown = au.audit_markdown(found)
     assert markdown[:3] == ["", "## Golden-set audit", ""]
     assert "**Stale ids (not in the index)** (1)" in markdown
@@ -516,8 +520,8 @@ def test_audit_section_says_why_it_could_not_run_instead_of_raising(tmp_path: Pa
     settings = EvaluateSettings(output_dir=str(tmp_path))
     source = au.AuditSource(_BrokenStore(), _Embedder(), HardFilterSettings())
     section = au.audit_section(SAMPLE, source, settings)
-    assert section["ran"] is False
-    assert section["error"] == "could not run: RuntimeError: store went away"
+    assert section.ran is False
+    assert section.error == "could not run: RuntimeError: store went away"
     assert au.audit_markdown(section) == [
         "",
         "## Golden-set audit",
@@ -525,7 +529,7 @@ def test_audit_section_says_why_it_could_not_run_instead_of_raising(tmp_path: Pa
         "The audit could not run: RuntimeError: store went away.",
     ]
     off = EvaluateSettings(output_dir=str(tmp_path), audit={"enabled": False})
-    assert au.audit_section(SAMPLE, source, off)["error"] == "not run: rag.evaluate.audit.enabled is false"
+    assert au.audit_section(SAMPLE, source, off).error == "not run: rag.evaluate.audit.enabled is false"
 
 
 class _Store:

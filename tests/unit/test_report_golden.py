@@ -11,12 +11,13 @@ Without SIEVE_UPDATE_GOLDEN the test never writes the file.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from app.evaluation.render.markdown import render_markdown
 from app.evaluation.report.model import Report, report_text
-from tests.fixtures.reports import golden_report
+from tests.fixtures.reports import golden_report, sample_sweep
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "report.golden.md"
 
@@ -33,6 +34,10 @@ def test_a_report_read_back_from_its_json_renders_the_same() -> None:
     again = Report.model_validate_json(report_text(report))
     assert again == report
     assert render_markdown(again, case_detail=True) == render_markdown(report, case_detail=True)
+
+
+def test_the_typed_sweep_writes_the_json_of_the_sweep_it_was_read_from() -> None:
+    assert json.dumps(golden_report().to_json()["sweep"]) == json.dumps(sample_sweep())
 
 
 def test_sections_come_verdict_gate_comparison_worst_cases_first() -> None:

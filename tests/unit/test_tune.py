@@ -3,14 +3,18 @@ candidate generator, BM25 scorer and reranker around the real stages and the rea
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
 import random
 from datetime import date
+from typing import Any
 
 import numpy as np
 import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.model import Sweep
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.tune.grid import (
     REPLAYABLE,
@@ -483,22 +487,35 @@ def test_sweep_values_span_the_observed_scores_in_21_steps() -> None:
     assert sweep_values([]) == [] and sweep_values([0.5, 0.5]) == [0.5]
 
 
-def test_the_sweep_replays_min_dense_with_the_fallback_off_and_names_a_threshold() -> None:
+def test_the_sweep_replays_min_dense_with_the_fallback_off_and_names_a_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    produced: list[dict[str, Any]] = []
+
+    class Recorded(Sweep):
+        @classmethod
+        def model_validate(cls, obj: Any, **kwargs: Any) -> Sweep:  # type: ignore[override]
+            produced.append(copy.deepcopy(obj))
+            return Sweep.model_validate(obj, **kwargs)
+
+    monkeypatch.setattr("app.evaluation.tune.grid.Sweep", Recorded)
     fakes = Fakes()
     recording = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
     sweep = threshold_sweep(recording, ChainSettings(), EvaluateThresholds(), 0.005)
-    assert sweep is not None and sweep["param"] == "chain.similarity_threshold.min_dense"
-    assert len(sweep["rows"]) == 21
-    assert all(r["params"]["chain.fallback.enabled"] is False for r in sweep["rows"])
-    assert sweep["current"]["point"] == {
+    assert sweep is not None and sweep.param == "chain.similarity_threshold.min_dense"
+    # the typed sweep writes the JSON the grid's records make, key for key and number for number
+    assert json.dumps(sweep.to_json()) == json.dumps(produced[0])
+    assert len(sweep.rows) == 21
+    assert all(r.params["chain.fallback.enabled"] is False for r in sweep.rows)
+    assert sweep.current.point == {
         "chain.similarity_threshold.min_dense": 0.0,
         "chain.fallback.enabled": True,
     }
-    top = sweep["rows"][-1]["metrics"]  # the highest threshold keeps only the best candidate of the best case
-    assert top["correctAbstentions"] == 4
+    top = sweep.rows[-1].metrics  # the highest threshold keeps only the best candidate of the best case
+    assert top.correct_abstentions == 4
     line = sweep_line(sweep)
     assert line is not None and line.startswith("sweep min_dense: ")
-    rec = sweep["recommendation"]["abstention"]
+    rec = sweep.recommendation.abstention
     if rec is not None:
-        assert f"abstains on {rec['metrics']['correctAbstentions']}/4 no-answer cases" in line
+        assert f"abstains on {rec.metrics.correct_abstentions}/4 no-answer cases" in line
         assert line.endswith("(fallback off)")

@@ -42,18 +42,31 @@ import json
 import logging
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ConfigDict, TypeAdapter
-from pydantic.alias_generators import to_camel
+from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import (
+    NEAR_DUPLICATE_COSINE,
+    RECORD_CONFIG,
+    Audit,
+    ContentCopy,
+    Coverage,
+    DuplicateQuery,
+    Excluded,
+    QueryPair,
+    RelevantAndForbidden,
+    Report,
+    StaleId,
+    Suggestion,
+    TagCoverage,
+)
 from app.ingest.ids import text_sha256
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of, unit_rows
@@ -61,7 +74,6 @@ from app.settings import HardFilterSettings
 
 log = logging.getLogger("sieve.evaluation")
 
-NEAR_DUPLICATE_COSINE = 0.95
 NAME_GUESS_CUTOFF = 0.6
 NAME_GUESSES = 3
 LISTED_UNTOUCHED = 200  # untouched document ids listed (the count is always exact)
@@ -254,120 +266,20 @@ def judged_docs(case: GoldenCase, index: IndexView) -> set[str]:
 
 # -- findings ------------------------------------------------------------------------------------------
 
-# The findings are pydantic dataclasses with camelCase JSON keys: `audit_json` is their model dump.
-_RECORD = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
+@pydantic_dataclass(config=RECORD_CONFIG)
+class AuditResult(Audit):
+    """The audit as run (`sieve golden check --json`): the report's `Audit` and, per case id, {id: content
+    hash} of every id the case names that the index holds (doc_sha256 for a document, text_sha256 for a
+    chunk) and the recorded hash carried over for a stale one; `attach_audit` moves these into the case
+    records."""
 
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class DuplicateQuery:
-    normalised: str
-    cases: list[str]
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class QueryPair:
-    cases: list[str]  # two case ids, in golden-set order
-    queries: list[str]
-    cosine: float
-    group: str | None = None  # set for a paraphrase pair (both cases of this group)
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class Suggestion:
-    """Where a stale id's content went (`by` "contentHash": the ids now carrying the hash the previous
-    report recorded for it) or, `by` "name" and `guess` true, the closest names by difflib."""
-
-    ids: list[str]
-    by: str  # "contentHash" | "name"
-    guess: bool
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class StaleId:
-    case: str
-    field: str
-    id: str
-    level: str
-    suggestion: Suggestion | None
-    note: str  # why this suggestion, or why none
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class Excluded:
-    case: str
-    id: str
-    level: str  # "doc" | "chunk"
-    reasons: list[str]  # the hard filter's reasons, one per distinct reason over the chunks
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class ContentCopy:
-    case: str
-    id: str
-    role: str  # "relevant" | "forbidden"
-    copies: list[str]
-    unjudged_copies: list[str]
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class RelevantAndForbidden:
-    group: str
-    id: str
-    relevant_in: list[str]
-    forbidden_in: list[str]
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class TagCoverage:
-    tag: str
-    documents: int
-    untouched_documents: int
-    cases: int
-
-
-@pydantic_dataclass(frozen=True, config=_RECORD)
-class Coverage:
-    documents: int
-    untouched_count: int
-    untouched_documents: list[str]  # at most LISTED_UNTOUCHED, sorted
-    tags: list[TagCoverage]
-    untouched_tags: list[str]
-
-
-@pydantic_dataclass(config=_RECORD)
-class Audit:
-    """The audit of one golden set against one index (report JSON `audit`, `sieve golden check --json`)."""
-
-    ran: bool
-    error: str | None = None
-    golden_set: str | None = None
-    cases: int = 0
-    as_of: str | None = None
-    near_duplicate_cosine: float = NEAR_DUPLICATE_COSINE
-    embedder: str | None = None
-    previous_report: str | None = None  # where recorded content hashes came from (or why none)
-    findings: dict[str, int] = field(default_factory=dict)  # kind -> number of findings
-    duplicate_queries: list[DuplicateQuery] = field(default_factory=list)
-    near_duplicate_queries: list[QueryPair] = field(default_factory=list)
-    paraphrases: list[QueryPair] = field(default_factory=list)
-    stale_ids: list[StaleId] = field(default_factory=list)
-    hard_filter_excluded: list[Excluded] = field(default_factory=list)
-    content_copies: list[ContentCopy] = field(default_factory=list)
-    relevant_and_forbidden: list[RelevantAndForbidden] = field(default_factory=list)
-    coverage: Coverage | None = None
-    # per case id, {id: content hash} of every id the case names that the index holds (doc_sha256 for a
-    # document, text_sha256 for a chunk), and the recorded hash carried over for a stale one
     expected_content: dict[str, dict[str, str]] = field(default_factory=dict)
-    summary: str = ""
-
-    @property
-    def total_findings(self) -> int:
-        return sum(self.findings.values())
 
 
 def audit_json(audit: Audit) -> dict[str, Any]:
-    """The audit's JSON (report `audit`, `sieve golden check --json`): its model dump by alias."""
-    return TypeAdapter(Audit).dump_python(audit, mode="json", by_alias=True)
+    """The audit's JSON (`sieve golden check --json`): its model dump by alias."""
+    return TypeAdapter(type(audit)).dump_python(audit, mode="json", by_alias=True)
 
 
 def normalise_query(text: str) -> str:
@@ -601,7 +513,7 @@ def audit_golden_set(
     as_of: date,
     recorded: dict[str, str] | None = None,
     near_duplicate_cosine: float = NEAR_DUPLICATE_COSINE,
-) -> Audit:
+) -> AuditResult:
     """Every finding and the coverage of `golden` against `index`; row i of `vectors` is the query vector
     of golden.cases[i]; `recorded`: the content hashes the previous report recorded (`previous_content`)."""
     cases = golden.cases
@@ -609,7 +521,7 @@ def audit_golden_set(
         raise ValueError(f"{len(vectors)} query vectors for {len(cases)} cases")
     recorded = recorded or {}
     near, paraphrases = query_pairs(cases, vectors, near_duplicate_cosine)
-    audit = Audit(
+    audit = AuditResult(
         ran=True,
         golden_set=golden.path,
         cases=len(cases),
@@ -626,7 +538,7 @@ def audit_golden_set(
         expected_content={case.id: expected_content(case, index, recorded) for case in cases},
     )
     audit.findings = {kind: len(getattr(audit, _attr(kind))) for kind in FINDING_KINDS}
-    audit.summary = summary_line(audit_json(audit))
+    audit.summary = summary_line(audit)
     return audit
 
 
@@ -698,7 +610,7 @@ def run_audit(
     as_of: date,
     previous_path: Path,
     near_duplicate_cosine: float = NEAR_DUPLICATE_COSINE,
-) -> Audit:
+) -> AuditResult:
     """Gather the index view, the query vectors and the previous report's hashes, then `audit_golden_set`."""
     previous, note = read_previous_report(previous_path)
     recorded = previous_content(previous)
@@ -720,16 +632,14 @@ def previous_report_path(settings: Any) -> Path:
     return Path(settings.output_dir) / f"{settings.report_prefix}-latest.json"
 
 
-def audit_section(golden: GoldenSet, source: AuditSource | None, settings: Any) -> dict[str, Any]:
-    """The report's `audit` for an evaluation with `settings` (`EvaluateSettings`): never raises. Not
-    enabled, no source, or an internal error: {"ran": false, "error": why}."""
+def audit_section(golden: GoldenSet, source: AuditSource | None, settings: Any) -> AuditResult:
+    """The audit for an evaluation with `settings` (`EvaluateSettings`): never raises. Not enabled, no
+    source, or an internal error: `ran` false and `error` saying why."""
     audit_settings = getattr(settings, "audit", None)
     if audit_settings is not None and not audit_settings.enabled:
-        return audit_json(Audit(ran=False, error="not run: rag.evaluate.audit.enabled is false"))
+        return AuditResult(ran=False, error="not run: rag.evaluate.audit.enabled is false")
     if source is None:
-        return audit_json(
-            Audit(ran=False, error="not run: no store and embedder were given to audit against")
-        )
+        return AuditResult(ran=False, error="not run: no store and embedder were given to audit against")
     try:
         audit = run_audit(
             golden,
@@ -740,138 +650,122 @@ def audit_section(golden: GoldenSet, source: AuditSource | None, settings: Any) 
         )
     except Exception as exc:  # the audit is information: it must never cost the evaluation its report
         log.exception("[RetrievalEval] golden-set audit could not run")
-        return audit_json(Audit(ran=False, error=f"could not run: {type(exc).__name__}: {exc}"))
+        return AuditResult(ran=False, error=f"could not run: {type(exc).__name__}: {exc}")
     log.info("[RetrievalEval] golden-set audit: %s", audit.summary)
-    return audit_json(audit)
+    return audit
 
 
-def attach_audit(report: Report, audit: dict[str, Any] | None) -> None:
+def attach_audit(report: Report, audit: AuditResult | None) -> None:
     """Put `audit` into `report` as `audit`, and each case record's `expectedContent` from it (the
-    per-case content hashes the next audit remaps stale ids with); the audit's own copy is dropped."""
+    per-case content hashes the next audit remaps stale ids with); the report's audit keeps no copy."""
     if audit is None:
         report.audit = None
         return
-    audit = dict(audit)
-    content = audit.pop("expectedContent", None) or {}
     for record in report.cases:
-        record.expected_content = content.get(record.id, {})
-    report.audit = audit
+        record.expected_content = dict(audit.expected_content.get(record.id, {}))
+    report.audit = Audit(**{f.name: getattr(audit, f.name) for f in fields(Audit)})
 
 
 # -- rendering -----------------------------------------------------------------------------------------
 
 
-def summary_line(audit: dict[str, Any]) -> str:
+def summary_line(audit: Audit) -> str:
     """One line: the findings by kind (or none) and the coverage."""
-    if not audit.get("ran"):
-        return str(audit.get("error") or "not run")
-    counts = audit.get("findings") or {}
+    if not audit.ran:
+        return audit.error or "not run"
+    counts = audit.findings
     total = sum(counts.values())
     parts = [f"{FINDING_KINDS[k]} {n}" for k, n in counts.items() if n]
     head = f"{total} finding{'s' if total != 1 else ''}" + (f" ({', '.join(parts)})" if parts else "")
-    cov = audit.get("coverage") or {}
-    tags = cov.get("tags") or []
+    cov = audit.coverage
     tail = (
-        f"; untouched by any case: {cov.get('untouchedCount', 0)} of {cov.get('documents', 0)} documents, "
-        f"{len(cov.get('untouchedTags') or [])} of {len(tags)} knowledge tags"
+        f"; untouched by any case: {cov.untouched_count if cov else 0} of {cov.documents if cov else 0} "
+        f"documents, {len(cov.untouched_tags) if cov else 0} of {len(cov.tags) if cov else 0} knowledge tags"
     )
-    para = audit.get("paraphrases") or []
+    para = audit.paraphrases
     if para:
         tail += f"; {len(para)} paraphrase pair{'s' if len(para) != 1 else ''} within a group (expected)"
     return head + tail
 
 
-def finding_lines(audit: dict[str, Any]) -> list[tuple[str, list[str]]]:
+def finding_lines(audit: Audit) -> list[tuple[str, list[str]]]:
     """(heading, one line per finding) for each kind of finding, in FINDING_KINDS order."""
-    threshold = audit.get("nearDuplicateCosine", NEAR_DUPLICATE_COSINE)
+    threshold = audit.near_duplicate_cosine
     return [
         (
             "Duplicate queries (same text once normalised)",
-            [f"{', '.join(d['cases'])}: {d['normalised']!r}" for d in audit.get("duplicateQueries") or []],
+            [f"{', '.join(d.cases)}: {d.normalised!r}" for d in audit.duplicate_queries],
         ),
         (
             f"Near-duplicate queries (cosine >= {threshold:g}, not of one group)",
             [
-                f"{p['cases'][0]}, {p['cases'][1]}: cosine {p['cosine']:.4f}: "
-                f"{p['queries'][0]!r} / {p['queries'][1]!r}"
-                for p in audit.get("nearDuplicateQueries") or []
+                f"{p.cases[0]}, {p.cases[1]}: cosine {p.cosine:.4f}: {p.queries[0]!r} / {p.queries[1]!r}"
+                for p in audit.near_duplicate_queries
             ],
         ),
         (
             "Stale ids (not in the index)",
-            [f"{s['case']}: {s['field']} {s['id']!r}: {s['note']}" for s in audit.get("staleIds") or []],
+            [f"{s.case}: {s.field} {s.id!r}: {s.note}" for s in audit.stale_ids],
         ),
         (
-            f"Relevant but removed by the hard filter as of {audit.get('asOf')}",
-            [
-                f"{e['case']}: {e['level']} {e['id']}: {'; '.join(e['reasons'])}"
-                for e in audit.get("hardFilterExcluded") or []
-            ],
+            f"Relevant but removed by the hard filter as of {audit.as_of}",
+            [f"{e.case}: {e.level} {e.id}: {'; '.join(e.reasons)}" for e in audit.hard_filter_excluded],
         ),
         (
             "Content copies under other ids (same doc_sha256)",
             [
-                f"{c['case']}: {c['role']} {c['id']} = {', '.join(c['copies'])}"
-                + (
-                    f" (not judged in the case: {', '.join(c['unjudgedCopies'])})"
-                    if c["unjudgedCopies"]
-                    else ""
-                )
-                for c in audit.get("contentCopies") or []
+                f"{c.case}: {c.role} {c.id} = {', '.join(c.copies)}"
+                + (f" (not judged in the case: {', '.join(c.unjudged_copies)})" if c.unjudged_copies else "")
+                for c in audit.content_copies
             ],
         ),
         (
             "Relevant in one case, forbidden in another of the same group",
             [
-                f"group {r['group']}: {r['id']} relevant in {', '.join(r['relevantIn'])}, "
-                f"forbidden in {', '.join(r['forbiddenIn'])}"
-                for r in audit.get("relevantAndForbidden") or []
+                f"group {r.group}: {r.id} relevant in {', '.join(r.relevant_in)}, "
+                f"forbidden in {', '.join(r.forbidden_in)}"
+                for r in audit.relevant_and_forbidden
             ],
         ),
     ]
 
 
-def paraphrase_lines(audit: dict[str, Any]) -> tuple[str, list[str]]:
+def paraphrase_lines(audit: Audit) -> tuple[str, list[str]]:
     """(heading, lines) of the paraphrase pairs: information, not findings."""
-    threshold = audit.get("nearDuplicateCosine", NEAR_DUPLICATE_COSINE)
+    threshold = audit.near_duplicate_cosine
     return (
         f"Paraphrases of one group at cosine >= {threshold:g} (expected; not findings)",
-        [
-            f"group {p['group']}: {p['cases'][0]}, {p['cases'][1]}: cosine {p['cosine']:.4f}"
-            for p in audit.get("paraphrases") or []
-        ],
+        [f"group {p.group}: {p.cases[0]}, {p.cases[1]}: cosine {p.cosine:.4f}" for p in audit.paraphrases],
     )
 
 
-def coverage_lines(audit: dict[str, Any]) -> list[str]:
+def coverage_lines(audit: Audit) -> list[str]:
     """The coverage in lines: untouched documents (listed), then one line per knowledge tag."""
-    cov = audit.get("coverage") or {}
-    listed = cov.get("untouchedDocuments") or []
-    more = cov.get("untouchedCount", 0) - len(listed)
+    cov = audit.coverage or Coverage(0, 0, [], [], [])
+    listed = cov.untouched_documents
+    more = cov.untouched_count - len(listed)
     lines = [
-        f"{cov.get('untouchedCount', 0)} of {cov.get('documents', 0)} documents no case touches"
+        f"{cov.untouched_count} of {cov.documents} documents no case touches"
         + (": " + ", ".join(listed) if listed else "")
         + (f" ... and {more} more" if more > 0 else "")
     ]
     lines += [
-        f"knowledge tag {t['tag']}: {t['documents']} documents, {t['untouchedDocuments']} untouched, "
-        f"{t['cases']} cases"
-        for t in cov.get("tags") or []
+        f"knowledge tag {t.tag}: {t.documents} documents, {t.untouched_documents} untouched, {t.cases} cases"
+        for t in cov.tags
     ]
-    if cov.get("untouchedTags"):
-        lines.append("knowledge tags no case touches: " + ", ".join(cov["untouchedTags"]))
+    if cov.untouched_tags:
+        lines.append("knowledge tags no case touches: " + ", ".join(cov.untouched_tags))
     return lines
 
 
-def audit_text(audit: dict[str, Any]) -> str:
+def audit_text(audit: Audit) -> str:
     """The plain text `sieve golden check` prints: the findings grouped by kind (with case ids), the
     paraphrases, the coverage, and the one-line summary last."""
-    if not audit.get("ran"):
+    if not audit.ran:
         return f"golden-set audit {summary_line(audit)}\n"
     lines = [
-        f"golden-set audit of {audit.get('goldenSet')} ({audit.get('cases')} cases) as of "
-        f"{audit.get('asOf')}; embedder {audit.get('embedder')}; "
-        f"recorded hashes: {audit.get('previousReport')}",
+        f"golden-set audit of {audit.golden_set} ({audit.cases} cases) as of {audit.as_of}; embedder "
+        f"{audit.embedder}; recorded hashes: {audit.previous_report}",
         "",
     ]
     for heading, items in [*finding_lines(audit), paraphrase_lines(audit)]:
@@ -883,18 +777,18 @@ def audit_text(audit: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def audit_markdown(audit: dict[str, Any] | None) -> list[str]:
+def audit_markdown(audit: Audit | None) -> list[str]:
     """The report's "Golden-set audit" section, led by a blank line (nothing when the report has no
     `audit`)."""
     if audit is None:
         return []
     out = ["", "## Golden-set audit", ""]
-    if not audit.get("ran"):
+    if not audit.ran:
         return [*out, f"The audit {summary_line(audit)}."]
     out.append(
-        f"{summary_line(audit)}. As of {audit.get('asOf')}; near duplicates at cosine >= "
-        f"{audit.get('nearDuplicateCosine', NEAR_DUPLICATE_COSINE):g} with {audit.get('embedder')}; stale-id "
-        f"remaps from {audit.get('previousReport')}. Findings are information: they fail no gate."
+        f"{summary_line(audit)}. As of {audit.as_of}; near duplicates at cosine >= "
+        f"{audit.near_duplicate_cosine:g} with {audit.embedder}; stale-id "
+        f"remaps from {audit.previous_report}. Findings are information: they fail no gate."
     )
     for heading, items in [*finding_lines(audit), paraphrase_lines(audit)]:
         if items:

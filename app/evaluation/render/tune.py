@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.evaluation.report.model import PointFigures, Sweep, SweepPoint, SweepRow
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.grid import GAIN_METRICS, MIN_DENSE, fmt_value
 from app.evaluation.tune.holdout import HELD_OUT, TUNING
@@ -55,29 +56,57 @@ def _describe(rec: dict[str, Any] | None, current: dict[str, Any]) -> str:
     )
 
 
-def sweep_markdown(sweep: dict[str, Any] | None) -> list[str]:
+def _sweep_point_text(rec: SweepPoint | None, current: PointFigures) -> str:
+    if rec is None:
+        return "none"
+    m = rec.metrics
+    return (
+        f"{_point_text(rec.point)}: nDCG {_f(current.ndcg)} -> {_f(m.ndcg)}, recall {_f(current.recall)} -> "
+        f"{_f(m.recall)}, correct abstention {m.correct_abstentions}/{m.no_answer_cases} "
+        f"(now {current.correct_abstentions}/{current.no_answer_cases}), mean results "
+        f"{_f(current.mean_results, 2)} -> {_f(m.mean_results, 2)}"
+    )
+
+
+def _sweep_table(param: str, rows: list[SweepRow]) -> list[str]:
+    """`_table`'s columns for the sweep's typed rows."""
+    head = [param.removeprefix("chain."), *_METRIC_HEADERS, "Gate", "Pareto"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        m = r.metrics
+        cells = [fmt_value(r.params[param])]
+        cells += [
+            _f(v) for v in (m.recall, m.hit_rate, m.mrr, m.ndcg, m.correct_abstention, m.false_answer_rate)
+        ]
+        cells += [str(m.forbidden_hits), _f(m.mean_results, 2)]
+        cells += ["pass" if r.passes_gate else "FAIL", "★" if r.pareto else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def sweep_markdown(sweep: Sweep | None) -> list[str]:
     """The report's "Threshold sweep" section from its `sweep` (empty when the sweep is off)."""
-    if not sweep:
+    if sweep is None:
         return []
-    current = sweep["current"]["metrics"]
-    cost = sweep["costMs"]
+    current = sweep.current.metrics
+    cost = sweep.cost_ms
     lines = [
         "## Threshold sweep",
         "",
-        f"`similarity_threshold.min_dense` replayed over {len(sweep['rows'])} values spanning the "
+        f"`similarity_threshold.min_dense` replayed over {len(sweep.rows)} values spanning the "
         "candidates' dense scores, with the fallback off (with it on, no threshold can make the chain "
         "abstain), from the "
         "candidates of this run: no model or store call, the same stages and metrics as this report. "
-        f"Replay cost {cost['perPoint']:.1f} ms per point "
-        f"(this evaluation: {cost['realEvaluation']:.0f} ms).",
+        f"Replay cost {cost.per_point:.1f} ms per point "
+        f"(this evaluation: {cost.real_evaluation:.0f} ms).",
         "",
-        f"- Current configuration: nDCG {_f(current['ndcg'])}, recall {_f(current['recall'])}, correct "
-        f"abstention {current['correctAbstentions']}/{current['noAnswerCases']}",
-        f"- Recommended abstention threshold: {_describe(sweep['recommendation']['abstention'], current)}",
-        f"- Best nDCG passing the gate: {_describe(sweep['recommendation']['best'], current)}",
+        f"- Current configuration: nDCG {_f(current.ndcg)}, recall {_f(current.recall)}, correct "
+        f"abstention {current.correct_abstentions}/{current.no_answer_cases}",
+        f"- Recommended abstention threshold: {_sweep_point_text(sweep.recommendation.abstention, current)}",
+        f"- Best nDCG passing the gate: {_sweep_point_text(sweep.recommendation.best, current)}",
         "",
     ]
-    lines += _table([MIN_DENSE], sweep["rows"])
+    lines += _sweep_table(MIN_DENSE, sweep.rows)
     return lines + [""]
 
 

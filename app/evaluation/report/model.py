@@ -9,10 +9,12 @@ A leaf: it imports nothing from the rest of the app.
 from __future__ import annotations
 
 import json
+from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 SCHEMA_VERSION = 3
 
@@ -355,11 +357,191 @@ class RunInfo(Model):
     report_file: str | None = None
 
 
+# -- the golden-set audit (`golden.audit`) -----------------------------------------------------------------
+
+NEAR_DUPLICATE_COSINE = 0.95
+
+# The audit's records are pydantic dataclasses (built positionally by the audit) with camelCase JSON keys.
+RECORD_CONFIG = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class DuplicateQuery:
+    normalised: str
+    cases: list[str]
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class QueryPair:
+    cases: list[str]  # two case ids, in golden-set order
+    queries: list[str]
+    cosine: float
+    group: str | None = None  # set for a paraphrase pair (both cases of this group)
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class Suggestion:
+    """Where a stale id's content went (`by` "contentHash": the ids now carrying the hash the previous
+    report recorded for it) or, `by` "name" and `guess` true, the closest names by difflib."""
+
+    ids: list[str]
+    by: str  # "contentHash" | "name"
+    guess: bool
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class StaleId:
+    case: str
+    field: str
+    id: str
+    level: str
+    suggestion: Suggestion | None
+    note: str  # why this suggestion, or why none
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class Excluded:
+    case: str
+    id: str
+    level: str  # "doc" | "chunk"
+    reasons: list[str]  # the hard filter's reasons, one per distinct reason over the chunks
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class ContentCopy:
+    case: str
+    id: str
+    role: str  # "relevant" | "forbidden"
+    copies: list[str]
+    unjudged_copies: list[str]
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class RelevantAndForbidden:
+    group: str
+    id: str
+    relevant_in: list[str]
+    forbidden_in: list[str]
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class TagCoverage:
+    tag: str
+    documents: int
+    untouched_documents: int
+    cases: int
+
+
+@pydantic_dataclass(frozen=True, config=RECORD_CONFIG)
+class Coverage:
+    documents: int
+    untouched_count: int
+    untouched_documents: list[str]  # at most golden.audit.LISTED_UNTOUCHED, sorted
+    tags: list[TagCoverage]
+    untouched_tags: list[str]
+
+
+@pydantic_dataclass(config=RECORD_CONFIG)
+class Audit:
+    """The audit of one golden set against one index as the report keeps it (report JSON `audit`): `ran`
+    false with `error` saying why when it could not run; `findings`: kind -> number of findings."""
+
+    ran: bool
+    error: str | None = None
+    golden_set: str | None = None
+    cases: int = 0
+    as_of: str | None = None
+    near_duplicate_cosine: float = NEAR_DUPLICATE_COSINE
+    embedder: str | None = None
+    previous_report: str | None = None  # where recorded content hashes came from (or why none)
+    findings: dict[str, int] = dataclass_field(default_factory=dict)
+    duplicate_queries: list[DuplicateQuery] = dataclass_field(default_factory=list)
+    near_duplicate_queries: list[QueryPair] = dataclass_field(default_factory=list)
+    paraphrases: list[QueryPair] = dataclass_field(default_factory=list)
+    stale_ids: list[StaleId] = dataclass_field(default_factory=list)
+    hard_filter_excluded: list[Excluded] = dataclass_field(default_factory=list)
+    content_copies: list[ContentCopy] = dataclass_field(default_factory=list)
+    relevant_and_forbidden: list[RelevantAndForbidden] = dataclass_field(default_factory=list)
+    coverage: Coverage | None = None
+    summary: str = ""
+
+    @property
+    def total_findings(self) -> int:
+        return sum(self.findings.values())
+
+
+# -- the threshold sweep (`tune.grid.threshold_sweep`) -----------------------------------------------------
+
+
+class PointFigures(Model):
+    """A chain setting's figures over the replayed cases (`tune.replay.point_metrics`): the macro means of
+    the report's summary, `correctAbstention` and `falseAnswerRate` over the no-answer cases, `forbiddenHits`
+    counted, `meanResults` the mean number of documents returned per case that ran, and the counts behind
+    correctAbstention."""
+
+    recall: float | None
+    hit_rate: float | None
+    mrr: float | None
+    ndcg: float | None
+    correct_abstention: float | None
+    false_answer_rate: float | None
+    forbidden_hits: int
+    mean_results: float | None
+    correct_abstentions: int
+    no_answer_cases: int
+
+
+class SweepPoint(Model):
+    """A point of the sweep (`point`: parameter -> value) and its figures."""
+
+    point: dict[str, Any]
+    metrics: PointFigures
+
+
+class SweepRow(Model):
+    """One replayed point: its parameters, figures, the gate's verdict on them and whether no other point
+    is at least as good on both nDCG and correct abstention and strictly better on one (`pareto`)."""
+
+    params: dict[str, Any]
+    metrics: PointFigures
+    passes_gate: bool
+    pareto: bool
+
+
+class SweepRecommendation(Model):
+    """`best`: the highest nDCG passing the gate; `abstention`: the most correct abstentions passing the
+    gate within the tolerance of the current recall and nDCG; each None when no point qualifies."""
+
+    best: SweepPoint | None
+    abstention: SweepPoint | None
+
+
+class SweepCost(Model):
+    """What the sweep cost in ms: recording the candidates, replaying one point, one real evaluation."""
+
+    candidates: float
+    per_point: float
+    real_evaluation: float
+
+
+class Sweep(Model):
+    """The threshold sweep (`tune.grid.threshold_sweep`): `param` replayed over the values of `grid`, one
+    row per point, the recommendations and the current setting."""
+
+    param: str
+    grid: dict[str, list[Any]]
+    rows: list[SweepRow]
+    recommendation: SweepRecommendation
+    cost_ms: SweepCost
+    current: SweepPoint
+
+
 class Report(Model):
     """The evaluation report. `status` "invalid": the golden set could not be read, nothing ran (`error`
     says why, `summary` is None). `comparison` is None without a usable baseline (`baselineNote` says why);
-    `sweep` is the threshold sweep (`tune.grid.threshold_sweep`), `audit` the golden-set audit
-    (`golden.audit.audit_section`), both None when not run; `cases` always holds every case."""
+    `sweep` is the threshold sweep (`tune.grid.threshold_sweep`), `audit` the golden-set audit without
+    its per-case content hashes (`golden.audit.attach_audit` moves them into the cases' `expectedContent`),
+    both None when not run; `cases` always holds every case."""
 
     schema_version: int = SCHEMA_VERSION
     status: Literal["ok", "invalid"] = "ok"
@@ -369,8 +551,8 @@ class Report(Model):
     comparison: Comparison | None = None
     baseline_note: str | None = None
     gate: Gate = Field(default_factory=Gate)
-    sweep: dict[str, Any] | None = None
-    audit: dict[str, Any] | None = None
+    sweep: Sweep | None = None
+    audit: Audit | None = None
     stages: list[StageRow] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)
     origins: dict[str, Any] | None = None

@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.evaluation.golden.cases import GoldenCase
+from app.evaluation.report.model import Sweep
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import Evaluation
 from app.evaluation.scoring.measures import fmt as _f
@@ -593,7 +594,7 @@ def sweep_values(dense_scores: list[float], points: int = SWEEP_POINTS) -> list[
 
 def threshold_sweep(
     recording: Recording, current: ChainSettings, thresholds: EvaluateThresholds, tolerance: float
-) -> dict[str, Any] | None:
+) -> Sweep | None:
     """The report's `sweep`: min_dense over the observed dense scores, with the fallback off (with it on,
     a threshold can never make the chain abstain: the fallback refills the best raw candidate)."""
     values = sweep_values(recording.dense_scores)
@@ -608,7 +609,7 @@ def threshold_sweep(
         [_validate(base, p) for p in points],
     )
     result = run_grid(recording, grid, current, thresholds, tolerance)
-    return {"param": MIN_DENSE, **result.to_json()}
+    return Sweep.model_validate({"param": MIN_DENSE, **result.to_json()})
 
 
 def fmt_value(value: Any) -> str:
@@ -619,23 +620,23 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
-def sweep_line(sweep: dict[str, Any] | None) -> str | None:
+def sweep_line(sweep: Sweep | None) -> str | None:
     """The log line: `sweep min_dense: 0.84 abstains on 2/4 no-answer cases, recall 1.000 -> 1.000
     (fallback off)`."""
     if not sweep:
         return None
-    current = sweep["current"]["metrics"]
-    rec = sweep["recommendation"]["abstention"]
-    if current["noAnswerCases"] == 0:
+    current = sweep.current.metrics
+    rec = sweep.recommendation.abstention
+    if current.no_answer_cases == 0:
         return "sweep min_dense: no no-answer cases in the golden set, no abstention threshold to recommend"
     if rec is None:
         return (
             "sweep min_dense: no threshold abstains without losing more than the tolerance of recall or "
             "nDCG (fallback off)"
         )
-    m = rec["metrics"]
+    m = rec.metrics
     return (
-        f"sweep min_dense: {fmt_value(rec['point'][MIN_DENSE])} abstains on "
-        f"{m['correctAbstentions']}/{m['noAnswerCases']} no-answer cases, "
-        f"recall {_f(current['recall'])} -> {_f(m['recall'])} (fallback off)"
+        f"sweep min_dense: {fmt_value(rec.point[MIN_DENSE])} abstains on "
+        f"{m.correct_abstentions}/{m.no_answer_cases} no-answer cases, "
+        f"recall {_f(current.recall)} -> {_f(m.recall)} (fallback off)"
     )
