@@ -170,8 +170,7 @@ def finish_evaluation(
         report.comparison = comparison
     else:
         report.baseline_note = baseline.note
-    data = report.to_json()
-    gate = check_gate(data["summary"], settings.thresholds, data["comparison"], data["cases"], baseline.note)
+    gate = check_gate(report, settings.thresholds, baseline.note)
     report.gate = gate.record()
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)
     passing = record_passing(report, settings, gate.passed)

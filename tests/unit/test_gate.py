@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app.evaluation.compare.gate import GateCheck, GateResult, check_gate
+from app.evaluation.report.model import (
+    BaselineRef,
+    CaseChanges,
+    CaseDetail,
+    CaseRecord,
+    Comparison,
+    MetricComparison,
+    Report,
+    RunInfo,
+    Summary,
+    UnjudgedAccount,
+)
 from app.settings import EvaluateThresholds
 
 SUMMARY = {
@@ -19,34 +33,57 @@ SUMMARY = {
 }
 
 
-def comparison(baseline: float, current: float, significant: bool, broken: list[str] | None = None) -> dict:
-    return {
-        "comparable": True,
-        "metrics": {
-            "ndcg": {
-                "baseline": baseline,
-                "current": current,
-                "pHolm": 0.01 if significant else 0.4,
-                "significant": significant,
-            }
-        },
-        "cases": {"broken": broken or []},
-    }
+def report(
+    summary: dict[str, Any] = SUMMARY,
+    comparison: Comparison | None = None,
+    cases: list[CaseRecord] | None = None,
+) -> Report:
+    """A report of `summary` (its JSON form), `comparison` and `cases`, for the gate to check."""
+    return Report(
+        run=RunInfo(), summary=Summary.model_validate(summary), comparison=comparison, cases=cases or []
+    )
+
+
+def case(case_id: str, forbidden_found: list[str]) -> CaseRecord:
+    return CaseRecord(id=case_id, query="q", top_k=5, forbidden_found=forbidden_found)
+
+
+def row(baseline: float, current: float, p_holm: float = 0.4, significant: bool = False) -> MetricComparison:
+    return MetricComparison(
+        baseline=baseline,
+        current=current,
+        delta=current - baseline,
+        ci95=None,
+        p_value=p_holm,
+        p_holm=p_holm,
+        significant=significant,
+    )
+
+
+def comparison(
+    baseline: float, current: float, significant: bool, broken: list[str] | None = None
+) -> Comparison:
+    return Comparison(
+        baseline=BaselineRef(path="baseline.json", evaluated_at=None, run={}),
+        comparable=True,
+        differences=[],
+        paired_cases=10,
+        metrics={"ndcg": row(baseline, current, 0.01 if significant else 0.4, significant)},
+        cases=CaseChanges(broken=broken or []),
+        stages=[],
+    )
 
 
 def test_defaults_check_forbidden_hits_with_zero_tolerance_and_the_no_answer_policy() -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds())
+    result = check_gate(report(), EvaluateThresholds())
     assert [c.name for c in result.checks] == ["max_forbidden_hits", "no_answer_policy"]
     assert result.passed and result.warnings == []
 
 
 def test_one_forbidden_document_fails_and_names_the_case_and_document() -> None:
     summary = {**SUMMARY, "forbidden": {"hits": 1, "cases": 1}}
-    cases = [
-        {"id": "zh-travel-001", "forbiddenFound": ["travel-expense-2022"]},
-        {"id": "x", "forbiddenFound": []},
-    ]
-    result = check_gate(summary, EvaluateThresholds(), cases=cases)
+    cases = [case("zh-travel-001", ["travel-expense-2022"]), case("x", [])]
+    result = check_gate(report(summary, cases=cases), EvaluateThresholds())
     assert not result.passed
     (failure,) = result.failures
     assert (failure.check, failure.actual, failure.limit) == ("max_forbidden_hits", 1.0, 0.0)
@@ -65,14 +102,14 @@ def test_one_forbidden_document_fails_and_names_the_case_and_document() -> None:
     ],
 )
 def test_level_and_no_answer_checks(field, limit, passed) -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds(**{field: limit}))
+    result = check_gate(report(), EvaluateThresholds(**{field: limit}))
     check = next(c for c in result.checks if c.name == field)
     assert check.passed is passed
 
 
 def test_a_missing_figure_fails_its_check() -> None:
     summary = {**SUMMARY, "noAnswer": {"cases": 0, "correctAbstentionRate": None, "falseAnswerRate": None}}
-    result = check_gate(summary, EvaluateThresholds(min_correct_abstention=0.5))
+    result = check_gate(report(summary), EvaluateThresholds(min_correct_abstention=0.5))
     assert not result.passed
 
 
@@ -88,7 +125,7 @@ def test_a_missing_figure_fails_its_check() -> None:
 )
 def test_regression_gate(baseline, current, significant, requires, passed) -> None:
     thresholds = EvaluateThresholds(max_drop={"ndcg": 0.05}, regression_requires_significance=requires)
-    result = check_gate(SUMMARY, thresholds, comparison(baseline, current, significant))
+    result = check_gate(report(comparison=comparison(baseline, current, significant)), thresholds)
     check = next(c for c in result.checks if c.name == "max_drop.ndcg")
     assert check.passed is passed
     assert check.value == pytest.approx(baseline - current)
@@ -98,7 +135,9 @@ def test_regression_gate(baseline, current, significant, requires, passed) -> No
 
 
 def test_broken_cases_gate_names_the_cases() -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds(max_broken_cases=0), comparison(0.9, 0.9, False, ["q7"]))
+    result = check_gate(
+        report(comparison=comparison(0.9, 0.9, False, ["q7"])), EvaluateThresholds(max_broken_cases=0)
+    )
     (failure,) = result.failures
     assert (failure.check, failure.actual, failure.limit) == ("max_broken_cases", 1.0, 0.0)
     assert "q7" in failure.message
@@ -106,15 +145,18 @@ def test_broken_cases_gate_names_the_cases() -> None:
 
 def test_without_a_baseline_the_regression_gate_passes_and_says_why() -> None:
     thresholds = EvaluateThresholds(max_drop={"ndcg": 0.01}, max_broken_cases=0)
-    result = check_gate(SUMMARY, thresholds, None, no_baseline_reason="first run")
+    result = check_gate(report(), thresholds, no_baseline_reason="first run")
     assert result.passed
     assert result.notes == ["regression gate passed without checking: no baseline (first run)"]
-    not_comparable = check_gate(SUMMARY, thresholds, {"comparable": False, "metrics": {}, "cases": {}})
+    different_k = comparison(0.9, 0.9, False).model_copy(
+        update={"comparable": False, "metrics": {}, "cases": CaseChanges()}
+    )
+    not_comparable = check_gate(report(comparison=different_k), thresholds)
     assert not_comparable.passed and "not comparable" in not_comparable.notes[0]
 
 
 def test_gate_json_has_failures_with_check_actual_limit_message() -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds(min_recall=0.95))
+    result = check_gate(report(), EvaluateThresholds(min_recall=0.95))
     out = result.to_json()
     assert out["passed"] is False
     assert out["failures"] == [
@@ -151,7 +193,7 @@ def no_answer(cases: int, abstained: int) -> dict:
     ],
 )
 def test_no_answer_policy(policy, cases, abstained, passed, warned, failed) -> None:
-    result = check_gate(no_answer(cases, abstained), EvaluateThresholds(no_answer_policy=policy))
+    result = check_gate(report(no_answer(cases, abstained)), EvaluateThresholds(no_answer_policy=policy))
     assert result.passed is passed
     assert [w.check for w in result.warnings] == (["no_answer_policy"] if warned else [])
     assert [f.check for f in result.failures] == (["no_answer_policy"] if failed else [])
@@ -163,7 +205,7 @@ def test_no_answer_policy(policy, cases, abstained, passed, warned, failed) -> N
 
 
 def test_no_answer_warning_names_the_count_and_the_json_lists_it_apart_from_failures() -> None:
-    result = check_gate(no_answer(4, 0), EvaluateThresholds())
+    result = check_gate(report(no_answer(4, 0)), EvaluateThresholds())
     out = result.to_json()
     assert out["passed"] is True and out["failures"] == []
     (warning,) = out["warnings"]
@@ -171,13 +213,13 @@ def test_no_answer_warning_names_the_count_and_the_json_lists_it_apart_from_fail
     assert warning["message"].startswith("no_answer_policy: 0 of 4 no-answer cases abstained (")
     row = next(c for c in out["checks"] if c["name"] == "no_answer_policy")
     assert (row["passed"], row["severity"]) == (False, "warn")
-    held = check_gate(no_answer(4, 3), EvaluateThresholds()).to_json()
+    held = check_gate(report(no_answer(4, 3)), EvaluateThresholds()).to_json()
     row = next(c for c in held["checks"] if c["name"] == "no_answer_policy")
     assert (row["passed"], row["message"]) == (True, "no_answer_policy: 3 of 4 no-answer cases abstained")
 
 
 def test_the_min_correct_abstention_level_still_fails_beside_the_policy() -> None:
-    result = check_gate(no_answer(4, 0), EvaluateThresholds(min_correct_abstention=0.25))
+    result = check_gate(report(no_answer(4, 0)), EvaluateThresholds(min_correct_abstention=0.25))
     assert [f.check for f in result.failures] == ["min_correct_abstention"]
     assert [w.check for w in result.warnings] == ["no_answer_policy"]
 
@@ -193,23 +235,33 @@ def test_a_warn_check_never_fails_the_gate_and_a_fail_check_always_does() -> Non
     assert [f.check for f in GateResult([warn, fail, held]).failures] == ["f"]
 
 
-def unjudged_comparison(condensed_current: float, new_unjudged: int = 3) -> dict:
-    """nDCG 0.90 -> 0.80 (significant), one broken case `b` the comparison calls unverified; on the
-    condensed lists nDCG 0.90 -> `condensed_current`."""
+def unjudged_report(condensed_current: float, new_unjudged: int = 3) -> Report:
+    """A report whose comparison has nDCG 0.90 -> 0.80 (significant), one broken case `b` the comparison
+    calls unverified; on the condensed lists nDCG 0.90 -> `condensed_current`."""
     comp = comparison(0.90, 0.80, True, broken=["a", "b"])
-    comp["cases"]["unverified"] = ["b"]
-    comp["caseDetails"] = {"b": {"why": "unverified: 2 unjudged new document(s) in the top K (x, y)"}}
-    comp["unjudged"] = {
-        "newInTopK": 4,
-        "newUnjudged": new_unjudged,
-        "headline": f"{new_unjudged} of the 4 new top-K documents are unjudged",
+    comp.cases.unverified = ["b"]
+    comp.case_details = {
+        "b": CaseDetail(
+            query=None,
+            before=[],
+            now=[],
+            new_in_top_k=[],
+            new_unjudged=[],
+            verified=False,
+            why="unverified: 2 unjudged new document(s) in the top K (x, y)",
+        )
     }
-    comp["condensedMetrics"] = {"ndcg": {"baseline": 0.90, "current": condensed_current}}
-    return comp
+    comp.unjudged = UnjudgedAccount(
+        new_in_top_k=4,
+        new_unjudged=new_unjudged,
+        headline=f"{new_unjudged} of the 4 new top-K documents are unjudged",
+    )
+    comp.condensed_metrics = {"ndcg": row(0.90, condensed_current)}
+    return report(comparison=comp)
 
 
 def test_a_drop_that_unjudged_documents_explain_warns_by_default_and_fails_with_policy_fail() -> None:
-    warn = check_gate(SUMMARY, EvaluateThresholds(max_drop={"ndcg": 0.05}), unjudged_comparison(0.88))
+    warn = check_gate(unjudged_report(0.88), EvaluateThresholds(max_drop={"ndcg": 0.05}))
     (check,) = [c for c in warn.checks if c.name == "max_drop.ndcg"]
     assert (check.passed, check.severity) == (False, "warn")
     assert warn.passed
@@ -219,29 +271,34 @@ def test_a_drop_that_unjudged_documents_explain_warns_by_default_and_fails_with_
         "ndcg 0.900 -> 0.880 (drop +0.020)"
     )
     fail = check_gate(
-        SUMMARY,
-        EvaluateThresholds(max_drop={"ndcg": 0.05}, unjudged_policy="fail"),
-        unjudged_comparison(0.88),
+        unjudged_report(0.88), EvaluateThresholds(max_drop={"ndcg": 0.05}, unjudged_policy="fail")
     )
     assert not fail.passed
 
 
 def test_a_drop_the_condensed_lists_confirm_is_a_failure_whatever_the_policy() -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds(max_drop={"ndcg": 0.05}), unjudged_comparison(0.80))
+    result = check_gate(unjudged_report(0.80), EvaluateThresholds(max_drop={"ndcg": 0.05}))
     (check,) = [c for c in result.checks if c.name == "max_drop.ndcg"]
     assert (check.passed, check.severity) == (False, "fail")
     assert not result.passed
 
 
 def test_unverified_broken_cases_are_left_out_of_the_count_and_warned_about() -> None:
-    result = check_gate(SUMMARY, EvaluateThresholds(max_broken_cases=1), unjudged_comparison(0.88))
+    result = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1))
     broken = {c.name: c for c in result.checks}
     assert broken["max_broken_cases"].value == 2 - 1  # a and b broken, b unverified
     assert broken["max_broken_cases"].passed
     assert broken["unverified_broken_cases"].severity == "warn"
     assert result.passed and [w.check for w in result.warnings] == ["unverified_broken_cases"]
-    strict = check_gate(
-        SUMMARY, EvaluateThresholds(max_broken_cases=1, unjudged_policy="fail"), unjudged_comparison(0.88)
-    )
+    strict = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1, unjudged_policy="fail"))
     assert {c.name: c.value for c in strict.checks}["max_broken_cases"] == 2
     assert not strict.passed
+
+
+def test_a_report_without_a_summary_fails_every_level_it_is_asked_for() -> None:
+    invalid = Report(run=RunInfo(), status="invalid", error="golden set unreadable")
+    result = check_gate(invalid, EvaluateThresholds(min_recall=0.5, max_p95_ms=100.0))
+    assert [(f.check, f.actual, f.limit) for f in result.failures] == [
+        ("min_recall", None, 0.5),
+        ("max_p95_ms", None, 100.0),
+    ]

@@ -26,23 +26,28 @@ gate or warns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.evaluation.report.model import Gate, GateCheckRecord, GateFailure
+from app.evaluation.report.model import Comparison, Gate, GateCheckRecord, GateFailure, Report, Summary
 from app.evaluation.scoring.measures import fmt
 from app.settings import EvaluateThresholds
 
-# threshold field -> (summary key, comparison)
-_LEVELS = {
-    "min_recall": ("recall", ">="),
-    "min_hit_rate": ("hitRate", ">="),
-    "min_mrr": ("mrr", ">="),
-    "min_ndcg": ("ndcg", ">="),
-    "max_duplicate_rate": ("duplicateRate", "<="),
-    "max_p95_ms": ("latencyMs.p95", "<="),
-    "min_correct_abstention": ("noAnswer.correctAbstentionRate", ">="),
-    "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<="),
+# threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
+_LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
+    "min_recall": ("recall", ">=", lambda s: s.recall),
+    "min_hit_rate": ("hitRate", ">=", lambda s: s.hit_rate),
+    "min_mrr": ("mrr", ">=", lambda s: s.mrr),
+    "min_ndcg": ("ndcg", ">=", lambda s: s.ndcg),
+    "max_duplicate_rate": ("duplicateRate", "<=", lambda s: s.duplicate_rate),
+    "max_p95_ms": ("latencyMs.p95", "<=", lambda s: (s.latency_ms or {}).get("p95")),
+    "min_correct_abstention": (
+        "noAnswer.correctAbstentionRate",
+        ">=",
+        lambda s: s.no_answer.get("correctAbstentionRate"),
+    ),
+    "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<=", lambda s: s.no_answer.get("falseAnswerRate")),
 }
 # max_drop field -> comparison metric
 _DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
@@ -140,33 +145,32 @@ class GateResult:
 
 
 def check_gate(
-    summary: dict[str, Any],
-    thresholds: EvaluateThresholds,
-    comparison: dict[str, Any] | None = None,
-    cases: list[dict[str, Any]] | None = None,
-    no_baseline_reason: str | None = None,
+    report: Report, thresholds: EvaluateThresholds, no_baseline_reason: str | None = None
 ) -> GateResult:
-    """All configured checks. `comparison` is the report's comparison JSON (None: no baseline, for the
-    reason given); `cases` the report's case records (to name the cases with forbidden documents)."""
+    """All configured checks on `report`: its summary's figures (a report without a summary has none,
+    so every level fails), its comparison (None: no baseline, for the reason given) and its case records
+    (to name the cases with forbidden documents)."""
+    summary = report.summary if report.summary is not None else Summary()
     result = GateResult()
-    for name, (metric, op) in _LEVELS.items():
+    for name, (metric, op, figure) in _LEVELS.items():
         threshold = getattr(thresholds, name)
         if threshold is None:
             continue
-        value = _lookup(summary, metric)
+        raw = figure(summary)
+        value = float(raw) if raw is not None else None
         passed = value is not None and (value >= threshold if op == ">=" else value <= threshold)
         result.checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
-    _forbidden(result, summary, thresholds, cases or [])
+    _forbidden(result, summary, report, thresholds)
     _no_answer_policy(result, summary, thresholds)
-    _regressions(result, thresholds, comparison, no_baseline_reason)
+    _regressions(result, thresholds, report.comparison, no_baseline_reason)
     return result
 
 
-def _no_answer_policy(result: GateResult, summary: dict[str, Any], thresholds: EvaluateThresholds) -> None:
+def _no_answer_policy(result: GateResult, summary: Summary, thresholds: EvaluateThresholds) -> None:
     """`no_answer_policy`: abstained = round(correctAbstentionRate x n) of the n no-answer cases; the
     check holds when abstained >= 1. Not checked without no-answer cases."""
     severity = policy_severity(thresholds.no_answer_policy)
-    no_answer = summary.get("noAnswer") or {}
+    no_answer = summary.no_answer
     n = int(no_answer.get("cases") or 0)
     if severity is None or n == 0:
         return
@@ -192,19 +196,15 @@ def _no_answer_policy(result: GateResult, summary: dict[str, Any], thresholds: E
     )
 
 
-def _forbidden(
-    result: GateResult, summary: dict[str, Any], thresholds: EvaluateThresholds, cases: list[dict[str, Any]]
-) -> None:
+def _forbidden(result: GateResult, summary: Summary, report: Report, thresholds: EvaluateThresholds) -> None:
     limit = thresholds.max_forbidden_hits
     if limit is None:
         return
-    hits = int((summary.get("forbidden") or {}).get("hits", 0))
+    hits = int(summary.forbidden.get("hits", 0))
     passed = hits <= limit
     message = f"forbidden documents in top K: {hits}, allowed {limit}"
     if hits:
-        where = [
-            f"{', '.join(c['forbiddenFound'])} in case {c['id']}" for c in cases if c.get("forbiddenFound")
-        ]
+        where = [f"{', '.join(c.forbidden_found)} in case {c.id}" for c in report.cases if c.forbidden_found]
         message += " (" + "; ".join(where) + ")"
     result.checks.append(
         GateCheck("max_forbidden_hits", "forbidden.hits", "<=", float(limit), float(hits), passed, message)
@@ -214,7 +214,7 @@ def _forbidden(
 def _regressions(
     result: GateResult,
     thresholds: EvaluateThresholds,
-    comparison: dict[str, Any] | None,
+    comparison: Comparison | None,
     no_baseline_reason: str | None,
 ) -> None:
     drops = {name: getattr(thresholds.max_drop, name) for name in _DROPS}
@@ -225,7 +225,7 @@ def _regressions(
         reason = no_baseline_reason or "none configured"
         result.notes.append(f"regression gate passed without checking: no baseline ({reason})")
         return
-    if not comparison.get("comparable"):
+    if not comparison.comparable:
         result.notes.append(
             "regression gate passed without checking: the baseline is not comparable (K differs)"
         )
@@ -234,23 +234,21 @@ def _regressions(
         if limit is None:
             continue
         metric = _DROPS[name]
-        row = comparison["metrics"].get(metric)
+        row = comparison.metrics.get(metric)
         if row is None:
             result.notes.append(f"max_drop.{name}: no paired scored cases, not checked")
             continue
-        drop = row["baseline"] - row["current"]
+        drop = row.baseline - row.current
         beyond = drop > limit + 1e-12
-        significant = bool(row.get("significant"))
-        failed = beyond and (significant or not thresholds.regression_requires_significance)
+        failed = beyond and (row.significant or not thresholds.regression_requires_significance)
         if beyond and not failed:
-            why = f"not significant (pHolm={row.get('pHolm'):.2g})"
+            why = f"not significant (pHolm={row.p_holm:.2g})"
         elif failed:
-            why = f"pHolm={row.get('pHolm'):.2g}"
+            why = f"pHolm={row.p_holm:.2g}"
         else:
             why = "within the allowed drop"
         message = (
-            f"{metric} {row['baseline']:.3f} -> {row['current']:.3f}: "
-            f"drop {drop:+.3f}, allowed {limit} ({why})"
+            f"{metric} {row.baseline:.3f} -> {row.current:.3f}: drop {drop:+.3f}, allowed {limit} ({why})"
         )
         severity: Severity = "fail"
         unverified = _unverified_drop(comparison, metric, limit) if failed else None
@@ -264,30 +262,30 @@ def _regressions(
         _broken_cases(result, thresholds, comparison, thresholds.max_broken_cases)
 
 
-def _unverified_drop(comparison: dict[str, Any], metric: str, limit: float) -> str | None:
+def _unverified_drop(comparison: Comparison, metric: str, limit: float) -> str | None:
     """Why a drop beyond `max_drop` is unverified, or None: the change brought unjudged documents into
     some top K, and on the condensed lists (unjudged documents removed) the drop is within the limit."""
-    account = comparison.get("unjudged") or {}
-    row = (comparison.get("condensedMetrics") or {}).get(metric)
-    if not account.get("newUnjudged") or row is None:
+    account = comparison.unjudged
+    row = comparison.condensed_metrics.get(metric)
+    if account is None or not account.new_unjudged or row is None:
         return None
-    drop = row["baseline"] - row["current"]
+    drop = row.baseline - row.current
     if drop > limit + 1e-12:
         return None
     return (
-        f"unverified: {account['headline']}, and with unjudged documents removed {metric} "
-        f"{row['baseline']:.3f} -> {row['current']:.3f} (drop {drop:+.3f})"
+        f"unverified: {account.headline}, and with unjudged documents removed {metric} "
+        f"{row.baseline:.3f} -> {row.current:.3f} (drop {drop:+.3f})"
     )
 
 
 def _broken_cases(
-    result: GateResult, thresholds: EvaluateThresholds, comparison: dict[str, Any], limit: int
+    result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison, limit: int
 ) -> None:
     """`max_broken_cases` counts the broken cases; with `unjudged_policy: warn` an unverified one (its drop
     may come from unjudged documents, compare.unverified_reason) is left out of the count and warned about
     in an `unverified_broken_cases` check instead."""
-    broken = comparison["cases"]["broken"]
-    unverified = set(comparison["cases"].get("unverified") or []) & set(broken)
+    broken = comparison.cases.broken
+    unverified = set(comparison.cases.unverified) & set(broken)
     counted = broken if thresholds.unjudged_policy == "fail" else [i for i in broken if i not in unverified]
     message = f"broken cases (hit 1 -> 0): {len(counted)}, allowed {limit}"
     if counted:
@@ -306,8 +304,10 @@ def _broken_cases(
         )
     )
     if unverified and thresholds.unjudged_policy == "warn":
-        details = comparison.get("caseDetails") or {}
-        why = "; ".join(f"{i}: {details.get(i, {}).get('why', 'unverified')}" for i in sorted(unverified))
+        details = comparison.case_details
+        why = "; ".join(
+            f"{i}: {details[i].why if i in details else 'unverified'}" for i in sorted(unverified)
+        )
         result.checks.append(
             GateCheck(
                 "unverified_broken_cases",
@@ -320,12 +320,3 @@ def _broken_cases(
                 "warn",
             )
         )
-
-
-def _lookup(summary: dict[str, Any], dotted: str) -> float | None:
-    node: Any = summary
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or node.get(part) is None:
-            return None
-        node = node[part]
-    return float(node)

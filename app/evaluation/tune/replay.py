@@ -36,6 +36,7 @@ from typing import Any
 
 from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.model import Report, RunInfo, Summary
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.retrieval.candidates import CandidateSet
@@ -472,9 +473,8 @@ def passes_gate(
     """The configured gate's level and safety checks on a replayed point. Latency is not replayed, so
     `max_p95_ms` is left out; regressions need a baseline run and are not checked either."""
     summary = summary if summary is not None else summarize(evaluation)
-    return check_gate(
-        summary, thresholds.model_copy(update={"max_p95_ms": None}), None, None, "replay"
-    ).passed
+    point = Report(run=RunInfo(), summary=Summary.model_validate(summary))
+    return check_gate(point, thresholds.model_copy(update={"max_p95_ms": None}), "replay").passed
 
 
 def pareto_front(points: list[dict[str, Any]]) -> list[bool]:
