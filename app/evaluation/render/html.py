@@ -1,4 +1,4 @@
-"""The evaluation report as one self-contained HTML page, rendered from the report JSON alone.
+"""The evaluation report as one self-contained HTML page, rendered from the typed `Report` alone.
 
 The page opens from disk with no network: the CSS and a few lines of JavaScript (sortable columns) are
 inline, the charts are SVG drawn here, and a Content-Security-Policy forbids every outside fetch. Golden
@@ -11,7 +11,7 @@ Charts:
   re-added documents are not counted back) and the mean Recall@K of the list after the stage;
 - segments: mean nDCG@K per segment;
 - sweep: recall, correct abstention and mean results against the swept parameter, one point per row of
-  `report["sweep"]`, with the recommended points and the current setting marked.
+  the report's `sweep`, with the recommended points and the current setting marked.
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from app.evaluation.report.model import Report
+from app.evaluation.render.markdown import k_label
+from app.evaluation.report.model import CaseRecord, MetricComparison, Report, Summary, Sweep
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 from app.evaluation.scoring import measures
-from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p, k_label
+from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p
 
 TEMPLATES = Path(__file__).with_name("templates")
 WORST_CASES = 20
 
 # the tiles follow the Markdown summary's order
 TILE_METRICS = HEADLINE
+# a summary figure's JSON name -> its Summary field ("top1Accuracy" -> "top1_accuracy")
+_SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fields.items()}
 
 _ENV = Environment(
     loader=FileSystemLoader(TEMPLATES),
@@ -47,43 +50,36 @@ _ENV.filters["f"] = fmt
 _ENV.filters["p"] = fmt_p
 
 
-def render_html(typed: Report) -> str:
-    """The HTML page of a report (`status` ok or invalid), drawn from its JSON (`Report.to_json`), so a
-    report read back from its file renders the same."""
-    report = typed.to_json()
-    view = {
+def render_html(report: Report) -> str:
+    """The HTML page of a report (`status` ok or invalid), drawn from the typed report, so a report read
+    back from its file (`Report.model_validate_json`) renders the same."""
+    view: dict[str, Any] = {
         "report": report,
-        "run": report.get("run") or {},
-        "k_label": _k_label(report),
-        "ok": report.get("status") == "ok",
+        "run": report.run,
+        "k_label": k_label(report),
+        "ok": report.status == "ok",
     }
     if view["ok"]:
         view |= {
             "tiles": tiles(report),
             "funnel": funnel(report),
             "segments": segment_bars(report),
-            "groups": report.get("groups") or [],
-            "sweep": sweep_chart(report.get("sweep")),
-            "worst": worst_cases(report.get("cases") or []),
+            "groups": report.groups,
+            "sweep": sweep_chart(report.sweep),
+            "worst": worst_cases(report.cases),
         }
     return _ENV.get_template("report.html.j2").render(**view)
-
-
-def _k_label(report: dict[str, Any]) -> str:
-    run, summary = report.get("run") or {}, report.get("summary") or {}
-    return k_label(run.get("k"), bool(summary.get("kMixed")))
 
 
 # -- tiles -------------------------------------------------------------------------------------------
 
 
-def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
+def tiles(report: Report) -> list[dict[str, Any]]:
     """One tile per summary metric: its value, its counts and, with a comparison, the baseline delta."""
-    s = report["summary"]
-    counts = s.get("counts") or {}
-    comparison = report.get("comparison") or {}
-    compared = comparison.get("metrics") or {}
-    scored = counts.get("scoredCases", s.get("scoredCases"))
+    s = report.summary or Summary()
+    counts = s.counts
+    compared = report.comparison.metrics if report.comparison is not None else {}
+    scored = counts.get("scoredCases", s.scored_cases)
     count_text = {
         "recall": f"{counts.get('relevantFound')} of {counts.get('relevantTotal')} relevant found"
         if counts.get("relevantTotal")
@@ -92,17 +88,16 @@ def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
     }
     out = []
     for key in TILE_METRICS:
-        row = compared.get(key)
         out.append(
             {
                 "key": key,
-                "label": measures.label(key, _k_label(report)),
-                "value": s.get(key),
+                "label": measures.label(key, k_label(report)),
+                "value": getattr(s, _SUMMARY_FIELDS[key]),
                 "counts": count_text.get(key, f"mean over {scored} scored cases"),
-                "delta": _delta(row),
+                "delta": _delta(compared.get(key)),
             }
         )
-    na = s.get("noAnswer") or {}
+    na = s.no_answer
     n = na.get("cases") or 0
     if n:
         rate = na.get("correctAbstentionRate")
@@ -116,28 +111,28 @@ def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "delta": None,
             }
         )
-    if s.get("judged") is not None:
+    if s.judged is not None:
         out.append(
             {
                 "key": "judged",
-                "label": "Judged" + _k_label(report),
-                "value": s["judged"],
-                "counts": f"{s.get('unjudgedInTopK', 0)} unjudged ids in the top K",
+                "label": "Judged" + k_label(report),
+                "value": s.judged,
+                "counts": f"{s.unjudged_in_top_k} unjudged ids in the top K",
                 "delta": None,
             }
         )
-    evidence = s.get("evidence") or {}
+    evidence = s.evidence
     if evidence.get("cases"):
         out.append(
             {
                 "key": "evidenceHit",
-                "label": "Evidence hit" + _k_label(report),
+                "label": "Evidence hit" + k_label(report),
                 "value": evidence.get("evidenceHit"),
                 "counts": f"{evidence['cases']} cases name evidence chunks",
                 "delta": None,
             }
         )
-    lat = s.get("latencyMs") or {}
+    lat = s.latency_ms or {}
     if lat.get("p95") is not None:
         out.append(
             {
@@ -146,26 +141,24 @@ def tiles(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "value": lat["p95"],
                 "digits": 0,
                 "unit": " ms",
-                "counts": f"single query, {s.get('latencySampleCases', 0)} cases; "
-                f"p50 {lat.get('p50') or 0:.0f} ms",
+                "counts": f"single query, {s.latency_sample_cases} cases; p50 {lat.get('p50') or 0:.0f} ms",
                 "delta": None,
             }
         )
     return out
 
 
-def _delta(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not row:
+def _delta(row: MetricComparison | None) -> dict[str, Any] | None:
+    if row is None:
         return None
-    ci = row.get("ci95")
     return {
-        "delta": row["delta"],
-        "ci": ci,
-        "p": row.get("pValue"),
-        "pHolm": row.get("pHolm"),
-        "significant": bool(row.get("significant")),
-        "baseline": row.get("baseline"),
-        "direction": "up" if row["delta"] > 0 else "down" if row["delta"] < 0 else "flat",
+        "delta": row.delta,
+        "ci": row.ci95,
+        "p": row.p_value,
+        "pHolm": row.p_holm,
+        "significant": row.significant,
+        "baseline": row.baseline,
+        "direction": "up" if row.delta > 0 else "down" if row.delta < 0 else "flat",
     }
 
 
@@ -177,33 +170,32 @@ FUNNEL_LABEL = 150
 FUNNEL_BAR = 420
 
 
-def funnel(report: dict[str, Any]) -> dict[str, Any]:
+def funnel(report: Report) -> dict[str, Any]:
     """The per-stage funnel (see the module docstring for what each figure means)."""
-    cases = report.get("cases") or []
-    candidates = sum(int(c.get("originalCount") or 0) for c in cases)
+    cases = report.cases
+    candidates = sum(c.original_count or 0 for c in cases)
     relevant = sum(
-        int(c.get("expectedCount") or 0)
-        - sum(1 for x in c.get("lost") or [] if x.get("where") in (NOT_IN_INDEX, NOT_RETRIEVED))
+        c.expected_count - sum(1 for x in c.lost if x.where in (NOT_IN_INDEX, NOT_RETRIEVED))
         for c in cases
-        if c.get("metrics") is not None
+        if c.metrics is not None
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
     kept, rel = candidates, relevant
-    for st in report.get("stages") or []:
-        if st["name"] != "candidates":
-            kept = kept - int(st.get("removed") or 0) + int(st.get("added") or 0)
-            rel = rel - int(st.get("removedRelevant") or 0)
-        note = st.get("skipped") or ("" if st.get("enabled", True) else "disabled")
+    for st in report.stages:
+        if st.name != "candidates":
+            kept = kept - st.removed + st.added
+            rel = rel - st.removed_relevant
+        note = st.skipped or ("" if st.enabled else "disabled")
         rows.append(
             {
-                "name": st["name"],
+                "name": st.name,
                 "kept": kept,
-                "removed": int(st.get("removed") or 0),
-                "added": int(st.get("added") or 0),
+                "removed": st.removed,
+                "added": st.added,
                 "relevantKept": rel,
-                "removedRelevant": int(st.get("removedRelevant") or 0),
-                "recall": (st.get("afterStage") or {}).get("recall"),
-                "latencyMs": st.get("latencyMs"),
+                "removedRelevant": st.removed_relevant,
+                "recall": st.after_stage.get("recall"),
+                "latencyMs": st.latency_ms,
                 "note": note,
             }
         )
@@ -232,18 +224,18 @@ SEGMENT_LABEL = 230
 SEGMENT_BAR = 300
 
 
-def segment_bars(report: dict[str, Any]) -> dict[str, Any]:
+def segment_bars(report: Report) -> dict[str, Any]:
     rows = []
-    for i, sg in enumerate(report.get("segments") or []):
-        m = sg.get("metrics") or {}
+    for i, sg in enumerate(report.segments):
+        m = sg.metrics
         ndcg = m.get("ndcg")
-        delta = ((sg.get("delta") or {}).get("metrics") or {}).get("ndcg")
+        delta = sg.delta.metrics.get("ndcg") if sg.delta is not None else None
         rows.append(
             {
-                "kind": sg.get("kind"),
-                "name": sg.get("name"),
-                "cases": sg.get("cases"),
-                "small": sg.get("small"),
+                "kind": sg.kind,
+                "name": sg.name,
+                "cases": sg.cases,
+                "small": sg.small,
                 "metrics": m,
                 "delta": delta,
                 "y": i * SEGMENT_ROW,
@@ -263,32 +255,31 @@ def segment_bars(report: dict[str, Any]) -> dict[str, Any]:
 
 SWEEP_W, SWEEP_H = 640, 300
 SWEEP_PAD = {"left": 50, "right": 60, "top": 20, "bottom": 40}
+# (the figure's JSON name, its PointFigures field, label, colour)
 SERIES = (
-    ("recall", "Recall", "#2563eb"),
-    ("correctAbstention", "Correct abstention", "#16a34a"),
-    ("meanResults", "Mean results (right axis)", "#d97706"),
+    ("recall", "recall", "Recall", "#2563eb"),
+    ("correctAbstention", "correct_abstention", "Correct abstention", "#16a34a"),
+    ("meanResults", "mean_results", "Mean results (right axis)", "#d97706"),
 )
 
 
-def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The sweep curve's geometry from the report's `sweep` section (None when the sweep is off)."""
-    if not sweep or not sweep.get("rows"):
+def sweep_chart(sweep: Sweep | None) -> dict[str, Any] | None:
+    """The sweep curve's geometry from the report's `sweep` (None when the sweep is off)."""
+    if sweep is None or not sweep.rows:
         return None
-    param = sweep.get("param") or next(iter(sweep.get("grid") or {}), "")
-    rows = [
-        r
-        for r in sweep["rows"]
-        if isinstance((r.get("params") or {}).get(param), int | float) and isinstance(r.get("metrics"), dict)
-    ]
+    param = sweep.param or next(iter(sweep.grid), "")
+    rows = sorted(
+        (r for r in sweep.rows if isinstance(r.params.get(param), int | float)),
+        key=lambda r: r.params[param],
+    )
     if not rows:
         return None
-    rows.sort(key=lambda r: r["params"][param])
-    xs = [float(r["params"][param]) for r in rows]
+    xs = [float(r.params[param]) for r in rows]
     x0, x1 = min(xs), max(xs)
     span = (x1 - x0) or 1.0
     plot_w = SWEEP_W - SWEEP_PAD["left"] - SWEEP_PAD["right"]
     plot_h = SWEEP_H - SWEEP_PAD["top"] - SWEEP_PAD["bottom"]
-    max_results = max([float(r["metrics"].get("meanResults") or 0) for r in rows] + [1.0])
+    max_results = max([float(r.metrics.mean_results or 0) for r in rows] + [1.0])
 
     def px(x: float) -> float:
         return round(SWEEP_PAD["left"] + plot_w * (x - x0) / span, 2)
@@ -297,17 +288,17 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
         return round(SWEEP_PAD["top"] + plot_h * (1 - y / top), 2)
 
     series = []
-    for key, label, colour in SERIES:
+    for key, attr, label, colour in SERIES:
         top = max_results if key == "meanResults" else 1.0
         points = [
             {
-                "x": px(float(r["params"][param])),
-                "y": py(float(r["metrics"][key]), top),
-                "param": r["params"][param],
-                "value": r["metrics"][key],
+                "x": px(float(r.params[param])),
+                "y": py(float(getattr(r.metrics, attr)), top),
+                "param": r.params[param],
+                "value": getattr(r.metrics, attr),
             }
             for r in rows
-            if r["metrics"].get(key) is not None
+            if getattr(r.metrics, attr) is not None
         ]
         series.append(
             {
@@ -319,24 +310,24 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
             }
         )
     marks = []
-    rec = sweep.get("recommendation") or {}
-    for name, label, colour in (
-        ("abstention", "Recommended for abstention", "#16a34a"),
-        ("best", "Best nDCG passing the gate", "#7c3aed"),
+    rec = sweep.recommendation
+    for name, label, colour, chosen in (
+        ("abstention", "Recommended for abstention", "#16a34a", rec.abstention),
+        ("best", "Best nDCG passing the gate", "#7c3aed", rec.best),
     ):
-        point = (rec.get(name) or {}).get("point") or {}
-        if isinstance(point.get(param), int | float):
+        value = chosen.point.get(param) if chosen is not None else None
+        if chosen is not None and isinstance(value, int | float):
             marks.append(
                 {
                     "name": name,
                     "label": label,
                     "colour": colour,
-                    "value": point[param],
-                    "x": px(float(point[param])),
-                    "metrics": rec[name].get("metrics") or {},
+                    "value": value,
+                    "x": px(float(value)),
+                    "metrics": chosen.metrics,
                 }
             )
-    current = ((sweep.get("current") or {}).get("point") or {}).get(param)
+    current = sweep.current.point.get(param)
     if isinstance(current, int | float) and x0 <= current <= x1:
         marks.append(
             {
@@ -345,7 +336,7 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
                 "colour": "#6b7280",
                 "value": current,
                 "x": px(float(current)),
-                "metrics": (sweep.get("current") or {}).get("metrics") or {},
+                "metrics": sweep.current.metrics,
             }
         )
     x_ticks = [{"x": px(x0 + span * i / 4), "label": f"{x0 + span * i / 4:.3f}"} for i in range(5)]
@@ -353,8 +344,8 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
         {"y": py(i / 4), "label": f"{i / 4:.2f}", "right": f"{max_results * i / 4:.1f}"} for i in range(5)
     ]
     # the other parameters of the rows (e.g. chain.fallback.enabled=false during a threshold sweep)
-    others = sorted({k for r in rows for k in r["params"] if k != param})
-    held = {k: sorted({json.dumps(r["params"].get(k)) for r in rows}) for k in others}
+    others = sorted({k for r in rows for k in r.params if k != param})
+    held = {k: sorted({json.dumps(r.params.get(k)) for r in rows}) for k in others}
     return {
         "param": param,
         "held": {k: ", ".join(v) for k, v in held.items()},
@@ -369,25 +360,25 @@ def sweep_chart(sweep: dict[str, Any] | None) -> dict[str, Any] | None:
         "plotW": plot_w,
         "plotH": plot_h,
         "recommendation": rec,
-        "current": sweep.get("current"),
-        "costMs": sweep.get("costMs") or {},
+        "current": sweep.current,
+        "cost_ms": sweep.cost_ms,
     }
 
 
 # -- cases -------------------------------------------------------------------------------------------
 
 
-def worst_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def worst_cases(cases: list[CaseRecord]) -> list[CaseRecord]:
     """The cases worth a look first, worst first: failed, then no-answer cases that answered, then by
     nDCG and recall; a case with a forbidden document in its top K is always in (the Markdown's order)."""
 
-    def badness(c: dict[str, Any]) -> tuple[float, float, str]:
-        if c.get("status") == "failed":
-            return (-1.0, 0.0, c["id"])
-        if c.get("expectNoAnswer"):
-            return (0.0 if not c.get("abstained") else 2.0, 0.0, c["id"])
-        m = c.get("metrics") or {}
-        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c["id"])
+    def badness(c: CaseRecord) -> tuple[float, float, str]:
+        if c.status == "failed":
+            return (-1.0, 0.0, c.id)
+        if c.expect_no_answer:
+            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
+        m = c.metrics or {}
+        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
 
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.get("forbiddenFound")]
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
     return sorted(bad, key=badness)[:WORST_CASES]
