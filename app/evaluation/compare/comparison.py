@@ -237,7 +237,9 @@ def _paired_rows(
     adjusted = stats.holm([rows[m].p_value for m in rows])
     for name, p_holm in zip(list(rows), adjusted, strict=True):
         row = rows[name]
-        rows[name] = row.model_copy(update={"p_holm": p_holm, "significant": bool(p_holm < alpha)})
+        rows[name] = row.model_copy(
+            update={"p_holm": p_holm, "significant": p_holm is not None and p_holm < alpha}
+        )
     return rows
 
 

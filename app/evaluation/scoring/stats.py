@@ -45,7 +45,7 @@ def sign_flip_p_value(
     d = np.asarray(diffs, dtype=float)
     observed = abs(math.fsum(diffs) / n)
     if n <= exact_max_n:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+        bits: np.ndarray = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
         count = int(np.count_nonzero(np.abs((1 - 2 * bits) @ d / n) >= observed - TOLERANCE))
         return count / 2**n
     rng = random.Random(seed)

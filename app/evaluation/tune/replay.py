@@ -378,7 +378,9 @@ def _memoised(
     rules_key = chain_settings.hard_filter.model_dump_json()
     for item in stages:
         if isinstance(item.stage, HardFilterStage):
-            item.stage.reason = _cached_rules(item.stage.reason, rules_key, memo)  # type: ignore[method-assign]
+            # an instance attribute shadowing the method for this replay; mypy checks the assignment against
+            # the method's unbound signature (self included), so it reports both codes
+            item.stage.reason = _cached_rules(item.stage.reason, rules_key, memo)  # type: ignore[method-assign, assignment]
         elif isinstance(item.stage, FallbackStage) and item.stage.rules is not None:
             item.stage.rules = _cached_rules(item.stage.rules, rules_key, memo)
     out = []
