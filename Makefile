@@ -40,9 +40,11 @@ test: install
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
+# mypy checks app/ (the [tool.mypy] section of pyproject.toml); tests/ and scripts/ get ruff only.
 lint: install
 	$(BIN)/ruff check app tests scripts
 	$(BIN)/ruff format --check app tests scripts
+	$(BIN)/mypy
 
 bench-eval: install
 	$(BIN)/python scripts/bench_eval.py
