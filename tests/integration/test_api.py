@@ -337,7 +337,7 @@ def test_evaluation_with_the_token_returns_the_report_and_becomes_latest(
     response = client.post("/api/evaluations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert response.status_code == 200
     report = response.json()
-    assert report["schemaVersion"] == 2  # the report with fingerprint, comparison and segments
+    assert report["schemaVersion"] == 3  # the typed Report (app/evaluation/report/model.py)
     assert report["status"] == "ok"
     cases_in_file = len(json.loads(GOLDEN_SET.read_text(encoding="utf-8"))["cases"])
     assert report["summary"]["cases"] == len(report["cases"]) == cases_in_file
