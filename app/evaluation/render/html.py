@@ -23,13 +23,12 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from app.evaluation.render.markdown import k_label
-from app.evaluation.report.model import CaseRecord, MetricComparison, Report, Summary, Sweep
+from app.evaluation.report.model import MetricComparison, Report, Summary, Sweep, worst_cases
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p
 
 TEMPLATES = Path(__file__).with_name("templates")
-WORST_CASES = 20
 
 # the tiles follow the Markdown summary's order
 TILE_METRICS = HEADLINE
@@ -366,19 +365,3 @@ def sweep_chart(sweep: Sweep | None) -> dict[str, Any] | None:
 
 
 # -- cases -------------------------------------------------------------------------------------------
-
-
-def worst_cases(cases: list[CaseRecord]) -> list[CaseRecord]:
-    """The cases worth a look first, worst first: failed, then no-answer cases that answered, then by
-    nDCG and recall; a case with a forbidden document in its top K is always in (the Markdown's order)."""
-
-    def badness(c: CaseRecord) -> tuple[float, float, str]:
-        if c.status == "failed":
-            return (-1.0, 0.0, c.id)
-        if c.expect_no_answer:
-            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
-        m = c.metrics or {}
-        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
-
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
-    return sorted(bad, key=badness)[:WORST_CASES]

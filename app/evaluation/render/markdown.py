@@ -9,6 +9,7 @@ from app.evaluation.compare.comparison import SMALL_SAMPLE
 from app.evaluation.golden.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
+    WORST_CASES,
     CaseDetail,
     CaseRecord,
     Comparison,
@@ -17,14 +18,13 @@ from app.evaluation.report.model import (
     RankedDocument,
     Report,
     Summary,
+    worst_cases,
 )
 from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_ms as _ms
 from app.evaluation.scoring.measures import fmt_p as p_text
-
-WORST_CASES = 20
 
 
 def k_label(report: Report) -> str:
@@ -267,7 +267,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
             f"The worst {WORST_CASES} are below; each document with its fused score (the order).",
             "",
         ]
-    worst = _worst(report.cases)
+    worst = worst_cases(report.cases)
     if not worst:
         lines.append("Every scored case found all its expected documents at rank 1.")
     else:
@@ -289,22 +289,6 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
                 f"{got} | {_cell(lost, None)} |"
             )
     return lines + [""]
-
-
-def _worst(cases: list[CaseRecord]) -> list[CaseRecord]:
-    """The cases to look at first: failed ones, then no-answer cases that answered, then by nDCG and recall
-    (a case with a forbidden document in its top K is always listed); at most WORST_CASES."""
-
-    def badness(c: CaseRecord) -> tuple[float, float, str]:
-        if c.status == "failed":
-            return (-1.0, 0.0, c.id)
-        if c.expect_no_answer:
-            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
-        m = c.metrics or {}
-        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
-
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
-    return sorted(bad, key=badness)[:WORST_CASES]
 
 
 def _summary_markdown(s: Summary, kl: str) -> list[str]:

@@ -536,6 +536,26 @@ class Sweep(Model):
     current: SweepPoint
 
 
+WORST_CASES = 20
+
+
+def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseRecord]:
+    """The cases to look at first, worst first, at most `limit`: failed ones, then no-answer cases that
+    answered, then by nDCG and recall; a case with a forbidden document in its top K is always listed. A case
+    that found everything at rank 1 (nDCG 1) and no-answer cases that abstained are not listed."""
+
+    def badness(c: CaseRecord) -> tuple[float, float, str]:
+        if c.status == "failed":
+            return (-1.0, 0.0, c.id)
+        if c.expect_no_answer:
+            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
+        m = c.metrics or {}
+        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
+
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
+    return sorted(bad, key=badness)[:limit]
+
+
 class Report(Model):
     """The evaluation report. `status` "invalid": the golden set could not be read, nothing ran (`error`
     says why, `summary` is None). `comparison` is None without a usable baseline (`baselineNote` says why);
