@@ -333,6 +333,20 @@ class MaxDrop(_Strict):
     ndcg: float | None = Field(None, ge=0.0, le=1.0)
 
 
+class SegmentThresholds(_Strict):
+    """Levels and drops for one segment of the golden set (`thresholds.segments`, keyed `tag:<name>`,
+    `knowledgeTag:<name>`, `risk:<low|medium|high>` or `set:<core|incremental>`); null = not checked."""
+
+    min_recall: float | None = Field(None, ge=0.0, le=1.0)
+    min_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
+    min_mrr: float | None = Field(None, ge=0.0, le=1.0)
+    min_ndcg: float | None = Field(None, ge=0.0, le=1.0)
+    max_drop: MaxDrop = MaxDrop()
+
+
+SEGMENT_KEY_KINDS = ("tag", "knowledgeTag", "risk", "set")
+
+
 class EvaluateThresholds(_Strict):
     min_recall: float | None = Field(None, ge=0.0, le=1.0)
     min_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
@@ -351,8 +365,36 @@ class EvaluateThresholds(_Strict):
     # the golden set has no-answer cases and none of them abstained (0 of n): warn (the gate still
     # passes, with a warning), fail, or off
     no_answer_policy: Literal["warn", "fail", "off"] = "warn"
-    # a regression that may come from unjudged documents (compare.unverified_reason): warn or fail the gate
-    unjudged_policy: Literal["warn", "fail"] = "warn"
+    # unjudged documents count as not relevant (trec_eval): a regression they may explain still fails;
+    # "warn": a regression the condensed lists (unjudged removed) do not show only warns
+    unjudged_policy: Literal["warn", "fail"] = "fail"
+    # the default regression rule, for each of recall, hit rate, MRR and nDCG without a max_drop: a
+    # significant drop (pHolm < alpha) on the core set fails (or warns, or is off); any other drop warns
+    regression_policy: Literal["warn", "fail", "off"] = "fail"
+    # with max_broken_cases unset: a broken core case (hit 1 -> 0 on judged documents) fails, warns or is off
+    broken_case_policy: Literal["warn", "fail", "off"] = "fail"
+    # a high-risk case (risk: high) that breaks, in any set
+    high_risk_policy: Literal["warn", "fail", "off"] = "fail"
+    # a case the baseline failed (Recall@K < 1) that left the golden set without a `retired` reason
+    removed_case_policy: Literal["warn", "fail", "off"] = "fail"
+    # a segment of 10+ paired cases whose drop is significant (Holm over segments)
+    segment_drop_policy: Literal["warn", "fail", "off"] = "warn"
+    # p95 single-query latency may grow to baseline x (1 + this) at most; null = not checked
+    max_p95_increase: float | None = Field(None, ge=0.0)
+    # per-segment levels and drops, e.g. {"tag:refund": {"min_ndcg": 0.9, "max_drop": {"ndcg": 0.05}}}
+    segments: dict[str, SegmentThresholds] = Field(default_factory=dict)
+
+    @field_validator("segments")
+    @classmethod
+    def _segment_keys(cls, value: dict[str, SegmentThresholds]) -> dict[str, SegmentThresholds]:
+        for key in value:
+            kind, sep, name = key.partition(":")
+            if not sep or kind not in SEGMENT_KEY_KINDS or not name:
+                raise ValueError(
+                    f"segment key {key!r} must be <kind>:<name> with kind one of "
+                    f"{', '.join(SEGMENT_KEY_KINDS)} (e.g. 'tag:refund')"
+                )
+        return value
 
 
 class SweepSettings(_Strict):
@@ -396,6 +438,9 @@ class EvaluateSettings(_Strict):
     # "previous-passing" (the pinned report, else the last report whose gate passed on a valid golden set),
     # "previous" (the <prefix>-latest.json that existed before this run), "none", or a report JSON path
     baseline: str = "previous-passing"
+    # a passing run replaces the last passing baseline only when none of recall, hit rate, MRR and nDCG
+    # (paired cases) is lower than the baseline's by more than this; 0 = never lower
+    baseline_tolerance: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = 42
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     # the date the hard filter's effective-date rules use; None = today

@@ -178,17 +178,28 @@ def _check(args: argparse.Namespace) -> int:
 def _add_baseline(sub: Any) -> None:
     baseline = sub.add_parser(
         "baseline",
-        help="pin, unpin or show the report the evaluation compares with",
+        help="pin, accept, unpin or show the report the evaluation compares with",
         description="With rag.evaluate.baseline: previous-passing (the default) a run is compared with the "
         "pinned report, else the last report whose gate passed on a valid golden set (docs/baselines.md).",
     )
     bsub = baseline.add_subparsers(dest="baseline_command", required=True)
     pin = bsub.add_parser("pin", help="check FILE is a usable report and pin a copy of it as the baseline")
     pin.add_argument("file", metavar="FILE", help="an evaluation report JSON")
+    accept = bsub.add_parser(
+        "accept",
+        help="make a run the last passing baseline on purpose (a lower level accepted), default the latest",
+        description="A run replaces the last passing baseline by itself only when it passes and is not worse "
+        "(rag.evaluate.baseline_tolerance). `accept` makes FILE (default: <prefix>-latest.json) the last "
+        "passing baseline whatever its gate said and however it compares; a pinned report still comes first.",
+    )
+    accept.add_argument(
+        "file", metavar="FILE", nargs="?", help="an evaluation report JSON (default: the latest)"
+    )
     unpin = bsub.add_parser("unpin", help="remove the pinned report (the last passing one is used again)")
     show = bsub.add_parser("show", help="which report the next run would be compared with, and why")
-    for parser in (pin, unpin, show):
+    for parser in (pin, accept, unpin, show):
         parser.add_argument("--output-dir", help="report folder (default rag.evaluate.output_dir)")
+    accept.set_defaults(func=_baseline_accept)
     pin.set_defaults(func=_baseline_pin)
     unpin.set_defaults(func=_baseline_unpin)
     show.set_defaults(func=_baseline_show)
@@ -214,6 +225,26 @@ def _baseline_pin(args: argparse.Namespace) -> int:
         print("note: that report's gate FAILED; it is the baseline all the same, as pinned")
     if ev.baseline != baselines.PREVIOUS_PASSING:
         print(f"note: rag.evaluate.baseline is {ev.baseline}: the pin is used only with previous-passing")
+    return exit_codes.OK
+
+
+def _baseline_accept(args: argparse.Namespace) -> int:
+    from app import exit_codes
+    from app.evaluation.compare import baselines
+    from app.evaluation.compare.baselines import report_line
+
+    ev = _evaluate_settings(args)
+    path, report, source = baselines.accept(args.file, ev)  # BaselineError -> exit 2, naming the file
+    print(f"accepted {source} as the last passing baseline: {report_line(path)}")
+    if not report.gate.passed:
+        print("note: that report's gate FAILED; it is the baseline all the same, as accepted")
+    if baselines.pinned_report_path(ev).exists():
+        print(f"note: {baselines.pinned_report_path(ev)} is pinned and comes first (sieve baseline unpin)")
+    if ev.baseline != baselines.PREVIOUS_PASSING:
+        print(
+            f"note: rag.evaluate.baseline is {ev.baseline}: the last passing report is used only with "
+            "previous-passing"
+        )
     return exit_codes.OK
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from app.evaluation.compare.baselines import (
     Baseline,
+    baseline_update,
     latest_report_path,
+    passing_report_path,
     record_passing,
     resolve_baseline,
 )
@@ -21,7 +23,7 @@ from app.evaluation.golden.audit import AuditResult, AuditSource, attach_audit, 
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import Report, Sweep
+from app.evaluation.report.model import BaselineUpdate, Report, Sweep
 from app.evaluation.run.build import build_report, invalid_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags, evaluate
@@ -172,8 +174,10 @@ def finish_evaluation(
         report.baseline_note = baseline.note
     gate = check_gate(report, settings.thresholds, baseline.note)
     report.gate = gate.record()
+    update = baseline_update(report, settings, gate.passed)
+    report.baseline_update = update
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)
-    passing = record_passing(report, settings, gate.passed)
+    passing = record_passing(report, settings, update)
     if passing is not None:
         paths.append(passing)
     log.info("[RetrievalEval] %s", summary_line(report))
@@ -192,8 +196,20 @@ def finish_evaluation(
         log.info("[RetrievalEval] gate note: %s", note)
     _log_paths(paths)
     if passing is not None:
-        log.info("[RetrievalEval] gate passed: %s is this run's report (the last passing baseline)", passing)
+        log.info("[RetrievalEval] baseline updated: %s is this run's report (%s)", passing, update.reason)
+    else:
+        log.info("[RetrievalEval] %s", baseline_kept_line(update, settings, report))
     return EvaluationOutcome(report, evaluation, gate, paths)
+
+
+def baseline_kept_line(update: BaselineUpdate, settings: EvaluateSettings, report: Report) -> str:
+    """The log line of a run that did not become the baseline: why, and how to make it one on purpose."""
+    own = report.run.report_file
+    target = str(Path(settings.output_dir) / own) if own else "FILE"
+    return (
+        f"baseline kept: this run did not replace {passing_report_path(settings)} ({update.reason}); "
+        f"to accept this level on purpose: sieve baseline accept {target} (or sieve baseline pin {target})"
+    )
 
 
 def summary_line(report: Report | dict[str, Any]) -> str:

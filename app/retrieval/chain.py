@@ -163,6 +163,7 @@ class RetrievalChain:
                     latency_ms=round(elapsed, 3),
                     score_key=outcome.score_key,
                     skipped=outcome.skipped,
+                    model_inputs=outcome.model_inputs,
                 )
             )
             current = outcome.kept

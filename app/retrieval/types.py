@@ -165,6 +165,7 @@ class StageOutcome:
     added: list[Candidate] = field(default_factory=list)
     skipped: str | None = None  # e.g. "skipped: no reranker model"
     score_key: str | None = None  # the score this stage wrote or ordered by
+    model_inputs: int = 0  # texts this stage handed a model (the cross-encoder's query-passage pairs)
 
 
 @dataclass
@@ -195,6 +196,7 @@ class StageTrace:
     score_key: str | None = None
     skipped: str | None = None
     enabled: bool = True
+    model_inputs: int = 0
 
 
 @dataclass

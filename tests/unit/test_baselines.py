@@ -12,6 +12,7 @@ import pytest
 from app.cli import main
 from app.evaluation.compare import baselines
 from app.evaluation.compare.baselines import (
+    baseline_update,
     latest_report_path,
     passing_report_path,
     pinned_report_path,
@@ -29,12 +30,13 @@ PREFIX = "retrieval-eval"
 
 
 def report(stamp: str, passed: bool = True, status: str = "ok", ndcg: float = 0.9) -> dict:
+    figures = {"recall": 1.0, "hitRate": 1.0, "mrr": 1.0, "ndcg": ndcg, "precision": 0.2, "top1Accuracy": 1.0}
     return {
         "status": status,
-        "run": {"evaluatedAt": f"{stamp}-at", "reportFile": f"{PREFIX}-{stamp}.json"},
+        "run": {"evaluatedAt": f"{stamp}-at", "reportFile": f"{PREFIX}-{stamp}.json", "k": 5},
         "summary": {"ndcg": ndcg},
         "gate": {"passed": passed, "checks": [], "failures": [], "notes": []},
-        "cases": [{"id": "a", "query": "q a", "topK": 5, "metrics": None}],
+        "cases": [{"id": "a", "query": "q a", "topK": 5, "metrics": figures}],
     }
 
 
@@ -157,7 +159,8 @@ def test_only_a_passing_run_on_a_valid_golden_set_writes_the_pointer(
     before = report("20260101T000000Z")
     write(passing_report_path(ev), before)
     new = report("20260102T000000Z", passed=passed, status=status)
-    path = record_passing(Report.model_validate(new), ev, passed)
+    update = baseline_update(Report.model_validate(new), ev, passed)
+    path = record_passing(Report.model_validate(new), ev, update)
     assert (path is not None) is written
     on_disk = json.loads(passing_report_path(ev).read_text(encoding="utf-8"))
     if written:
@@ -193,7 +196,7 @@ def test_pruning_the_timestamped_reports_never_touches_the_pointer_files(tmp_pat
     ev = settings(tmp_path, keep_reports=1, write_markdown=False, write_html=False)
     first = Report.model_validate(report("20260101T000000Z"))
     write_reports(first, ev, None, "20260101T000000Z")
-    record_passing(first, ev, True)
+    record_passing(first, ev, baseline_update(first, ev, True))
     write(pinned_report_path(ev), first.to_json())
     for stamp in ("20260102T000000Z", "20260103T000000Z"):
         write_reports(Report.model_validate(report(stamp, passed=False)), ev, None, stamp)

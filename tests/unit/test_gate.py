@@ -114,22 +114,23 @@ def test_a_missing_figure_fails_its_check() -> None:
 
 
 @pytest.mark.parametrize(
-    ("baseline", "current", "significant", "requires", "passed"),
+    ("baseline", "current", "significant", "requires", "status"),
     [
-        (0.90, 0.80, True, True, False),  # drop 0.10 > 0.05 and significant: fails
-        (0.90, 0.80, False, True, True),  # drop beyond the limit but not significant: passes
-        (0.90, 0.80, False, False, False),  # ... unless significance is not required
-        (0.90, 0.87, True, True, True),  # drop 0.03 within 0.05
-        (0.80, 0.90, True, True, True),  # an improvement
+        (0.90, 0.80, True, True, "FAILED"),  # drop 0.10 > 0.05 and significant: fails
+        (0.90, 0.80, False, True, "WARN"),  # drop beyond the limit but not significant: warns
+        (0.90, 0.80, False, False, "FAILED"),  # ... fails when significance is not required
+        (0.90, 0.87, True, True, "ok"),  # drop 0.03 within 0.05
+        (0.80, 0.90, True, True, "ok"),  # an improvement
     ],
 )
-def test_regression_gate(baseline, current, significant, requires, passed) -> None:
+def test_regression_gate(baseline, current, significant, requires, status) -> None:
     thresholds = EvaluateThresholds(max_drop={"ndcg": 0.05}, regression_requires_significance=requires)
     result = check_gate(report(comparison=comparison(baseline, current, significant)), thresholds)
     check = next(c for c in result.checks if c.name == "max_drop.ndcg")
-    assert check.passed is passed
+    assert check.status == status
+    assert result.passed is (status != "FAILED")
     assert check.value == pytest.approx(baseline - current)
-    if not passed:
+    if status == "FAILED":
         assert result.failures[0].check == "max_drop.ndcg"
         assert result.failures[0].limit == 0.05
 
@@ -260,20 +261,23 @@ def unjudged_report(condensed_current: float, new_unjudged: int = 3) -> Report:
     return report(comparison=comp)
 
 
-def test_a_drop_that_unjudged_documents_explain_warns_by_default_and_fails_with_policy_fail() -> None:
-    warn = check_gate(unjudged_report(0.88), EvaluateThresholds(max_drop={"ndcg": 0.05}))
+def test_a_drop_that_unjudged_documents_explain_fails_by_default_and_warns_with_policy_warn() -> None:
+    warn = check_gate(
+        unjudged_report(0.88),
+        EvaluateThresholds(max_drop={"ndcg": 0.05}, unjudged_policy="warn", broken_case_policy="off"),
+    )
     (check,) = [c for c in warn.checks if c.name == "max_drop.ndcg"]
     assert (check.passed, check.severity) == (False, "warn")
     assert warn.passed
     # drop 0.90 - 0.80 = 0.10 > 0.05, but with unjudged documents removed 0.90 - 0.88 = 0.02 <= 0.05
     assert check.describe().endswith(
         "unverified: 3 of the 4 new top-K documents are unjudged, and with unjudged documents removed "
-        "ndcg 0.900 -> 0.880 (drop +0.020)"
+        "ndcg 0.900 -> 0.880 (drop +0.020) (unjudged_policy: warn)"
     )
-    fail = check_gate(
-        unjudged_report(0.88), EvaluateThresholds(max_drop={"ndcg": 0.05}, unjudged_policy="fail")
-    )
+    fail = check_gate(unjudged_report(0.88), EvaluateThresholds(max_drop={"ndcg": 0.05}))
     assert not fail.passed
+    (failed,) = [c for c in fail.checks if c.name == "max_drop.ndcg"]
+    assert "3 of the 4 new top-K documents are unjudged" in failed.describe()
 
 
 def test_a_drop_the_condensed_lists_confirm_is_a_failure_whatever_the_policy() -> None:
@@ -283,14 +287,15 @@ def test_a_drop_the_condensed_lists_confirm_is_a_failure_whatever_the_policy() -
     assert not result.passed
 
 
-def test_unverified_broken_cases_are_left_out_of_the_count_and_warned_about() -> None:
-    result = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1))
+def test_unverified_broken_cases_are_left_out_of_the_count_and_warned_about_with_policy_warn() -> None:
+    lenient = {"max_broken_cases": 1, "unjudged_policy": "warn", "regression_policy": "off"}
+    result = check_gate(unjudged_report(0.88), EvaluateThresholds(**lenient))
     broken = {c.name: c for c in result.checks}
     assert broken["max_broken_cases"].value == 2 - 1  # a and b broken, b unverified
     assert broken["max_broken_cases"].passed
     assert broken["unverified_broken_cases"].severity == "warn"
     assert result.passed and [w.check for w in result.warnings] == ["unverified_broken_cases"]
-    strict = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1, unjudged_policy="fail"))
+    strict = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1, regression_policy="off"))
     assert {c.name: c.value for c in strict.checks}["max_broken_cases"] == 2
     assert not strict.passed
 

@@ -2,9 +2,14 @@
 
 In `rag.evaluate.output_dir`, beside the timestamped reports and `<prefix>-latest.json`:
 
-* `<prefix>-passing.json`: a copy of the last report whose gate passed on a valid golden set, written
-  atomically after such a run. A run whose gate failed, or a broken golden set's ("invalid") report,
-  never replaces it.
+* `<prefix>-passing.json`: the last passing baseline, a copy written atomically after a run that passed its
+  gate on a valid golden set AND is not worse than that baseline: on the cases both runs scored, none of
+  Recall, HitRate, MRR and nDCG (the means at K) is lower than the baseline's by more than
+  `rag.evaluate.baseline_tolerance` (default 0). So a run of small drops, each too small to fail the gate,
+  never walks the baseline down: each is measured against the same, better baseline. A run whose gate
+  failed, a broken golden set's ("invalid") report, or a worse run never replaces it; the report's
+  `baselineUpdate` and the log say why, and `sieve baseline accept [FILE]` makes a run the baseline on
+  purpose.
 * `<prefix>-pinned.json`: a copy of the report pinned with `sieve baseline pin FILE`, until
   `sieve baseline unpin`.
 
@@ -30,10 +35,11 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from app.evaluation.compare.comparison import BaselineError, load_report
-from app.evaluation.report.model import Report, report_text
+from app.evaluation.report.model import BaselineUpdate, Report, report_text
 from app.files import atomic_write_text
 from app.settings import EvaluateSettings
 
@@ -164,16 +170,86 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | No
     return None
 
 
-def record_passing(report: Report, settings: EvaluateSettings, gate_passed: bool) -> Path | None:
-    """After a run: copy `report` to `<prefix>-passing.json` (atomically) when its gate passed on a valid
-    golden set (status "ok"); otherwise leave the pointer as it is. Written with the JSON reports only
-    (`write_json`), as `-latest.json` is. Returns the path written, or None."""
-    if not gate_passed or report.status != "ok" or not settings.write_json:
+PROMOTED_MEASURES = ("recall", "hitRate", "mrr", "ndcg")
+
+
+def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: bool) -> BaselineUpdate:
+    """Whether `report` may replace the last passing baseline (the module docstring's rule), and why.
+    Decided before the files are written, so the report carries it."""
+    if report.status != "ok":
+        return BaselineUpdate(promoted=False, reason="the golden set is invalid: nothing was evaluated")
+    if not gate_passed:
+        return BaselineUpdate(promoted=False, reason="the gate failed")
+    if not settings.write_json:
+        return BaselineUpdate(
+            promoted=False, reason="rag.evaluate.write_json is false: no report file to keep"
+        )
+    path = passing_report_path(settings)
+    if not path.exists():
+        return BaselineUpdate(promoted=True, reason="the first passing run")
+    try:
+        current = load_report(path)
+    except BaselineError as exc:
+        return BaselineUpdate(promoted=True, reason=f"the last passing report is not usable ({exc})")
+    worse = worse_than(current, report, settings.baseline_tolerance)
+    if worse:
+        return BaselineUpdate(
+            promoted=False,
+            reason=f"worse than the last passing baseline {_evaluated(current)}: {'; '.join(worse)} "
+            f"(rag.evaluate.baseline_tolerance {settings.baseline_tolerance:g})",
+        )
+    return BaselineUpdate(
+        promoted=True, reason=f"not worse than the last passing baseline {_evaluated(current)}"
+    )
+
+
+def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
+    """How `report` is worse than `baseline` beyond `tolerance`, one phrase per measure (empty: it is not).
+    Over the case ids both scored, the mean of each of `PROMOTED_MEASURES`; a run that cannot be set
+    beside the baseline (K differs, no case scored on both sides) counts as worse, saying why."""
+    if baseline.run.k != report.run.k:
+        return [f"K differs ({baseline.run.k} -> {report.run.k}), so the runs cannot be compared"]
+    before = {c.id: c.metrics for c in baseline.cases if c.metrics}
+    after = {c.id: c.metrics for c in report.cases if c.metrics}
+    paired = sorted(set(before) & set(after))
+    if not paired:
+        return ["no case is scored in both runs"]
+    out = []
+    for name in PROMOTED_MEASURES:
+        b = fmean(float(before[i].get(name, 0.0)) for i in paired)
+        a = fmean(float(after[i].get(name, 0.0)) for i in paired)
+        if b - a > tolerance + 1e-12:
+            out.append(f"{name} {b:.3f} -> {a:.3f} ({a - b:+.3f} over {len(paired)} paired cases)")
+    return out
+
+
+def _evaluated(report: Report) -> str:
+    return f"(evaluated {report.run.evaluated_at or report.run.started_at or '?'})"
+
+
+def record_passing(report: Report, settings: EvaluateSettings, update: BaselineUpdate) -> Path | None:
+    """After a run: copy `report` to `<prefix>-passing.json` (atomically) when `update` promotes it;
+    otherwise leave the baseline as it is. Returns the path written, or None."""
+    if not update.promoted:
         return None
+    return _write_passing(report, settings)
+
+
+def _write_passing(report: Report, settings: EvaluateSettings) -> Path:
     path = passing_report_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, report_text(report))
     return path
+
+
+def accept(source: str | Path | None, settings: EvaluateSettings) -> tuple[Path, Report, Path]:
+    """Make a report the last passing baseline on purpose (`sieve baseline accept [FILE]`), whatever its
+    gate said and however it compares: `source`, or the latest report when None. It must be a usable report
+    (`load_report`; BaselineError naming it otherwise). Returns the passing path, the report and the file
+    it was read from."""
+    path = Path(source) if source is not None else latest_report_path(settings)
+    report = load_report(path)
+    return _write_passing(report, settings), report, path
 
 
 def pin(source: str | Path, settings: EvaluateSettings) -> tuple[Path, Report]:

@@ -20,10 +20,13 @@ from app.evaluation.report.model import (
     CaseChanges,
     CaseDelta,
     CaseDetail,
+    CaseFigures,
     CaseRecord,
     Comparison,
+    CompositionRow,
     MetricComparison,
     Report,
+    SegmentComparison,
     StageDelta,
     StageRow,
     UnjudgedAccount,
@@ -35,6 +38,12 @@ from app.evaluation.scoring.measures import fmt_p as p_text
 from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
+# the measures the gate guards by default (a significant drop of any fails), in the order tables show them
+GATED = ("recall", "hitRate", "mrr", "ndcg")
+# a segment is tested for a drop (Holm over segments) from this many paired cases
+MIN_TESTED_SEGMENT = 10
+# the cost figures the comparison shows beside the quality (`Comparison.budget`)
+BUDGET_KEYS = ("p95Ms", "duplicateRate", "contextChars", "candidates", "modelCalls")
 
 
 class BaselineError(ValueError):
@@ -124,6 +133,9 @@ def compare_reports(
         only_in_baseline=sorted(set(b_cases) - set(c_cases)),
         only_in_current=sorted(set(c_cases) - set(b_cases)),
     )
+    retired = retired_reasons(current_report)
+    removed = _one_side(b_cases, changes.only_in_baseline, retired)
+    added = _one_side(c_cases, changes.only_in_current, {})
     b_run, c_run = baseline_report.run.to_json(), current_report.run.to_json()
     differences = describe_differences(b_run, c_run, b_cases, c_cases)
     k_changes = _k_changes(b_run, c_run, b_cases, c_cases, paired)
@@ -138,6 +150,8 @@ def compare_reports(
             metrics={},
             cases=changes,
             stages=stage_rows,
+            removed_cases=removed,
+            added_cases=added,
         )
     b_metrics = {i: b_cases[i].metrics for i in paired}
     c_metrics = {i: c_cases[i].metrics for i in paired}
@@ -158,11 +172,44 @@ def compare_reports(
     changes.fixed, changes.broken = stats.fixed_and_broken(
         {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
     )
+    changes.broken_by_relabelling = [
+        i for i in changes.broken if not _hit_still_judged(b_cases[i], c_cases[i])
+    ]
     improved, worsened = stats.changed_by(
         {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
     )
     changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
     changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
+    details, account = _case_details(b_cases, c_cases, scored, changes)
+    regressions = changes.broken + [d.id for d in changes.worsened]
+    changes.unverified = sorted({i for i in regressions if not details[i].verified})
+    judged = [j for j in (c_cases[i].judged for i in dict.fromkeys(regressions)) if j is not None]
+    return Comparison(
+        baseline=ref,
+        comparable=True,
+        differences=differences,
+        paired_cases=len(scored),
+        metrics=rows,
+        cases=changes,
+        stages=stage_rows,
+        case_details=details,
+        unjudged=account,
+        condensed_metrics=condensed_rows,
+        judged_of_regressions=fmean(judged) if judged else None,
+        by_set=_by_set(before, after, c_cases, seed, alpha),
+        removed_cases=removed,
+        added_cases=added,
+        composition=_composition(baseline_report, current_report, rows),
+        budget=_budget(baseline_report, current_report),
+        segments=segment_comparisons(before, after, c_cases, seed, alpha),
+    )
+
+
+def _case_details(
+    b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord], scored: list[str], changes: CaseChanges
+) -> tuple[dict[str, CaseDetail], UnjudgedAccount]:
+    """The detail of every fixed, broken and worsened case, and the account of new unjudged documents over
+    every paired scored case."""
     new_total = new_unjudged_total = 0
     new_by_case: dict[str, tuple[list[str], list[str]]] = {}
     for i in scored:
@@ -189,25 +236,165 @@ def compare_reports(
             verified=why is None,
             why=why or "",
         )
-    regressions = changes.broken + [d.id for d in changes.worsened]
-    changes.unverified = sorted({i for i in regressions if not details[i].verified})
     account = UnjudgedAccount(
         new_in_top_k=new_total,
         new_unjudged=new_unjudged_total,
         headline=f"{new_unjudged_total} of the {new_total} new top-K documents are unjudged",
     )
-    return Comparison(
-        baseline=ref,
-        comparable=True,
-        differences=differences,
-        paired_cases=len(scored),
-        metrics=rows,
-        cases=changes,
-        stages=stage_rows,
-        case_details=details,
-        unjudged=account,
-        condensed_metrics=condensed_rows,
-    )
+    return details, account
+
+
+def _hit_still_judged(before: CaseRecord, now: CaseRecord) -> bool:
+    """Whether a broken case's baseline hit rested on judged documents: some document the baseline matched
+    in its top K is still judged relevant (grade > 0) by the current golden set. When none is, the labels
+    moved, not the chain."""
+    k = before.top_k or len(before.ranked_documents)
+    hits = {match_key(d, before.match_on) for d in before.ranked_documents[:k] if d.matched}
+    return any(now.expected.get(key, 0.0) > 0 for key in hits) or not hits
+
+
+def case_failed(case: CaseRecord) -> bool:
+    """The failed-case rule of the summary: an error, or Recall@K < 1 on a scored case."""
+    if case.status == "failed" or case.error is not None:
+        return True
+    return case.metrics is not None and float(case.metrics.get("recall", 1.0)) < 1.0
+
+
+def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, str]) -> list[CaseFigures]:
+    """The cases `ids` of one run with their figures, failure and retirement reason."""
+    out = []
+    for i in ids:
+        case = cases[i]
+        figures = case.metrics
+        out.append(
+            CaseFigures(
+                id=i,
+                set=case.case_set,
+                risk=case.risk,
+                status=case.status,
+                metrics={m: float(figures[m]) for m in GATED if m in figures} if figures else None,
+                failed=case_failed(case),
+                retired_reason=retired.get(i),
+            )
+        )
+    return out
+
+
+def retired_reasons(report: Report) -> dict[str, str]:
+    """The golden set's retirements as the report records them: {case id: reason}."""
+    return {r["id"]: r["reason"] for r in report.run.retired if "id" in r and "reason" in r}
+
+
+def _composition(
+    baseline: Report, current: Report, rows: dict[str, MetricComparison]
+) -> dict[str, CompositionRow]:
+    """Per gated measure, the summaries' figures (every scored case) beside the paired figures (`rows`), and
+    the part of the change the added and removed cases explain (`CompositionRow`)."""
+    b_sum = baseline.summary.to_json() if baseline.summary else {}
+    c_sum = current.summary.to_json() if current.summary else {}
+    out: dict[str, CompositionRow] = {}
+    for name in GATED:
+        row = rows.get(name)
+        b_all, c_all = b_sum.get(name), c_sum.get(name)
+        b_common = row.baseline if row else None
+        c_common = row.current if row else None
+        explained = None
+        if None not in (b_all, c_all, b_common, c_common):
+            explained = (c_all - b_all) - (c_common - b_common)  # type: ignore[operator]
+        out[name] = CompositionRow(
+            baseline_all=b_all,
+            current_all=c_all,
+            baseline_common=b_common,
+            current_common=c_common,
+            composition=explained,
+        )
+    return out
+
+
+def _budget(baseline: Report, current: Report) -> dict[str, BeforeAfter]:
+    """The cost of each run beside the other: p95 single-query latency (ms), duplicate rate, and the mean
+    context characters, candidates and model calls per case (`Summary.budget`)."""
+
+    def figures(report: Report) -> dict[str, float | None]:
+        s = report.summary
+        if s is None:
+            return {}
+        return {
+            "p95Ms": (s.latency_ms or {}).get("p95"),
+            "duplicateRate": s.duplicate_rate,
+            "contextChars": s.budget.get("contextChars"),
+            "candidates": s.budget.get("candidates"),
+            "modelCalls": s.budget.get("modelCalls"),
+        }
+
+    b, c = figures(baseline), figures(current)
+    return {key: BeforeAfter(baseline=b.get(key), current=c.get(key)) for key in BUDGET_KEYS}
+
+
+def _by_set(
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+    c_cases: dict[str, CaseRecord],
+    seed: int,
+    alpha: float,
+) -> dict[str, dict[str, MetricComparison]]:
+    """The paired statistics of each golden-set part, when the paired cases hold more than one."""
+    parts: dict[str, list[str]] = {}
+    for i in sorted(before):
+        parts.setdefault(c_cases[i].case_set, []).append(i)
+    if len(parts) < 2:
+        return {}
+    return {
+        name: _paired_rows({i: before[i] for i in ids}, {i: after[i] for i in ids}, seed, alpha)
+        for name, ids in sorted(parts.items())
+    }
+
+
+def segment_comparisons(
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+    c_cases: dict[str, CaseRecord],
+    seed: int,
+    alpha: float,
+) -> list[SegmentComparison]:
+    """Per segment (each tag, knowledge tag, risk and golden-set part of the current run's cases) and gated
+    measure: the paired difference over the segment's paired scored cases and its sign-flip p-value. Per
+    measure, the p-values of the segments with at least `MIN_TESTED_SEGMENT` paired cases are Holm-adjusted
+    together (significant: pHolm < alpha); smaller segments are shown, not tested."""
+    members: dict[tuple[str, str], list[str]] = {}
+    for i in sorted(before):
+        c = c_cases[i]
+        keys = [("tag", t) for t in dict.fromkeys(c.tags)]
+        keys += [("knowledgeTag", c.knowledge_tag)] if c.knowledge_tag else []
+        keys += [("risk", c.risk)] if c.risk else []
+        keys.append(("set", c.case_set))
+        for key in keys:
+            members.setdefault(key, []).append(i)
+    out: list[SegmentComparison] = []
+    for name in GATED:
+        rows = []
+        for (kind, segment), ids in sorted(members.items()):
+            b = [float(before[i][name]) for i in ids]
+            a = [float(after[i][name]) for i in ids]
+            diffs = [x - y for x, y in zip(a, b, strict=True)]
+            rows.append(
+                SegmentComparison(
+                    kind=kind,
+                    name=segment,
+                    metric=name,
+                    paired_cases=len(ids),
+                    baseline=fmean(b),
+                    current=fmean(a),
+                    delta=fmean(diffs),
+                    p_value=stats.sign_flip_p_value(diffs, seed=seed),
+                )
+            )
+        tested = [r for r in rows if r.paired_cases >= MIN_TESTED_SEGMENT]
+        for row, p_holm in zip(tested, stats.holm([r.p_value for r in tested]), strict=True):
+            row.p_holm = p_holm
+            row.significant = p_holm is not None and p_holm < alpha
+        out.extend(rows)
+    return out
 
 
 def _paired_rows(

@@ -1,38 +1,64 @@
 """The quality gate: thresholds on the summary, regressions against the baseline, and safety.
 
-* Levels (`min_recall`, ..., `max_p95_ms`): a threshold left unset is not checked. A figure that could not
-  be computed (no case had relevant documents, so there is no recall) fails its check: a gate never passes
-  on missing evidence.
-* Regressions (`max_drop.{recall,hit_rate,mrr,ndcg}`, `max_broken_cases`): need a comparable baseline.
-  A drop (baseline - current, over the paired cases) beyond `max_drop` fails when the difference is
-  significant (pHolm < alpha), or always with `regression_requires_significance: false`. Without a
-  baseline (or with one that is not comparable) these checks pass and `notes` says why.
+* Levels (`min_recall`, ..., `max_p95_ms`, and per segment `segments.<kind>:<name>.min_*`): a threshold left
+  unset is not checked. A figure that could not be computed (no case had relevant documents, no case is in
+  the segment) fails its check: a gate never passes on missing evidence.
+* Regressions, against a comparable baseline, on the core set's paired cases (the whole set when it has no
+  incremental part; the incremental set is reported apart and gated through `segments: {set:incremental}`):
+  - by default (`regression_policy: fail`), for each of recall, hit rate, MRR and nDCG without a `max_drop`:
+    a significant drop (pHolm < alpha, Holm over the compared measures) fails; a drop that is not
+    significant warns (`significant_drop.<measure>`);
+  - `max_drop.<measure>`: a drop beyond the limit fails when significant (or always, with
+    `regression_requires_significance: false`) and warns when it is not;
+  - `max_broken_cases` (unset: 0, with `broken_case_policy`'s severity): broken core cases (hit 1 -> 0)
+    whose baseline hit rested on documents the golden set still judges relevant; a break caused by a
+    relabelling is named, not counted;
+  - `high_risk_broken` (`high_risk_policy`): any broken case marked `risk: high`, in any set;
+  - `removed_cases` (`removed_case_policy`): a case the baseline failed that left the golden set without a
+    `retired` reason; other unexplained removals warn;
+  - `segment_drop` (`segment_drop_policy`, warn): a significant drop in a segment of 10+ paired cases (Holm
+    over the segments); `segments.<key>.max_drop.<measure>`: a configured segment's mean paired drop;
+  - `max_p95_increase`: p95 latency now <= baseline p95 x (1 + limit).
+  Without a baseline, or with one that is not comparable, these checks do not run and `notes` says why.
+* Unjudged documents (`unjudged_policy`, default fail): they count as not relevant (the trec_eval
+  convention), so a regression they may explain still fails, its message naming how many new top-K
+  documents are unjudged (the list to judge). With "warn", a drop whose condensed lists (unjudged documents
+  removed) stay within the limit warns, and an unverified broken case is left out of `max_broken_cases` and
+  named in `unverified_broken_cases`. When the affected cases' mean Judged@K is under `JUDGED_FLOOR` the
+  condensed figures cannot tell, and the message says so instead of calling the drop unverified.
 * Safety: `max_forbidden_hits` (default 0: one forbidden document in any top K fails), and for the
-  no-answer cases `min_correct_abstention` and `max_false_answer_rate`.
-* Policies (`no_answer_policy`: warn | fail | off): a check whose severity the setting chooses. With
-  "warn" a check that does not hold is a warning (`GateResult.warnings`, "gate WARN" in the log): the
-  gate still passes. `no_answer_policy` holds when the golden set has no no-answer cases, or when at
-  least one of them abstained (returned nothing): 0 of n is what it catches.
-
-* `unjudged_policy` (warn | fail): a regression the comparison cannot verify because unjudged documents
-  entered the top K. A `max_drop` beyond its limit whose condensed-list drop (unjudged documents removed) is
-  within it, and a broken case the comparison marks unverified (`compare.unverified_reason`), warn with
-  "warn" (the broken case is left out of `max_broken_cases` and named in `unverified_broken_cases`) and fail
-  as ordinary regressions with "fail".
+  no-answer cases `min_correct_abstention` and `max_false_answer_rate`; `no_answer_policy` (warn) holds when
+  at least one no-answer case abstained (returned nothing): 0 of n is what it catches.
 
 A check's `passed` says whether it held; its `severity` ("fail" or "warn") whether not holding fails the
-gate or warns.
+gate or warns. A policy set to "off" leaves its check out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import fmean
 from typing import Any, Literal
 
-from app.evaluation.report.model import Comparison, Gate, GateCheckRecord, GateFailure, Report, Summary
-from app.evaluation.scoring.measures import fmt
-from app.settings import EvaluateThresholds
+from app.evaluation.report.model import (
+    CaseRecord,
+    Comparison,
+    Gate,
+    GateCheckRecord,
+    GateFailure,
+    MetricComparison,
+    Report,
+    Summary,
+)
+from app.evaluation.scoring.measures import fmt, fmt_p
+from app.settings import EvaluateThresholds, SegmentThresholds
+
+# a segment is tested for a significant drop from this many paired cases (compare.MIN_TESTED_SEGMENT)
+MIN_TESTED_SEGMENT = 10
+# below this mean Judged@K of the broken and worsened cases, the condensed lists cannot tell a regression
+# from unjudged relevant documents, and the report says so
+JUDGED_FLOOR = 0.5
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
 _LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
@@ -53,6 +79,34 @@ _LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
 _DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
 
 Severity = Literal["fail", "warn"]
+
+# what each check holds, in words, for the report's gate table (by name, or by the name's prefix before ".")
+MEANS: dict[str, str] = {
+    "min_recall": "mean Recall@K over the scored cases, at least",
+    "min_hit_rate": "share of scored cases with a relevant document in the top K, at least",
+    "min_mrr": "mean MRR@K over the scored cases, at least",
+    "min_ndcg": "mean nDCG@K over the scored cases, at least",
+    "max_duplicate_rate": "mean share of the top K that repeats a higher-ranked result, at most",
+    "max_p95_ms": "p95 single-query latency in ms, at most",
+    "min_correct_abstention": "share of no-answer cases that returned nothing, at least",
+    "max_false_answer_rate": "share of no-answer cases that returned documents, at most",
+    "max_forbidden_hits": "forbidden documents in any top K (a count), at most",
+    "no_answer_policy": "no-answer cases that abstained (a count, not a rate), at least",
+    "significant_drop": "the drop against the baseline (core set): a significant one fails, any other warns",
+    "max_drop": "the drop against the baseline (core set), at most; beyond it, significant fails, else warns",
+    "max_broken_cases": "core cases whose hit went 1 -> 0 on documents still judged relevant, at most",
+    "unverified_broken_cases": "broken cases that unjudged documents may explain (unjudged_policy: warn)",
+    "high_risk_broken": "broken cases marked risk: high, in any set (a count), at most",
+    "removed_cases": "cases the baseline failed that left the golden set without a retired reason, none",
+    "segment_drop": "segments of 10+ paired cases with a significant drop (Holm over segments), none",
+    "segments": "a configured segment's level or drop",
+    "max_p95_increase": "p95 latency growth against the baseline (a ratio: 0.2 = +20%), at most",
+}
+
+
+def check_means(name: str) -> str:
+    """What the check `name` holds, in words (`MEANS`)."""
+    return MEANS.get(name) or MEANS.get(name.split(".", 1)[0], "")
 
 
 def policy_severity(policy: str) -> Severity | None:
@@ -131,6 +185,7 @@ class GateResult:
                     passed=c.passed,
                     severity=c.severity,
                     message=c.describe(),
+                    means=check_means(c.name),
                 )
                 for c in self.checks
             ],
@@ -160,9 +215,10 @@ def check_gate(
         value = float(raw) if raw is not None else None
         passed = value is not None and (value >= threshold if op == ">=" else value <= threshold)
         result.checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
+    _segment_levels(result, report, thresholds)
     _forbidden(result, summary, report, thresholds)
     _no_answer_policy(result, summary, thresholds)
-    _regressions(result, thresholds, report.comparison, no_baseline_reason)
+    _regressions(result, report, thresholds, report.comparison, no_baseline_reason)
     return result
 
 
@@ -213,58 +269,141 @@ def _forbidden(result: GateResult, summary: Summary, report: Report, thresholds:
 
 def _regressions(
     result: GateResult,
+    report: Report,
     thresholds: EvaluateThresholds,
     comparison: Comparison | None,
     no_baseline_reason: str | None,
 ) -> None:
-    drops = {name: getattr(thresholds.max_drop, name) for name in _DROPS}
-    wanted = any(v is not None for v in drops.values()) or thresholds.max_broken_cases is not None
-    if not wanted:
-        return
+    """Every check against the baseline (the module docstring's "Regressions"), or a note saying why none
+    could run."""
     if comparison is None:
         reason = no_baseline_reason or "none configured"
         result.notes.append(f"regression gate passed without checking: no baseline ({reason})")
         return
+    _removed_cases(result, thresholds, comparison)
     if not comparison.comparable:
         result.notes.append(
             "regression gate passed without checking: the baseline is not comparable (K differs)"
         )
         return
-    for name, limit in drops.items():
-        if limit is None:
-            continue
-        metric = _DROPS[name]
-        row = comparison.metrics.get(metric)
+    rows = core_rows(comparison)
+    if comparison.by_set and not rows:
+        result.notes.append("no core case is paired with the baseline: the drop checks did not run")
+    for name, metric in _DROPS.items():
+        row = rows.get(metric)
         if row is None:
-            result.notes.append(f"max_drop.{name}: no paired scored cases, not checked")
             continue
-        drop = row.baseline - row.current
-        beyond = drop > limit + 1e-12
-        failed = beyond and (row.significant or not thresholds.regression_requires_significance)
-        if beyond and not failed:
-            why = f"not significant (pHolm={row.p_holm:.2g})"
-        elif failed:
-            why = f"pHolm={row.p_holm:.2g}"
-        else:
-            why = "within the allowed drop"
-        message = (
-            f"{metric} {row.baseline:.3f} -> {row.current:.3f}: drop {drop:+.3f}, allowed {limit} ({why})"
+        limit = getattr(thresholds.max_drop, name)
+        check = (
+            _drop_check(name, metric, row, limit, thresholds)
+            if limit is not None
+            else _default_drop_check(name, metric, row, thresholds)
         )
-        severity: Severity = "fail"
-        unverified = _unverified_drop(comparison, metric, limit) if failed else None
-        if unverified is not None:
-            message += f"; {unverified}"
-            severity = "warn" if thresholds.unjudged_policy == "warn" else "fail"
-        result.checks.append(
-            GateCheck(f"max_drop.{name}", metric, "<=", float(limit), drop, not failed, message, severity)
+        if check is not None:
+            result.checks.append(_judged_caveat(check, comparison, metric, limit, thresholds))
+    _broken_cases(result, report, thresholds, comparison)
+    _high_risk(result, report, thresholds, comparison)
+    _segment_drops(result, thresholds, comparison)
+    _p95_increase(result, thresholds, comparison)
+
+
+def core_rows(comparison: Comparison) -> dict[str, MetricComparison]:
+    """The paired statistics the regression checks read: the core set's (`Comparison.by_set`), or every
+    paired case's when the golden set has one part only."""
+    if comparison.by_set:
+        return comparison.by_set.get("core", {})
+    return comparison.metrics
+
+
+def _drop_text(metric: str, row: MetricComparison) -> str:
+    drop = row.baseline - row.current
+    return f"{metric} {row.baseline:.3f} -> {row.current:.3f}: drop {drop:+.3f}"
+
+
+def _drop_check(
+    name: str, metric: str, row: MetricComparison, limit: float, thresholds: EvaluateThresholds
+) -> GateCheck:
+    """`max_drop.<name>`: a drop beyond `limit` fails when significant (or always, without
+    `regression_requires_significance`) and warns when it is not significant."""
+    drop = row.baseline - row.current
+    beyond = drop > limit + 1e-12
+    failed = beyond and (row.significant or not thresholds.regression_requires_significance)
+    if failed:
+        why = f"pHolm={fmt_p(row.p_holm)}"
+    elif beyond:
+        why = f"not significant (pHolm={fmt_p(row.p_holm)}): a warning"
+    else:
+        why = "within the allowed drop"
+    message = f"{_drop_text(metric, row)}, allowed {limit} ({why})"
+    severity: Severity = "fail" if failed or not beyond else "warn"
+    return GateCheck(f"max_drop.{name}", metric, "<=", float(limit), drop, not beyond, message, severity)
+
+
+def _default_drop_check(
+    name: str, metric: str, row: MetricComparison, thresholds: EvaluateThresholds
+) -> GateCheck | None:
+    """`significant_drop.<name>`, the rule with no `max_drop` set: a significant drop (pHolm < alpha over
+    the compared measures) has `regression_policy`'s severity; a drop that is not significant warns."""
+    severity = policy_severity(thresholds.regression_policy)
+    if severity is None:
+        return None
+    drop = row.baseline - row.current
+    dropped = drop > 1e-12
+    if dropped and row.significant:
+        why = f"significant, pHolm={fmt_p(row.p_holm)}"
+    elif dropped:
+        why = f"not significant, pHolm={fmt_p(row.p_holm)}: a warning"
+        severity = "warn"
+    else:
+        why = "no drop"
+    message = f"{_drop_text(metric, row)} ({why})"
+    return GateCheck(f"significant_drop.{name}", metric, "<=", 0.0, drop, not dropped, message, severity)
+
+
+def _judged_caveat(
+    check: GateCheck,
+    comparison: Comparison,
+    metric: str,
+    limit: float | None,
+    thresholds: EvaluateThresholds,
+) -> GateCheck:
+    """A failing drop check with what unjudged documents may mean for it: with `unjudged_policy: warn` a drop
+    the condensed lists do not show only warns; with "fail" (unjudged = not relevant) it stays failed and
+    names the documents to judge. When the affected cases are judged too thinly for the condensed lists to
+    tell (Judged@K < JUDGED_FLOOR), it says so instead of calling the drop unverified."""
+    if not check.failed:
+        return check
+    account = comparison.unjudged
+    if account is None or not account.new_unjudged:
+        return check
+    thin = _thinly_judged(comparison)
+    if thin is not None:
+        return replace(check, message=f"{check.message}; {account.headline}; {thin}")
+    unverified = _unverified_drop(comparison, metric, limit if limit is not None else 0.0)
+    if unverified is None:
+        return replace(
+            check, message=f"{check.message}; {account.headline} (judge them: they count as not relevant)"
         )
-    if thresholds.max_broken_cases is not None:
-        _broken_cases(result, thresholds, comparison, thresholds.max_broken_cases)
+    severity: Severity = "warn" if thresholds.unjudged_policy == "warn" else "fail"
+    policy = "unjudged_policy: warn" if severity == "warn" else "unjudged count as not relevant"
+    return replace(check, message=f"{check.message}; {unverified} ({policy})", severity=severity)
+
+
+def _thinly_judged(comparison: Comparison) -> str | None:
+    """The sentence for regressions judged too thinly for the condensed figures to mean anything, or None."""
+    judged = comparison.judged_of_regressions
+    if judged is None or judged >= JUDGED_FLOOR:
+        return None
+    return (
+        f"Judged@K of the affected cases is {judged:.3f} (< {JUDGED_FLOOR}): too few judgments for the "
+        "condensed figures to tell; unjudged documents count as not relevant, judge the new ones to settle it"
+    )
 
 
 def _unverified_drop(comparison: Comparison, metric: str, limit: float) -> str | None:
-    """Why a drop beyond `max_drop` is unverified, or None: the change brought unjudged documents into
-    some top K, and on the condensed lists (unjudged documents removed) the drop is within the limit."""
+    """Why a drop beyond its limit may come from unjudged documents, or None: the change brought unjudged
+    documents into some top K, and on the condensed lists (unjudged documents removed) the drop is within
+    the limit."""
     account = comparison.unjudged
     row = comparison.condensed_metrics.get(metric)
     if account is None or not account.new_unjudged or row is None:
@@ -279,19 +418,49 @@ def _unverified_drop(comparison: Comparison, metric: str, limit: float) -> str |
 
 
 def _broken_cases(
-    result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison, limit: int
+    result: GateResult, report: Report, thresholds: EvaluateThresholds, comparison: Comparison
 ) -> None:
-    """`max_broken_cases` counts the broken cases; with `unjudged_policy: warn` an unverified one (its drop
-    may come from unjudged documents, compare.unverified_reason) is left out of the count and warned about
-    in an `unverified_broken_cases` check instead."""
-    broken = comparison.cases.broken
-    unverified = set(comparison.cases.unverified) & set(broken)
-    counted = broken if thresholds.unjudged_policy == "fail" else [i for i in broken if i not in unverified]
-    message = f"broken cases (hit 1 -> 0): {len(counted)}, allowed {limit}"
+    """`max_broken_cases` (default, unset: 0 with `broken_case_policy`'s severity) over the broken core cases
+    whose baseline hit rested on documents the golden set still judges relevant (a break by relabelling is
+    named, not counted). Unjudged documents count as not relevant; with `unjudged_policy: warn` an
+    unverified break (compare.unverified_reason) is left out and warned about in `unverified_broken_cases`."""
+    limit = thresholds.max_broken_cases
+    severity: Severity | None = (
+        "fail" if limit is not None else policy_severity(thresholds.broken_case_policy)
+    )
+    if severity is None:
+        return
+    limit = 0 if limit is None else limit
+    sets = {c.id: c.case_set for c in report.cases}
+    relabelled = set(comparison.cases.broken_by_relabelling)
+    broken = [i for i in comparison.cases.broken if i not in relabelled]
+    incremental = [i for i in broken if sets.get(i, "core") != "core"]
+    core = [i for i in broken if i not in incremental]
+    lenient = thresholds.unjudged_policy == "warn"
+    unverified = sorted(set(comparison.cases.unverified) & set(core)) if lenient else []
+    counted = [i for i in core if i not in unverified]
+    message = f"broken core cases (hit 1 -> 0): {len(counted)}, allowed {limit}"
+    if thresholds.max_broken_cases is None:
+        message += " (the default)"
     if counted:
         message += " (" + ", ".join(counted) + ")"
-    if unverified and thresholds.unjudged_policy == "warn":
-        message += f"; {len(unverified)} unverified left out (unjudged_policy: warn)"
+    for label, ids in (
+        ("unverified left out (unjudged_policy: warn)", unverified),
+        ("incremental, reported apart", incremental),
+        (
+            "broken by relabelling (the baseline's hit is no longer judged relevant), not counted",
+            sorted(relabelled),
+        ),
+    ):
+        if ids:
+            message += f"; {len(ids)} {label}: {', '.join(ids)}"
+    account = comparison.unjudged
+    if counted and account is not None and account.new_unjudged:
+        message += f"; {account.headline}"
+        thin = _thinly_judged(comparison)
+        if thin:
+            message += f"; {thin}"
+    passed = len(counted) <= limit
     result.checks.append(
         GateCheck(
             "max_broken_cases",
@@ -299,15 +468,14 @@ def _broken_cases(
             "<=",
             float(limit),
             float(len(counted)),
-            len(counted) <= limit,
+            passed,
             message,
+            severity,
         )
     )
-    if unverified and thresholds.unjudged_policy == "warn":
+    if unverified:
         details = comparison.case_details
-        why = "; ".join(
-            f"{i}: {details[i].why if i in details else 'unverified'}" for i in sorted(unverified)
-        )
+        why = "; ".join(f"{i}: {details[i].why if i in details else 'unverified'}" for i in unverified)
         result.checks.append(
             GateCheck(
                 "unverified_broken_cases",
@@ -320,3 +488,195 @@ def _broken_cases(
                 "warn",
             )
         )
+
+
+def _high_risk(
+    result: GateResult, report: Report, thresholds: EvaluateThresholds, comparison: Comparison
+) -> None:
+    """`high_risk_broken`: a broken case marked `risk: high`, in any set and whatever judged its new
+    documents, has `high_risk_policy`'s severity (checked when the golden set has high-risk cases)."""
+    severity = policy_severity(thresholds.high_risk_policy)
+    high = {c.id for c in report.cases if c.risk == "high"}
+    if severity is None or not high:
+        return
+    relabelled = set(comparison.cases.broken_by_relabelling)
+    broken = [i for i in comparison.cases.broken if i in high and i not in relabelled]
+    owners = {c.id: c.owner for c in report.cases}
+    named = ", ".join(f"{i} (owner {owners[i]})" if owners.get(i) else i for i in broken)
+    message = f"broken high-risk cases: {len(broken)} of {len(high)}" + (f" ({named})" if broken else "")
+    result.checks.append(
+        GateCheck(
+            "high_risk_broken",
+            "cases.brokenHighRisk",
+            "<=",
+            0.0,
+            float(len(broken)),
+            not broken,
+            message,
+            severity,
+        )
+    )
+
+
+def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:
+    """`removed_cases`: a case the baseline failed (Recall@K < 1, or an error) that left the golden set
+    without a `retired: [{id, reason}]` entry has `removed_case_policy`'s severity; any other removal
+    without a reason warns; removals that all carry a reason hold (and are named)."""
+    severity = policy_severity(thresholds.removed_case_policy)
+    removed = comparison.removed_cases
+    if severity is None or not removed:
+        return
+    unexplained = [c for c in removed if c.retired_reason is None]
+    failed = [c.id for c in unexplained if c.failed]
+    parts = [f"{len(removed)} case(s) removed since the baseline"]
+    if failed:
+        parts.append(f"{len(failed)} the baseline failed, without a retired reason: {', '.join(failed)}")
+    others = [c.id for c in unexplained if not c.failed]
+    if others:
+        parts.append(f"{len(others)} without a retired reason: {', '.join(others)}")
+    retired = [f"{c.id} ({c.retired_reason})" for c in removed if c.retired_reason is not None]
+    if retired:
+        parts.append(f"retired: {', '.join(retired)}")
+    if not failed and others:
+        severity = "warn"
+    result.checks.append(
+        GateCheck(
+            "removed_cases",
+            "cases.removedUnretired",
+            "<=",
+            0.0,
+            float(len(failed) if failed else len(others)),
+            not unexplained,
+            "; ".join(parts),
+            severity,
+        )
+    )
+
+
+def _segment_drops(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:
+    """`segment_drop` (`segment_drop_policy`): a segment of 10+ paired cases whose drop is significant
+    (Holm over the tested segments, per measure); then each configured `segments` entry."""
+    severity = policy_severity(thresholds.segment_drop_policy)
+    tested = [r for r in comparison.segments if r.p_holm is not None]
+    if severity is not None and tested:
+        dropped = [r for r in tested if r.significant and r.delta < 0]
+        shown = "; ".join(
+            f"{r.kind}:{r.name} {r.metric} {r.baseline:.3f} -> {r.current:.3f} (n={r.paired_cases}, "
+            f"pHolm={fmt_p(r.p_holm)})"
+            for r in dropped
+        )
+        segments = len({(r.kind, r.name) for r in tested})
+        message = (
+            f"significant segment drops: {len(dropped)} over {segments} segments of "
+            f"{MIN_TESTED_SEGMENT}+ cases" + (f" ({shown})" if dropped else "")
+        )
+        result.checks.append(
+            GateCheck(
+                "segment_drop",
+                "segments.drops",
+                "<=",
+                0.0,
+                float(len(dropped)),
+                not dropped,
+                message,
+                severity,
+            )
+        )
+    for key, config in thresholds.segments.items():
+        _segment_max_drops(result, key, config, comparison)
+
+
+def _segment_max_drops(
+    result: GateResult, key: str, config: SegmentThresholds, comparison: Comparison
+) -> None:
+    """A configured segment's `max_drop`: the mean paired difference over the segment's cases, beyond the
+    limit, fails (no significance is asked of one segment: the limit is the user's own); a segment no
+    paired case belongs to fails (nothing to check is not a pass)."""
+    kind, _, name = key.partition(":")
+    for field_name, metric in _DROPS.items():
+        limit = getattr(config.max_drop, field_name)
+        if limit is None:
+            continue
+        check_name = f"segments.{key}.max_drop.{field_name}"
+        row = next(
+            (r for r in comparison.segments if (r.kind, r.name, r.metric) == (kind, name, metric)), None
+        )
+        if row is None:
+            result.checks.append(
+                GateCheck(check_name, metric, "<=", float(limit), None, False, f"no paired case is in {key}")
+            )
+            continue
+        drop = row.baseline - row.current
+        message = (
+            f"{key} {metric} {row.baseline:.3f} -> {row.current:.3f}: drop {drop:+.3f}"
+            f", allowed {limit} (n={row.paired_cases}, p={fmt_p(row.p_value)})"
+        )
+        result.checks.append(
+            GateCheck(check_name, metric, "<=", float(limit), drop, drop <= limit + 1e-12, message)
+        )
+
+
+def _segment_levels(result: GateResult, report: Report, thresholds: EvaluateThresholds) -> None:
+    """Each configured segment's levels (`min_recall`, ... over the segment's scored cases); a segment
+    no scored case belongs to fails its levels."""
+    for key, config in thresholds.segments.items():
+        members = [c for c in report.cases if c.metrics and in_segment(c, key)]
+        for name, (metric, _, _) in _LEVELS.items():
+            if not name.startswith("min_") or not hasattr(config, name):
+                continue
+            threshold = getattr(config, name)
+            if threshold is None:
+                continue
+            value = fmean(float(c.metrics[metric]) for c in members if c.metrics) if members else None
+            message = (
+                f"{key}: {metric}={fmt(value, 4)} over {len(members)} scored case(s), needs >= {threshold}"
+                if members
+                else f"{key}: no scored case is in this segment"
+            )
+            result.checks.append(
+                GateCheck(
+                    f"segments.{key}.{name}",
+                    metric,
+                    ">=",
+                    float(threshold),
+                    value,
+                    value is not None and value >= threshold,
+                    message,
+                )
+            )
+
+
+def in_segment(case: CaseRecord, key: str) -> bool:
+    """Whether `case` belongs to the segment `<kind>:<name>` (tag, knowledgeTag, risk or set)."""
+    kind, _, name = key.partition(":")
+    if kind == "tag":
+        return name in case.tags
+    if kind == "knowledgeTag":
+        return case.knowledge_tag == name
+    if kind == "risk":
+        return case.risk == name
+    return case.case_set == name
+
+
+def _p95_increase(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:
+    """`max_p95_increase`: the p95 single-query latency may grow to baseline x (1 + limit) at most; without
+    both figures (latency_sample 0 on either side) the check fails."""
+    limit = thresholds.max_p95_increase
+    if limit is None:
+        return
+    row = comparison.budget.get("p95Ms")
+    before = row.baseline if row else None
+    now = row.current if row else None
+    if before is None or now is None or before <= 0:
+        message = "p95 latency is missing on one side (rag.evaluate.latency_sample 0?)"
+        result.checks.append(
+            GateCheck("max_p95_increase", "latencyMs.p95", "<=", limit, None, False, message)
+        )
+        return
+    increase = now / before - 1.0
+    message = f"p95 {before:.0f} ms -> {now:.0f} ms: {increase:+.1%}, allowed +{limit:.0%}"
+    result.checks.append(
+        GateCheck(
+            "max_p95_increase", "latencyMs.p95", "<=", limit, increase, increase <= limit + 1e-12, message
+        )
+    )

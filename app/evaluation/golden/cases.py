@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,6 +73,12 @@ class GoldenCase(BaseModel):
       passageChunkId (str | null: the chunk a generated case was made from) → passage_chunk_id
       literalness (float 0..1 | null: share of the query's terms that occur in its passage) → literalness
       draft (bool: not yet labelled; a draft case may name no expectation and is not scored) → draft
+      set ("core" | "incremental": the stable core set the gate's defaults guard, or the incremental set
+        of newer cases, reported apart; default core) → case_set
+      risk ("low" | "medium" | "high" | null: what a wrong answer costs; a high-risk case that breaks fails
+        the gate) → risk
+      owner (str | null: who answers for the case) → owner
+      rationale (str: why the case is in the set, what it guards) → rationale
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -103,6 +109,10 @@ class GoldenCase(BaseModel):
     passage_chunk_id: str | None = Field(default=None, alias="passageChunkId")
     literalness: float | None = Field(default=None, ge=0.0, le=1.0)
     draft: bool = False
+    case_set: Literal["core", "incremental"] = Field(default="core", alias="set")
+    risk: Literal["low", "medium", "high"] | None = None
+    owner: str | None = None
+    rationale: str = ""
 
     @field_validator("id", "query")
     @classmethod
@@ -176,13 +186,13 @@ class GoldenCase(BaseModel):
                 "no expectation: give expectedDocIds, expectedSources, expectedChunkIds, relevance, "
                 "judgments or evidenceChunkIds, or set expectNoAnswer (or draft while labelling)",
             )
-        for field, graded in (("relevance", self.relevance), ("judgments", self.judgments)):
+        for name, graded in (("relevance", self.relevance), ("judgments", self.judgments)):
             conflicting = [doc for doc in self.expected_doc_ids if doc in graded and graded[doc] <= 0]
             if conflicting:
                 raise PydanticCustomError(
                     "contradiction",
                     "expectedDocIds lists {docs} but {field} grades them <= 0 (not relevant)",
-                    {"docs": ", ".join(repr(doc) for doc in conflicting), "field": field},
+                    {"docs": ", ".join(repr(doc) for doc in conflicting), "field": name},
                 )
         evidence = {chunk for group in self.evidence_groups() for chunk in group}
         judged_out = sorted(c for c in evidence if c in self.judgments and self.judgments[c] <= 0)
@@ -272,15 +282,33 @@ def case_expected_relevance(case: GoldenCase) -> dict[str, float]:
     return case.relevance_map()
 
 
+class RetiredCase(BaseModel):
+    """A case taken out of the golden set on purpose: its id and why (`retired: [{id, reason}]` at the top
+    of the file). A case the baseline failed may leave the set only so; the comparison names it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+    reason: str
+
+    @field_validator("id", "reason")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("blank", "must not be empty or blank")
+        return value
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     dataset_version: str | None
     cases: list[GoldenCase]
     path: str
+    retired: list[RetiredCase] = field(default_factory=list)
 
 
 _FIELD_NAMES = [field.alias or name for name, field in GoldenCase.model_fields.items()]
-_TOP_LEVEL_NAMES = ["datasetVersion", "cases"]
+_TOP_LEVEL_NAMES = ["datasetVersion", "cases", "retired"]
 
 
 def _did_you_mean(name: str, valid: list[str]) -> str:
@@ -441,7 +469,35 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _split_json(path: str, document: Any, errors: list[str]) -> tuple[str | None, list[_RawCase]]:
+def _retired(path: str, value: Any, errors: list[str]) -> list[RetiredCase]:
+    """The top-level `retired` list: `[{"id": ..., "reason": ...}]`, each entry checked."""
+    if not isinstance(value, list):
+        errors.append(
+            f'{path}: field "retired": must be an array of {{"id", "reason"}} objects '
+            f"(got {_json_type(value)})"
+        )
+        return []
+    out: list[RetiredCase] = []
+    for index, item in enumerate(value):
+        try:
+            out.append(RetiredCase.model_validate(item))
+        except ValidationError as exc:
+            for error in exc.errors():
+                loc = ("retired", index, *error["loc"])
+                if error["type"] == "extra_forbidden":
+                    errors.append(
+                        f'{path}: field "{_loc_text(loc)}": unknown field; valid fields: id, reason'
+                    )
+                elif error["type"] == "missing":
+                    errors.append(f'{path}: field "{_loc_text(loc)}": required field is missing')
+                else:
+                    errors.append(f'{path}: field "{_loc_text(loc)}": {error["msg"]}')
+    return out
+
+
+def _split_json(
+    path: str, document: Any, errors: list[str], retired: list[RetiredCase]
+) -> tuple[str | None, list[_RawCase]]:
     version: str | None = None
     if isinstance(document, dict):
         for key in document:
@@ -457,6 +513,8 @@ def _split_json(path: str, document: Any, errors: list[str]) -> tuple[str | None
             )
         else:
             version = raw_version
+        if "retired" in document:
+            retired.extend(_retired(path, document["retired"], errors))
         if "cases" not in document:
             errors.append(
                 f'{path}: field "cases" is missing: expected {{"datasetVersion": ..., "cases": [...]}}'
@@ -484,6 +542,7 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
     path = str(path)
     errors: list[str] = []
     version: str | None = None
+    retired: list[RetiredCase] = []
     raw: list[_RawCase]
     if path.lower().endswith(".jsonl"):
         raw = _split_jsonl(path, text)
@@ -513,7 +572,7 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
                 # A one-line JSONL file: a single case object.
                 raw = [_RawCase(f"{path}:{text[: text.index('{')].count(chr(10)) + 1}", document)]
             else:
-                version, raw = _split_json(path, document, errors)
+                version, raw = _split_json(path, document, errors, retired)
 
     cases: list[GoldenCase] = []
     first_position: dict[str, str] = {}
@@ -541,11 +600,28 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
         except ValidationError as exc:
             errors.extend(f"{item.label()}: {_describe(error)}" for error in exc.errors())
 
+    errors.extend(_retired_conflicts(path, retired, first_position))
     if not errors and not cases:
         errors.append(f"{path}: the golden set is empty: it has no cases")
     if errors:
         raise GoldenSetError(path, [_safe(error) for error in errors])
-    return GoldenSet(dataset_version=version, cases=cases, path=path)
+    return GoldenSet(dataset_version=version, cases=cases, path=path, retired=retired)
+
+
+def _retired_conflicts(path: str, retired: list[RetiredCase], active: dict[str, str]) -> list[str]:
+    """A retired id must not also be an active case, nor be retired twice."""
+    errors = []
+    seen: set[str] = set()
+    for index, item in enumerate(retired):
+        if item.id in active:
+            errors.append(
+                f'{path}: field "retired[{index}].id": case {item.id!r} is retired but still in the set '
+                f"(at {active[item.id]}); remove the case or its retirement"
+            )
+        if item.id in seen:
+            errors.append(f'{path}: field "retired[{index}].id": {item.id!r} is retired twice')
+        seen.add(item.id)
+    return errors
 
 
 def load_golden_set(path: str | Path) -> GoldenSet:

@@ -15,6 +15,7 @@ from app.evaluation.report.model import (
     Comparison,
     Gate,
     Loss,
+    MetricComparison,
     RankedDocument,
     Report,
     Summary,
@@ -98,16 +99,28 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
             f"{'significant' if row.significant else 'not significant'}); "
             f"{len(comp.cases.fixed)} fixed, {len(comp.cases.broken)} broken"
         )
+        if comp.unjudged is not None and comp.unjudged.new_unjudged:
+            against += f"; {comp.unjudged.headline} (to judge)"
+        if comp.removed_cases or comp.added_cases:
+            against += f"; {len(comp.removed_cases)} case(s) removed, {len(comp.added_cases)} added"
     elif comp is not None:
         against = "not comparable with the baseline"
     else:
         against = f"no baseline ({report.baseline_note or 'none'})"
     no_answer = s.no_answer.get("cases", 0)
-    return [
+    lines = [
         f"**Gate {verdict}.** {figures} over {s.scored_cases} scored cases "
         f"({s.cases} in all, {no_answer} no-answer, {s.failed} failed); {against}.",
         "",
     ]
+    update = report.baseline_update
+    if update is not None:
+        lines += [
+            ("This run is the new baseline: " if update.promoted else "The baseline stays: ")
+            + f"{update.reason}.",
+            "",
+        ]
+    return lines
 
 
 def _gate_markdown(gate: Gate) -> list[str]:
@@ -119,20 +132,31 @@ def _gate_markdown(gate: Gate) -> list[str]:
             + ("PASSED" if gate.passed else "FAILED")
             + (f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""),
             "",
-            "| Check | Value | Needs | | |",
-            "|---|---|---|---|---|",
+            "| Check | What it holds | Value | Needs | | |",
+            "|---|---|---|---|---|---|",
         ]
         for c in gate.checks:
             status = "ok" if c.passed else "WARN" if c.severity == "warn" else "**FAIL**"
             out.append(
-                f"| {c.name} | {_f(c.value)} | {c.op} {c.threshold} | {status} | {_cell(c.message, 400)} |"
+                f"| {c.name} | {_cell(c.means, None)} | {_f(c.value)} | {c.op} {c.threshold:g} | {status} | "
+                f"{_cell(c.message, 400)} |"
             )
-        out.append("")
+        out += ["", GATE_RULE, ""]
     for note in gate.notes:
         out += [f"- {note}"]
     if gate.notes:
         out.append("")
     return out
+
+
+GATE_RULE = (
+    "By default the gate fails on a forbidden document in any top K, on a significant drop (Holm-adjusted "
+    "p < alpha) of Recall, HitRate, MRR or nDCG against the baseline on the core set, on a broken core case "
+    "(hit 1 → 0) whose baseline hit rests on documents still judged relevant, on a broken high-risk case, "
+    "and on a case the baseline failed that left the golden set without a retired reason; a drop that is "
+    "not significant, a significant drop in a segment of 10+ cases and 0 abstentions of the no-answer "
+    "cases warn. Unjudged documents count as not relevant (docs/baselines.md)."
+)
 
 
 def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: str) -> list[str]:
@@ -164,14 +188,12 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
             "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for name, row in comp.metrics.items():
-            low, high = row.ci95 or (None, None)
-            out.append(
-                f"| {measures.label(name, kl)} | {_f(row.baseline)} | {_f(row.current)} | {row.delta:+.3f} | "
-                f"[{_f(low)}, {_f(high)}] | {p_text(row.p_value)} | {p_text(row.p_holm)} | "
-                f"{'yes' if row.significant else 'no'} |"
-            )
+        out += _metric_rows(comp.metrics, kl)
         out.append("")
+    out += _by_set_markdown(comp, kl)
+    out += _composition_markdown(comp, kl)
+    out += _budget_markdown(comp)
+    out += _segment_comparison_markdown(comp, kl)
     out += ["What changed between the runs:", ""]
     out += [f"- `{d}`" if d.startswith("rag.") else f"- {d}" for d in comp.differences]
     if not comp.differences:
@@ -215,13 +237,13 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
             + f" ({len(cases.improved)} improved, {len(cases.worsened)} worsened).",
             "",
         ]
-    if cases.only_in_baseline or cases.only_in_current:
+    if cases.broken_by_relabelling:
         out += [
-            "Left out of the paired figures: only in the baseline "
-            f"{', '.join(cases.only_in_baseline) or '-'}; only in this run "
-            f"{', '.join(cases.only_in_current) or '-'}.",
+            "Broken by relabelling (the baseline's hit is no longer judged relevant; not a regression): "
+            f"{', '.join(cases.broken_by_relabelling)}.",
             "",
         ]
+    out += _removed_added_markdown(comp, kl)
     if comp.stages:
         out += [
             "| Stage | Removed relevant (before → now) | Recall after stage (before → now) |",
@@ -235,6 +257,123 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
             )
         out.append("")
     return out
+
+
+def _metric_rows(rows: dict[str, MetricComparison], kl: str) -> list[str]:
+    out = []
+    for name, row in rows.items():
+        low, high = row.ci95 or (None, None)
+        out.append(
+            f"| {measures.label(name, kl)} | {_f(row.baseline)} | {_f(row.current)} | {row.delta:+.3f} | "
+            f"[{_f(low)}, {_f(high)}] | {p_text(row.p_value)} | {p_text(row.p_holm)} | "
+            f"{'yes' if row.significant else 'no'} |"
+        )
+    return out
+
+
+def _by_set_markdown(comp: Comparison, kl: str) -> list[str]:
+    """The paired figures of the core and the incremental set apart (the gate's defaults read the core)."""
+    out: list[str] = []
+    for name, rows in comp.by_set.items():
+        out += [
+            f"The {name} set alone{' (the one the gate checks by default)' if name == 'core' else ''}:",
+            "",
+            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
+            "|---|---|---|---|---|---|---|---|",
+            *_metric_rows(rows, kl),
+            "",
+        ]
+    return out
+
+
+def _composition_markdown(comp: Comparison, kl: str) -> list[str]:
+    """Every case beside the paired ones: how much of the change the added and removed cases explain."""
+    if not (comp.removed_cases or comp.added_cases) or not comp.composition:
+        return []
+    out = [
+        "Every scored case against the paired ones (the rest of the change comes from the cases added or "
+        "removed):",
+        "",
+        "| Metric | All: baseline → now | Paired: baseline → now | From added/removed cases |",
+        "|---|---|---|---|",
+    ]
+    for name, row in comp.composition.items():
+        explained = "n/a" if row.composition is None else f"{row.composition:+.3f}"
+        out.append(
+            f"| {measures.label(name, kl)} | {_f(row.baseline_all)} → {_f(row.current_all)} | "
+            f"{_f(row.baseline_common)} → {_f(row.current_common)} | {explained} |"
+        )
+    return out + [""]
+
+
+def _removed_added_markdown(comp: Comparison, kl: str) -> list[str]:
+    """The cases only one run has, with their figures in that run."""
+    out: list[str] = []
+    for title, cases in (
+        ("Removed from the golden set since the baseline (figures of the baseline)", comp.removed_cases),
+        ("Added to the golden set (figures of this run)", comp.added_cases),
+    ):
+        if not cases:
+            continue
+        out += [
+            f"{title}: {len(cases)}",
+            "",
+            f"| Case | Set | Risk | nDCG{kl} | Recall{kl} | Failed | Retired because |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in cases:
+            m = c.metrics or {}
+            reason = c.retired_reason
+            if reason is None:
+                reason = "-" if title.startswith("Added") else "(no reason given)"
+            out.append(
+                f"| {_cell(c.id, None)} | {c.set} | {c.risk or '-'} | {_f(m.get('ndcg'))} | "
+                f"{_f(m.get('recall'))} | {'yes' if c.failed else 'no'} | {_cell(reason)} |"
+            )
+        out.append("")
+    return out
+
+
+BUDGET_LABELS = {
+    "p95Ms": "p95 latency (ms)",
+    "duplicateRate": "Duplicate rate",
+    "contextChars": "Context characters per case",
+    "candidates": "Candidates per case",
+    "modelCalls": "Model calls per case",
+}
+
+
+def _budget_markdown(comp: Comparison) -> list[str]:
+    """The cost beside the quality: each budget figure before and now, with the ratio."""
+    if not comp.budget:
+        return []
+    out = ["| Budget | Baseline | Current | Ratio |", "|---|---|---|---|"]
+    for key, row in comp.budget.items():
+        digits = 3 if key == "duplicateRate" else 1
+        before, now = row.baseline, row.current
+        ratio = f"{now / before:.2f}×" if before and now is not None else "n/a"
+        out.append(f"| {BUDGET_LABELS.get(key, key)} | {_f(before, digits)} | {_f(now, digits)} | {ratio} |")
+    return out + [""]
+
+
+def _segment_comparison_markdown(comp: Comparison, kl: str) -> list[str]:
+    """The tested segments (10+ paired cases) whose figure moved, nDCG first, with Holm over segments."""
+    tested = [r for r in comp.segments if r.p_holm is not None and abs(r.delta) > 1e-12]
+    if not tested:
+        return []
+    out = [
+        "Segments of 10+ paired cases that moved (p Holm-adjusted over the segments, per measure):",
+        "",
+        "| Segment | Metric | Cases | Baseline | Current | Δ | p | p (Holm) | Significant |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in tested:
+        out.append(
+            f"| {r.kind}:{_cell(r.name)} | {measures.label(r.metric, kl)} | {r.paired_cases} | "
+            f"{_f(r.baseline)} | {_f(r.current)} | {r.delta:+.3f} | {p_text(r.p_value)} | "
+            f"{p_text(r.p_holm)} | {'yes' if r.significant else 'no'} |"
+        )
+    return out + [""]
 
 
 def _detail_row(case_id: str, d: CaseDetail | None, fixed: bool) -> str:

@@ -99,6 +99,9 @@ class CaseDelta(Model):
 class CaseChanges(Model):
     fixed: list[str] = Field(default_factory=list)
     broken: list[str] = Field(default_factory=list)
+    # broken cases whose baseline hit rested on a document the current golden set no longer judges relevant
+    # (the labels changed, not the chain): named, never counted as regressions
+    broken_by_relabelling: list[str] = Field(default_factory=list)
     improved: list[CaseDelta] = Field(default_factory=list)
     worsened: list[CaseDelta] = Field(default_factory=list)
     only_in_baseline: list[str] = Field(default_factory=list)
@@ -157,6 +160,50 @@ class CaseDetail(Model):
     why: str
 
 
+class CaseFigures(Model):
+    """A case on one side only (removed from the golden set since the baseline, or added): its figures in
+    the run that has it, whether that run failed it (Recall@K < 1 or an error) and, for a removed case, the
+    reason the golden set gives for retiring it (None: removed without one)."""
+
+    id: str
+    set: str = "core"
+    risk: str | None = None
+    status: str = "ok"
+    metrics: dict[str, float] | None = None
+    failed: bool = False
+    retired_reason: str | None = None
+
+
+class CompositionRow(Model):
+    """One measure over every scored case of each run (`baseline_all`, `current_all`: the summaries'
+    figures) beside the same over the paired cases only (`baseline_common`, `current_common`);
+    `composition` = (current_all − baseline_all) − (current_common − baseline_common): the part of the
+    change that comes from cases added to or removed from the golden set."""
+
+    baseline_all: float | None
+    current_all: float | None
+    baseline_common: float | None
+    current_common: float | None
+    composition: float | None
+
+
+class SegmentComparison(Model):
+    """A segment's paired difference on one measure (`kind`: tag, knowledgeTag, risk or set), with its
+    sign-flip p-value and the Holm-adjusted one over the segments of 10 or more paired cases compared on
+    that measure (`p_holm` None for a smaller segment: shown, never tested)."""
+
+    kind: str
+    name: str
+    metric: str
+    paired_cases: int
+    baseline: float
+    current: float
+    delta: float
+    p_value: float
+    p_holm: float | None = None
+    significant: bool = False
+
+
 class Comparison(Model):
     baseline: BaselineRef
     comparable: bool
@@ -169,6 +216,17 @@ class Comparison(Model):
     unjudged: UnjudgedAccount | None = None
     # the same paired statistics on the condensed lists (unjudged documents removed)
     condensed_metrics: dict[str, MetricComparison] = Field(default_factory=dict)
+    # mean Judged@K (this run) of the broken and worsened cases: how far their condensed figures can tell
+    judged_of_regressions: float | None = None
+    # the paired statistics per golden-set part ("core", "incremental") when the set has both
+    by_set: dict[str, dict[str, MetricComparison]] = Field(default_factory=dict)
+    removed_cases: list[CaseFigures] = Field(default_factory=list)
+    added_cases: list[CaseFigures] = Field(default_factory=list)
+    # per measure: every case vs the paired cases, and what the added and removed cases explain
+    composition: dict[str, CompositionRow] = Field(default_factory=dict)
+    # the cost beside the quality: p95Ms, duplicateRate, contextChars, candidates, modelCalls
+    budget: dict[str, BeforeAfter] = Field(default_factory=dict)
+    segments: list[SegmentComparison] = Field(default_factory=list)
 
 
 class GateFailure(Model):
@@ -221,6 +279,12 @@ class RankedDocument(Model):
     )  # chunk ids the diversity stage attached to it (its document's further chunks)
 
 
+class CaseBudget(Model):
+    context_chars: int
+    candidates: int
+    model_calls: int
+
+
 class CaseRecord(Model):
     """One golden case as the report shows it: the case, its figures, its ranking and its trace."""
 
@@ -267,6 +331,13 @@ class CaseRecord(Model):
     evidence: dict[str, float] | None = None  # evidenceRecall, evidenceHit at K
     evidence_lost: list[Loss] = Field(default_factory=list)
     expanded_sources: dict[str, list[str]] = Field(default_factory=dict)
+    case_set: str = Field("core", alias="set")  # core | incremental
+    risk: str | None = None  # low | medium | high
+    owner: str | None = None
+    rationale: str = ""
+    # what the case's answer cost: characters handed on (top K with attached chunks), candidates before the
+    # stages, model calls (the query embedding and each cross-encoder pair)
+    budget: CaseBudget | None = None
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
     expected_content: dict[str, Any] = Field(default_factory=dict)
 
@@ -302,6 +373,8 @@ class Summary(Model):
     # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
     condensed: dict[str, float | None] = Field(default_factory=dict)
     evidence: dict[str, Any] = Field(default_factory=dict)  # cases, evidenceRecall, evidenceHit, lostBy
+    # means over the cases that ran: contextChars, candidates, modelCalls (CaseBudget)
+    budget: dict[str, float] = Field(default_factory=dict)
 
 
 class GateCheckRecord(Model):
@@ -315,6 +388,7 @@ class GateCheckRecord(Model):
     passed: bool
     severity: Literal["fail", "warn"] = "fail"
     message: str = ""
+    means: str = ""  # what the check holds, in words (gate.MEANS)
 
 
 class Gate(Model):
@@ -355,6 +429,7 @@ class RunInfo(Model):
     conventions: str | None = None
     code_version: str | None = None
     report_file: str | None = None
+    retired: list[dict[str, str]] = Field(default_factory=list)  # the golden set's [{id, reason}]
 
 
 # -- the golden-set audit (`golden.audit`) -----------------------------------------------------------------
@@ -556,6 +631,13 @@ def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseR
     return sorted(bad, key=badness)[:limit]
 
 
+class BaselineUpdate(Model):
+    """Whether this run became the last passing baseline (`<prefix>-passing.json`), and why or why not."""
+
+    promoted: bool
+    reason: str
+
+
 class Report(Model):
     """The evaluation report. `status` "invalid": the golden set could not be read, nothing ran (`error`
     says why, `summary` is None). `comparison` is None without a usable baseline (`baselineNote` says why);
@@ -571,6 +653,7 @@ class Report(Model):
     comparison: Comparison | None = None
     baseline_note: str | None = None
     gate: Gate = Field(default_factory=Gate)
+    baseline_update: BaselineUpdate | None = None
     sweep: Sweep | None = None
     audit: Audit | None = None
     stages: list[StageRow] = Field(default_factory=list)

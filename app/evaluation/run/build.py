@@ -10,6 +10,7 @@ from typing import Any
 
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
+    CaseBudget,
     CaseRecord,
     Gate,
     RankedDocument,
@@ -117,7 +118,33 @@ def summary_record(evaluation: Evaluation) -> Summary:
             for m in measures.RANKING
         },
         evidence=_evidence_summary(cases),
+        budget=_budget_summary(cases),
     )
+
+
+def case_budget(c: CaseResult) -> CaseBudget | None:
+    """What one case's answer cost (None when its retrieval failed): `contextChars` = the characters of the
+    top K's texts with their attached chunks (what a generator is handed), `candidates` = the candidates
+    before the stages, `modelCalls` = texts a model scored for it: the query's embedding (1) plus every
+    query-passage pair the cross-encoder scored."""
+    result = c.result
+    if result is None:
+        return None
+    chars = sum(len(d.text) + sum(len(a.text) for a in d.attached) for d in result.documents)
+    calls = 1 + sum(stage.model_inputs for stage in result.trace.stages)
+    return CaseBudget(context_chars=chars, candidates=result.original_count, model_calls=calls)
+
+
+def _budget_summary(cases: list[CaseResult]) -> dict[str, float]:
+    """The mean of each `case_budget` figure over the cases that ran (empty when none did)."""
+    budgets = [b for b in (case_budget(c) for c in cases) if b is not None]
+    if not budgets:
+        return {}
+    return {
+        "contextChars": fmean(b.context_chars for b in budgets),
+        "candidates": fmean(b.candidates for b in budgets),
+        "modelCalls": fmean(b.model_calls for b in budgets),
+    }
 
 
 def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
@@ -218,6 +245,7 @@ def build_report(
             "kValues": list(evaluation.k_values),
             "asOf": evaluation.as_of.isoformat() if evaluation.as_of else run_info.get("asOf"),
             "conventions": metrics.CONVENTIONS,
+            "retired": [{"id": r.id, "reason": r.reason} for r in evaluation.golden.retired],
         }
     )
     return Report(
@@ -324,6 +352,11 @@ def case_record(c: CaseResult) -> CaseRecord:
         evidence=c.evidence,
         evidence_lost=list(c.evidence_lost),
         expanded_sources=c.expanded_sources,
+        case_set=case.case_set,
+        risk=case.risk,
+        owner=case.owner,
+        rationale=case.rationale,
+        budget=case_budget(c),
     )
 
 

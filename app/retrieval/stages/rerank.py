@@ -62,4 +62,6 @@ class RerankStage:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, f"rerank={shown} < {bound}"))
             else:
                 kept.append(candidate)
-        return StageOutcome(kept=kept + list(tail), removed=removed, score_key=SCORE_RERANK)
+        return StageOutcome(
+            kept=kept + list(tail), removed=removed, score_key=SCORE_RERANK, model_inputs=len(head)
+        )
