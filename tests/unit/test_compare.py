@@ -103,7 +103,17 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "caseDetails",
         "unjudged",
         "condensedMetrics",
+        "judgedOfRegressions",
+        "bySet",
+        "removedCases",
+        "addedCases",
+        "composition",
+        "budget",
+        "segments",
     }
+    (gone,) = comp.removed_cases
+    assert (gone.id, gone.metrics["ndcg"], gone.failed, gone.retired_reason) == ("gone", 1.0, False, None)
+    assert [c.id for c in comp.added_cases] == ["new"]
     assert set(out["metrics"]["ndcg"]) == {
         "baseline",
         "current",
@@ -121,6 +131,7 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "onlyInBaseline",
         "onlyInCurrent",
         "unverified",
+        "brokenByRelabelling",
     }
     assert out["stages"] == [
         {

@@ -427,7 +427,20 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
                 f"| {c.id} | {_cell(c.query)} | {nd} | {', '.join(c.expected) or '-'} | "
                 f"{got} | {_cell(lost, None)} |"
             )
+        lines += _risk_lines(worst)
     return lines + [""]
+
+
+def _risk_lines(cases: list[CaseRecord]) -> list[str]:
+    """Risk, owner and rationale of the listed cases that carry any."""
+    out = []
+    for c in cases:
+        parts = [f"risk {c.risk}"] if c.risk else []
+        parts += [f"owner {c.owner}"] if c.owner else []
+        parts += [c.rationale] if c.rationale else []
+        if parts:
+            out.append(f"- {_cell(c.id, None)}: {_cell('; '.join(parts))}")
+    return ["", *out] if out else []
 
 
 def _summary_markdown(s: Summary, kl: str) -> list[str]:
