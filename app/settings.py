@@ -375,7 +375,7 @@ class EvaluateThresholds(_Strict):
     broken_case_policy: Literal["warn", "fail", "off"] = "fail"
     # a high-risk case (risk: high) that breaks, in any set
     high_risk_policy: Literal["warn", "fail", "off"] = "fail"
-    # a case the baseline failed (Recall@K < 1) that left the golden set without a `retired` reason
+    # a hard case of the baseline (failed, or nDCG@K < 1) that left the golden set without a `retired` reason
     removed_case_policy: Literal["warn", "fail", "off"] = "fail"
     # a segment of 10+ paired cases whose drop is significant (Holm over segments)
     segment_drop_policy: Literal["warn", "fail", "off"] = "warn"

@@ -132,6 +132,7 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "onlyInCurrent",
         "unverified",
         "brokenByRelabelling",
+        "thinlyJudged",
     }
     assert out["stages"] == [
         {
@@ -307,7 +308,7 @@ def test_a_drop_that_comes_from_unjudged_documents_is_unverified_and_counted() -
     assert (real["newUnjudged"], real["verified"], real["why"]) == (["new3"], True, "")
     line = baseline_line(comp.to_json(), "@2")
     assert line.endswith(
-        "fixed=0 broken=2; 3 of the 4 new top-K documents are unjudged (unverified regressions: pushed)"
+        "fixed=0 broken=2; 3 of the 4 new top-K documents are unjudged (1 unverified: pushed)"
     )
 
 

@@ -38,6 +38,10 @@ from app.evaluation.scoring.measures import fmt_p as p_text
 from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
+# below this Judged@K a case's condensed list (unjudged documents removed) cannot show a drop: its drop is
+# neither verified nor unverified, and the report says so
+JUDGED_FLOOR = 0.5
+CANNOT_TELL = "cannot tell"
 # the measures the gate guards by default (a significant drop of any fails), in the order tables show them
 GATED = ("recall", "hitRate", "mrr", "ndcg")
 # a segment is tested for a drop (Holm over segments) from this many paired cases
@@ -182,7 +186,10 @@ def compare_reports(
     changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
-    changes.unverified = sorted({i for i in regressions if not details[i].verified})
+    changes.unverified = sorted(
+        {i for i in regressions if not details[i].verified and not thinly_judged(details[i])}
+    )
+    changes.thinly_judged = sorted({i for i in regressions if thinly_judged(details[i])})
     judged = [j for j in (c_cases[i].judged for i in dict.fromkeys(regressions)) if j is not None]
     return Comparison(
         baseline=ref,
@@ -244,6 +251,11 @@ def _case_details(
     return details, account
 
 
+def thinly_judged(detail: CaseDetail) -> bool:
+    """A regression whose top K is judged too thinly to verify (`unverified_reason`'s "cannot tell")."""
+    return detail.why.startswith(CANNOT_TELL)
+
+
 def _hit_still_judged(before: CaseRecord, now: CaseRecord) -> bool:
     """Whether a broken case's baseline hit rested on judged documents: some document the baseline matched
     in its top K is still judged relevant (grade > 0) by the current golden set. When none is, the labels
@@ -260,6 +272,16 @@ def case_failed(case: CaseRecord) -> bool:
     return case.metrics is not None and float(case.metrics.get("recall", 1.0)) < 1.0
 
 
+def case_hard(case: CaseRecord) -> bool:
+    """A hard case: failed (`case_failed`), or scored with nDCG@K < 1 (its relevant documents not ranked
+    ideally). A no-answer case is hard when it did not abstain."""
+    if case_failed(case):
+        return True
+    if case.metrics is not None:
+        return float(case.metrics.get("ndcg", 1.0)) < 1.0 - 1e-12
+    return case.expect_no_answer and case.abstained is False
+
+
 def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, str]) -> list[CaseFigures]:
     """The cases `ids` of one run with their figures, failure and retirement reason."""
     out = []
@@ -274,6 +296,7 @@ def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, s
                 status=case.status,
                 metrics={m: float(figures[m]) for m in GATED if m in figures} if figures else None,
                 failed=case_failed(case),
+                hard=case_hard(case),
                 retired_reason=retired.get(i),
             )
         )
@@ -461,11 +484,21 @@ def unverified_reason(
     The rule: a drop is unverified when the change brought unjudged documents into the top K and the
     condensed list (unjudged documents removed) did not drop: what pushed the judged relevant documents
     down is documents nobody has judged, which may be relevant. Without condensed figures on both sides (a
-    report from before them) any new unjudged document makes the drop unverified."""
+    report from before them) any new unjudged document makes the drop unverified.
+
+    A case whose top K is judged too thinly (Judged@K < `JUDGED_FLOOR`) is not called unverified: its
+    condensed list keeps the relevant documents near the top whatever the chain does, so it cannot show a
+    drop; the reason starts "cannot tell" and names the documents to judge (`thinly_judged`)."""
     if not new_unjudged:
         return None
     b_cond, c_cond = before.condensed, now.condensed
     shown = ", ".join(new_unjudged)
+    if now.judged is not None and now.judged < JUDGED_FLOOR:
+        return (
+            f"{CANNOT_TELL}: Judged@K {now.judged:.2f} < {JUDGED_FLOOR}, too few judgments for the condensed "
+            f"list to show a drop; judge the {len(new_unjudged)} unjudged new document(s) in the top K "
+            f"({shown})"
+        )
     if b_cond is not None and c_cond is not None and metric in b_cond and metric in c_cond:
         if float(c_cond[metric]) < float(b_cond[metric]) - 1e-12:
             return None
@@ -647,6 +680,9 @@ def baseline_line(comparison: dict[str, Any], k_label: str) -> str:
     account = comparison.get("unjudged")
     if account and account["newInTopK"]:
         line += f"; {account['headline']}"
-        if cases.get("unverified"):
-            line += f" (unverified regressions: {', '.join(cases['unverified'])})"
+        for key, label in (("unverified", "unverified"), ("thinlyJudged", "too thinly judged to tell")):
+            ids = cases.get(key) or []
+            if ids:
+                shown = ", ".join(ids[:5]) + (f", … {len(ids) - 5} more" if len(ids) > 5 else "")
+                line += f" ({len(ids)} {label}: {shown})"
     return line

@@ -14,8 +14,8 @@
     whose baseline hit rested on documents the golden set still judges relevant; a break caused by a
     relabelling is named, not counted;
   - `high_risk_broken` (`high_risk_policy`): any broken case marked `risk: high`, in any set;
-  - `removed_cases` (`removed_case_policy`): a case the baseline failed that left the golden set without a
-    `retired` reason; other unexplained removals warn;
+  - `removed_cases` (`removed_case_policy`): a hard case of the baseline (failed, or nDCG@K < 1) that left
+    the golden set without a `retired` reason; other unexplained removals warn;
   - `segment_drop` (`segment_drop_policy`, warn): a significant drop in a segment of 10+ paired cases (Holm
     over the segments); `segments.<key>.max_drop.<measure>`: a configured segment's mean paired drop;
   - `max_p95_increase`: p95 latency now <= baseline p95 x (1 + limit).
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Literal
 
+from app.evaluation.compare.comparison import JUDGED_FLOOR, MIN_TESTED_SEGMENT
 from app.evaluation.report.model import (
     CaseRecord,
     Comparison,
@@ -53,12 +54,6 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.scoring.measures import fmt, fmt_p
 from app.settings import EvaluateThresholds, SegmentThresholds
-
-# a segment is tested for a significant drop from this many paired cases (compare.MIN_TESTED_SEGMENT)
-MIN_TESTED_SEGMENT = 10
-# below this mean Judged@K of the broken and worsened cases, the condensed lists cannot tell a regression
-# from unjudged relevant documents, and the report says so
-JUDGED_FLOOR = 0.5
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
 _LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
@@ -97,7 +92,7 @@ MEANS: dict[str, str] = {
     "max_broken_cases": "core cases whose hit went 1 -> 0 on documents still judged relevant, at most",
     "unverified_broken_cases": "broken cases that unjudged documents may explain (unjudged_policy: warn)",
     "high_risk_broken": "broken cases marked risk: high, in any set (a count), at most",
-    "removed_cases": "cases the baseline failed that left the golden set without a retired reason, none",
+    "removed_cases": "hard cases of the baseline that left the golden set without a retired reason, none",
     "segment_drop": "segments of 10+ paired cases with a significant drop (Holm over segments), none",
     "segments": "a configured segment's level or drop",
     "max_p95_increase": "p95 latency growth against the baseline (a ratio: 0.2 = +20%), at most",
@@ -519,25 +514,28 @@ def _high_risk(
 
 
 def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:
-    """`removed_cases`: a case the baseline failed (Recall@K < 1, or an error) that left the golden set
-    without a `retired: [{id, reason}]` entry has `removed_case_policy`'s severity; any other removal
-    without a reason warns; removals that all carry a reason hold (and are named)."""
+    """`removed_cases`: a hard case of the baseline (failed, Recall@K < 1 or an error, or ranked below the
+    ideal, nDCG@K < 1) that left the golden set without a `retired: [{id, reason}]` entry has
+    `removed_case_policy`'s severity; any other removal without a reason warns; removals that all carry a
+    reason hold (and are named)."""
     severity = policy_severity(thresholds.removed_case_policy)
     removed = comparison.removed_cases
     if severity is None or not removed:
         return
     unexplained = [c for c in removed if c.retired_reason is None]
-    failed = [c.id for c in unexplained if c.failed]
+    hard = [c.id for c in unexplained if c.hard]
+    others = [c.id for c in unexplained if not c.hard]
     parts = [f"{len(removed)} case(s) removed since the baseline"]
-    if failed:
-        parts.append(f"{len(failed)} the baseline failed, without a retired reason: {', '.join(failed)}")
-    others = [c.id for c in unexplained if not c.failed]
+    if hard:
+        parts.append(
+            f"{len(hard)} hard in the baseline (failed or nDCG < 1), no retired reason: {', '.join(hard)}"
+        )
     if others:
         parts.append(f"{len(others)} without a retired reason: {', '.join(others)}")
     retired = [f"{c.id} ({c.retired_reason})" for c in removed if c.retired_reason is not None]
     if retired:
         parts.append(f"retired: {', '.join(retired)}")
-    if not failed and others:
+    if not hard and others:
         severity = "warn"
     result.checks.append(
         GateCheck(
@@ -545,7 +543,7 @@ def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, compariso
             "cases.removedUnretired",
             "<=",
             0.0,
-            float(len(failed) if failed else len(others)),
+            float(len(hard) if hard else len(others)),
             not unexplained,
             "; ".join(parts),
             severity,

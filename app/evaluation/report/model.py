@@ -108,6 +108,9 @@ class CaseChanges(Model):
     only_in_current: list[str] = Field(default_factory=list)
     # broken or worsened cases whose drop may come from unjudged documents (compare.unverified_reason)
     unverified: list[str] = Field(default_factory=list)
+    # broken or worsened cases judged too thinly (Judged@K < compare.JUDGED_FLOOR) for the condensed lists
+    # to tell: regressions, with the new documents to judge
+    thinly_judged: list[str] = Field(default_factory=list)
 
 
 class UnjudgedAccount(Model):
@@ -162,8 +165,9 @@ class CaseDetail(Model):
 
 class CaseFigures(Model):
     """A case on one side only (removed from the golden set since the baseline, or added): its figures in
-    the run that has it, whether that run failed it (Recall@K < 1 or an error) and, for a removed case, the
-    reason the golden set gives for retiring it (None: removed without one)."""
+    the run that has it, whether that run failed it (Recall@K < 1 or an error), whether it was hard there
+    (failed, or nDCG@K < 1: not ranked ideally) and, for a removed case, the reason the golden set gives for
+    retiring it (None: removed without one)."""
 
     id: str
     set: str = "core"
@@ -171,6 +175,7 @@ class CaseFigures(Model):
     status: str = "ok"
     metrics: dict[str, float] | None = None
     failed: bool = False
+    hard: bool = False
     retired_reason: str | None = None
 
 
