@@ -380,7 +380,8 @@ def segment_comparisons(
     seed: int,
     alpha: float,
 ) -> list[SegmentComparison]:
-    """Per segment (each tag, knowledge tag, risk and golden-set part of the current run's cases) and gated
+    """Per segment (each tag, knowledge tag, risk and, when both exist, golden-set part of the current run's
+    cases) and gated
     measure: the paired difference over the segment's paired scored cases and its sign-flip p-value. Per
     measure, the p-values of the segments with at least `MIN_TESTED_SEGMENT` paired cases are Holm-adjusted
     together (significant: pHolm < alpha); smaller segments are shown, not tested."""
@@ -393,6 +394,8 @@ def segment_comparisons(
         keys.append(("set", c.case_set))
         for key in keys:
             members.setdefault(key, []).append(i)
+    if len({key for key in members if key[0] == "set"}) < 2:  # one part: its segment is the whole set
+        members = {key: ids for key, ids in members.items() if key[0] != "set"}
     out: list[SegmentComparison] = []
     for name in GATED:
         rows = []
