@@ -295,7 +295,9 @@ def test_unverified_broken_cases_are_left_out_of_the_count_and_warned_about_with
     assert broken["max_broken_cases"].passed
     assert broken["unverified_broken_cases"].severity == "warn"
     assert result.passed and [w.check for w in result.warnings] == ["unverified_broken_cases"]
-    strict = check_gate(unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1, regression_policy="off"))
+    strict = check_gate(
+        unjudged_report(0.88), EvaluateThresholds(max_broken_cases=1, regression_policy="off")
+    )
     assert {c.name: c.value for c in strict.checks}["max_broken_cases"] == 2
     assert not strict.passed
 
