@@ -295,3 +295,37 @@ def test_match_level(fields, key, expected):
     case = GoldenCase.model_validate({"id": "q", "query": "x", **fields})
     assert case_relevance_key(case) == key
     assert case_expected_relevance(case) == expected
+
+
+def test_set_risk_owner_and_rationale(tmp_path):
+    case = {**VALID, "set": "incremental", "risk": "high", "owner": "payroll-team", "rationale": "pay dates"}
+    [loaded] = load_golden_set(write_json(tmp_path, [case])).cases
+    assert (loaded.case_set, loaded.risk, loaded.owner, loaded.rationale) == (
+        "incremental",
+        "high",
+        "payroll-team",
+        "pay dates",
+    )
+    assert GoldenCase.model_validate(VALID).case_set == "core"
+    message = load_error(write_json(tmp_path, [{**VALID, "risk": "severe", "set": "extra"}]))
+    assert "(id 'q1'): field \"risk\": Input should be 'low', 'medium' or 'high'" in message
+    assert "(id 'q1'): field \"set\": Input should be 'core' or 'incremental'" in message
+
+
+def test_retired_cases_carry_a_reason_and_are_not_in_the_set(tmp_path):
+    retired = [{"id": "old-1", "reason": "the policy it asked about was withdrawn"}]
+    golden = load_golden_set(write_json(tmp_path, {"cases": [VALID], "retired": retired}))
+    assert [(r.id, r.reason) for r in golden.retired] == [
+        ("old-1", "the policy it asked about was withdrawn")
+    ]
+    bad = {
+        "cases": [VALID],
+        "retired": [{"id": "q1", "reason": "x"}, {"id": "z"}, {"id": "z", "reason": " "}],
+    }
+    message = load_error(write_json(tmp_path, bad))
+    assert "field \"retired[0].id\": case 'q1' is retired but still in the set" in message
+    assert 'field "retired[1].reason": required field is missing' in message
+    assert 'field "retired[2].reason": must not be empty or blank' in message
+    assert 'unknown top-level field "retierd"' in load_error(
+        write_json(tmp_path, {"cases": [VALID], "retierd": []})
+    )
