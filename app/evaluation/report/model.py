@@ -43,8 +43,8 @@ class Ranks(Model):
     * `fused`: in the list after the bm25 stage (fused score descending), which holds the candidates that
       passed the stages before it; None when the stage is off or the item was removed before or by it.
     * `rerank`: in the list after the rerank stage (its first `top_n` by cross-encoder score, then the rest
-      in fused order); None when the stage is off or skipped (no reranker model), or the item was removed
-      before or by it.
+      as they came, in fused order); None when the stage is off or skipped (no reranker model), or the item
+      was removed before or by it.
 
     Positions count chunks: a document's other chunks take places in a list too. The item is a chunk (a
     ranked document's own chunk, an evidence chunk) or, for a lost document or source, the best placed of
