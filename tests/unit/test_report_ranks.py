@@ -56,7 +56,7 @@ class FakeCandidates:
             for i, c in enumerate(DENSE_HITS + ["e1"])
         ]
         hits = {"dense": list(DENSE_HITS), "bm25": list(BM25_HITS)}
-        return [CandidateSet(list(raw), {"dense": 3, "bm25": 1, "both": 2}, hits) for _ in queries]
+        return [CandidateSet(list(raw), {"dense": 2, "bm25": 1, "both": 3}, hits) for _ in queries]
 
 
 class Ordered:
