@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -50,6 +50,10 @@ POST_FILTER_MARGIN = 2.0
 class CandidateSet:
     candidates: list[Candidate]
     origins: dict[str, int]  # {"dense": n, "bm25": n, "both": n}
+    # the chunk ids each search found that became candidates, in the search's order: "dense" by cosine
+    # descending as the store answered, "bm25" by BM25 score descending, ties by chunk id (`Bm25Index.top`);
+    # a search that did not run has no entry
+    search_hits: dict[str, list[str]] = field(default_factory=dict)
 
 
 class CandidateGenerator:
@@ -167,7 +171,12 @@ class CandidateGenerator:
 
         A hit whose chunk is not in `chunks` (deleted since the search), or no longer carries the query's
         tag (retagged since the search or the index: post-filtered dense hits were picked by the index's
-        tags), is left out. A hot path (84 candidates a query on SciFact), so it keeps parallel lists."""
+        tags), is left out. A hot path (84 candidates a query on SciFact), so it keeps parallel lists.
+
+        Its `search_hits` are the dense hits and the lexical ids that became candidates, each in the order
+        its search gave them."""
+        searched_dense = self.settings.candidate_k > 0
+        searched_lexical = self.settings.hybrid and self.lexical is not None
         picked: list[StoredChunk] = []
         dense: list[float] = []
         origins: list[frozenset[str]] = []
@@ -184,11 +193,14 @@ class CandidateGenerator:
             picked.append(hit)
             dense.append(float(similarity or 0.0))
             origins.append(DENSE)
+        searched = {"dense": [h.chunk_id for h in picked]} if searched_dense else {}
+        lexical_hits: list[str] = []
         for chunk_id in lexical_ids:
             at = position.get(chunk_id)
             if at is not None:
                 if origins[at] is DENSE:
                     origins[at] = BOTH
+                lexical_hits.append(chunk_id)
                 continue
             hit = get(chunk_id)
             if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
@@ -198,11 +210,14 @@ class CandidateGenerator:
             picked.append(hit)
             dense.append(float(np.dot(vector, embedding)))
             origins.append(LEXICAL)
+            lexical_hits.append(chunk_id)
+        if searched_lexical:
+            searched["bm25"] = lexical_hits
         units, nearest = _geometry([h.embedding for h in picked], [h.unit for h in picked], self.nearest)
         made = list(map(_candidate, picked, dense, origins, units, nearest))
         made.sort(key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))
         counts = {"dense": origins.count(DENSE), "bm25": origins.count(LEXICAL), "both": origins.count(BOTH)}
-        return CandidateSet(made, counts)
+        return CandidateSet(made, counts, searched)
 
 
 DENSE, LEXICAL, BOTH = frozenset({"dense"}), frozenset({"bm25"}), frozenset({"dense", "bm25"})

@@ -128,7 +128,11 @@ class RetrievalChain:
         ctx = QueryContext(
             text=request.query, knowledge_tag=request.knowledge_tag, today=today, raw_candidates=raw
         )
-        trace = RetrievalTrace(candidates_ms=round(candidates_ms, 3), candidate_origins=dict(cset.origins))
+        trace = RetrievalTrace(
+            candidates_ms=round(candidates_ms, 3),
+            candidate_origins=dict(cset.origins),
+            search_hits=dict(cset.search_hits),
+        )
         trace.ranked_after["candidates"] = [c.chunk_id for c in raw]
         current: list[Candidate] = [_copy(c) for c in raw] if copy_raw else list(raw)
         fallback_used = False

@@ -7,6 +7,7 @@ A `Candidate` is one chunk under consideration for one query. Each stage writes 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Protocol
@@ -199,6 +200,11 @@ class StageTrace:
     model_inputs: int = 0
 
 
+def new_trace_id() -> str:
+    """A retrieval trace's id: 16 random hex digits (the first half of a uuid4's)."""
+    return uuid.uuid4().hex[:16]
+
+
 @dataclass
 class RetrievalTrace:
     candidates_ms: float = 0.0
@@ -206,6 +212,10 @@ class RetrievalTrace:
     stages: list[StageTrace] = field(default_factory=list)
     # ids after each stage, in order: lets the evaluation score the list after every stage
     ranked_after: dict[str, list[str]] = field(default_factory=dict)
+    # the candidates each search found, in the search's own order (`CandidateSet.search_hits`)
+    search_hits: dict[str, list[str]] = field(default_factory=dict)
+    # one id per run of the chain: the evaluation's case record and its log line carry it
+    trace_id: str = field(default_factory=new_trace_id)
 
 
 @dataclass

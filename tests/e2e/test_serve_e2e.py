@@ -124,7 +124,7 @@ def golden_case_count(path: Path = GOLDEN_SET) -> int:
 # -- the used-by flow --------------------------------------------------------------------------------------
 
 CASE_LINE = re.compile(
-    r"\[RetrievalEval\] case done \[(\d+)/(\d+)\] caseId=(\S+), "
+    r"\[RetrievalEval\] case done \[(\d+)/(\d+)\] caseId=(\S+), traceId=([0-9a-f]{16}), "
     r"(?:Recall@\d+=\d\.\d\d, MRR=\d\.\d\d, nDCG@\d+=\d\.\d\d|noAnswer=[^,]+), latency=\d+ms$"
 )
 SUMMARY_LINE = re.compile(
@@ -177,6 +177,8 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
     for case in report["cases"]:
         assert {"id", "query", "metrics", "rankedDocuments", "filterStats", "lost"} <= set(case)
         assert [s["name"] for s in case["filterStats"]] == STAGE_NAMES
+    # one id per case, the same in the server's log and in the report
+    assert {m[3]: m[4] for m in matches} == {c["id"]: c["traceId"] for c in report["cases"]}
 
     # the log's figures are the report's
     got = summary_match.groupdict()

@@ -5,8 +5,10 @@ test's own folder."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +181,41 @@ def test_eval_prints_the_summary_and_writes_the_reports(capsys, output_dir: Path
     report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
     assert report["summary"]["cases"] == cases
     assert f"avgNDCG={report['summary']['ndcg']:.2f} " in lines[0]
+
+
+def test_eval_logs_each_case_s_trace_id_and_reports_its_ranks_in_the_candidate_lists(
+    capsys, caplog, output_dir: Path
+) -> None:
+    with caplog.at_level(logging.INFO, logger="sieve.evaluation"):
+        code, out, err = run(capsys, "eval", "--top-k", "1", "--baseline", "none")
+    assert code == EXIT_OK, err
+    report = json.loads((output_dir / "retrieval-eval-latest.json").read_text(encoding="utf-8"))
+    logged = dict(re.findall(r"caseId=(\S+), traceId=([0-9a-f]{16}),", caplog.text))
+    assert logged == {c["id"]: c["traceId"] for c in report["cases"]}
+    assert len(set(logged.values())) == len(logged)
+
+    for case in report["cases"]:
+        docs = case["rankedDocuments"]
+        for d in docs:
+            ranks = d["ranks"]
+            # the searches that found a document are its origin; no reranker model: no rerank list
+            assert (ranks["dense"] is not None, ranks["bm25"] is not None) == (
+                "dense" in d["origin"],
+                "bm25" in d["origin"],
+            )
+            assert ranks["fused"] is not None and ranks["rerank"] is None
+        # each list is in the order of its own score
+        for name in ("dense", "bm25", "fused"):
+            listed = sorted(
+                (d["ranks"][name], d["scores"][name]) for d in docs if d["ranks"][name] is not None
+            )
+            assert [score for _, score in listed] == sorted((score for _, score in listed), reverse=True)
+    ranked_out = [x for c in report["cases"] for x in c["lost"] if x["where"] == "RANKED_OUT"]
+    assert ranked_out  # at K=1 some expected documents come second
+    for loss in ranked_out:
+        # it survived every stage, below the document at the top of the fused list
+        assert loss["ranks"]["fused"] > 1
+        assert loss["ranks"]["dense"] is not None or loss["ranks"]["bm25"] is not None
 
 
 def test_eval_with_an_unmet_threshold_exits_1_naming_it(capsys) -> None:

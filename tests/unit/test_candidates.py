@@ -73,3 +73,49 @@ def test_a_tag_no_chunk_has_gets_no_lexical_candidates() -> None:
     generator = CandidateGenerator(FakeStore(chunks), RetrievalSettings(bm25_candidate_k=N), index)  # type: ignore[arg-type]
     (result,) = generator.generate_many(["vpn password"], np.ones((1, 4)) / 2, ["legal"])
     assert result.candidates == []
+
+
+class ListedStore(FakeStore):
+    """A dense search that answers the same hits, best first, for every query."""
+
+    def __init__(self, chunks: list[StoredChunk], hits: list[tuple[str, float]]):
+        super().__init__(chunks)
+        self.hits = hits
+
+    def query_ids(self, embeddings, n, where=None):
+        return [list(self.hits[:n]) for _ in range(len(embeddings))]
+
+
+class ListedIndex:
+    """A lexical index that answers the same top list for every query."""
+
+    def __init__(self, top: list[tuple[str, float]]):
+        self.listed = top
+
+    def top(self, query, n, knowledge_tag=None):
+        return self.listed[:n]
+
+    def scores(self, query, ids):
+        return {i: s for i, s in self.listed if i in ids}
+
+
+def _chunk(chunk_id: str) -> StoredChunk:
+    return StoredChunk(chunk_id, f"text {chunk_id}", {"doc_id": chunk_id.upper()}, np.ones(4) / 2)
+
+
+@pytest.mark.parametrize(
+    ("candidate_k", "hybrid", "expected"),
+    [
+        # "gone" was deleted after the searches: it is in neither list, and no later hit moves up for it
+        (4, True, {"dense": ["c", "a", "d"], "bm25": ["b", "d", "a"]}),
+        (0, True, {"bm25": ["b", "d", "a"]}),
+        (4, False, {"dense": ["c", "a", "d"]}),
+    ],
+)
+def test_each_search_keeps_its_own_order_of_the_candidates_it_found(candidate_k, hybrid, expected) -> None:
+    store = ListedStore([_chunk(i) for i in "abcd"], [("c", 0.9), ("gone", 0.8), ("a", 0.7), ("d", 0.5)])
+    index = ListedIndex([("b", 7.0), ("gone", 6.0), ("d", 5.0), ("a", 1.0)])
+    settings = RetrievalSettings(candidate_k=candidate_k, hybrid=hybrid, bm25_candidate_k=4)
+    generator = CandidateGenerator(store, settings, index)  # type: ignore[arg-type]
+    (result,) = generator.generate_many(["q"], np.ones((1, 4)) / 2, [None])
+    assert result.search_hits == expected

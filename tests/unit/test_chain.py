@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import date
 
 import numpy as np
@@ -38,7 +39,14 @@ class FakeCandidates:
 
     def generate_many(self, queries, embeddings, knowledge_tags):
         self.calls.append((list(queries), list(knowledge_tags)))
-        return [CandidateSet(list(self.raw), {"dense": len(self.raw), "bm25": 0, "both": 0}) for _ in queries]
+        return [
+            CandidateSet(
+                list(self.raw),
+                {"dense": len(self.raw), "bm25": 0, "both": 0},
+                {"dense": ids(self.raw), "bm25": ids(self.raw)[::-1]},
+            )
+            for _ in queries
+        ]
 
 
 class Recorder:
@@ -105,6 +113,18 @@ def test_trace_counts_removals_and_ranked_lists():
     assert ids(result.documents) == ["c1", "c2", "c3"]
     assert result.trace.candidate_origins == {"dense": 6, "bm25": 0, "both": 0}
     assert all(s.latency_ms >= 0 for s in result.trace.stages)
+
+
+def test_the_trace_keeps_each_search_s_order_and_has_an_id_of_its_own_per_query():
+    chain, _, _ = chain_of(ChainStage(Recorder("keep_all", []), True))
+    first, second = chain.retrieve_many([RetrievalRequest("q", 3), RetrievalRequest("q", 3)])
+    assert not isinstance(first, BaseException) and not isinstance(second, BaseException)
+    assert first.trace.search_hits == {
+        "dense": ["c0", "c1", "c2", "c3", "c4", "c5"],
+        "bm25": ["c5", "c4", "c3", "c2", "c1", "c0"],
+    }
+    assert re.fullmatch("[0-9a-f]{16}", first.trace.trace_id)
+    assert first.trace.trace_id != second.trace.trace_id
 
 
 def test_a_disabled_stage_is_not_run_and_is_recorded_as_disabled_in_config():

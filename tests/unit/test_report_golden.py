@@ -95,11 +95,14 @@ def test_every_ranked_list_shows_the_fused_score_and_full_ids() -> None:
     text = render_markdown(golden_report(), case_detail=True)
     # worst cases, the comparison's before/now lists and each case's ranking
     assert (
-        "| payday | when is payday | 0.613 | hr-payroll, hr-bonus | hr-payroll (0.900), it-vpn (0.850) |"
-        in text
+        "| payday | when is payday | 0.613 | hr-payroll, hr-bonus | hr-payroll (0.900; dense #1, bm25 #1, "
+        "fused #1), it-vpn (0.850; dense #2, bm25 #4, fused #2) |" in text
     )
     assert (
         "| vpn | how do I set up the VPN | hr-payroll (0.900) | it-vpn (0.900) | 1 (0 unjudged) | - |" in text
     )
-    assert "| 1 | hr-payroll | kb/hr-payroll.md | Hr-Payroll | 0.900 | 0.890 | 4.00 | n/a | yes |" in text
+    assert (
+        "| 1 | hr-payroll | kb/hr-payroll.md | Hr-Payroll | 0.900 | 0.890 | 4.00 | n/a "
+        "| 1 | 1 | 1 | - | yes |" in text
+    )
     assert "…" not in text

@@ -109,9 +109,16 @@ def test_worst_cases_expand_to_ranked_documents_and_where_lost() -> None:
     ids = re.findall(r'<details class="case" data-case-id="([^"]+)"', html)
     assert ids == ["weather", "payday"]  # a no-answer case that answered first, then by nDCG
     payday = html[html.index('data-case-id="payday"') :]
-    assert "<b>REMOVED_BY_similarity_threshold</b> — dense=0.71 &lt; 0.80" in payday
+    assert (
+        '<b>REMOVED_BY_similarity_threshold</b> at <span class="ranks">dense #9, bm25 #3</span> — '
+        "dense=0.71 &lt; 0.80" in payday
+    )
     # each ranked document with its fused score (the order), then its dense score
     assert '<td class="mono">hr-payroll</td><td class="num">0.900</td><td class="num">0.890</td>' in payday
+    # and its ranks in the candidate lists: dense, BM25, after fusion, after rerank (not made: "-")
+    it_vpn = payday[payday.index('<td class="mono">it-vpn</td>') :]
+    assert re.findall(r'<td class="num rank">([^<]*)</td>', it_vpn)[:4] == ["2", "4", "2", "-"]
+    assert 'trace id <span class="mono trace-id">3f9c2a7b1d4e8a60</span>' in payday
 
 
 def test_an_invalid_report_says_why_nothing_ran() -> None:

@@ -45,8 +45,16 @@ def test_a_case_record_carries_its_counts_and_ranked_documents_with_snippets() -
     assert view["unjudged"] == ["A"]
     assert view["rankedDocuments"][1]["snippet"] == "text of c2"
     assert view["forbiddenFound"] == ["D"]
+    # the fake chain's trace records no search hits and has no bm25 or rerank stage: no ranks
+    no_ranks = {"dense": None, "bm25": None, "fused": None, "rerank": None}
     assert view["lost"] == [
-        {"id": "C", "where": "REMOVED_BY_threshold", "stage": "threshold", "reason": "dense=0.10 < 0.30"}
+        {
+            "id": "C",
+            "where": "REMOVED_BY_threshold",
+            "stage": "threshold",
+            "reason": "dense=0.10 < 0.30",
+            "ranks": no_ranks,
+        }
     ]
     assert view["metrics"]["recall"] == pytest.approx(1 / 2)
     assert set(view["atK"]) == {"1", "3"}

@@ -22,7 +22,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from app.evaluation.render.markdown import k_label
+from app.evaluation.render.markdown import k_label, ranks_text
 from app.evaluation.report.model import MetricComparison, Report, Summary, Sweep, worst_cases
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 from app.evaluation.scoring import measures
@@ -47,6 +47,7 @@ _ENV = Environment(
 
 _ENV.filters["f"] = fmt
 _ENV.filters["p"] = fmt_p
+_ENV.filters["ranks"] = ranks_text
 
 
 def render_html(report: Report) -> str:

@@ -17,10 +17,12 @@ from app.evaluation.report.model import (
     Loss,
     MetricComparison,
     RankedDocument,
+    Ranks,
     Report,
     Summary,
     worst_cases,
 )
+from app.evaluation.run.runner import RANKED_OUT
 from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
@@ -394,8 +396,31 @@ def _ids_with_scores(ids: list[str], fused: list[float | None]) -> str:
 
 
 def _ranked_text(docs: list[RankedDocument]) -> str:
-    """`doc-a (0.897), doc-b (0.512)`: full doc ids with their fused scores, "(nothing)" for none."""
-    return ", ".join(f"{d.doc_id} ({_f(d.scores.get('fused'))})" for d in docs) or "(nothing)"
+    """`doc-a (0.897; dense #2, bm25 #1, fused #1), doc-b (0.512)`: full doc ids with their fused scores and
+    their ranks in the candidate lists, "(nothing)" for none."""
+    return (
+        ", ".join(
+            f"{d.doc_id} ({_f(d.scores.get('fused'))}{_prefixed('; ', ranks_text(d.ranks))})" for d in docs
+        )
+        or "(nothing)"
+    )
+
+
+def ranks_text(ranks: Ranks) -> str:
+    """`dense #3, bm25 #12, fused #7`: an item's ranks in the candidate lists it was in ("" for none)."""
+    listed = (("dense", ranks.dense), ("bm25", ranks.bm25), ("fused", ranks.fused), ("rerank", ranks.rerank))
+    return ", ".join(f"{name} #{rank}" for name, rank in listed if rank is not None)
+
+
+def loss_text(loss: Loss, k: int | None = None) -> str:
+    """`RANKED_OUT at dense #3, bm25 #12, fused #7 (K=5)`: where an expected id was lost and its ranks in the
+    candidate lists (with `k`, the case's K after a RANKED_OUT)."""
+    text = loss.where + _prefixed(" at ", ranks_text(loss.ranks))
+    return text + (f" (K={k})" if k is not None and loss.where == RANKED_OUT else "")
+
+
+def _prefixed(prefix: str, text: str) -> str:
+    return prefix + text if text else ""
 
 
 def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
@@ -403,7 +428,8 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     if s.failed_case_ids:
         lines += [
             f"{len(s.failed_case_ids)} case(s) with recall < 1 or an error: {', '.join(s.failed_case_ids)}. "
-            f"The worst {WORST_CASES} are below; each document with its fused score (the order).",
+            f"The worst {WORST_CASES} are below; each document with its fused score (the order) and its "
+            "ranks in the candidate lists (dense and BM25 search, after fusion, after rerank).",
             "",
         ]
     worst = worst_cases(report.cases)
@@ -416,7 +442,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         ]
         for c in worst:
             got = _ranked_text(c.ranked_documents[:3])
-            lost = "; ".join(f"{x.id}: {x.where}" for x in c.lost) or "-"
+            lost = "; ".join(f"{x.id}: {loss_text(x, c.top_k)}" for x in c.lost) or "-"
             if c.metrics:
                 nd = _f(c.metrics["ndcg"])
             elif c.expect_no_answer:
@@ -677,6 +703,8 @@ def _case_markdown(c: CaseRecord) -> list[str]:
         f"{c.first_hit_rank or '-'}; {c.final_count} returned of {c.original_count} candidates"
     )
     out.append(f"- Latency: {_ms(c.latency_ms)}" + ("; fallback used" if c.fallback_used else ""))
+    if c.trace_id:
+        out.append(f"- Trace id: {c.trace_id}")
     out.append("")
     if c.metrics:
         kl = measures.k_label(c.top_k)
@@ -701,15 +729,20 @@ def _case_markdown(c: CaseRecord) -> list[str]:
     out += _case_judgment_lines(c)
     if c.ranked_documents:
         out += [
-            "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank | Matched | Reason | Snippet |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank "
+            "| dense# | bm25# | fused# | rerank# | Matched | Reason | Snippet |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for d in c.ranked_documents:
-            sc = d.scores
+            sc, rk = d.scores, d.ranks
+            places = " | ".join(
+                str(r) if r is not None else "-" for r in (rk.dense, rk.bm25, rk.fused, rk.rerank)
+            )
             out.append(
                 f"| {d.rank} | {d.doc_id} | {d.source} | {_cell(d.title)} | "
                 f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
-                f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {'yes' if d.matched else 'no'} | "
+                f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {places} | "
+                f"{'yes' if d.matched else 'no'} | "
                 f"{d.reason} | {_cell(d.snippet, 200)}"
                 + (f" (+ attached {', '.join(d.attached)})" if d.attached else "")
                 + " |"
@@ -721,7 +754,7 @@ def _case_markdown(c: CaseRecord) -> list[str]:
 
 
 def _losses(lost: list[Loss]) -> str:
-    return "; ".join(f"{x.id} {x.where} ({x.reason})" for x in lost)
+    return "; ".join(f"{x.id} {loss_text(x)} ({x.reason})" for x in lost)
 
 
 def _case_judgment_lines(c: CaseRecord) -> list[str]:

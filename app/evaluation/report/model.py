@@ -30,14 +30,43 @@ class Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+class Ranks(Model):
+    """Where an item stood in each candidate list of its case's retrieval: a 1-based position, None when the
+    item was not in that list or the list was not made. Each list is in the order of the score of the same
+    name, so a rank sits beside that score:
+
+    * `dense`: among the dense search's hits (the nearest `candidate_k` chunks, cosine descending as the
+      store answered) that became candidates; None for every item when the dense search did not run
+      (`candidate_k: 0`).
+    * `bm25`: among the BM25 search's hits (the lexical top `bm25_candidate_k`, BM25 score descending, ties
+      by chunk id) that became candidates; None for every item without hybrid candidates.
+    * `fused`: in the list after the bm25 stage (fused score descending), which holds the candidates that
+      passed the stages before it; None when the stage is off or the item was removed before or by it.
+    * `rerank`: in the list after the rerank stage (its first `top_n` by cross-encoder score, then the rest
+      as they came, in fused order); None when the stage is off or skipped (no reranker model), or the item
+      was removed before or by it.
+
+    Positions count chunks: a document's other chunks take places in a list too. The item is a chunk (a
+    ranked document's own chunk, an evidence chunk) or, for a lost document or source, the best placed of
+    its chunks in each list (each list's own, so two ranks may be of different chunks). Read off the trace
+    the chain recorded (`RetrievalTrace.search_hits`, `ranked_after`), nothing re-run."""
+
+    dense: int | None = None
+    bm25: int | None = None
+    fused: int | None = None
+    rerank: int | None = None
+
+
 class Loss(Model):
     """Where one expected id that is not in the top K was lost (`where`: NOT_IN_INDEX, NOT_RETRIEVED,
-    REMOVED_BY_<stage> with `stage` and the removal's `reason`, or RANKED_OUT)."""
+    REMOVED_BY_<stage> with `stage` and the removal's `reason`, or RANKED_OUT), and its `ranks` in the
+    candidate lists (all None when it was never a candidate)."""
 
     id: str
     where: str
     stage: str
     reason: str
+    ranks: Ranks = Field(default_factory=Ranks)
 
 
 class RemovedItem(Model):
@@ -267,7 +296,8 @@ class Group(Model):
 
 
 class RankedDocument(Model):
-    """One document of a case's final top K (`matched`: the first hit of an expected id)."""
+    """One document of a case's final top K (`matched`: the first hit of an expected id; `rank`: its place in
+    the top K; `ranks`: its chunk's places in the candidate lists before)."""
 
     rank: int = 0
     doc_id: str
@@ -275,6 +305,7 @@ class RankedDocument(Model):
     source: str = ""
     title: str = ""
     scores: dict[str, float] = Field(default_factory=dict)
+    ranks: Ranks = Field(default_factory=Ranks)
     origin: list[str] = Field(default_factory=list)
     matched: bool = False
     reason: str = ""  # "relevant (grade 1)", "duplicate of a higher-ranked hit", "FORBIDDEN", "not relevant"
@@ -291,7 +322,9 @@ class CaseBudget(Model):
 
 
 class CaseRecord(Model):
-    """One golden case as the report shows it: the case, its figures, its ranking and its trace."""
+    """One golden case as the report shows it: the case, its figures, its ranking and its trace (`trace_id`:
+    the id of its retrieval's trace, which the evaluation's log line of the case carries too; None when its
+    retrieval failed)."""
 
     id: str
     query: str
@@ -323,6 +356,7 @@ class CaseRecord(Model):
     latency_ms: float | None = None
     single_latency_ms: float | None = None
     fallback_used: bool | None = None
+    trace_id: str | None = None
     ranked_documents: list[RankedDocument] = Field(default_factory=list)
     filter_stats: list[StageStat] = Field(default_factory=list)
     after_stage: dict[str, Any] = Field(default_factory=dict)

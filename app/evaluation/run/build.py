@@ -26,7 +26,9 @@ from app.evaluation.run.runner import (
     RANKED_OUT,
     CaseResult,
     Evaluation,
+    candidate_positions,
     match_key,
+    ranks_of,
 )
 from app.evaluation.run.segments import groups, origin_comparison, segments
 from app.evaluation.scoring import measures, metrics
@@ -276,6 +278,7 @@ def case_record(c: CaseResult) -> CaseRecord:
     case = c.case
     docs = c.result.documents if c.result else []
     relevant = metrics.relevant_ids(c.relevance)
+    positions = candidate_positions(c.result.trace) if c.result else {}
     seen: set[str] = set()
     ranked = []
     for rank, d in enumerate(docs, start=1):
@@ -299,6 +302,7 @@ def case_record(c: CaseResult) -> CaseRecord:
                 source=d.source,
                 title=d.title,
                 scores={k: round(v, 6) for k, v in d.scores.items()},
+                ranks=ranks_of(positions, d.chunk_id),
                 origin=sorted(d.origin),
                 matched=key in relevant and key not in seen,
                 reason=reason,
@@ -339,6 +343,7 @@ def case_record(c: CaseResult) -> CaseRecord:
         latency_ms=c.latency_ms,
         single_latency_ms=c.single_latency_ms,
         fallback_used=result.fallback_used if result else None,
+        trace_id=c.trace_id,
         ranked_documents=ranked,
         filter_stats=list(c.stage_stats),
         after_stage=c.after_stage,

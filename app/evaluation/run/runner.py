@@ -31,11 +31,22 @@ from app.evaluation.golden.cases import (
     case_expected_relevance,
     case_relevance_key,
 )
-from app.evaluation.report.model import Loss, RemovedItem, StageStat
+from app.evaluation.report.model import Loss, Ranks, RemovedItem, StageStat
 from app.evaluation.scoring import metrics
 from app.evaluation.scoring.metrics import match_key
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
-from app.retrieval.types import Candidate, RetrievalResult, knowledge_tag_of
+from app.retrieval.stages.bm25 import Bm25Stage
+from app.retrieval.stages.rerank import RerankStage
+from app.retrieval.types import (
+    SCORE_BM25,
+    SCORE_DENSE,
+    SCORE_FUSED,
+    SCORE_RERANK,
+    Candidate,
+    RetrievalResult,
+    RetrievalTrace,
+    knowledge_tag_of,
+)
 
 log = logging.getLogger("sieve.evaluation")
 
@@ -124,6 +135,11 @@ class CaseResult:
     def latency_ms(self) -> float | None:
         """The batched run's per-case latency (its share of the batch's embedding and store call)."""
         return self.result.latency_ms if self.result else None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The id of the trace of the run the case is scored on (None when its retrieval failed)."""
+        return self.result.trace.trace_id if self.result else None
 
     @property
     def abstained(self) -> bool:
@@ -456,14 +472,70 @@ def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) 
                     "judged": metrics.judged_at_k(head, item.judged_ids, k),
                 }
             item.after_stage[name] = dict(by_head[head])
-    item.lost = _where_lost(item, outcome, by_chunk, relevant, ranked, present_after)
+    positions = candidate_positions(trace)
+    key_positions = positions if key == "chunk" else best_positions(positions, by_chunk)
+    item.lost = _with_ranks(
+        _where_lost(item, outcome, by_chunk, relevant, ranked, present_after), key_positions
+    )
     if item.evidence is not None and item.evidence["evidenceHit"] < 1.0:
         # where each evidence chunk that is not in the top K went, at chunk level
         chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
         identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
         wanted = {c for group in item.evidence_groups for c in group}
         top_chunks = [i for c in outcome.documents[:k] for i in c.chunk_ids_with_attached()]
-        item.evidence_lost = _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after)
+        item.evidence_lost = _with_ranks(
+            _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after), positions
+        )
+
+
+def candidate_positions(trace: RetrievalTrace) -> dict[str, dict[str, int]]:
+    """The candidate lists of `Ranks` in a trace, each as chunk id -> 1-based position (a chunk listed twice
+    keeps its first): `dense` and `bm25` the searches' hits (`search_hits`), `fused` the list after the bm25
+    stage and `rerank` the list after the rerank stage, each only when its search or stage ran (a stage
+    enabled and not skipped)."""
+    lists = {name: ids for name, ids in trace.search_hits.items() if name in (SCORE_DENSE, SCORE_BM25)}
+    ran = {s.name for s in trace.stages if s.enabled and s.skipped is None}
+    for name, stage in ((SCORE_FUSED, Bm25Stage.name), (SCORE_RERANK, RerankStage.name)):
+        if stage in ran and stage in trace.ranked_after:
+            lists[name] = trace.ranked_after[stage]
+    out: dict[str, dict[str, int]] = {}
+    for name, ids in lists.items():
+        positions: dict[str, int] = {}
+        for position, chunk_id in enumerate(ids, start=1):
+            positions.setdefault(chunk_id, position)
+        out[name] = positions
+    return out
+
+
+def best_positions(
+    positions: dict[str, dict[str, int]], by_chunk: dict[str, str]
+) -> dict[str, dict[str, int]]:
+    """`candidate_positions` by matching key (`by_chunk`: chunk id -> its document, source, ...): in each
+    list, the position of the key's best placed chunk."""
+    out: dict[str, dict[str, int]] = {}
+    for name, chunks in positions.items():
+        best: dict[str, int] = {}
+        for chunk_id, position in chunks.items():
+            key = by_chunk.get(chunk_id, chunk_id)
+            if position < best.get(key, position + 1):
+                best[key] = position
+        out[name] = best
+    return out
+
+
+def ranks_of(positions: dict[str, dict[str, int]], item: str) -> Ranks:
+    """An item's `Ranks` from `candidate_positions` (or `best_positions`, for a matching key)."""
+
+    def at(name: str) -> int | None:
+        return positions.get(name, {}).get(item)
+
+    return Ranks(dense=at(SCORE_DENSE), bm25=at(SCORE_BM25), fused=at(SCORE_FUSED), rerank=at(SCORE_RERANK))
+
+
+def _with_ranks(losses: list[Loss], positions: dict[str, dict[str, int]]) -> list[Loss]:
+    for loss in losses:
+        loss.ranks = ranks_of(positions, loss.id)
+    return losses
 
 
 def score_case(
@@ -549,24 +621,28 @@ def _log_case(item: CaseResult, done: int, total: int) -> None:
         return
     k = item.k
     latency = f"{item.latency_ms:.0f}ms"
+    trace_id = item.trace_id
     if item.metrics is None:
         got = len(item.result.documents) if item.result else 0
         verdict = "abstained" if got == 0 else f"answered {got} docs"
         log.info(
-            "[RetrievalEval] case done [%d/%d] caseId=%s, noAnswer=%s, latency=%s",
+            "[RetrievalEval] case done [%d/%d] caseId=%s, traceId=%s, noAnswer=%s, latency=%s",
             done,
             total,
             item.case.id,
+            trace_id,
             verdict,
             latency,
         )
         return
     m = item.metrics
     log.info(
-        "[RetrievalEval] case done [%d/%d] caseId=%s, Recall@%d=%.2f, MRR=%.2f, nDCG@%d=%.2f, latency=%s",
+        "[RetrievalEval] case done [%d/%d] caseId=%s, traceId=%s, Recall@%d=%.2f, MRR=%.2f, nDCG@%d=%.2f, "
+        "latency=%s",
         done,
         total,
         item.case.id,
+        trace_id,
         k,
         m["recall"],
         m["mrr"],

@@ -154,7 +154,7 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
         cset = None
         if result is not None:
             raw = list(result.raw_candidates)
-            cset = CandidateSet(raw, dict(result.trace.candidate_origins))
+            cset = CandidateSet(raw, dict(result.trace.candidate_origins), dict(result.trace.search_hits))
             dense += [c.scores[SCORE_DENSE] for c in raw if SCORE_DENSE in c.scores]
             ids = [c.chunk_id for c in raw]
             if lexical_index is not None and ids:
