@@ -181,3 +181,29 @@ def test_a_sweep_without_no_answer_cases_draws_no_abstention_curve() -> None:
         re.search(r'data-series="recall">(.*?)</g>', html, re.S).group(1).count('class="sweep-point"') == 21
     )
     assert 'data-mark="abstention"' not in html and 'data-mark="best"' in html
+
+
+def test_the_comparison_shows_the_budget_the_removed_cases_and_whether_the_run_became_the_baseline() -> None:
+    report = sample_report()
+    report["comparison"] = {
+        "baseline": {"path": "base.json", "evaluatedAt": "2026-11-30T00:00:00+00:00", "run": {}},
+        "pairedCases": 2,
+        "comparable": True,
+        "differences": [],
+        "cases": {},
+        "stages": [],
+        "metrics": {},
+        "budget": {"p95Ms": {"baseline": 20.0, "current": 31.5}},
+        "removedCases": [{"id": "<hard-1>", "hard": True, "metrics": {"ndcg": 0.5}}],
+    }
+    report["baselineUpdate"] = {"promoted": False, "reason": "the gate failed"}
+    html = page(report)
+    budget = re.search(r'<table id="budget">(.*?)</table>', html, re.S)
+    assert (
+        budget is not None
+        and '<td>p95 latency (ms)</td><td class="num">20.0</td><td class="num">31.5</td>' in budget.group(1)
+    )
+    removed = re.search(r'<table id="removed-added">(.*?)</table>', html, re.S)
+    assert removed is not None
+    assert "&lt;hard-1&gt;" in removed.group(1) and "(no reason given)" in removed.group(1)
+    assert "The baseline stays: the gate failed." in html

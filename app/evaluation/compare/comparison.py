@@ -48,6 +48,13 @@ GATED = ("recall", "hitRate", "mrr", "ndcg")
 MIN_TESTED_SEGMENT = 10
 # the cost figures the comparison shows beside the quality (`Comparison.budget`)
 BUDGET_KEYS = ("p95Ms", "duplicateRate", "contextChars", "candidates", "modelCalls")
+BUDGET_LABELS = {
+    "p95Ms": "p95 latency (ms)",
+    "duplicateRate": "Duplicate rate",
+    "contextChars": "Context characters per case",
+    "candidates": "Candidates per case",
+    "modelCalls": "Model calls per case",
+}
 
 
 class BaselineError(ValueError):

@@ -99,6 +99,17 @@ MEANS: dict[str, str] = {
 }
 
 
+# the default rule in one paragraph, under the reports' gate tables
+GATE_RULE = (
+    "By default the gate fails on a forbidden document in any top K, on a significant drop (Holm-adjusted "
+    "p < alpha) of Recall, HitRate, MRR or nDCG against the baseline on the core set, on a broken core case "
+    "(hit 1 → 0) whose baseline hit rests on documents still judged relevant, on a broken high-risk case, "
+    "and on a hard case of the baseline (failed or nDCG < 1) removed without a retired reason; a drop that "
+    "is not significant, a significant drop in a segment of 10+ cases and 0 abstentions of the no-answer "
+    "cases warn. Unjudged documents count as not relevant (docs/baselines.md)."
+)
+
+
 def check_means(name: str) -> str:
     """What the check `name` holds, in words (`MEANS`)."""
     return MEANS.get(name) or MEANS.get(name.split(".", 1)[0], "")

@@ -22,6 +22,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from app.evaluation.compare.comparison import BUDGET_LABELS
+from app.evaluation.compare.gate import GATE_RULE
 from app.evaluation.render.markdown import k_label, ranks_text
 from app.evaluation.report.model import MetricComparison, Report, Summary, Sweep, worst_cases
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
@@ -67,6 +69,8 @@ def render_html(report: Report) -> str:
             "groups": report.groups,
             "sweep": sweep_chart(report.sweep),
             "worst": worst_cases(report.cases),
+            "gate_rule": GATE_RULE,
+            "budget_labels": BUDGET_LABELS,
         }
     return _ENV.get_template("report.html.j2").render(**view)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.evaluation.compare.comparison import SMALL_SAMPLE
+from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
+from app.evaluation.compare.gate import GATE_RULE
 from app.evaluation.golden.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
@@ -149,16 +150,6 @@ def _gate_markdown(gate: Gate) -> list[str]:
     if gate.notes:
         out.append("")
     return out
-
-
-GATE_RULE = (
-    "By default the gate fails on a forbidden document in any top K, on a significant drop (Holm-adjusted "
-    "p < alpha) of Recall, HitRate, MRR or nDCG against the baseline on the core set, on a broken core case "
-    "(hit 1 → 0) whose baseline hit rests on documents still judged relevant, on a broken high-risk case, "
-    "and on a hard case of the baseline (failed or nDCG < 1) removed without a retired reason; a drop that "
-    "is not significant, a significant drop in a segment of 10+ cases and 0 abstentions of the no-answer "
-    "cases warn. Unjudged documents count as not relevant (docs/baselines.md)."
-)
 
 
 def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: str) -> list[str]:
@@ -334,15 +325,6 @@ def _removed_added_markdown(comp: Comparison, kl: str) -> list[str]:
             )
         out.append("")
     return out
-
-
-BUDGET_LABELS = {
-    "p95Ms": "p95 latency (ms)",
-    "duplicateRate": "Duplicate rate",
-    "contextChars": "Context characters per case",
-    "candidates": "Candidates per case",
-    "modelCalls": "Model calls per case",
-}
 
 
 def _budget_markdown(comp: Comparison) -> list[str]:
