@@ -438,7 +438,7 @@ def _broken_cases(
         return
     limit = 0 if limit is None else limit
     sets = {c.id: c.case_set for c in report.cases}
-    relabelled = set(comparison.cases.broken_by_relabelling)
+    relabelled = sorted(comparison.cases.broken_by_relabelling)
     broken = [i for i in comparison.cases.broken if i not in relabelled]
     incremental = [i for i in broken if sets.get(i, "core") != "core"]
     core = [i for i in broken if i not in incremental]
@@ -453,47 +453,42 @@ def _broken_cases(
     for label, ids in (
         ("unverified left out (unjudged_policy: warn)", unverified),
         ("incremental, reported apart", incremental),
-        (
-            "broken by relabelling (the baseline's hit is no longer judged relevant), not counted",
-            sorted(relabelled),
-        ),
+        ("broken by relabelling (the baseline's hit is no longer judged relevant), not counted", relabelled),
     ):
         if ids:
             message += f"; {len(ids)} {label}: {', '.join(ids)}"
-    account = comparison.unjudged
-    if counted and account is not None and account.new_unjudged:
-        message += f"; {account.headline}"
-        thin = _thinly_judged(comparison)
-        if thin:
-            message += f"; {thin}"
-    passed = len(counted) <= limit
-    result.checks.append(
-        GateCheck(
-            "max_broken_cases",
-            "cases.broken",
-            "<=",
-            float(limit),
-            float(len(counted)),
-            passed,
-            message,
-            severity,
-        )
-    )
+    if counted:
+        message += _unjudged_note(comparison)
+    count = float(len(counted))
+    check = GateCheck("max_broken_cases", "cases.broken", "<=", float(limit), count, count <= limit, message)
+    result.checks.append(replace(check, severity=severity))
     if unverified:
-        details = comparison.case_details
-        why = "; ".join(f"{i}: {details[i].why if i in details else 'unverified'}" for i in unverified)
-        result.checks.append(
-            GateCheck(
-                "unverified_broken_cases",
-                "cases.unverified",
-                "<=",
-                0.0,
-                float(len(unverified)),
-                False,
-                f"{len(unverified)} broken case(s) may be broken only by unjudged documents ({why})",
-                "warn",
-            )
-        )
+        result.checks.append(_unverified_broken(comparison, unverified))
+
+
+def _unjudged_note(comparison: Comparison) -> str:
+    """ "; n of the m new top-K documents are unjudged" (and the thin-judgment sentence), or ""."""
+    account = comparison.unjudged
+    if account is None or not account.new_unjudged:
+        return ""
+    thin = _thinly_judged(comparison)
+    return f"; {account.headline}" + (f"; {thin}" if thin else "")
+
+
+def _unverified_broken(comparison: Comparison, unverified: list[str]) -> GateCheck:
+    """The warning naming the broken cases `unjudged_policy: warn` left out, each with its reason."""
+    details = comparison.case_details
+    why = "; ".join(f"{i}: {details[i].why if i in details else 'unverified'}" for i in unverified)
+    return GateCheck(
+        "unverified_broken_cases",
+        "cases.unverified",
+        "<=",
+        0.0,
+        float(len(unverified)),
+        False,
+        f"{len(unverified)} broken case(s) may be broken only by unjudged documents ({why})",
+        "warn",
+    )
 
 
 def _high_risk(

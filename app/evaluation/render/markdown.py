@@ -192,20 +192,39 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
     if not comp.differences:
         out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
     out.append("")
-    if comp.unjudged is not None:
+    out += _unjudged_markdown(comp, kl)
+    out += _case_changes_markdown(comp)
+    out += _removed_added_markdown(comp, kl)
+    out += _stage_deltas_markdown(comp)
+    return out
+
+
+def _unjudged_markdown(comp: Comparison, kl: str) -> list[str]:
+    """The unjudged account: how many new top-K documents nobody judged, what that means for the verdict."""
+    if comp.unjudged is None:
+        return []
+    out = [
+        f"**{comp.unjudged.headline}.** Unjudged documents count as not relevant in the gate. A broken or "
+        "worsened case whose condensed list (unjudged removed) did not drop is marked *unverified*: nobody "
+        "has judged what pushed its relevant documents down; one whose top K is judged too thinly for its "
+        "condensed list to tell is marked *cannot tell*. Judge the new documents (`sieve golden pool "
+        "--report`) to settle both.",
+        "",
+    ]
+    if "ndcg" in comp.condensed_metrics:
+        row = comp.condensed_metrics["ndcg"]
         out += [
-            f"**{comp.unjudged.headline}.** A broken or worsened case whose drop comes from unjudged "
-            "documents (the condensed list, unjudged removed, did not drop) is *unverified*, not a "
-            "regression: judge those documents (`sieve golden pool --report`) to settle it.",
+            f"Condensed lists: nDCG{kl} {_f(row.baseline)} → {_f(row.current)} "
+            f"({row.delta:+.3f}, p {p_text(row.p_value)}).",
             "",
         ]
-        if "ndcg" in comp.condensed_metrics:
-            row = comp.condensed_metrics["ndcg"]
-            out += [
-                f"Condensed lists: nDCG{kl} {_f(row.baseline)} → {_f(row.current)} "
-                f"({row.delta:+.3f}, p {p_text(row.p_value)}).",
-                "",
-            ]
+    return out
+
+
+def _case_changes_markdown(comp: Comparison) -> list[str]:
+    """The fixed, broken and worsened cases with their top 3 before and now, then the cases broken by
+    relabelling."""
+    out: list[str] = []
     cases = comp.cases
     for title, ids in (
         ("Fixed (hit 0 → 1)", cases.fixed),
@@ -236,7 +255,12 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
             f"{', '.join(cases.broken_by_relabelling)}.",
             "",
         ]
-    out += _removed_added_markdown(comp, kl)
+    return out
+
+
+def _stage_deltas_markdown(comp: Comparison) -> list[str]:
+    """Per stage, the relevant ids it removed and the recall after it, before and now."""
+    out: list[str] = []
     if comp.stages:
         out += [
             "| Stage | Removed relevant (before → now) | Recall after stage (before → now) |",
