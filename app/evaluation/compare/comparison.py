@@ -170,27 +170,8 @@ def compare_reports(
     before = {i: b_metrics[i] or {} for i in scored}
     after = {i: c_metrics[i] or {} for i in scored}
     rows = _paired_rows(before, after, seed, alpha)
-    b_condensed = {i: b_cases[i].condensed for i in scored}
-    c_condensed = {i: c_cases[i].condensed for i in scored}
-    with_condensed = [i for i in scored if b_condensed[i] and c_condensed[i]]
-    condensed_rows = _paired_rows(
-        {i: b_condensed[i] or {} for i in with_condensed},
-        {i: c_condensed[i] or {} for i in with_condensed},
-        seed,
-        alpha,
-        RANKING,
-    )
-    changes.fixed, changes.broken = stats.fixed_and_broken(
-        {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
-    )
-    changes.broken_by_relabelling = [
-        i for i in changes.broken if not _hit_still_judged(b_cases[i], c_cases[i])
-    ]
-    improved, worsened = stats.changed_by(
-        {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
-    )
-    changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
-    changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
+    condensed_rows = _condensed_rows(b_cases, c_cases, scored, seed, alpha)
+    _classify(changes, b_cases, c_cases, before, after)
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
     changes.unverified = sorted(
@@ -217,6 +198,43 @@ def compare_reports(
         budget=_budget(baseline_report, current_report),
         segments=segment_comparisons(before, after, c_cases, seed, alpha),
     )
+
+
+def _condensed_rows(
+    b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord], scored: list[str], seed: int, alpha: float
+) -> dict[str, MetricComparison]:
+    """The paired statistics on the condensed lists, over the scored cases that have them on both sides."""
+    both = [i for i in scored if b_cases[i].condensed and c_cases[i].condensed]
+    return _paired_rows(
+        {i: b_cases[i].condensed or {} for i in both},
+        {i: c_cases[i].condensed or {} for i in both},
+        seed,
+        alpha,
+        RANKING,
+    )
+
+
+def _classify(
+    changes: CaseChanges,
+    b_cases: dict[str, CaseRecord],
+    c_cases: dict[str, CaseRecord],
+    before: dict[str, dict[str, Any]],
+    after: dict[str, dict[str, Any]],
+) -> None:
+    """Fill `changes` with the fixed and broken cases (hit 0 -> 1, 1 -> 0), the breaks by relabelling, and
+    the cases whose nDCG improved or worsened, over the paired scored cases `before` / `after`."""
+    scored = list(before)
+    changes.fixed, changes.broken = stats.fixed_and_broken(
+        {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
+    )
+    changes.broken_by_relabelling = [
+        i for i in changes.broken if not _hit_still_judged(b_cases[i], c_cases[i])
+    ]
+    improved, worsened = stats.changed_by(
+        {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
+    )
+    changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
+    changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
 
 
 def _case_details(
