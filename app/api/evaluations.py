@@ -91,6 +91,8 @@ def evaluation_run_view(outcome: Any) -> EvaluationRunResponse:
         lines.append(sweep)
     if outcome.report.audit is not None:
         lines.append(f"golden-set audit: {audit_summary(outcome.report.audit)}")
+    if outcome.promotion:
+        lines.append(outcome.promotion)
     gate = outcome.gate
     return EvaluationRunResponse(
         lines=lines,

@@ -45,6 +45,9 @@ class EvaluationOutcome:
     gate: GateResult = field(default_factory=GateResult)
     paths: list[Path] = field(default_factory=list)
     invalid_golden_set: str | None = None
+    # whether the run became the last passing baseline, as the log says it ("baseline updated: ..." or
+    # "baseline kept: ..., to accept this level on purpose: sieve baseline accept ...")
+    promotion: str | None = None
 
     @property
     def json(self) -> dict[str, Any] | None:
@@ -196,10 +199,11 @@ def finish_evaluation(
         log.info("[RetrievalEval] gate note: %s", note)
     _log_paths(paths)
     if passing is not None:
-        log.info("[RetrievalEval] baseline updated: %s is this run's report (%s)", passing, update.reason)
+        promotion = f"baseline updated: {passing} is this run's report ({update.reason})"
     else:
-        log.info("[RetrievalEval] %s", baseline_kept_line(update, settings, report))
-    return EvaluationOutcome(report, evaluation, gate, paths)
+        promotion = baseline_kept_line(update, settings, report)
+    log.info("[RetrievalEval] %s", promotion)
+    return EvaluationOutcome(report, evaluation, gate, paths, promotion=promotion)
 
 
 def baseline_kept_line(update: BaselineUpdate, settings: EvaluateSettings, report: Report) -> str:

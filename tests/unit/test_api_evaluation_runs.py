@@ -59,7 +59,12 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, EvaluateSettings]]:
         report = {"summary": SUMMARY, "comparison": None, "baselineNote": "rag.evaluate.baseline is none"}
         typed = Report.model_validate({"run": {}, **report})
         return SimpleNamespace(
-            report=typed, json=report, gate=gate, paths=[Path("out/r-latest.json")], invalid_golden_set=None
+            report=typed,
+            json=report,
+            gate=gate,
+            paths=[Path("out/r-latest.json")],
+            invalid_golden_set=None,
+            promotion="baseline kept: this run did not replace out/r-passing.json (the gate failed); ...",
         )
 
     monkeypatch.setattr("app.evaluation.startup.run_startup_evaluation", run)
@@ -82,6 +87,7 @@ def test_a_run_answers_with_the_lines_files_and_gate_of_its_outcome(
             "done cases=3 succeeded=3 failed=0 avgRecall=1.00 avgMRR=0.50 avgNDCG=0.75 hitRate=1.00 "
             "p50=12ms p95=20ms",
             "no baseline: rag.evaluate.baseline is none",
+            "baseline kept: this run did not replace out/r-passing.json (the gate failed); ...",
         ],
         "reports": ["out/r-latest.json"],
         "gate": {
