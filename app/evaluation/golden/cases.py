@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from pydantic_core import PydanticCustomError
 MAX_REPORTED_ERRORS = 20
 
 RelevanceKey = Literal["doc", "chunk", "source"]
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 class GoldenSetError(ValueError):
@@ -73,6 +76,8 @@ class GoldenCase(BaseModel):
       passageChunkId (str | null: the chunk a generated case was made from) → passage_chunk_id
       literalness (float 0..1 | null: share of the query's terms that occur in its passage) → literalness
       draft (bool: not yet labelled; a draft case may name no expectation and is not scored) → draft
+      asOf (str "YYYY-MM-DD" | null: the date the case is judged as of, for the hard filter's effective
+        dates and so its forbidden documents; null means the evaluation's date) → as_of
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -103,6 +108,19 @@ class GoldenCase(BaseModel):
     passage_chunk_id: str | None = Field(default=None, alias="passageChunkId")
     literalness: float | None = Field(default=None, ge=0.0, le=1.0)
     draft: bool = False
+    as_of: date | None = Field(default=None, alias="asOf")
+
+    @field_validator("as_of", mode="before")
+    @classmethod
+    def _iso_date(cls, value: Any) -> Any:
+        if value is None or isinstance(value, date):
+            return value
+        if isinstance(value, str) and _ISO_DATE.fullmatch(value):
+            try:
+                return date.fromisoformat(value)
+            except ValueError as exc:
+                raise PydanticCustomError("date", "not a calendar date: {why}", {"why": str(exc)}) from None
+        raise PydanticCustomError("date", 'must be a date written "YYYY-MM-DD", e.g. "2026-12-01"')
 
     @field_validator("id", "query")
     @classmethod
