@@ -17,7 +17,9 @@ from app.evaluation.run.runner import (
     evaluate,
     latency_sample_indices,
 )
+from app.evaluation.startup import run_evaluation
 from app.retrieval.types import Candidate, Removal, RetrievalResult, RetrievalTrace, StageTrace
+from app.settings import EvaluateSettings
 
 
 def cand(chunk: str, doc: str, text: str | None = None) -> Candidate:
@@ -213,3 +215,15 @@ def test_the_gain_reaches_every_ndcg_of_the_run() -> None:
     assert report.run.gain == "exponential"
     assert "gain = 2^grade - 1" in (report.run.conventions or "")
     assert report.summary is not None and report.summary.ndcg == pytest.approx(dcg / idcg)
+
+
+def test_run_evaluation_takes_the_gain_from_the_settings() -> None:
+    graded = cases({"id": "g", "relevance": {"A": 1, "B": 3}})
+    ev = run_evaluation(FakeChain(), graded, KNOWN, EvaluateSettings(gain="exponential", latency_sample=0))
+    assert ev.gain == "exponential"
+    assert (
+        ev.cases[0].metrics
+        == evaluate(FakeChain(), graded, 5, KNOWN, k_values=[1, 3, 5, 10], gain="exponential")
+        .cases[0]
+        .metrics
+    )
