@@ -304,3 +304,14 @@ def test_at_chunk_level_an_attached_chunk_counts_at_its_hosts_rank_as_evidence_d
     assert c.stage_stats[1].removed_relevant == 0  # c5 was attached, not lost
     first = case_record(c).ranked_documents[0]
     assert (first.matched, first.reason) == (True, "relevant (grade 1, attached c5)")
+
+
+def test_a_document_whose_id_looks_like_a_chunk_id_stays_a_document() -> None:
+    odd = "c_" + "1" * 24
+    known = KnownIds.from_metadata([*ROWS, ("c6", {"doc_id": odd, "source": "odd.md", "knowledge": "hr"})])
+    golden = GoldenSet(
+        "t", [GoldenCase.model_validate({"id": "j", "query": "q", "judgments": {odd: 2}})], "g.json"
+    )
+    (c,) = evaluate(FakeChain(), golden, 3, known).cases
+    assert c.relevance == {odd: 2.0}
+    assert c.missing_from_index == []

@@ -284,12 +284,19 @@ def usable_groups(case: GoldenCase, known: KnownIds) -> list[list[str]]:
 def stale_chunk_ids(case: GoldenCase, known: KnownIds) -> list[str]:
     """The chunk ids `case` scores with that the index does not hold, sorted: its evidence groups' chunks,
     its expectedChunkIds at chunk level, and the `judgments` keys shaped like a chunk id
-    (`ids.looks_like_chunk_id`). They are left out of every figure (see `resolve_case`)."""
+    (`ids.looks_like_chunk_id`) that are no document of the index either (`_stale_judgment`). They are
+    left out of every figure (see `resolve_case`)."""
     named = [c for group in case.evidence_groups() for c in group]
     if case_relevance_key(case) == "chunk":
         named += case.expected_chunk_ids
-    named += [key for key in case.judgments if looks_like_chunk_id(key)]
+    named += [key for key in case.judgments if _stale_judgment(key, known)]
     return sorted({c for c in named if c not in known.chunk})
+
+
+def _stale_judgment(key: str, known: KnownIds) -> bool:
+    """A `judgments` key that has the shape of a chunk id and that the index holds neither as a chunk nor as
+    a document: a chunk re-chunked away, not a document."""
+    return looks_like_chunk_id(key) and key not in known.chunk and key not in known.doc
 
 
 def _grades(
@@ -309,7 +316,9 @@ def _grades(
         return grades, expanded
     grades = case.relevance_map()
     own = {
-        i: float(g) for i, g in case.judgments.items() if i not in known.chunk and not looks_like_chunk_id(i)
+        i: float(g)
+        for i, g in case.judgments.items()
+        if i not in known.chunk and not _stale_judgment(i, known)
     }
     grades.update(own)
     graded_directly = set(grades)
