@@ -432,6 +432,8 @@ class EvaluateSettings(_Strict):
     write_html: bool = True
     top_k: int = Field(5, ge=1, le=100)
     k_values: list[int] = Field(default_factory=lambda: [1, 3, 5, 10])
+    # nDCG's gain of a relevant grade: the grade ("linear", trec_eval's) or 2^grade - 1 ("exponential")
+    gain: Literal["linear", "exponential"] = "linear"
     thresholds: EvaluateThresholds = EvaluateThresholds()
     fail_on_gate: bool = False
     fail_on_invalid_golden_set: bool = False

@@ -333,6 +333,7 @@ def tune_command(args: argparse.Namespace) -> int:
             "cases": len(golden.cases),
             "k": ev.top_k,
             "asOf": recording.as_of.isoformat(),
+            "gain": recording.gain,
             "tolerance": args.tolerance,
             "maxPoints": args.max_points,
             "points": len(grid.points),

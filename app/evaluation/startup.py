@@ -137,7 +137,7 @@ def run_evaluation(
     settings: EvaluateSettings,
     progress: Callable[[int, int], None] | None = None,
 ) -> Evaluation:
-    """`evaluate` with the settings' K, cut-offs, as-of date and latency sample."""
+    """`evaluate` with the settings' K, cut-offs, as-of date, latency sample and nDCG gain."""
     return evaluate(
         chain,
         golden,
@@ -147,6 +147,7 @@ def run_evaluation(
         today=settings.as_of,
         k_values=settings.k_values,
         latency_sample=settings.latency_sample,
+        gain=settings.gain,
     )
 
 
@@ -272,6 +273,7 @@ def run_description(described: dict[str, Any], evaluation: Evaluation, known: Kn
             evaluation.default_k,
             evaluation.as_of or date.today(),
             evaluated_at,
+            evaluation.gain,
         ),
     }
 

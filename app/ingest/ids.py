@@ -20,6 +20,7 @@ CHUNK_ID_PREFIX = "c_"
 CHUNK_ID_HEX_CHARS = 24  # 96 bits: collisions are negligible for any corpus this service will hold
 
 _WHITESPACE = re.compile(r"\s+")
+_CHUNK_ID = re.compile(rf"{CHUNK_ID_PREFIX}[0-9a-f]{{{CHUNK_ID_HEX_CHARS}}}")
 
 
 def normalise_text(text: str) -> str:
@@ -73,6 +74,12 @@ def chunk_id(
         ]
     )
     return CHUNK_ID_PREFIX + hashlib.sha256(payload).hexdigest()[:CHUNK_ID_HEX_CHARS]
+
+
+def looks_like_chunk_id(value: str) -> bool:
+    """True when `value` has the shape `chunk_id` gives every id: "c_" and 24 lowercase hex characters. A
+    golden set can then tell a chunk id the index no longer holds (re-chunked) from a document id."""
+    return _CHUNK_ID.fullmatch(value) is not None
 
 
 def text_sha256(text: str) -> str:

@@ -239,6 +239,33 @@ def test_eval_with_a_broken_golden_set_exits_2_naming_file_and_case(capsys, tmp_
     assert f"duplicate id '{duplicated['id']}'" in err
 
 
+def test_a_case_with_its_own_as_of_sees_the_documents_in_force_that_day(capsys, tmp_path: Path) -> None:
+    # security-password-policy-v3-zh is in force from 2099-01-01: filtered today, returned as of 2099
+    case = {
+        "query": "电脑登录密码多久必须改一次",
+        "expectedDocIds": ["security-password-policy-zh"],
+        "forbiddenDocIds": ["security-password-policy-v3-zh"],
+    }
+    golden = tmp_path / "dated.json"
+    golden.write_text(
+        json.dumps(
+            [{"id": "today", **case}, {"id": "in-2099", **case, "asOf": "2099-06-01"}], ensure_ascii=False
+        ),
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "eval", "--golden-set", str(golden), "--baseline", "none")
+    assert code == EXIT_GATE  # max_forbidden_hits 0: the 2099 case's forbidden hit fails the gate
+    assert "gate failed: max_forbidden_hits" in err and "in-2099" in err
+    report = json.loads(
+        (tmp_path / "retrieval-eval" / "retrieval-eval-latest.json").read_text(encoding="utf-8")
+    )
+    by_id = {c["id"]: c for c in report["cases"]}
+    assert by_id["today"]["forbiddenFound"] == []
+    assert by_id["in-2099"]["forbiddenFound"] == ["security-password-policy-v3-zh"]
+    assert by_id["in-2099"]["asOf"] == "2099-06-01"
+    assert by_id["today"]["asOf"] == report["run"]["asOf"]
+
+
 def test_exported_trec_files_rescore_to_the_evaluation_figures(
     capsys, tmp_path: Path, output_dir: Path
 ) -> None:

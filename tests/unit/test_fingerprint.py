@@ -158,3 +158,20 @@ def test_an_older_baseline_without_models_ingest_store_names_each_section_once()
         "rag.store: not in the baseline report's fingerprint (an older Sieve): unknown",
         "rag.retrieval.candidate_k: 50 -> 20",
     ]
+
+
+def test_the_ndcg_gain_is_fingerprinted_and_a_change_is_named() -> None:
+    golden = parse_golden_set(json.dumps({"cases": CASES}), "g.json")
+
+    def with_gain(gain: str) -> dict:
+        settings = result_settings(Settings().rag)
+        return run_fingerprint(
+            golden, ["c1"], {"name": "e5"}, settings, 5, date(2026, 12, 1), "2026-12-01T00:00:00+00:00", gain
+        )
+
+    linear, exponential = with_gain("linear"), with_gain("exponential")
+    assert (linear["gain"], exponential["gain"]) == ("linear", "exponential")
+    assert describe_differences(linear, exponential) == ["nDCG gain: linear -> exponential"]
+    # a baseline written before the gain was recorded: nothing to name
+    older = {key: value for key, value in linear.items() if key != "gain"}
+    assert describe_differences(older, linear) == []

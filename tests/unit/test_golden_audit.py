@@ -316,6 +316,9 @@ def test_hard_filter_rules_follow_the_settings() -> None:
         Excluded("retired", "travel-2022", "doc", ["effectiveTo=2023-12-31 < today=2026-01-01"]),
     ]
     assert au.hard_filter_excluded(no_tag, BASE, dates_only, date(2023, 12, 31)) == []
+    # a case's own asOf wins over the run's date
+    dated = [case("retired", expectedDocIds=["travel-2022"], asOf="2023-12-31")]
+    assert au.hard_filter_excluded(dated, BASE, dates_only, AS_OF) == []
     # disabled: only the knowledge tag still removes (the candidates are taken within the query's tag)
     off = HardFilterSettings(enabled=False)
     assert au.hard_filter_excluded(no_tag, BASE, off, AS_OF) == []

@@ -1,4 +1,5 @@
 import json
+from datetime import date
 
 import pytest
 
@@ -329,3 +330,36 @@ def test_retired_cases_carry_a_reason_and_are_not_in_the_set(tmp_path):
     assert 'unknown top-level field "retierd"' in load_error(
         write_json(tmp_path, {"cases": [VALID], "retierd": []})
     )
+
+
+def test_as_of_is_a_date_the_case_is_judged_as_of(tmp_path):
+    golden = load_golden_set(write_json(tmp_path, [{**VALID, "asOf": "2025-06-30"}, {**VALID, "id": "q2"}]))
+    dated, undated = golden.cases
+    assert dated.as_of == date(2025, 6, 30)
+    assert undated.as_of is None
+    # it round-trips as the same string, and a case without one is written without the field
+    assert dated.model_dump(mode="json", by_alias=True, exclude_defaults=True)["asOf"] == "2025-06-30"
+    assert "asOf" not in undated.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2025/06/30", 'field "asOf": must be a date written "YYYY-MM-DD", e.g. "2026-12-01" (got string'),
+        ("20250630", 'field "asOf": must be a date written "YYYY-MM-DD", e.g. "2026-12-01" (got string'),
+        ("2025-06-30T10:00:00", 'field "asOf": must be a date written "YYYY-MM-DD"'),
+        (20250630, 'field "asOf": must be a date written "YYYY-MM-DD", e.g. "2026-12-01" (got number'),
+        (
+            "2025-02-30",
+            'field "asOf": not a calendar date: day is out of range for month (got string "2025-02-30")',
+        ),
+    ],
+)
+def test_as_of_is_strict_and_the_error_names_the_case_and_the_field(tmp_path, value, expected):
+    message = load_error(write_jsonl(tmp_path, [{**VALID, "asOf": value}]))
+    assert f"golden.jsonl:1 (id 'q1'): {expected}" in message
+
+
+def test_a_misspelt_as_of_is_suggested(tmp_path):
+    message = load_error(write_jsonl(tmp_path, [{**VALID, "as_of": "2025-06-30"}]))
+    assert 'unknown field "as_of"; did you mean "asOf"?' in message

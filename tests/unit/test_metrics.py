@@ -7,10 +7,17 @@ import pytest
 from app.evaluation.scoring.metrics import (
     CONVENTIONS,
     UndefinedMetricError,
+    best_alternative,
     case_metrics,
+    condensed,
+    conventions,
+    counted_alternative,
     duplicate_rate_at_k,
     has_relevant,
+    has_relevant_alternative,
+    hit_counts,
     hit_rate_at_k,
+    judged_at_k,
     latency_summary,
     mrr_at_k,
     ndcg_at_k,
@@ -18,6 +25,7 @@ from app.evaluation.scoring.metrics import (
     precision_at_k,
     recall_at_k,
     top1_accuracy,
+    unjudged_at_k,
 )
 
 RANKED = ["d1", "a", "d2", "b", "c", "d3", "d4"]
@@ -226,8 +234,6 @@ def test_duplicate_rate_counts_content_duplicates(ranked, texts, k, expected):
 
 
 def test_hit_counts_are_the_numbers_behind_the_ratios():
-    from app.evaluation.scoring.metrics import hit_counts
-
     relevance = {"a": 1.0, "b": 2.0, "c": 1.0, "x": 0.0}
     assert hit_counts(["z", "b", "b", "a", "c"], relevance, 4) == {
         "expectedCount": 3,
@@ -236,3 +242,151 @@ def test_hit_counts_are_the_numbers_behind_the_ratios():
     }
     assert hit_counts(["z"], relevance, 1) == {"expectedCount": 3, "hitCount": 0, "firstHitRank": None}
     assert hit_counts(["z"], {}, 1) == {"expectedCount": 0, "hitCount": 0, "firstHitRank": None}
+
+
+# -- nDCG's gain -------------------------------------------------------------------------------------------
+
+
+def test_exponential_gain_is_two_to_the_grade_minus_one_in_dcg_and_ideal():
+    ranked = ["b", "x", "a"]
+    relevance = {"a": 3, "b": 1, "c": 2, "n": 0}
+    dcg = (2**1 - 1) / log2(2) + 0 / log2(3) + (2**3 - 1) / log2(4)
+    idcg = (2**3 - 1) / log2(2) + (2**2 - 1) / log2(3) + (2**1 - 1) / log2(4)  # a, c, b
+    assert ndcg_at_k(ranked, relevance, 3, gain="exponential") == pytest.approx(dcg / idcg, abs=1e-12)
+    # linear: the same ranking with gain = grade
+    linear = (1 / log2(2) + 3 / log2(4)) / (3 / log2(2) + 2 / log2(3) + 1 / log2(4))
+    assert ndcg_at_k(ranked, relevance, 3) == pytest.approx(linear, abs=1e-12)
+
+
+def test_binary_judgments_score_the_same_with_either_gain():
+    relevance = {"r1": 1, "r2": 1, "r3": 1}
+    ranked = ["x", "r1", "r2", "y", "z"]
+    expected = (1 / log2(3) + 1 / log2(4)) / (1 + 1 / log2(3) + 1 / log2(4))
+    assert ndcg_at_k(ranked, relevance, 5, gain="exponential") == pytest.approx(expected, abs=1e-12)
+    assert ndcg_at_k(ranked, relevance, 5, gain="linear") == pytest.approx(expected, abs=1e-12)
+
+
+def test_case_metrics_pass_the_gain_to_ndcg_only():
+    relevance = {"a": 2, "b": 1}
+    linear = case_metrics(["b", "a"], relevance, 2)
+    exponential = case_metrics(["b", "a"], relevance, 2, gain="exponential")
+    assert exponential["ndcg"] == pytest.approx(
+        ((2**1 - 1) / log2(2) + (2**2 - 1) / log2(3)) / ((2**2 - 1) / log2(2) + (2**1 - 1) / log2(3))
+    )
+    assert linear["ndcg"] == pytest.approx((1 / log2(2) + 2 / log2(3)) / (2 / log2(2) + 1 / log2(3)))
+    assert {k: v for k, v in exponential.items() if k != "ndcg"} == {
+        k: v for k, v in linear.items() if k != "ndcg"
+    }
+
+
+def test_an_unknown_gain_is_refused():
+    with pytest.raises(ValueError, match="gain must be one of linear, exponential"):
+        ndcg_at_k(["a"], {"a": 1}, 1, gain="log")  # type: ignore[arg-type]
+
+
+def test_the_conventions_name_the_gain():
+    assert "gain = grade" in conventions("linear")
+    assert "gain = 2^grade - 1" in conventions("exponential")
+    assert CONVENTIONS == conventions("linear")
+
+
+# -- a rank that returns several ids (a chunk and the chunks attached to it) --------------------------------
+
+
+def test_a_rank_returns_its_attached_ids_for_every_figure():
+    # rank 1 is chunk x with a attached; rank 2 is y: a is found at rank 1
+    ranked = [("x", "a"), "y"]
+    relevance = {"a": 1, "b": 1}
+    assert recall_at_k(ranked, relevance, 2) == pytest.approx(1 / 2)
+    assert mrr_at_k(ranked, relevance, 2) == pytest.approx(1 / 1)
+    assert hit_rate_at_k(ranked, relevance, 1) == 1.0
+    assert ndcg_at_k(ranked, relevance, 2) == pytest.approx((1 / log2(2)) / (1 / log2(2) + 1 / log2(3)))
+    assert precision_at_k(ranked, relevance, 2) == pytest.approx(1 / 2)
+    assert top1_accuracy(ranked, relevance) == 1.0
+
+
+def test_several_relevant_ids_of_one_rank_take_consecutive_positions_from_it():
+    relevance = {"a": 1, "b": 2, "c": 1}
+    # rank 1 returns a and b: b (grade 2) at position 1, a at 2; c at rank 3 -> position 3
+    ranked = [("x", "a", "b"), "y", "c"]
+    dcg = 2 / log2(2) + 1 / log2(3) + 1 / log2(4)
+    idcg = 2 / log2(2) + 1 / log2(3) + 1 / log2(4)
+    assert ndcg_at_k(ranked, relevance, 3) == pytest.approx(dcg / idcg)  # = 1: the ideal order
+    assert precision_at_k(ranked, relevance, 3) == pytest.approx(3 / 3)
+    assert recall_at_k(ranked, relevance, 3) == pytest.approx(3 / 3)
+    # rank 2 returns a and b, rank 3 returns c: positions 2, 3 and then 4 > K=3 for c
+    later = ["y", ("x", "b", "a"), "c"]
+    assert ndcg_at_k(later, relevance, 3) == pytest.approx((2 / log2(3) + 1 / log2(4)) / idcg)
+    assert precision_at_k(later, relevance, 3) == pytest.approx(2 / 3)
+    assert recall_at_k(later, relevance, 3) == pytest.approx(3 / 3)  # all three are returned in the top 3
+
+
+def test_recall_counts_every_id_the_top_k_returns_while_ndcg_keeps_k_positions():
+    relevance = {"a": 1, "b": 1, "c": 1}
+    ranked = [("a", "b")]
+    assert recall_at_k(ranked, relevance, 1) == pytest.approx(2 / 3)
+    assert ndcg_at_k(ranked, relevance, 1) == pytest.approx((1 / log2(2)) / (1 / log2(2)))
+    assert precision_at_k(ranked, relevance, 1) == pytest.approx(1 / 1)
+
+
+def test_a_rank_of_ids_is_judged_when_one_of_them_is_and_duplicates_compare_own_ids():
+    assert judged_at_k([("x", "a"), "y"], {"a"}, 2) == pytest.approx(1 / 2)
+    assert unjudged_at_k([("x", "a"), "y"], {"a"}, 2) == ["y"]
+    assert condensed([("x", "a"), "y", "b"], {"a", "b"}) == [("x", "a"), "b"]
+    assert duplicate_rate_at_k([("x", "a"), "x"], 2) == pytest.approx(1 / 2)
+
+
+# -- alternatives (anyOf: any one evidence group answers) --------------------------------------------------
+
+
+def test_each_figure_is_the_best_over_the_alternatives():
+    alternatives = [{"a": 1}, {"b": 1}]
+    # a at rank 1 answers the first alternative wholly; all required ({a, b}) would give recall 1/2
+    assert case_metrics(["a", "x"], alternatives, 2) == pytest.approx(
+        {
+            "recall": max(1 / 1, 0 / 1),
+            "hitRate": 1.0,
+            "mrr": 1 / 1,
+            "ndcg": max((1 / log2(2)) / (1 / log2(2)), 0.0),
+            "precision": max(1 / 2, 0 / 2),
+            "top1Accuracy": 1.0,
+            "duplicateRate": 0.0,
+        }
+    )
+    assert recall_at_k(["a", "x"], {"a": 1, "b": 1}, 2) == pytest.approx(1 / 2)
+    # b at rank 2, a at rank 3: the better-served alternative is b's
+    assert best_alternative(ndcg_at_k, ["x", "b", "a"], alternatives, 3) == pytest.approx(
+        max(1 / log2(4), 1 / log2(3))
+    )
+
+
+def test_alternatives_share_the_cases_other_expectations():
+    # expected document D plus one of two evidence documents
+    alternatives = [{"D": 1, "A": 1}, {"D": 1, "B": 1}]
+    ranked = ["D", "x", "B"]
+    assert best_alternative(recall_at_k, ranked, alternatives, 3) == pytest.approx(max(1 / 2, 2 / 2))
+    assert best_alternative(ndcg_at_k, ranked, alternatives, 3) == pytest.approx(
+        max(
+            (1 / log2(2)) / (1 / log2(2) + 1 / log2(3)),
+            (1 / log2(2) + 1 / log2(4)) / (1 / log2(2) + 1 / log2(3)),
+        )
+    )
+    assert hit_counts(ranked, alternatives, 3) == {"expectedCount": 2, "hitCount": 2, "firstHitRank": 1}
+
+
+def test_counts_follow_the_best_recall_alternative_and_the_first_hit_of_any():
+    alternatives = [{"a": 1, "b": 1}, {"c": 1}]
+    assert hit_counts(["x", "a", "c"], alternatives, 3) == {
+        "expectedCount": 1,
+        "hitCount": 1,
+        "firstHitRank": 2,
+    }
+    assert counted_alternative(["x", "a", "c"], alternatives, 3) == 1
+    assert counted_alternative(["x"], alternatives, 1) == 0  # a tie (0 and 0): the first
+
+
+def test_alternatives_without_a_relevant_id_are_undefined():
+    with pytest.raises(UndefinedMetricError):
+        best_alternative(recall_at_k, ["a"], [{}, {"a": 0}], 1)
+    assert not has_relevant_alternative([{}, {"a": 0}])
+    assert has_relevant_alternative([{}, {"a": 2}])

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.evaluation.scoring.metrics import (
+    evidence_recall_at_k,
     has_relevant,
     hit_rate_at_k,
     mrr_at_k,
@@ -53,6 +54,50 @@ def test_metrics_equal_trec_eval_on_the_list_cut_at_k(case):
     assert precision_at_k(ranked, qrels, k) == pytest.approx(trec(f"P_{k}"), abs=1e-9)
     assert hit_rate_at_k(ranked, qrels, k) == pytest.approx(trec(f"success_{k}"), abs=1e-9)
     assert mrr_at_k(ranked, qrels, k) == pytest.approx(trec("recip_rank"), abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(graded_case())
+def test_exponential_gain_equals_trec_eval_on_grades_mapped_to_two_to_the_grade_minus_one(case):
+    ranked, qrels, k = case
+    if not has_relevant(qrels):
+        return
+    # trec_eval's ndcg_cut takes the grade as the gain: give it 2^grade - 1 for the relevant grades
+    gains = {doc: (2**grade - 1 if grade > 0 else grade) for doc, grade in qrels.items()}
+    evaluator = pytrec_eval.RelevanceEvaluator({"q": gains}, {f"ndcg_cut.{k}"})
+    expected = evaluator.evaluate({"q": trec_scores(ranked[:k])}).get("q", {}).get(f"ndcg_cut_{k}", 0.0)
+    assert ndcg_at_k(ranked, qrels, k, gain="exponential") == pytest.approx(expected, abs=1e-9)
+
+
+@st.composite
+def ranks_with_attached(draw):
+    """A ranking whose ranks may return several ids (a chunk and its attached chunks), and graded qrels."""
+    ids = draw(st.permutations(DOC_IDS))
+    sizes = draw(st.lists(st.integers(min_value=1, max_value=3), max_size=6))
+    ranked, start = [], 0
+    for size in sizes:
+        group = tuple(ids[start : start + size])
+        start += size
+        if group:
+            ranked.append(group[0] if len(group) == 1 else group)
+    qrels = draw(
+        st.dictionaries(st.sampled_from(DOC_IDS), st.integers(min_value=0, max_value=3), max_size=10)
+    )
+    return ranked, qrels, draw(st.integers(min_value=1, max_value=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ranks_with_attached())
+def test_ranks_of_several_ids_keep_every_figure_within_zero_and_one_and_recall_as_evidence_recall(case):
+    ranked, qrels, k = case
+    if not has_relevant(qrels):
+        return
+    for gain in ("linear", "exponential"):
+        assert 0.0 <= ndcg_at_k(ranked, qrels, k, gain=gain) <= 1.0 + 1e-12
+    assert 0.0 <= precision_at_k(ranked, qrels, k) <= 1.0
+    relevant = {doc for doc, grade in qrels.items() if grade > 0}
+    groups = [[r] if isinstance(r, str) else list(r) for r in ranked]
+    assert recall_at_k(ranked, qrels, k) == pytest.approx(evidence_recall_at_k(groups, [relevant], k))
 
 
 @st.composite

@@ -1,10 +1,19 @@
-"""The Markdown "Compared with baseline" section, rendered from the comparison JSON."""
+"""The Markdown "Compared with baseline" section, rendered from the comparison JSON; and how the report
+says which cases are unscorable, which ids are stale and which cases carry their own date."""
 
 from __future__ import annotations
 
+from datetime import date
+
 from app.evaluation.compare.comparison import compare_reports
-from app.evaluation.render.markdown import comparison_markdown
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.render.html import render_html
+from app.evaluation.render.markdown import comparison_markdown, render_markdown
 from app.evaluation.report.model import Report
+from app.evaluation.run.build import build_report
+from app.evaluation.run.runner import evaluate
+from tests.unit.test_judgments_evidence import KNOWN
+from tests.unit.test_runner import FakeChain
 
 
 def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict:
@@ -54,3 +63,38 @@ def test_comparison_section_says_what_changed_lists_fixed_and_broken_and_warns_o
 def test_without_a_baseline_the_section_says_why() -> None:
     text = comparison_markdown(None, "no previous report (first run)", "@5")
     assert text[:3] == ["## Compared with baseline", "", "No comparison: no previous report (first run)."]
+
+
+def test_unscorable_stale_and_dated_cases_are_said_where_a_reader_looks() -> None:
+    golden = GoldenSet(
+        "t",
+        [
+            GoldenCase.model_validate(fields)
+            for fields in (
+                {"id": "gone", "query": "q", "evidenceChunkIds": ["c9"]},
+                {"id": "dated", "query": "q", "expectedDocIds": ["A"], "asOf": "2025-01-01"},
+                {"id": "ok", "query": "q", "expectedDocIds": ["A"]},
+            )
+        ],
+        "golden.json",
+    )
+    report = build_report(evaluate(FakeChain(), golden, 3, KNOWN, today=date(2026, 1, 1)), {})
+    md = render_markdown(report, case_detail=True)
+    assert "over 2 scored cases (3 in all, 0 no-answer, 0 failed, 1 unscorable)" in md
+    gone_row = next(line for line in md.splitlines() if line.startswith("| gone |"))
+    assert "| unscorable |" in gone_row and "c9: NOT_IN_INDEX" in gone_row
+    assert (
+        "| Expected ids missing from the index | 1 (chunk ids among them are left out of every figure; "
+        "unscorable, every expectation stale: gone) |"
+    ) in md
+    assert (
+        "(the date the hard filter's effective dates use; 1 case(s) are judged as of their own asOf) |" in md
+    )
+    assert "- As of: 2025-01-01 (its own asOf)" in md
+    assert "**Not scored:** every expectation it names is a chunk id not in the index: c9." in md
+    html = render_html(report)
+    assert "1 unscorable" in html
+    assert (
+        '<b class="warn">unscorable</b>: every expectation it names is a chunk id not in the index: c9'
+        in html
+    )

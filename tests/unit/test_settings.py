@@ -233,6 +233,7 @@ def test_a_bad_key_in_the_config_path_argument_names_that_file(tmp_path):
         ("alpha", 1.5, "alpha"),
         ("keep_reports", 0, "keep_reports"),
         ("as_of", "not-a-date", "as_of"),
+        ("gain", "log", r"'rag\.evaluate\.gain': Input should be 'linear' or 'exponential'"),
     ],
 )
 def test_evaluate_settings_reject_bad_values(key, value, message):
@@ -243,3 +244,9 @@ def test_evaluate_settings_reject_bad_values(key, value, message):
 def test_evaluate_as_of_parses_an_iso_date_from_the_environment(monkeypatch):
     monkeypatch.setenv("RAG__EVALUATE__AS_OF", "2030-01-31")
     assert str(load_settings().rag.evaluate.as_of) == "2030-01-31"
+
+
+def test_evaluate_gain_is_linear_by_default_and_takes_exponential(monkeypatch):
+    assert load_settings().rag.evaluate.gain == "linear"
+    monkeypatch.setenv("RAG__EVALUATE__GAIN", "exponential")
+    assert load_settings().rag.evaluate.gain == "exponential"

@@ -561,6 +561,7 @@ _FINGERPRINT_KEYS = (
     "codeVersion",
     "evaluatedAt",
     "asOf",
+    "gain",
 )
 
 
@@ -611,8 +612,8 @@ def describe_differences(
     """What changed between two runs, in words, from their fingerprints: each changed setting of the
     fingerprinted sections (rag.models, rag.ingest, rag.store, rag.retrieval, rag.chain:
     `rag.models.query_prompt: null -> "query: "`), the embedder, the corpus, the golden set (cases added,
-    removed, changed), K, asOf and the code version. A section only one report fingerprints (the other
-    report's Sieve did not record it) is named once, as unknown, rather than key by key."""
+    removed, changed), K, asOf, nDCG's gain and the code version. A section only one report fingerprints (the
+    other report's Sieve did not record it) is named once, as unknown, rather than key by key."""
     out: list[str] = []
     if "settings" not in b_run:
         out.append("the baseline report has no run fingerprint (written by an older Sieve): settings unknown")
@@ -640,7 +641,7 @@ def describe_differences(
         )
     if b_run.get("goldenSetSha256") and b_run.get("goldenSetSha256") != c_run.get("goldenSetSha256"):
         out.append("golden set: " + _golden_changes(b_cases or {}, c_cases or {}))
-    for key, label in (("k", "K"), ("asOf", "asOf"), ("codeVersion", "code")):
+    for key, label in (("k", "K"), ("asOf", "asOf"), ("gain", "nDCG gain"), ("codeVersion", "code")):
         if b_run.get(key) is not None and b_run.get(key) != c_run.get(key):
             out.append(f"{label}: {b_run.get(key)} -> {c_run.get(key)}")
     return out

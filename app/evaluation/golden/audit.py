@@ -407,9 +407,9 @@ def hard_filter_excluded(
     cases: Sequence[GoldenCase], index: IndexView, settings: HardFilterSettings, as_of: date
 ) -> list[Excluded]:
     """Relevant documents (and relevant chunks of documents not reported) that the hard filter stage's
-    `reason` removes for the case's query (its knowledgeTag, `as_of`): a document when it removes every
-    chunk of it. With the hard filter disabled only the knowledge-tag rule applies (candidates are taken
-    among the chunks of the query's tag whatever the stages do)."""
+    `reason` removes for the case's query (its knowledgeTag, its own asOf else `as_of`): a document when it
+    removes every chunk of it. With the hard filter disabled only the knowledge-tag rule applies (candidates
+    are taken among the chunks of the query's tag whatever the stages do)."""
     if not settings.enabled:
         settings = HardFilterSettings(
             excluded_statuses=[], check_effective_dates=False, denied_sources=[], min_text_chars=0
@@ -417,7 +417,7 @@ def hard_filter_excluded(
     stage = HardFilterStage(settings)
     out = []
     for case in cases:
-        query = QueryContext(text=case.query, knowledge_tag=case.knowledge_tag, today=as_of)
+        query = QueryContext(text=case.query, knowledge_tag=case.knowledge_tag, today=case.as_of or as_of)
 
         def reason(chunk_id: str, query: QueryContext = query) -> str | None:
             candidate = Candidate(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from pydantic_core import PydanticCustomError
 MAX_REPORTED_ERRORS = 20
 
 RelevanceKey = Literal["doc", "chunk", "source"]
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 class GoldenSetError(ValueError):
@@ -79,6 +82,8 @@ class GoldenCase(BaseModel):
         the gate) → risk
       owner (str | null: who answers for the case) → owner
       rationale (str: why the case is in the set, what it guards) → rationale
+      asOf (str "YYYY-MM-DD" | null: the date the case is judged as of, for the hard filter's effective
+        dates and so its forbidden documents; null means the evaluation's date) → as_of
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -113,6 +118,19 @@ class GoldenCase(BaseModel):
     risk: Literal["low", "medium", "high"] | None = None
     owner: str | None = None
     rationale: str = ""
+    as_of: date | None = Field(default=None, alias="asOf")
+
+    @field_validator("as_of", mode="before")
+    @classmethod
+    def _iso_date(cls, value: Any) -> Any:
+        if value is None or isinstance(value, date):
+            return value
+        if isinstance(value, str) and _ISO_DATE.fullmatch(value):
+            try:
+                return date.fromisoformat(value)
+            except ValueError as exc:
+                raise PydanticCustomError("date", "not a calendar date: {why}", {"why": str(exc)}) from None
+        raise PydanticCustomError("date", 'must be a date written "YYYY-MM-DD", e.g. "2026-12-01"')
 
     @field_validator("id", "query")
     @classmethod

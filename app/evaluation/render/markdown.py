@@ -72,7 +72,7 @@ def render_markdown(report: Report, case_detail: bool = False) -> str:
     lines += ["## Cases", ""]
     if case_detail:
         for c in report.cases:
-            lines += _case_markdown(c)
+            lines += _case_markdown(c, run.as_of)
     else:
         lines += [
             f"Every case's ranking, trace and judgments ({len(report.cases)} cases) are in the JSON "
@@ -111,9 +111,10 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     else:
         against = f"no baseline ({report.baseline_note or 'none'})"
     no_answer = s.no_answer.get("cases", 0)
+    unscorable = f", {len(s.unscorable_case_ids)} unscorable" if s.unscorable_case_ids else ""
     lines = [
         f"**Gate {verdict}.** {figures} over {s.scored_cases} scored cases "
-        f"({s.cases} in all, {no_answer} no-answer, {s.failed} failed); {against}.",
+        f"({s.cases} in all, {no_answer} no-answer, {s.failed} failed{unscorable}); {against}.",
         "",
     ]
     update = report.baseline_update
@@ -449,6 +450,8 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         for c in worst:
             got = _ranked_text(c.ranked_documents[:3])
             lost = "; ".join(f"{x.id}: {loss_text(x, c.top_k)}" for x in c.lost) or "-"
+            if c.unscorable:
+                lost = "; ".join(f"{i}: NOT_IN_INDEX" for i in c.missing_from_index)
             if c.metrics:
                 nd = _f(c.metrics["ndcg"])
             elif c.expect_no_answer:
@@ -457,7 +460,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
                 nd = c.status
             lines.append(
                 f"| {c.id} | {_cell(c.query)} | {nd} | {', '.join(c.expected) or '-'} | "
-                f"{got} | {_cell(lost, None)} |"
+                f"{got} | {_cell(lost or '-', None)} |"
             )
         lines += _risk_lines(worst)
     return lines + [""]
@@ -503,7 +506,7 @@ def _summary_markdown(s: Summary, kl: str) -> list[str]:
         f"({abst}/{na_n}) / {_f(na.get('falseAnswerRate'))} ({na_n - abst}/{na_n}) |",
         f"| Forbidden documents in top K | {s.forbidden.get('hits', 0)} "
         f"(in {s.forbidden.get('cases', 0)} cases) |",
-        f"| Expected ids missing from the index | {s.expected_missing_from_index} |",
+        f"| Expected ids missing from the index | {s.expected_missing_from_index}{_unscorable_note(s)} |",
     ]
     lines += _judgment_rows(s, kl)
     lines.append("")
@@ -518,6 +521,17 @@ def _summary_markdown(s: Summary, kl: str) -> list[str]:
             lines.append(f"| {k} | " + " | ".join(_f(row[m]) for m in measures.RANKING) + " |")
         lines.append("")
     return lines
+
+
+def _unscorable_note(s: Summary) -> str:
+    """What the stale expectations cost: chunk ids are left out of every figure, and a case left with none
+    is unscorable."""
+    if not s.expected_missing_from_index:
+        return ""
+    note = " (chunk ids among them are left out of every figure"
+    if s.unscorable_case_ids:
+        note += f"; unscorable, every expectation stale: {', '.join(s.unscorable_case_ids)}"
+    return note + ")"
 
 
 def _judgment_rows(s: Summary, kl: str) -> list[str]:
@@ -538,9 +552,11 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
     ev = s.evidence
     if ev.get("cases"):
         lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
+        stale = ev.get("unscorable") or []
+        not_scored = f"; not scored, no group whole in the index: {', '.join(stale)}" if stale else ""
         rows.append(
             f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
-            f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}) |"
+            f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}{not_scored}) |"
         )
     return rows
 
@@ -563,7 +579,8 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.get('cases', 0)} no-answer, "
         f"{s.failed} failed) |",
         f"| K | {k_note} |",
-        f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use) |",
+        f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use"
+        f"{_own_dates(report)}) |",
         f"| Embedder | {_ident(run.models.get('embedder'))} |",
         f"| Reranker | {run.models.get('reranker') or 'none (rerank stage skipped)'} |",
         f"| Store | {run.store or ''} ({run.chunks if run.chunks is not None else '?'} chunks, "
@@ -574,6 +591,11 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         f"| Duration | {(run.duration_ms or 0.0) / 1000:.1f} s |",
         "",
     ]
+
+
+def _own_dates(report: Report) -> str:
+    own = sum(1 for c in report.cases if c.as_of and c.as_of != report.run.as_of)
+    return f"; {own} case(s) are judged as of their own asOf" if own else ""
 
 
 def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
@@ -684,7 +706,7 @@ def _segments_markdown(report: Report) -> list[str]:
     return out
 
 
-def _case_markdown(c: CaseRecord) -> list[str]:
+def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     out = [f"### {c.id}", "", f"- Query: {c.query}"]
     if c.knowledge_tag:
         out.append(f"- Knowledge tag: {c.knowledge_tag}")
@@ -696,6 +718,16 @@ def _case_markdown(c: CaseRecord) -> list[str]:
     else:
         exp = ", ".join(f"{k} ({v:g})" for k, v in c.expected.items())
         out.append(f"- Expected ({c.match_on}): {exp}")
+        if c.alternatives:
+            out.append(
+                f"- Alternatives ({len(c.alternatives)} evidence groups): each figure is the best of them"
+            )
+    if c.as_of and c.as_of != run_as_of:
+        out.append(f"- As of: {c.as_of} (its own asOf)")
+    if c.missing_from_index:
+        out.append(f"- Not in the index: {', '.join(c.missing_from_index)}")
+    if c.unscorable:
+        out += ["", f"**Not scored:** {c.unscorable}.", ""]
     if c.forbidden_doc_ids:
         found = ", ".join(c.forbidden_found) or "none found"
         out.append(f"- Forbidden: {', '.join(c.forbidden_doc_ids)} ({found})")

@@ -324,7 +324,8 @@ def tune_markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# Sieve tune — {run['startedAt']}",
         "",
-        f"Golden set `{run['goldenSet']}` ({run['cases']} cases), K={run['k']}, as of {run['asOf']}; "
+        f"Golden set `{run['goldenSet']}` ({run['cases']} cases), K={run['k']}, as of {run['asOf']}, "
+        f"nDCG gain {run.get('gain') or 'linear'}; "
         f"{len(doc['rows'])} points over " + ", ".join(f"`{k}`" for k in keys) + ".",
         "",
         f"Cost: candidates {cost['candidates']:.0f} ms once (one real evaluation of the current "

@@ -379,6 +379,12 @@ class CaseRecord(Model):
     budget: CaseBudget | None = None
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
     expected_content: dict[str, Any] = Field(default_factory=dict)
+    # the date the case was judged as of (its own asOf, else the run's)
+    as_of: str | None = None
+    # why a case that names expectations has no figures (status "unscorable"), else None
+    unscorable: str | None = None
+    # one relevance map per alternative evidence group, when the case has two or more (figures: the best)
+    alternatives: list[dict[str, float]] = Field(default_factory=list)
 
 
 class Summary(Model):
@@ -407,11 +413,14 @@ class Summary(Model):
     expected_missing_from_index: int = 0
     lost_by: dict[str, int] = Field(default_factory=dict)
     failed_case_ids: list[str] = Field(default_factory=list)
+    # cases left out of every figure because every expectation they name is a chunk id not in the index
+    unscorable_case_ids: list[str] = Field(default_factory=list)
     judged: float | None = None  # mean Judged@K over the scored cases
     unjudged_in_top_k: int = 0  # distinct (case, id) pairs in the scored cases' top K with no judgment
     # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
     condensed: dict[str, float | None] = Field(default_factory=dict)
-    evidence: dict[str, Any] = Field(default_factory=dict)  # cases, evidenceRecall, evidenceHit, lostBy
+    # cases, evidenceRecall, evidenceHit, lostBy, unscorable (cases whose every evidence group is stale)
+    evidence: dict[str, Any] = Field(default_factory=dict)
     # means over the cases that ran: contextChars, candidates, modelCalls (CaseBudget)
     budget: dict[str, float] = Field(default_factory=dict)
 
@@ -465,6 +474,7 @@ class RunInfo(Model):
     k: int | None = None
     k_values: list[int] = Field(default_factory=list)
     as_of: str | None = None
+    gain: str | None = None  # nDCG's gain, "linear" | "exponential" (None: a report from before the choice)
     conventions: str | None = None
     code_version: str | None = None
     report_file: str | None = None

@@ -27,11 +27,12 @@ from app.evaluation.run.runner import (
     CaseResult,
     Evaluation,
     candidate_positions,
-    match_key,
+    rank_key,
     ranks_of,
 )
 from app.evaluation.run.segments import groups, origin_comparison, segments
 from app.evaluation.scoring import measures, metrics
+from app.evaluation.scoring.metrics import rank_ids
 
 SNIPPET_CHARS = 200
 
@@ -107,6 +108,7 @@ def summary_record(evaluation: Evaluation) -> Summary:
             for c in cases
             if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
         ],
+        unscorable_case_ids=[c.case.id for c in cases if c.unscorable is not None],
         judged=fmean(c.judged for c in scored if c.judged is not None)
         if any(c.judged is not None for c in scored)
         else None,
@@ -151,7 +153,8 @@ def _budget_summary(cases: list[CaseResult]) -> dict[str, float]:
 
 def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
     """Over the cases that name evidence and ran: their count, mean evidenceRecall and evidenceHit, and
-    where the evidence chunks of the unanswered ones were lost."""
+    where the evidence chunks of the unanswered ones were lost; `unscorable`: the cases that name evidence
+    but none of whose groups the index holds whole (no evidence figure)."""
     with_evidence = [c for c in cases if c.evidence is not None]
     lost: dict[str, int] = {}
     for c in with_evidence:
@@ -166,6 +169,7 @@ def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
         if with_evidence
         else None,
         "lostBy": dict(sorted(lost.items())),
+        "unscorable": [c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
     }
 
 
@@ -246,7 +250,8 @@ def build_report(
             "k": evaluation.default_k,
             "kValues": list(evaluation.k_values),
             "asOf": evaluation.as_of.isoformat() if evaluation.as_of else run_info.get("asOf"),
-            "conventions": metrics.CONVENTIONS,
+            "gain": evaluation.gain,
+            "conventions": metrics.conventions(evaluation.gain),
             "retired": [{"id": r.id, "reason": r.reason} for r in evaluation.golden.retired],
         }
     )
@@ -282,14 +287,21 @@ def case_record(c: CaseResult) -> CaseRecord:
     seen: set[str] = set()
     ranked = []
     for rank, d in enumerate(docs, start=1):
-        key = match_key(d, c.key)
+        # the ids the rank returns at the case's level: at chunk level also its attached chunks
+        ids = rank_ids(rank_key(d, c.key))
+        hits = [i for i in ids if i in relevant]
+        key = next((i for i in hits if i not in seen), hits[0] if hits else ids[0])
         if d.doc_id in case.forbidden_doc_ids:
             reason = "FORBIDDEN"
         elif key in relevant and key in seen:
             reason = "duplicate of a higher-ranked hit"
         elif key in relevant:
             grade = c.relevance.get(key, 1.0)
-            reason = f"relevant (grade {grade:g})"
+            reason = (
+                f"relevant (grade {grade:g})"
+                if key == ids[0]
+                else f"relevant (grade {grade:g}, attached {key})"
+            )
         elif key in c.judged_ids:
             reason = "judged not relevant"
         else:
@@ -310,7 +322,7 @@ def case_record(c: CaseResult) -> CaseRecord:
                 attached=[a.chunk_id for a in d.attached],
             )
         )
-        seen.add(key)
+        seen.update(ids)
     result = c.result
     return CaseRecord(
         id=case.id,
@@ -362,6 +374,9 @@ def case_record(c: CaseResult) -> CaseRecord:
         owner=case.owner,
         rationale=case.rationale,
         budget=case_budget(c),
+        as_of=c.as_of.isoformat() if c.as_of else None,
+        unscorable=c.unscorable,
+        alternatives=[dict(a) for a in c.alternatives],
     )
 
 

@@ -138,10 +138,11 @@ def run_fingerprint(
     k: int,
     as_of: date,
     evaluated_at: str,
+    gain: str = "linear",
 ) -> dict[str, Any]:
     """What exactly was run. `settings` is `result_settings(rag)`; `chainSha256` covers its retrieval and
     chain parts (as in reports before models, ingest and store were fingerprinted), `settingsSha256` all
-    of it. K and asOf have their own fields."""
+    of it. K, asOf and nDCG's gain (`rag.evaluate.gain`) have their own fields."""
     return {
         "goldenSetSha256": golden_set_sha256(golden),
         "corpusFingerprint": corpus_fingerprint(chunk_ids),
@@ -153,4 +154,5 @@ def run_fingerprint(
         "codeVersion": code_version(),
         "evaluatedAt": evaluated_at,
         "asOf": as_of.isoformat(),
+        "gain": gain,
     }

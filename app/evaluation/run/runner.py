@@ -4,10 +4,17 @@ The chain is the very object `/api/retrieve` uses. Queries go in batches (one em
 call per batch, per knowledge tag); each query still sees exactly its own candidates, so batching changes
 no result. A case whose retrieval raises is a failed case, not a crashed run.
 
-Per case this records: the metrics at K (see `metrics.CONVENTIONS`) and at every extra cut-off of
+Per case this records: the metrics at K (see `metrics.conventions`) and at every extra cut-off of
 `k_values` (from the same final ranking, before its cut to K), what each stage removed and how many of
 those removals were relevant, where every expected id that is not in the top K was lost, and the
 Recall/MRR/nDCG of the list after each stage.
+
+A case is judged as of its own `asOf` when it has one, else as of the run's date: the hard filter's
+effective dates (and so which forbidden documents can reach the top K) are those of that day. Queries are
+batched per date.
+
+Chunk ids the index does not hold (re-chunked or re-ingested since the case was written) are left out of
+every figure and listed (`resolve_case`); a case left with no relevant id is unscorable, not a 0.
 
 Latency: the batched run's per-case figure is `batch_latency_ms`; after it, `latency_sample` cases are
 run again one at a time (`retrieve_many` with one request, as `/api/retrieve` runs) and timed end to end,
@@ -33,9 +40,11 @@ from app.evaluation.golden.cases import (
 )
 from app.evaluation.report.model import Loss, Ranks, RemovedItem, StageStat
 from app.evaluation.scoring import metrics
-from app.evaluation.scoring.metrics import match_key
+from app.evaluation.scoring.metrics import Gain, Rank, match_key, rank_ids
+from app.ingest.ids import looks_like_chunk_id
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
 from app.retrieval.stages.bm25 import Bm25Stage
+from app.retrieval.stages.diversity import DiversityStage
 from app.retrieval.stages.rerank import RerankStage
 from app.retrieval.types import (
     SCORE_BM25,
@@ -97,6 +106,7 @@ class CaseResult:
     case: GoldenCase
     k: int
     key: str  # "doc" | "chunk" | "source"
+    # every id the case grades at its level, over all its alternatives (what the report shows as expected)
     relevance: dict[str, float]
     result: RetrievalResult | None = None
     error: str | None = None
@@ -124,12 +134,27 @@ class CaseResult:
     evidence_lost: list[Loss] = field(default_factory=list)
     # expectedSources expanded to the documents that carry them (doc-level cases only)
     expanded_sources: dict[str, list[str]] = field(default_factory=dict)
+    # one relevance map per alternative evidence group (`case_alternatives`); empty: `relevance` alone
+    alternatives: list[dict[str, float]] = field(default_factory=list)
+    # the chunk ids the case names that the index does not hold: left out of every figure
+    stale_chunk_ids: list[str] = field(default_factory=list)
+    # why the case has no figures although it names expectations (every one is stale), else None
+    unscorable: str | None = None
+    # the date the case is judged as of: its own asOf, else the run's
+    as_of: date | None = None
 
     @property
     def status(self) -> str:
         if self.error is not None:
             return "failed"
+        if self.unscorable is not None:
+            return "unscorable"
         return "noAnswer" if self.case.expect_no_answer else "ok"
+
+    @property
+    def relevance_maps(self) -> list[dict[str, float]]:
+        """The relevance maps the figures are the best over: one per alternative."""
+        return self.alternatives or [self.relevance]
 
     @property
     def latency_ms(self) -> float | None:
@@ -157,6 +182,7 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
     as_of: date | None = None
     k_values: tuple[int, ...] = ()
+    gain: Gain = "linear"
 
     @property
     def k_mixed(self) -> bool:
@@ -173,16 +199,18 @@ def evaluate(
     today: date | None = None,
     k_values: Sequence[int] = (),
     latency_sample: int = 0,
+    gain: Gain = "linear",
 ) -> Evaluation:
     """Run `golden` through `chain`. `today` is the date the hard filter's effective-date rules use
-    (None = the real today); `k_values` are extra cut-offs scored from the same ranking;
-    `latency_sample` cases are re-run one at a time for the single-query latency."""
+    (None = the real today) for every case without its own `asOf`; `k_values` are extra cut-offs scored
+    from the same ranking; `latency_sample` cases are re-run one at a time for the single-query latency;
+    `gain` is nDCG's (`metrics.gain_of`)."""
     started = time.time()
     t0 = time.perf_counter()
     as_of = today or date.today()
     ks = tuple(sorted(set(k_values)))
     check_knowledge_tags(golden, known)
-    cases = [_prepare(case, default_k, known) for case in golden.cases if not case.draft]
+    cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
     warnings = _stale_warnings(cases)
     drafts = len(golden.cases) - len(cases)
     if drafts:
@@ -191,28 +219,27 @@ def evaluate(
         log.warning("[RetrievalEval] %s", warning)
     total = len(cases)
     done = 0
-    for start in range(0, total, BATCH_SIZE):
-        batch = cases[start : start + BATCH_SIZE]
+    for day, batch in _batches(cases, as_of):
         requests = [RetrievalRequest(c.case.query, c.k, c.case.knowledge_tag) for c in batch]
 
         def finish(i: int, outcome: RetrievalResult | Exception, batch: list[CaseResult] = batch) -> None:
             nonlocal done
-            _score(batch[i], outcome, ks)
+            _score(batch[i], outcome, ks, gain)
             done += 1
             _log_case(batch[i], done, total)
             if progress:
                 progress(done, total)
 
         try:
-            chain.retrieve_many(requests, today=as_of, on_result=finish)
+            chain.retrieve_many(requests, today=day, on_result=finish)
         except Exception as exc:  # the batch's shared part (embedding, store) failed: every case in it fails
             for item in batch:
                 if item.result is None and item.error is None:
-                    _score(item, exc, ks)
+                    _score(item, exc, ks, gain)
                     done += 1
                     _log_case(item, done, total)
     duration_ms = (time.perf_counter() - t0) * 1000
-    _time_single_queries(chain, cases, latency_sample, as_of)
+    _time_single_queries(chain, cases, latency_sample)
     return Evaluation(
         golden=golden,
         default_k=default_k,
@@ -223,7 +250,21 @@ def evaluate(
         warnings=warnings,
         as_of=as_of,
         k_values=ks,
+        gain=gain,
     )
+
+
+def _batches(cases: list[CaseResult], as_of: date) -> list[tuple[date, list[CaseResult]]]:
+    """The cases in batches of at most BATCH_SIZE that share the date they are judged as of (their own, else
+    `as_of`; dates in the order they first occur, cases in golden-set order within a date)."""
+    by_day: dict[date, list[CaseResult]] = {}
+    for item in cases:
+        by_day.setdefault(item.as_of or as_of, []).append(item)
+    return [
+        (day, dated[start : start + BATCH_SIZE])
+        for day, dated in by_day.items()
+        for start in range(0, len(dated), BATCH_SIZE)
+    ]
 
 
 def latency_sample_indices(total: int, sample: int) -> list[int]:
@@ -236,50 +277,65 @@ def latency_sample_indices(total: int, sample: int) -> list[int]:
     return [j * total // sample for j in range(sample)]
 
 
-def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int, today: date) -> None:
+def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int) -> None:
     for i in latency_sample_indices(len(cases), sample):
         item = cases[i]
         if item.error is not None:
             continue
         request = RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag)
         t0 = time.perf_counter()
-        outcome = chain.retrieve_many([request], today=today)
+        outcome = chain.retrieve_many([request], today=item.as_of)
         elapsed = (time.perf_counter() - t0) * 1000
         if outcome and not isinstance(outcome[0], BaseException):
             item.single_latency_ms = round(elapsed, 3)
 
 
-def resolve_case(
-    case: GoldenCase, known: KnownIds
-) -> tuple[dict[str, float], set[str], dict[str, list[str]]]:
-    """The grades `case` is scored with at its `case_relevance_key` level, every id judged at that level,
-    and the expansion of its expectedSources. The rules:
+def usable_groups(case: GoldenCase, known: KnownIds) -> list[list[str]]:
+    """The case's evidence groups (`GoldenCase.evidence_groups`) whose every chunk the index holds. A group
+    with a chunk the index does not hold is left out whole: the chunks that together held the answer are no
+    longer all known, so no figure can say the answer was found with them."""
+    return [group for group in case.evidence_groups() if all(c in known.chunk for c in group)]
 
-    * doc level: expectedDocIds (grade 1), then `relevance`, then `judgments` of document ids (a later
-      source's grade wins). A judged chunk (a `judgments` key that is a chunk id in the index) grades its
-      document with the highest grade among the document's judged chunks, unless the document is graded
-      itself; an evidence chunk makes its document relevant (grade 1) the same way. expectedSources beside
-      document expectations add every document that carries the source (grade 1, unless graded).
-      Judged: every graded document (grade 0 included) and forbiddenDocIds.
-    * chunk level: expectedChunkIds (grade 1), then the `judgments` of chunk ids. Judged: those and the
-      evidence chunks.
-    * source level: expectedSources (grade 1). Judged: the same.
 
-    An evidence chunk that is not in the index keeps its own id as a relevant document placeholder, so the
-    case still scores (0) and says NOT_IN_INDEX instead of vanishing from the averages.
-    """
+def stale_chunk_ids(case: GoldenCase, known: KnownIds) -> list[str]:
+    """The chunk ids `case` scores with that the index does not hold, sorted: its evidence groups' chunks,
+    its expectedChunkIds at chunk level, and the `judgments` keys shaped like a chunk id
+    (`ids.looks_like_chunk_id`) that are no document of the index either (`_stale_judgment`). They are
+    left out of every figure (see `resolve_case`)."""
+    named = [c for group in case.evidence_groups() for c in group]
+    if case_relevance_key(case) == "chunk":
+        named += case.expected_chunk_ids
+    named += [key for key in case.judgments if _stale_judgment(key, known)]
+    return sorted({c for c in named if c not in known.chunk})
+
+
+def _stale_judgment(key: str, known: KnownIds) -> bool:
+    """A `judgments` key that has the shape of a chunk id and that the index holds neither as a chunk nor as
+    a document: a chunk re-chunked away, not a document."""
+    return looks_like_chunk_id(key) and key not in known.chunk and key not in known.doc
+
+
+def _grades(
+    case: GoldenCase, known: KnownIds, groups: list[list[str]]
+) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """`case`'s grades at its level with evidence `groups` (chunks the index holds), and its expectedSources
+    expanded to documents (see `resolve_case`)."""
     key = case_relevance_key(case)
     expanded: dict[str, list[str]] = {}
     if key == "source":
-        grades = case_expected_relevance(case)
-        return grades, set(grades), expanded
+        return case_expected_relevance(case), expanded
     if key == "chunk":
-        grades = dict.fromkeys(case.expected_chunk_ids, 1.0)
+        grades = {c: 1.0 for c in case.expected_chunk_ids if c in known.chunk}
         grades.update({i: float(g) for i, g in case.judgments.items() if i in known.chunk})
-        evidence = {c for group in case.evidence_groups() for c in group}
-        return grades, set(grades) | evidence, expanded
+        for chunk in (c for group in groups for c in group):
+            grades.setdefault(chunk, 1.0)
+        return grades, expanded
     grades = case.relevance_map()
-    own = {i: float(g) for i, g in case.judgments.items() if i not in known.chunk}
+    own = {
+        i: float(g)
+        for i, g in case.judgments.items()
+        if i not in known.chunk and not _stale_judgment(i, known)
+    }
     grades.update(own)
     graded_directly = set(grades)
     rolled: dict[str, float] = {}
@@ -287,10 +343,9 @@ def resolve_case(
         if chunk in known.chunk:
             doc = known.chunk_doc[chunk]
             rolled[doc] = max(rolled.get(doc, 0.0), float(grade))
-    for group in case.evidence_groups():
-        for chunk in group:
-            doc = known.chunk_doc.get(chunk, chunk)
-            rolled[doc] = max(rolled.get(doc, 0.0), 1.0)
+    for chunk in (c for group in groups for c in group):
+        doc = known.chunk_doc[chunk]
+        rolled[doc] = max(rolled.get(doc, 0.0), 1.0)
     if case.expected_sources and (case.expected_doc_ids or case.relevance or case.judgments):
         for source in case.expected_sources:
             docs = sorted(known.source_docs.get(source, ()))
@@ -300,17 +355,59 @@ def resolve_case(
     for doc, grade in rolled.items():
         if doc not in graded_directly:
             grades[doc] = grade
-    return grades, set(grades) | set(case.forbidden_doc_ids), expanded
+    return grades, expanded
 
 
-def _prepare(case: GoldenCase, default_k: int, known: KnownIds) -> CaseResult:
+def resolve_case(
+    case: GoldenCase, known: KnownIds
+) -> tuple[dict[str, float], set[str], dict[str, list[str]]]:
+    """The grades `case` is scored with at its `case_relevance_key` level (over all its alternatives), every
+    id judged at that level, and the expansion of its expectedSources. The rules:
+
+    * doc level: expectedDocIds (grade 1), then `relevance`, then `judgments` of document ids (a later
+      source's grade wins). A judged chunk (a `judgments` key that is a chunk id in the index) grades its
+      document with the highest grade among the document's judged chunks, unless the document is graded
+      itself; an evidence chunk makes its document relevant (grade 1) the same way. expectedSources beside
+      document expectations add every document that carries the source (grade 1, unless graded).
+      Judged: every graded document (grade 0 included) and forbiddenDocIds.
+    * chunk level: expectedChunkIds (grade 1), then the `judgments` of chunk ids, then the evidence chunks
+      (grade 1 unless judged). Judged: the same.
+    * source level: expectedSources (grade 1). Judged: the same.
+
+    A chunk id the index does not hold (`stale_chunk_ids`: an evidence, expectedChunkIds or chunk-shaped
+    judgments id, stale after re-chunking or re-ingest) is left out: it grades nothing, and an evidence
+    group holding one is left out whole (`usable_groups`). A document or source the index does not hold
+    keeps its grade: the answer is missing from the index, a real miss that scores 0.
+    """
+    grades, expanded = _grades(case, known, usable_groups(case, known))
+    if case_relevance_key(case) == "doc":
+        return grades, set(grades) | set(case.forbidden_doc_ids), expanded
+    return grades, set(grades), expanded
+
+
+def case_alternatives(case: GoldenCase, known: KnownIds) -> list[dict[str, float]]:
+    """The relevance maps of a case whose evidence groups are alternatives: with two or more usable groups
+    (`usable_groups`; anyOf, evidenceChunkIds as one more), one map per group, each `_grades` with the
+    case's other expectations and that group alone; else the one map of `resolve_case`. Each figure of the
+    case is the best over them (`metrics.best_alternative`)."""
+    groups = usable_groups(case, known)
+    if len(groups) < 2:
+        return [_grades(case, known, groups)[0]]
+    return [_grades(case, known, [group])[0] for group in groups]
+
+
+def _prepare(case: GoldenCase, default_k: int, known: KnownIds, as_of: date) -> CaseResult:
     key = case_relevance_key(case)
     relevance, judged, expanded = resolve_case(case, known)
+    alternatives = case_alternatives(case, known)
+    stale = stale_chunk_ids(case, known)
     pool = {"doc": known.doc, "chunk": known.chunk, "source": known.source}[key]
     missing = sorted(i for i, grade in relevance.items() if grade > 0 and i not in pool)
     missing += [s for s, docs in expanded.items() if not docs]
-    groups = case.evidence_groups()
-    missing += sorted({c for g in groups for c in g if c not in known.chunk} - set(missing))
+    missing += [c for c in stale if c not in missing]
+    unscorable = None
+    if not case.expect_no_answer and not metrics.has_relevant_alternative(alternatives):
+        unscorable = "every expectation it names is a chunk id not in the index: " + ", ".join(stale)
     return CaseResult(
         case,
         case.top_k or default_k,
@@ -318,8 +415,12 @@ def _prepare(case: GoldenCase, default_k: int, known: KnownIds) -> CaseResult:
         relevance,
         missing_from_index=missing,
         judged_ids=judged,
-        evidence_groups=groups,
+        evidence_groups=usable_groups(case, known),
         expanded_sources=expanded,
+        alternatives=alternatives if len(alternatives) > 1 else [],
+        stale_chunk_ids=stale,
+        unscorable=unscorable,
+        as_of=as_of,
     )
 
 
@@ -347,66 +448,104 @@ def check_knowledge_tags(golden: GoldenSet, known: KnownIds) -> None:
 
 
 def _stale_warnings(cases: list[CaseResult]) -> list[str]:
-    return [
-        f"case {c.case.id}: expected {c.key} id(s) not in the index: {', '.join(c.missing_from_index)} "
-        f"(stale golden set after re-chunking or re-ingest?)"
-        for c in cases
-        if c.missing_from_index
-    ]
+    warnings = []
+    for c in cases:
+        missing = [i for i in c.missing_from_index if i not in c.stale_chunk_ids]
+        if missing:
+            warnings.append(
+                f"case {c.case.id}: expected {c.key} id(s) not in the index: {', '.join(missing)} "
+                f"(stale golden set after re-chunking or re-ingest?)"
+            )
+        if c.unscorable is not None:
+            warnings.append(
+                f"case {c.case.id}: not scored: {c.unscorable} (`sieve golden check` says where they went)"
+            )
+        elif c.stale_chunk_ids:
+            warnings.append(
+                f"case {c.case.id}: chunk id(s) not in the index, left out of every figure: "
+                f"{', '.join(c.stale_chunk_ids)} (stale after re-chunking or re-ingest? `sieve golden check` "
+                "says where they went)"
+            )
+    return warnings
 
 
 def final_ranking(outcome: RetrievalResult) -> list[Candidate]:
-    """The chain's final list before its cut to topK (the list after the last stage), as candidates."""
+    """The chain's final list before its cut to topK (the list after the last stage), as candidates: the
+    returned documents themselves for the top K (they carry what the diversity stage attached to them),
+    the raw candidates below."""
     trace = outcome.trace
     last = trace.stages[-1].name if trace.stages else "candidates"
     by_id = {c.chunk_id: c for c in outcome.raw_candidates}
-    for c in outcome.documents:
-        by_id.setdefault(c.chunk_id, c)
+    by_id.update((c.chunk_id, c) for c in outcome.documents)
     ids = trace.ranked_after.get(last)
     if ids is None:
         return list(outcome.documents)
     return [by_id[cid] for cid in ids if cid in by_id]
 
 
-def _score(item: CaseResult, outcome: RetrievalResult | Exception, k_values: Sequence[int] = ()) -> None:
+def rank_key(candidate: Candidate, key: str) -> Rank:
+    """What one rank is matched on (`match_key`), and at chunk level the chunks the diversity stage attached
+    to it too (a tuple: its own id first), as EvidenceHit reads a rank. A document or source rank is its
+    key alone: an attached chunk belongs to the same document."""
+    if key == "chunk" and candidate.attached:
+        return tuple(candidate.chunk_ids_with_attached())
+    return match_key(candidate, key)
+
+
+def _returned_ids(ranked: Sequence[Rank]) -> list[str]:
+    return [i for item in ranked for i in rank_ids(item)]
+
+
+def _score(
+    item: CaseResult,
+    outcome: RetrievalResult | Exception,
+    k_values: Sequence[int] = (),
+    gain: Gain = "linear",
+) -> None:
     if isinstance(outcome, Exception):
         item.error = f"{type(outcome).__name__}: {outcome}"
         return
-    ranked = _score_ranking(item, outcome, k_values)
-    _score_trace(item, outcome, ranked)
+    ranked = _score_ranking(item, outcome, k_values, gain)
+    _score_trace(item, outcome, ranked, gain)
 
 
-def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int]) -> list[str]:
+_CONDENSED = (
+    ("recall", metrics.recall_at_k),
+    ("hitRate", metrics.hit_rate_at_k),
+    ("mrr", metrics.mrr_at_k),
+    ("ndcg", metrics.ndcg_at_k),
+    ("precision", metrics.precision_at_k),
+)
+
+
+def _score_ranking(
+    item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int], gain: Gain = "linear"
+) -> list[Rank]:
     """What the final ranking scores: the counts, the metrics at K (and at each of `k_values`) and the
-    forbidden documents in the top K. Returns the top K's matching keys (the trace reads them too)."""
+    forbidden documents in the top K. Returns the top K's ranks as matched (`rank_key`; the trace reads
+    them too)."""
     item.result = outcome
-    key, k, relevance = item.key, item.k, item.relevance
-    ranked = [match_key(c, key) for c in outcome.documents][:k]
+    key, k, maps = item.key, item.k, item.relevance_maps
+    ranked = [rank_key(c, key) for c in outcome.documents][:k]
     texts = [c.text for c in outcome.documents][:k]
-    item.counts = metrics.hit_counts(ranked, relevance, k)
-    if metrics.has_relevant(relevance):
-        item.metrics = metrics.case_metrics(ranked, relevance, k, texts)
+    item.counts = metrics.hit_counts(ranked, maps, k)
+    scorable = metrics.has_relevant_alternative(maps)
+    if scorable:
+        item.metrics = metrics.case_metrics(ranked, maps, k, texts, gain)
         if k_values:
             full = final_ranking(outcome)
-            full_keys = [match_key(c, key) for c in full]
+            full_keys = [rank_key(c, key) for c in full]
             full_texts = [c.text for c in full]
-            item.at_k = {kk: metrics.case_metrics(full_keys, relevance, kk, full_texts) for kk in k_values}
+            item.at_k = {kk: metrics.case_metrics(full_keys, maps, kk, full_texts, gain) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
     item.judged = metrics.judged_at_k(ranked, item.judged_ids, k)
     item.unjudged = metrics.unjudged_at_k(ranked, item.judged_ids, k)
-    if metrics.has_relevant(relevance):
-        full_keys = [match_key(c, key) for c in final_ranking(outcome)]
-        kept = metrics.condensed(full_keys, item.judged_ids)
+    if scorable:
+        kept = metrics.condensed([rank_key(c, key) for c in final_ranking(outcome)], item.judged_ids)
         item.condensed = {
-            name: fn(kept, relevance, k)
-            for name, fn in (
-                ("recall", metrics.recall_at_k),
-                ("hitRate", metrics.hit_rate_at_k),
-                ("mrr", metrics.mrr_at_k),
-                ("ndcg", metrics.ndcg_at_k),
-                ("precision", metrics.precision_at_k),
-            )
+            name: metrics.best_alternative(fn, kept, maps, k, **({"gain": gain} if name == "ndcg" else {}))
+            for name, fn in _CONDENSED
         }
     if item.evidence_groups:
         chunks = [c.chunk_ids_with_attached() for c in outcome.documents[:k]]
@@ -417,22 +556,36 @@ def _score_ranking(item: CaseResult, outcome: RetrievalResult, k_values: Sequenc
     return ranked
 
 
-def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) -> None:
+def _keys_after(
+    item: CaseResult, outcome: RetrievalResult, by_chunk: dict[str, str]
+) -> dict[str, list[Rank]]:
+    """Every list of the trace as ranks matched (`rank_key`). At chunk level the lists from the diversity
+    stage on carry the attachments of the returned documents (the top K's: the chain returns no others)."""
+    trace = outcome.trace
+    if item.key != "chunk":
+        return {name: [by_chunk.get(cid, cid) for cid in ids] for name, ids in trace.ranked_after.items()}
+    attached = {c.chunk_id: rank_key(c, "chunk") for c in outcome.documents if c.attached}
+    names = [stage.name for stage in trace.stages]
+    since = names[names.index(DiversityStage.name) :] if DiversityStage.name in names else []
+    return {
+        name: [attached.get(cid, cid) for cid in ids] if name in since else list(ids)
+        for name, ids in trace.ranked_after.items()
+    }
+
+
+def _score_trace(
+    item: CaseResult, outcome: RetrievalResult, ranked: list[Rank], gain: Gain = "linear"
+) -> None:
     """What the trace scores: each stage's statistics, the metrics of the list after each stage, and where
-    each missed relevant id was lost (`ranked`: the top K's matching keys, from `_score_ranking`)."""
-    key, k, relevance = item.key, item.k, item.relevance
-    relevant = metrics.relevant_ids(relevance)
+    each missed relevant id was lost (`ranked`: the top K's ranks as matched, from `_score_ranking`)."""
+    key, k, maps = item.key, item.k, item.relevance_maps
+    relevant = metrics.relevant_ids(item.relevance)
     by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
     trace = outcome.trace
-    # every list of the trace as matching keys, and as a set, once (the stage rows, the metrics after each
-    # stage and the losses all read them)
-    if key == "chunk":  # a chunk id is its own matching key
-        keys_after = dict(trace.ranked_after)
-    else:
-        keys_after = {
-            name: [by_chunk.get(cid, cid) for cid in ids] for name, ids in trace.ranked_after.items()
-        }
-    present_after = {name: set(keys) for name, keys in keys_after.items()}
+    # every list of the trace as ranks matched, and as a set of the ids it returns, once (the stage rows, the
+    # metrics after each stage and the losses all read them)
+    keys_after = _keys_after(item, outcome, by_chunk)
+    present_after = {name: set(_returned_ids(keys)) for name, keys in keys_after.items()}
     no_list: set[str] = set()
     before = present_after.get("candidates", no_list)
     for stage in trace.stages:
@@ -459,23 +612,25 @@ def _score_trace(item: CaseResult, outcome: RetrievalResult, ranked: list[str]) 
                 ],
             )
         )
-    if metrics.has_relevant(relevance):
+    if metrics.has_relevant_alternative(maps):
         # the metrics read a list's first K keys only, and consecutive stages often leave those alone
-        by_head: dict[tuple[str, ...], dict[str, float]] = {}
+        by_head: dict[tuple[Rank, ...], dict[str, float]] = {}
         for name, keys in keys_after.items():
             head = tuple(keys[:k])
             if head not in by_head:
                 by_head[head] = {
-                    "recall": metrics.recall_at_k(head, relevance, k),
-                    "mrr": metrics.mrr_at_k(head, relevance, k),
-                    "ndcg": metrics.ndcg_at_k(head, relevance, k),
+                    "recall": metrics.best_alternative(metrics.recall_at_k, head, maps, k),
+                    "mrr": metrics.best_alternative(metrics.mrr_at_k, head, maps, k),
+                    "ndcg": metrics.best_alternative(metrics.ndcg_at_k, head, maps, k, gain=gain),
                     "judged": metrics.judged_at_k(head, item.judged_ids, k),
                 }
             item.after_stage[name] = dict(by_head[head])
     positions = candidate_positions(trace)
     key_positions = positions if key == "chunk" else best_positions(positions, by_chunk)
+    # the ids lost are those of the alternative the counts tell (its relevant ids not in the top K)
+    counted = metrics.relevant_ids(maps[metrics.counted_alternative(ranked, maps, k)])
     item.lost = _with_ranks(
-        _where_lost(item, outcome, by_chunk, relevant, ranked, present_after), key_positions
+        _where_lost(item, outcome, by_chunk, counted, _returned_ids(ranked), present_after), key_positions
     )
     if item.evidence is not None and item.evidence["evidenceHit"] < 1.0:
         # where each evidence chunk that is not in the top K went, at chunk level
@@ -543,17 +698,18 @@ def score_case(
     outcome: RetrievalResult | Exception,
     k_values: Sequence[int] = (),
     trace: bool = True,
+    gain: Gain = "linear",
 ) -> None:
     """Score one case's outcome into `item` exactly as `evaluate` does (the replay scores its points so).
 
     `trace=False` scores the final ranking only (`counts`, `metrics`, `at_k`, `forbidden_found`, and the
     result, which tells an abstention), with the same functions: every figure of the summary that reads
     nothing else comes out the same, while `stage_stats`, `after_stage` and `lost` stay empty. That is
-    what a grid point of `sieve tune` shows, at a fraction of the cost."""
+    what a grid point of `sieve tune` shows, at a fraction of the cost. `gain` is nDCG's."""
     if trace or isinstance(outcome, Exception):
-        _score(item, outcome, k_values)
+        _score(item, outcome, k_values, gain)
     else:
-        _score_ranking(item, outcome, k_values)
+        _score_ranking(item, outcome, k_values, gain)
 
 
 def _where_lost(
@@ -622,6 +778,16 @@ def _log_case(item: CaseResult, done: int, total: int) -> None:
     k = item.k
     latency = f"{item.latency_ms:.0f}ms"
     trace_id = item.trace_id
+    if item.unscorable is not None:
+        log.info(
+            "[RetrievalEval] case done [%d/%d] caseId=%s, traceId=%s, not scored: %s",
+            done,
+            total,
+            item.case.id,
+            trace_id,
+            item.unscorable,
+        )
+        return
     if item.metrics is None:
         got = len(item.result.documents) if item.result else 0
         verdict = "abstained" if got == 0 else f"answered {got} docs"

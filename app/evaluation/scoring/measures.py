@@ -49,7 +49,8 @@ MEASURES: tuple[Measure, ...] = (
         True,
         3,
         "higher",
-        "|relevant ids in the top K| / |relevant ids| (each relevant id counted once)",
+        "|relevant ids the top K returns| / |relevant ids| (each relevant id counted once; at chunk level a "
+        "rank returns its attached chunks too)",
     ),
     Measure(
         "hitRate",
@@ -76,8 +77,9 @@ MEASURES: tuple[Measure, ...] = (
         True,
         3,
         "higher",
-        "Σ grade / log2(rank + 1) over the first hits of relevant ids in the top K, divided by the same sum "
-        "of the ideal ranking (the grades sorted, cut at K)",
+        "Σ gain / log2(rank + 1) over the first hits of relevant ids in the top K, divided by the same sum "
+        "of the ideal ranking (the gains sorted, cut at K); gain = grade, or 2^grade − 1 with "
+        "rag.evaluate.gain: exponential",
     ),
     Measure(
         "precision",

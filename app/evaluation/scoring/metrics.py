@@ -4,6 +4,9 @@ Conventions shared by every ranking metric below (also exposed as `CONVENTIONS` 
 
 * `ranked_ids` is the list exactly as the retriever returned it, best first. It is cut at K first
   (`ranked_ids[:k]`); nothing below K is ever looked at. K larger than the list just keeps the whole list.
+* A rank is one id, or a tuple of the ids it returns when a result holds several (at chunk level: its chunk,
+  then the chunks the diversity stage attached to it). A rank returns each of its ids: a relevant id is found
+  at the first rank that returns it. The ranks that hold one id each are the usual ranked list.
 * `relevance` maps an id to its grade. A grade <= 0 means "judged not relevant" and counts like an
   unjudged id. The relevant set R is `{id : relevance[id] > 0}`.
 * A relevant id counts once, at its first position in the top K. A later copy of it (a duplicate) earns
@@ -14,6 +17,10 @@ Conventions shared by every ranking metric below (also exposed as `CONVENTIONS` 
   (a `ValueError`); the caller checks `has_relevant(relevance)` first and leaves the case out of its averages.
   `duplicate_rate_at_k` does not depend on relevance and is always defined.
 * `k` must be an int >= 1, else `ValueError`.
+* nDCG's gain is the grade (`"linear"`, trec_eval's) or 2^grade − 1 (`"exponential"`, Burges et al. 2005);
+  the discount is log2(position + 1) either way.
+* A case with alternative evidence groups (anyOf) has one relevance map per alternative; its figures are
+  `best_alternative`'s: each figure the best over the alternatives.
 
 Without duplicates in the top K every value equals trec_eval's on the list cut at K
 (`recall_K`, `ndcg_cut_K`, `P_K`, `success_K`, and `recip_rank`), for integer grades (trec_eval's default
@@ -24,20 +31,35 @@ tests/unit/test_metrics_pytrec.py checks it.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal
 
-CONVENTIONS = (
-    "Metric conventions: the ranked list is cut at K first, as returned; a relevant id counts once, "
-    "at its first position, and a duplicate earns nothing but keeps occupying its position; relevance "
-    "grade <= 0 is not relevant; nDCG uses gain = grade and discount log2(rank + 1), with the ideal ranking "
-    "built from all judged relevant documents sorted by grade (binary when no grades are given); "
-    "Precision@K divides by K even when fewer than K results come back; the duplicate rate counts a repeated "
-    "id and also the same normalised text under another id; cases with no relevant document "
-    "are excluded from the averages; latency percentiles use the nearest-rank method (an observed value, "
-    "never interpolated). Without duplicates every figure equals trec_eval's recall_K, ndcg_cut_K, P_K, "
-    "success_K and recip_rank on the list cut at K."
-)
+# A rank of a ranked list: one id, or the ids one result returns (its chunk and the chunks attached to it).
+Rank = str | tuple[str, ...]
+Gain = Literal["linear", "exponential"]
+GAINS: tuple[Gain, ...] = ("linear", "exponential")
+_GAIN_TEXT = {"linear": "gain = grade", "exponential": "gain = 2^grade - 1"}
+
+
+def conventions(gain: Gain = "linear") -> str:
+    """The conventions every report states, with its nDCG gain."""
+    return (
+        "Metric conventions: the ranked list is cut at K first, as returned; a relevant id counts once, "
+        "at its first position, and a duplicate earns nothing but keeps occupying its position; at chunk "
+        "level a rank also returns the chunks attached to it; relevance grade <= 0 is not relevant; "
+        f"nDCG uses {_GAIN_TEXT[gain]} and discount log2(rank + 1), with the ideal ranking built from all "
+        "judged relevant documents sorted by grade (binary when no grades are given); evidence groups "
+        "(anyOf) are alternatives: each figure is the best over them; chunk ids the index does not hold are "
+        "left out of every figure; Precision@K divides by K even when fewer than K results come back; the "
+        "duplicate rate counts a repeated id and also the same normalised text under another id; cases "
+        "with no relevant document are excluded from the averages; latency percentiles use the "
+        "nearest-rank method (an observed value, never interpolated). Without duplicates every figure "
+        "equals trec_eval's recall_K, ndcg_cut_K (with linear gain), P_K, success_K and recip_rank on the "
+        "list cut at K."
+    )
+
+
+CONVENTIONS = conventions("linear")
 
 
 class UndefinedMetricError(ValueError):
@@ -68,30 +90,63 @@ def _require_relevant(relevance: Mapping[str, float]) -> set[str]:
     return relevant
 
 
-def _first_hits(ranked_ids: Sequence[str], relevant: set[str], k: int) -> list[int]:
-    """1-based ranks, within the top K, of the first occurrence of each relevant id, ascending."""
+def rank_ids(rank: Rank) -> tuple[str, ...]:
+    """The ids a rank returns: itself for one id, else the tuple (its own id first)."""
+    return (rank,) if isinstance(rank, str) else rank
+
+
+def _found(
+    ranked_ids: Sequence[Rank], relevance: Mapping[str, float], relevant: set[str], k: int
+) -> list[tuple[int, str]]:
+    """(rank, id) of each relevant id at the first rank within the top K that returns it, in rank order;
+    the ids one rank returns first, best grade first (then as the rank lists them)."""
     seen: set[str] = set()
-    ranks: list[int] = []
-    for rank, doc_id in enumerate(ranked_ids[:k], start=1):
-        if doc_id in relevant and doc_id not in seen:
-            ranks.append(rank)
-        seen.add(doc_id)
-    return ranks
+    found: list[tuple[int, str]] = []
+    for rank, item in enumerate(ranked_ids[:k], start=1):
+        new = [i for i in dict.fromkeys(rank_ids(item)) if i in relevant and i not in seen]
+        new.sort(key=lambda i: -relevance[i])
+        found += [(rank, i) for i in new]
+        seen.update(rank_ids(item))
+    return found
 
 
-def recall_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> float:
-    """Recall@K = |R ∩ set(ranked_ids[:k])| / |R|.
+def _first_hits(ranked_ids: Sequence[Rank], relevant: set[str], k: int) -> list[int]:
+    """1-based ranks, within the top K, of the first occurrence of each relevant id, ascending (a rank that
+    returns several relevant ids appears once per id)."""
+    return [rank for rank, _ in _found(ranked_ids, dict.fromkeys(relevant, 1.0), relevant, k)]
 
-    R is the set of ids with grade > 0. Each relevant id counts once however often it appears.
-    Raises `UndefinedMetricError` when R is empty.
+
+def _positions(
+    ranked_ids: Sequence[Rank], relevance: Mapping[str, float], relevant: set[str], k: int
+) -> list[tuple[int, str]]:
+    """(position, id) of the relevant ids the top K returns, as nDCG and Precision@K place them: in the order
+    `_found` gives, each at its rank or right after the position placed before it, whichever is later, and
+    only positions <= K. A rank that returns several relevant ids spends one position on each; with one id
+    per rank the position is the rank."""
+    out: list[tuple[int, str]] = []
+    last = 0
+    for rank, doc_id in _found(ranked_ids, relevance, relevant, k):
+        last = max(rank, last + 1)
+        if last > k:
+            break
+        out.append((last, doc_id))
+    return out
+
+
+def recall_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int) -> float:
+    """Recall@K = |R ∩ T| / |R|, T the ids the top K ranks return (`ranked_ids[:k]`, each rank's ids).
+
+    R is the set of ids with grade > 0. Each relevant id counts once however often it appears. A rank that
+    returns several ids (a chunk and its attached chunks) counts each: for one evidence group this is
+    `evidence_recall_at_k`. Raises `UndefinedMetricError` when R is empty.
     """
     _check_k(k)
     relevant = _require_relevant(relevance)
     return len(_first_hits(ranked_ids, relevant, k)) / len(relevant)
 
 
-def hit_rate_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> float:
-    """HitRate@K = 1 if any relevant id is in ranked_ids[:k], else 0 (trec_eval `success_K`).
+def hit_rate_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int) -> float:
+    """HitRate@K = 1 if the top K returns a relevant id, else 0 (trec_eval `success_K`).
 
     Raises `UndefinedMetricError` when R is empty.
     """
@@ -100,8 +155,9 @@ def hit_rate_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: 
     return 1.0 if _first_hits(ranked_ids, relevant, k) else 0.0
 
 
-def mrr_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> float:
-    """Reciprocal rank @K = 1 / r, r the 1-based rank of the first relevant id in ranked_ids[:k]; 0 if none.
+def mrr_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int) -> float:
+    """Reciprocal rank @K = 1 / r, r the 1-based rank of the first rank in ranked_ids[:k] that returns a
+    relevant id; 0 if none.
 
     Averaged over cases by the caller, this is MRR@K (trec_eval `recip_rank` on the list cut at K).
     Raises `UndefinedMetricError` when R is empty.
@@ -112,40 +168,59 @@ def mrr_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) 
     return 1.0 / hits[0] if hits else 0.0
 
 
-def ndcg_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> float:
+def gain_of(grade: float, gain: Gain = "linear") -> float:
+    """The gain of a relevant grade: the grade itself ("linear", trec_eval's `ndcg_cut`) or 2^grade − 1
+    ("exponential", which weighs a highly relevant document far above a partly relevant one). Both give 1
+    for grade 1, so binary judgments score the same either way."""
+    if gain == "linear":
+        return grade
+    if gain == "exponential":
+        return 2.0**grade - 1.0
+    raise ValueError(f"gain must be one of {', '.join(GAINS)}, got {gain!r}")
+
+
+def ndcg_at_k(
+    ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int, gain: Gain = "linear"
+) -> float:
     """nDCG@K = DCG@K / IDCG@K.
 
-    DCG@K  = Σ_{rank=1..K} gain(ranked_ids[rank-1]) / log2(rank + 1), where gain(id) = relevance[id] if
-             the grade is > 0 and this is the id's first position in the list, else 0 (unjudged,
-             non-relevant and duplicate ids gain 0 but keep their position).
-    IDCG@K = the same sum over the grades > 0 of *all* judged relevant ids, sorted descending and cut at K
-             (not only those retrieved; this is trec_eval's `ndcg_cut_K`).
-    With only grade-1 judgements (expected ids without grades) this is binary nDCG.
+    DCG@K  = Σ_{position p=1..K} gain(id at p) / log2(p + 1), gain = `gain_of(relevance[id], gain)` for a
+             relevant id (grade > 0) at the first rank that returns it, else 0 (unjudged, non-relevant and
+             duplicate ids gain 0 but keep their position). With one id per rank the position is the rank; a
+             rank that returns several relevant ids places them at consecutive positions from its rank
+             (`_positions`), so DCG never exceeds IDCG.
+    IDCG@K = the same sum over the gains of *all* judged relevant ids, sorted descending and cut at K
+             (not only those retrieved; this is trec_eval's `ndcg_cut_K` for linear gain).
+    With only grade-1 judgements (expected ids without grades) this is binary nDCG, whichever the gain.
     Raises `UndefinedMetricError` when R is empty.
     """
     _check_k(k)
     relevant = _require_relevant(relevance)
-    dcg = 0.0
-    for rank in _first_hits(ranked_ids, relevant, k):
-        dcg += relevance[ranked_ids[rank - 1]] / math.log2(rank + 1)
-    ideal_gains = sorted((relevance[doc_id] for doc_id in relevant), reverse=True)[:k]
-    idcg = sum(gain / math.log2(rank + 1) for rank, gain in enumerate(ideal_gains, start=1))
+    dcg = sum(
+        gain_of(relevance[doc_id], gain) / math.log2(position + 1)
+        for position, doc_id in _positions(ranked_ids, relevance, relevant, k)
+    )
+    ideal_gains = sorted((gain_of(relevance[doc_id], gain) for doc_id in relevant), reverse=True)[:k]
+    idcg = sum(g / math.log2(rank + 1) for rank, g in enumerate(ideal_gains, start=1))
     return dcg / idcg
 
 
-def precision_at_k(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> float:
+def precision_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int) -> float:
     """Precision@K = |R ∩ set(ranked_ids[:k])| / K.
 
     The denominator is K even when fewer than K ids came back (trec_eval `P_K`); a duplicate takes one of
-    the K slots without counting again. Raises `UndefinedMetricError` when R is empty.
+    the K slots without counting again. A rank that returns several relevant ids fills one slot per id from
+    its rank on, as nDCG places them (`_positions`), so Precision@K stays <= 1. Raises
+    `UndefinedMetricError` when R is empty.
     """
     _check_k(k)
     relevant = _require_relevant(relevance)
-    return len(_first_hits(ranked_ids, relevant, k)) / k
+    return len(_positions(ranked_ids, relevance, relevant, k)) / k
 
 
-def top1_accuracy(ranked_ids: Sequence[str], relevance: Mapping[str, float]) -> float:
-    """Top-1 accuracy = 1 if ranked_ids[0] is relevant, else 0 (0 for an empty list); equals HitRate@1.
+def top1_accuracy(ranked_ids: Sequence[Rank], relevance: Mapping[str, float]) -> float:
+    """Top-1 accuracy = 1 if the first rank returns a relevant id, else 0 (0 for an empty list); equals
+    HitRate@1.
 
     Raises `UndefinedMetricError` when R is empty.
     """
@@ -157,9 +232,10 @@ def normalised_text(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def duplicate_rate_at_k(ranked_ids: Sequence[str], k: int, texts: Sequence[str] | None = None) -> float:
+def duplicate_rate_at_k(ranked_ids: Sequence[Rank], k: int, texts: Sequence[str] | None = None) -> float:
     """Duplicate rate@K = (number of positions in ranked_ids[:k] that duplicate a position higher up) / n,
-    n = len(ranked_ids[:k]) = min(K, len(ranked_ids)).
+    n = len(ranked_ids[:k]) = min(K, len(ranked_ids)). A rank is compared by its own id (the first of its
+    ids; attached chunks are not ranks of their own).
 
     A position duplicates a higher one when its id already appeared, or, when `texts` (aligned with
     `ranked_ids`) is given, when its `normalised_text` already appeared: a content duplicate, the same
@@ -168,7 +244,7 @@ def duplicate_rate_at_k(ranked_ids: Sequence[str], k: int, texts: Sequence[str] 
     and no duplicates: 0.0. Independent of relevance, so always defined.
     """
     _check_k(k)
-    top = ranked_ids[:k]
+    top = [rank_ids(item)[0] for item in ranked_ids[:k]]
     if not top:
         return 0.0
     if texts is None:
@@ -186,39 +262,102 @@ def duplicate_rate_at_k(ranked_ids: Sequence[str], k: int, texts: Sequence[str] 
     return duplicates / len(top)
 
 
+RelevanceMaps = Mapping[str, float] | Sequence[Mapping[str, float]]
+
+
+def alternatives_of(relevance: RelevanceMaps) -> list[Mapping[str, float]]:
+    """A case's relevance maps: one map is the one alternative."""
+    return [relevance] if isinstance(relevance, Mapping) else list(relevance)
+
+
+def has_relevant_alternative(relevance: RelevanceMaps) -> bool:
+    """True when some alternative has a relevant id, i.e. the case's figures are defined."""
+    return any(has_relevant(a) for a in alternatives_of(relevance))
+
+
+def best_alternative(
+    measure: Callable[..., float],
+    ranked_ids: Sequence[Rank],
+    relevance: RelevanceMaps,
+    k: int,
+    **options: Any,
+) -> float:
+    """max_j measure(ranked_ids, R_j, k) over the alternatives R_1..R_n that have a relevant id.
+
+    A case whose evidence groups are alternatives (anyOf: any one group answers) has one relevance map per
+    group, each with the case's other expectations; whichever way of answering the ranking serves best is
+    what each figure reports, as `evidence_recall_at_k` takes the best-covered group. With one map this is
+    `measure` itself. `options` go to `measure` (nDCG's `gain`). Example: alternatives {a: 1} and {b: 1},
+    ranking [a, x]: Recall = max(1/1, 0/1) = 1; all-required {a: 1, b: 1} would give 1/2.
+    Raises `UndefinedMetricError` when no alternative has a relevant id.
+    """
+    usable = [r for r in alternatives_of(relevance) if has_relevant(r)]
+    if not usable:
+        raise UndefinedMetricError(
+            "the case has no relevant document (no grade > 0); the metric is undefined"
+        )
+    return max(measure(ranked_ids, r, k, **options) for r in usable)
+
+
 def case_metrics(
-    ranked_ids: Sequence[str],
-    relevance: Mapping[str, float],
+    ranked_ids: Sequence[Rank],
+    relevance: RelevanceMaps,
     k: int,
     texts: Sequence[str] | None = None,
+    gain: Gain = "linear",
 ) -> dict[str, float]:
     """All per-case ranking metrics at K, keyed recall, hitRate, mrr, ndcg, precision, top1Accuracy,
-    duplicateRate. Each follows the function of the same name above (`texts`, aligned with `ranked_ids`,
-    lets the duplicate rate count content duplicates).
+    duplicateRate. Each follows the function of the same name above, the best over the alternatives
+    (`best_alternative`; `relevance` is one map or one per alternative); `texts`, aligned with
+    `ranked_ids`, lets the duplicate rate count content duplicates; `gain` is nDCG's.
 
-    Raises `UndefinedMetricError` when the case has no relevant id (check `has_relevant` first).
+    Raises `UndefinedMetricError` when the case has no relevant id (check `has_relevant_alternative` first).
     """
     _check_k(k)
-    _require_relevant(relevance)
+
+    def best(measure: Callable[..., float], **options: Any) -> float:
+        return best_alternative(measure, ranked_ids, relevance, k, **options)
+
     return {
-        "recall": recall_at_k(ranked_ids, relevance, k),
-        "hitRate": hit_rate_at_k(ranked_ids, relevance, k),
-        "mrr": mrr_at_k(ranked_ids, relevance, k),
-        "ndcg": ndcg_at_k(ranked_ids, relevance, k),
-        "precision": precision_at_k(ranked_ids, relevance, k),
-        "top1Accuracy": top1_accuracy(ranked_ids, relevance),
+        "recall": best(recall_at_k),
+        "hitRate": best(hit_rate_at_k),
+        "mrr": best(mrr_at_k),
+        "ndcg": best(ndcg_at_k, gain=gain),
+        "precision": best(precision_at_k),
+        "top1Accuracy": best_alternative(hit_rate_at_k, ranked_ids, relevance, 1),
         "duplicateRate": duplicate_rate_at_k(ranked_ids, k, texts),
     }
 
 
-def hit_counts(ranked_ids: Sequence[str], relevance: Mapping[str, float], k: int) -> dict[str, int | None]:
-    """The counts behind the ratios of one case: expectedCount = |R|, hitCount = |R ∩ set(ranked_ids[:k])|
-    (each relevant id once), firstHitRank = the 1-based rank of the first relevant id in the top K (None
-    when there is none). Defined for an empty R too (0, 0, None)."""
+def counted_alternative(ranked_ids: Sequence[Rank], relevance: RelevanceMaps, k: int) -> int:
+    """The index of the alternative the case's counts and losses are told against: the one with the highest
+    Recall@K (the first on a tie); 0 when none has a relevant id."""
+    alternatives = alternatives_of(relevance)
+    recalls = [recall_at_k(ranked_ids, r, k) if has_relevant(r) else -1.0 for r in alternatives]
+    return recalls.index(max(recalls)) if recalls else 0
+
+
+def hit_counts(ranked_ids: Sequence[Rank], relevance: RelevanceMaps, k: int) -> dict[str, int | None]:
+    """The counts behind the ratios of one case: expectedCount = |R|, hitCount = |R ∩ T| (T the ids the top K
+    returns; each relevant id once), for R the `counted_alternative` (so hitCount / expectedCount is the
+    case's Recall@K); firstHitRank = the 1-based rank of the first rank that returns an id relevant in some
+    alternative (None when there is none; 1 / firstHitRank is the case's MRR). Defined for an empty R too
+    (0, 0, None)."""
     _check_k(k)
-    relevant = relevant_ids(relevance)
+    alternatives = alternatives_of(relevance)
+    relevant = (
+        relevant_ids(alternatives[counted_alternative(ranked_ids, alternatives, k)])
+        if alternatives
+        else set()
+    )
     hits = _first_hits(ranked_ids, relevant, k)
-    return {"expectedCount": len(relevant), "hitCount": len(hits), "firstHitRank": hits[0] if hits else None}
+    anywhere = set().union(*(relevant_ids(r) for r in alternatives)) if alternatives else set()
+    first = _first_hits(ranked_ids, anywhere, k)
+    return {
+        "expectedCount": len(relevant),
+        "hitCount": len(hits),
+        "firstHitRank": first[0] if first else None,
+    }
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -253,32 +392,38 @@ def latency_summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def judged_at_k(ranked_ids: Sequence[str], judged: Collection[str], k: int) -> float:
+def _is_judged(rank: Rank, judged: Collection[str]) -> bool:
+    return any(i in judged for i in rank_ids(rank))
+
+
+def judged_at_k(ranked_ids: Sequence[Rank], judged: Collection[str], k: int) -> float:
     """Judged@K = |{i <= K : ranked_ids[i] in J}| / K, J the set of ids that carry a judgment of any grade
-    (0 included: "judged not relevant" is a judgment).
+    (0 included: "judged not relevant" is a judgment); a rank that returns several ids is judged when one
+    of them is.
 
     As ir_measures' `Judged@k`: the denominator is K even when fewer than K results come back, and a
     duplicate counts at each of its positions (it is judged when its id is). Defined for every case,
     relevant ids or not. Example: top 4 = [a, x, b, y], J = {a, b}, K = 4 -> 2/4."""
     _check_k(k)
-    return sum(1 for i in ranked_ids[:k] if i in judged) / k
+    return sum(1 for i in ranked_ids[:k] if _is_judged(i, judged)) / k
 
 
-def unjudged_at_k(ranked_ids: Sequence[str], judged: Collection[str], k: int) -> list[str]:
-    """The distinct ids of the top K that carry no judgment, in rank order."""
+def unjudged_at_k(ranked_ids: Sequence[Rank], judged: Collection[str], k: int) -> list[str]:
+    """The distinct ids of the top K ranks that carry no judgment, in rank order (a rank by its own id)."""
     _check_k(k)
     seen: list[str] = []
-    for i in ranked_ids[:k]:
-        if i not in judged and i not in seen:
-            seen.append(i)
+    for item in ranked_ids[:k]:
+        own = rank_ids(item)[0]
+        if not _is_judged(item, judged) and own not in seen:
+            seen.append(own)
     return seen
 
 
-def condensed(ranked_ids: Sequence[str], judged: Collection[str]) -> list[str]:
-    """The condensed list (Sakai 2007; ir_measures' `judged_only`): `ranked_ids` with every unjudged id
+def condensed(ranked_ids: Sequence[Rank], judged: Collection[str]) -> list[Rank]:
+    """The condensed list (Sakai 2007; ir_measures' `judged_only`): `ranked_ids` with every unjudged rank
     removed and the rest moved up, order kept. A metric of it at K scores the first K judged results, so
     an unjudged document neither earns nor costs anything."""
-    return [i for i in ranked_ids if i in judged]
+    return [i for i in ranked_ids if _is_judged(i, judged)]
 
 
 def evidence_recall_at_k(

@@ -39,6 +39,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import Report, RunInfo, Summary
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
+from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
 from app.retrieval.stages import build_stages, stage_order
@@ -78,6 +79,10 @@ class RecordedCase:
     evidence_groups: list[list[str]]
     candidates: CandidateSet | None  # None: the case failed before its stages ran
     error: str | None = None
+    alternatives: list[dict[str, float]] = field(default_factory=list)
+    stale_chunk_ids: list[str] = field(default_factory=list)
+    unscorable: str | None = None
+    as_of: date | None = None  # the date the case is judged as of (its own asOf, else the run's)
 
 
 class RecordedLexical:
@@ -131,6 +136,7 @@ class Recording:
     dense_scores: list[float] = field(default_factory=list)
     # stage outcomes already computed, by stage settings and input (see _MemoStage)
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    gain: Gain = "linear"  # nDCG's, as the recorded evaluation's
 
     @property
     def candidates_ms(self) -> float:
@@ -182,6 +188,10 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
                 evidence_groups=[list(g) for g in item.evidence_groups],
                 candidates=cset,
                 error=item.error if result is None else None,
+                alternatives=[dict(a) for a in item.alternatives],
+                stale_chunk_ids=list(item.stale_chunk_ids),
+                unscorable=item.unscorable,
+                as_of=item.as_of,
             )
         )
     return Recording(
@@ -194,6 +204,7 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
         record_ms=(time.perf_counter() - t0) * 1000,
         evaluation_ms=evaluation.duration_ms,
         dense_scores=dense,
+        gain=evaluation.gain,
     )
 
 
@@ -419,6 +430,10 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             missing_from_index=list(rc.missing_from_index),
             judged_ids=set(rc.judged_ids),
             evidence_groups=[list(g) for g in rc.evidence_groups],
+            alternatives=[dict(a) for a in rc.alternatives],
+            stale_chunk_ids=list(rc.stale_chunk_ids),
+            unscorable=rc.unscorable,
+            as_of=rc.as_of or recording.as_of,
         )
         if rc.candidates is None:
             item.error = rc.error or "failed before its stages ran"
@@ -426,12 +441,14 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             lineage.need = None if trace else rc.k
             try:
                 # the registry's stages never write into a candidate: no defensive copies of the raw ones
-                outcome: Any = chain.run_stages(rc.request, rc.candidates, recording.as_of, copy_raw=False)
+                outcome: Any = chain.run_stages(
+                    rc.request, rc.candidates, rc.as_of or recording.as_of, copy_raw=False
+                )
             except ReplayError:
                 raise
             except Exception as exc:  # as retrieve_many: one case's failure is that case's
                 outcome = exc
-            score_case(item, outcome, trace=trace)
+            score_case(item, outcome, trace=trace, gain=recording.gain)
         cases.append(item)
     elapsed = (time.perf_counter() - t0) * 1000
     return Evaluation(
@@ -442,6 +459,7 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
         started_at=time.time(),
         duration_ms=elapsed,
         as_of=recording.as_of,
+        gain=recording.gain,
     )
 
 
