@@ -281,6 +281,8 @@ def _sample(args: argparse.Namespace) -> int:
 
     settings = settings_with(nested("rag.models.trace_queries", False))
     logs = [Path(p) for p in args.log] if args.log else log_files(Path(settings.rag.querylog.path))
+    if not logs:
+        return _no_query_log(settings.rag.querylog)
     near_duplicate = args.near_duplicate_cosine
     if near_duplicate is None:
         near_duplicate = settings.rag.evaluate.audit.near_duplicate_cosine
@@ -312,6 +314,22 @@ def _sample(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(line)
     return exit_codes.OK
+
+
+# the recorded query log of the sample knowledge base (docs/query-log.md)
+SAMPLE_QUERY_LOG = "golden_set/query-log.sample.jsonl"
+
+
+def _no_query_log(querylog: Any) -> int:
+    """No --log and no file at rag.querylog.path: say where it looked, how a log comes to be, and the
+    sample log to try the command on."""
+    from pathlib import Path
+
+    from app.cli.common import fail
+
+    recording = "" if querylog.enabled else "; the server writes it with rag.querylog.enabled: true"
+    sample = f", e.g. --log {SAMPLE_QUERY_LOG} (a recorded log)" if Path(SAMPLE_QUERY_LOG).exists() else ""
+    return fail(f"no query log at {querylog.path} (rag.querylog.path{recording}): pass --log PATH{sample}")
 
 
 # -- labelling: `sieve label`, `sieve golden pool`, `sieve golden export` (docs/labelling.md) ----------------

@@ -413,3 +413,28 @@ def test_blocked_near_duplicates_agree_with_the_one_at_a_time_walk(rows, block, 
         assert float(units[i] @ units[blocked[i]]) == pytest.approx(
             float(units[i] @ units[naive[i]]), abs=1e-12
         )
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_command_without_a_log_names_where_it_looked_and_the_sample_log(
+    enabled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # where golden_set/query-log.sample.jsonl is
+    missing = tmp_path / "queries.jsonl"
+    monkeypatch.setenv("RAG__QUERYLOG__PATH", str(missing))
+    monkeypatch.setenv("RAG__QUERYLOG__ENABLED", str(enabled).lower())
+    out = tmp_path / "drafts.jsonl"
+    assert main(["golden", "sample", "--from-log", "5", "--out", str(out)]) == 2
+    printed, err = capsys.readouterr()
+    recording = "" if enabled else "; the server writes it with rag.querylog.enabled: true"
+    assert (printed, err) == (
+        "",
+        f"error: no query log at {missing} (rag.querylog.path{recording}): pass --log PATH, "
+        "e.g. --log golden_set/query-log.sample.jsonl (a recorded log)\n",
+    )
+    assert not out.exists()
