@@ -63,6 +63,7 @@ def _generate(args: argparse.Namespace) -> int:
     from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden.build import generate as gen
     from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.files import change_line
     from app.settings import nested
 
     overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
@@ -119,7 +120,8 @@ def _generate(args: argparse.Namespace) -> int:
     gen.append_cases(out, result.cases)
     for line in result.lines():
         print(line)
-    print(f"wrote {len(result.cases)} cases to {out}")
+    after = len(existing) + len(result.cases)
+    print(change_line(out, bool(result.cases), len(existing), after, "case"))
     return exit_codes.OK
 
 
@@ -371,6 +373,7 @@ def _label(args: argparse.Namespace) -> int:
     from app.evaluation.golden.build.judgments import JudgmentsError
     from app.evaluation.golden.build.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
+    from app.files import change_line
     from app.settings import nested
 
     if not 0 <= args.port <= 65535:
@@ -388,13 +391,19 @@ def _label(args: argparse.Namespace) -> int:
     desk = LabelDesk(files)
     try:  # bad files fail here, before the models load
         desk.cases()
-        desk.judgments_by_case()
+        judged_before = len(desk.log.read())
         desk.queued()
     except (GoldenSetError, JudgmentsError, QueueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     print(f"golden set {files.golden_set}; drafts {files.drafts}; judgments appended to {files.judgments}")
-    return _serve_label(settings, desk, args.host, args.port, token)
+    code = _serve_label(settings, desk, args.host, args.port, token)
+    try:
+        judged = len(desk.log.read())
+    except JudgmentsError:  # edited by hand meanwhile: `sieve golden export` will name the line
+        return code
+    print(change_line(files.judgments, judged != judged_before, judged_before, judged, "judgment"))
+    return code
 
 
 def _serve_label(settings: Any, desk: Any, host: str, port: int, token: str) -> int:

@@ -340,7 +340,9 @@ def test_sample_from_log_writes_drafts_reports_drops_and_never_overwrites(tmp_pa
     loaded = load_golden_set(out)
     assert [(c.origin, c.draft, c.has_expectation()) for c in loaded.cases] == [("log", True, False)] * 3
     printed = "\n".join(result.lines())
-    assert "punctuation or digits only: 1  e.g. " in printed and "wrote 3 draft case(s)" in printed
+    assert (
+        "punctuation or digits only: 1  e.g. " in printed and f"wrote {out} (0 -> 3 draft cases)" in printed
+    )
 
     more = write_log(
         tmp_path / "more.jsonl",
@@ -356,6 +358,7 @@ def test_sample_from_log_writes_drafts_reports_drops_and_never_overwrites(tmp_pa
         ("printer location", round(1 - 0.8, 12))
     ]
     assert len(out.read_text(encoding="utf-8").splitlines()) == 3 + 1
+    assert again.lines()[-1] == f"wrote {out} (3 -> 4 draft cases)"
 
 
 def test_the_out_file_must_be_jsonl_and_valid_and_the_log_must_exist(tmp_path: Path) -> None:
