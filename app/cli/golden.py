@@ -510,25 +510,21 @@ def _export(args: argparse.Namespace) -> int:
 
     settings = settings_with()
     golden = args.golden_set or settings.rag.evaluate.resource_location
+    judgments = args.judgments or settings.rag.label.judgments
     try:
-        outcome = export_files(
-            golden,
-            args.drafts or settings.rag.label.drafts,
-            args.judgments or settings.rag.label.judgments,
-            args.out,
-        )
+        outcome = export_files(golden, args.drafts or settings.rag.label.drafts, judgments, args.out)
     except JudgmentsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     result = outcome.result
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    done = "wrote" if outcome.written else "unchanged:"
     print(
-        f"{done} {outcome.out}: {result.applied} judgment(s) applied, {len(result.promoted)} draft(s) "
+        f"merged {judgments}: {result.applied} judgment(s) applied, {len(result.promoted)} draft(s) "
         f"promoted{': ' + ', '.join(result.promoted) if result.promoted else ''}, "
         f"{len(result.conflicts)} conflict(s)"
     )
+    print(outcome.file_line())
     for conflict in result.conflicts:
         print(f"conflict (not applied): {conflict.message()}", file=sys.stderr)
     return exit_codes.GATE_FAILED if result.conflicts else exit_codes.OK
