@@ -40,11 +40,33 @@ def settings_with(*overrides: dict[str, Any]):
     return load_settings(merge(*overrides), config_path=_Invocation.config_path)
 
 
-def open_sieve(settings, rebuild: bool = False):
-    """The Sieve of `settings`: models loaded, store opened, BM25 index built."""
+def open_sieve(settings, rebuild: bool = False, suggest_server: bool = False):
+    """The Sieve of `settings`: models loaded, store opened, BM25 index built. An embedded store another
+    process holds fails before the models load (`StoreLockedError`, exit 3); with `suggest_server` (the
+    commands that take `--server`) its message says to ask that process, when it is `sieve serve`, instead."""
     from app.service import Sieve
+    from app.store import StoreError, StoreLockedError
 
-    return Sieve.open(settings, rebuild=rebuild)
+    try:
+        return Sieve.open(settings, rebuild=rebuild)
+    except StoreLockedError as exc:
+        if not suggest_server:
+            raise
+        raise StoreError(held_store_message(exc.path, exc.holder, settings.rag.server)) from exc
+
+
+def held_store_message(path: Any, holder: str, server: Any) -> str:
+    """The one line for a local `query` or `eval` whose embedded store another process holds: ask the server
+    (at `server`'s host and port, the address `sieve serve` takes by default) with `--server`."""
+    from app.cli.client import SERVER_ENV
+
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+    return (
+        f"the embedded store {path} is open in another process (pid {holder}), and it allows one process "
+        f"at a time. If that is `sieve serve`, ask it instead: --server {url} (or {SERVER_ENV}={url}); "
+        f"otherwise stop it, or share the store through a Chroma server (rag.store.mode: http)"
+    )
 
 
 def configure_logging(verbose: bool) -> None:
