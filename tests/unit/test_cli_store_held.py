@@ -68,13 +68,14 @@ def env(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[st
     return values
 
 
-def held_message(store: Path, pid: int) -> str:
+def held_message(store: Path, pid: int, command: str) -> str:
     url = "http://127.0.0.1:8010"
+    token = ", with its rag.server.admin_token (in $SIEVE_TOKEN or this shell's settings)"
     return (
         f"error: the embedded store {store} is open in another process (pid {pid}), and it allows one "
         f"process at a time. If that is `sieve serve`, ask it instead: --server {url} "
-        f"(or SIEVE_SERVER={url}); otherwise stop it, or share the store through a Chroma server "
-        "(rag.store.mode: http)\n"
+        f"(or SIEVE_SERVER={url}){token if command == 'eval' else ''}; otherwise stop it, or share the store "
+        "through a Chroma server (rag.store.mode: http)\n"
     )
 
 
@@ -95,7 +96,7 @@ def test_a_held_store_fails_before_any_model_loads(
     monkeypatch.setattr("app.service.load_reranker", no_models)
     assert main(argv) == UNAVAILABLE
     out, err = capsys.readouterr()
-    assert (out, err) == ("", held_message(store, holder.pid))
+    assert (out, err) == ("", held_message(store, holder.pid, argv[0]))
     assert (store / LOCK_FILE).read_text() == str(holder.pid)  # the check took nothing from the holder
 
 
@@ -124,4 +125,8 @@ def test_the_sieve_command_prints_that_one_line_and_nothing_else(
         text=True,
         timeout=120,
     )
-    assert (done.returncode, done.stdout, done.stderr) == (UNAVAILABLE, "", held_message(store, holder.pid))
+    assert (done.returncode, done.stdout, done.stderr) == (
+        UNAVAILABLE,
+        "",
+        held_message(store, holder.pid, "query"),
+    )
