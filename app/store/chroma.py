@@ -685,12 +685,14 @@ def check_not_locked(settings: StoreSettings) -> None:
     path = Path(settings.path)
     try:
         fd = os.open(path / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return  # never opened: nobody holds it
+    except OSError:
+        return  # none (never opened: nobody holds it), or unreadable (`open` meets it too, and says so)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a holder's exclusive lock
     except BlockingIOError:
         raise StoreLockedError(path, _holder(fd)) from None
+    except OSError:
+        pass  # a file system without flock: `open` meets it too, and says so
     finally:
         os.close(fd)  # releases the shared lock, when it was taken
 
