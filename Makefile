@@ -31,8 +31,13 @@ lock:
 		--extra test --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
 		--output-file $(LOCK) pyproject.toml
 
+# Where `make run` listens: `make run HOST=0.0.0.0 PORT=8010` wins over RAG__SERVER__HOST / RAG__SERVER__PORT in
+# the environment, which win over rag.server in the config file (127.0.0.1:8000). HOST and PORT count only on
+# make's command line: zsh and tcsh export HOST as the machine's name, and a PORT in the environment is often
+# meant for another program.
+given = $(if $(and $(filter command line,$(origin $(1))),$($(1))),$(2) $($(1)))
 run: install
-	RAG__EVALUATE__ENABLED=true $(BIN)/sieve serve --host 127.0.0.1 --port 8000
+	RAG__EVALUATE__ENABLED=true $(strip $(BIN)/sieve serve $(call given,HOST,--host) $(call given,PORT,--port))
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -53,3 +53,13 @@ def utc_now() -> datetime:
 def file_stamp(when: datetime | None = None) -> str:
     """The UTC timestamp in a written file's name (`<prefix>-<stamp>.json`): `20261203T123758Z`."""
     return (when or utc_now()).strftime("%Y%m%dT%H%M%SZ")
+
+
+def change_line(path: str | Path, written: bool, before: int, after: int, noun: str, *details: str) -> str:
+    """The line a command prints for a file it writes into, `wrote golden_set/generated.jsonl (30 -> 39
+    cases)` or `unchanged: golden_set/golden-set.json (67 cases; datasetVersion 2026-12-03.1)`: the path, the
+    count of `noun` (singular; an "s" is added unless the count is 1) before and after, then `details`, each
+    after a semicolon."""
+    counted = f"{after} {noun}{'' if after == 1 else 's'}"
+    count = f"{before} -> {counted}" if before != after else counted
+    return f"{'wrote' if written else 'unchanged:'} {path} ({'; '.join([count, *details])})"

@@ -24,7 +24,7 @@ from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
-from app.store import ChromaStore, StoredChunk, drop_collection
+from app.store import ChromaStore, StoredChunk, check_not_locked, drop_collection
 
 if TYPE_CHECKING:
     from app.evaluation.startup import EvaluationTarget
@@ -59,8 +59,10 @@ class Sieve:
 
     @classmethod
     def open(cls, settings: Settings, rebuild: bool = False) -> Sieve:
-        """Load the models and open the store (the slow part of startup); builds the BM25 index."""
+        """Load the models and open the store (the slow part of startup); builds the BM25 index. An embedded
+        store another process holds is a `StoreLockedError` before any model loads."""
         rag = settings.rag
+        check_not_locked(rag.store)
         t0 = time.perf_counter()
         embedder = load_embedder(rag.models)
         reranker = (

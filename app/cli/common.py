@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, Literal
 
 from app import exit_codes
 from app.settings import load_settings, merge
@@ -40,11 +40,41 @@ def settings_with(*overrides: dict[str, Any]):
     return load_settings(merge(*overrides), config_path=_Invocation.config_path)
 
 
-def open_sieve(settings, rebuild: bool = False):
-    """The Sieve of `settings`: models loaded, store opened, BM25 index built."""
+def open_sieve(settings, rebuild: bool = False, suggest_server: Literal["query", "eval"] | None = None):
+    """The Sieve of `settings`: models loaded, store opened, BM25 index built. An embedded store another
+    process holds fails before the models load (`StoreLockedError`, exit 3); with `suggest_server` (the
+    commands that take `--server`) its message says to ask that process, when it is `sieve serve`, instead."""
     from app.service import Sieve
+    from app.store import StoreError, StoreLockedError
 
-    return Sieve.open(settings, rebuild=rebuild)
+    try:
+        return Sieve.open(settings, rebuild=rebuild)
+    except StoreLockedError as exc:
+        if suggest_server is None:
+            raise
+        message = held_store_message(exc.path, exc.holder, settings.rag.server, suggest_server)
+        raise StoreError(message) from exc
+
+
+def held_store_message(path: Any, holder: str, server: Any, command: Literal["query", "eval"]) -> str:
+    """The one line for a local `query` or `eval` whose embedded store another process holds: ask the server
+    (at `server`'s host and port, the address `sieve serve` takes by default) with `--server`; an evaluation
+    also needs the server's admin token."""
+    from app.cli.client import SERVER_ENV, TOKEN_ENV
+
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
+    token = (
+        f", with its rag.server.admin_token (in ${TOKEN_ENV} or this shell's settings)"
+        if command == "eval"
+        else ""
+    )
+    return (
+        f"the embedded store {path} is open in another process (pid {holder}), and it allows one process "
+        f"at a time. If that is `sieve serve`, ask it instead: --server {url} "
+        f"(or {SERVER_ENV}={url}){token}; otherwise stop it, or share the store through a Chroma server "
+        "(rag.store.mode: http)"
+    )
 
 
 def configure_logging(verbose: bool) -> None:

@@ -164,7 +164,7 @@ def _eval_here(args: argparse.Namespace) -> int:
     except BaselineError as exc:
         return fail(str(exc))
 
-    sieve = open_sieve(settings)
+    sieve = open_sieve(settings, suggest_server=None if args.beir else "eval")  # --server takes no --beir
     try:
         if args.beir:
             report = sieve.ingest([Path(args.beir) / "corpus.jsonl"], progress=True)

@@ -63,6 +63,7 @@ def _generate(args: argparse.Namespace) -> int:
     from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden.build import generate as gen
     from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.files import change_line
     from app.settings import nested
 
     overrides = [nested("rag.generate.generator", args.generator)] if args.generator else []
@@ -119,7 +120,8 @@ def _generate(args: argparse.Namespace) -> int:
     gen.append_cases(out, result.cases)
     for line in result.lines():
         print(line)
-    print(f"wrote {len(result.cases)} cases to {out}")
+    after = len(existing) + len(result.cases)
+    print(change_line(out, bool(result.cases), len(existing), after, "case"))
     return exit_codes.OK
 
 
@@ -312,6 +314,8 @@ def _sample(args: argparse.Namespace) -> int:
 
     settings = settings_with(nested("rag.models.trace_queries", False))
     logs = [Path(p) for p in args.log] if args.log else log_files(Path(settings.rag.querylog.path))
+    if not logs:
+        return _no_query_log(settings.rag.querylog)
     near_duplicate = args.near_duplicate_cosine
     if near_duplicate is None:
         near_duplicate = settings.rag.evaluate.audit.near_duplicate_cosine
@@ -343,6 +347,22 @@ def _sample(args: argparse.Namespace) -> int:
     for line in result.lines():
         print(line)
     return exit_codes.OK
+
+
+# the recorded query log of the sample knowledge base (docs/query-log.md)
+SAMPLE_QUERY_LOG = "golden_set/query-log.sample.jsonl"
+
+
+def _no_query_log(querylog: Any) -> int:
+    """No --log and no file at rag.querylog.path: say where it looked, how a log comes to be, and the
+    sample log to try the command on."""
+    from pathlib import Path
+
+    from app.cli.common import fail
+
+    recording = "" if querylog.enabled else "; the server writes it with rag.querylog.enabled: true"
+    sample = f", e.g. --log {SAMPLE_QUERY_LOG} (a recorded log)" if Path(SAMPLE_QUERY_LOG).exists() else ""
+    return fail(f"no query log at {querylog.path} (rag.querylog.path{recording}): pass --log PATH{sample}")
 
 
 # -- labelling: `sieve label`, `sieve golden pool`, `sieve golden export` (docs/labelling.md) ----------------
@@ -384,6 +404,7 @@ def _label(args: argparse.Namespace) -> int:
     from app.evaluation.golden.build.judgments import JudgmentsError
     from app.evaluation.golden.build.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
+    from app.files import change_line
     from app.settings import nested
 
     if not 0 <= args.port <= 65535:
@@ -401,13 +422,19 @@ def _label(args: argparse.Namespace) -> int:
     desk = LabelDesk(files)
     try:  # bad files fail here, before the models load
         desk.cases()
-        desk.judgments_by_case()
+        judged_before = len(desk.log.read())
         desk.queued()
     except (GoldenSetError, JudgmentsError, QueueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     print(f"golden set {files.golden_set}; drafts {files.drafts}; judgments appended to {files.judgments}")
-    return _serve_label(settings, desk, args.host, args.port, token)
+    code = _serve_label(settings, desk, args.host, args.port, token)
+    try:
+        judged = len(desk.log.read())
+    except JudgmentsError:  # edited by hand meanwhile: `sieve golden export` will name the line
+        return code
+    print(change_line(files.judgments, judged != judged_before, judged_before, judged, "judgment"))
+    return code
 
 
 def _serve_label(settings: Any, desk: Any, host: str, port: int, token: str) -> int:
@@ -514,25 +541,21 @@ def _export(args: argparse.Namespace) -> int:
 
     settings = settings_with()
     golden = args.golden_set or settings.rag.evaluate.resource_location
+    judgments = args.judgments or settings.rag.label.judgments
     try:
-        outcome = export_files(
-            golden,
-            args.drafts or settings.rag.label.drafts,
-            args.judgments or settings.rag.label.judgments,
-            args.out,
-        )
+        outcome = export_files(golden, args.drafts or settings.rag.label.drafts, judgments, args.out)
     except JudgmentsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     result = outcome.result
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    done = "wrote" if outcome.written else "unchanged:"
     print(
-        f"{done} {outcome.out}: {result.applied} judgment(s) applied, {len(result.promoted)} draft(s) "
+        f"merged {judgments}: {result.applied} judgment(s) applied, {len(result.promoted)} draft(s) "
         f"promoted{': ' + ', '.join(result.promoted) if result.promoted else ''}, "
         f"{len(result.conflicts)} conflict(s)"
     )
+    print(outcome.file_line())
     for conflict in result.conflicts:
         print(f"conflict (not applied): {conflict.message()}", file=sys.stderr)
     return exit_codes.GATE_FAILED if result.conflicts else exit_codes.OK

@@ -89,7 +89,7 @@ def query_command(args: argparse.Namespace) -> int:
 def _retrieve_here(args: argparse.Namespace) -> Any:
     settings = settings_with()
     top_k = settings.rag.retrieval.top_k if args.top_k is None else args.top_k
-    sieve = open_sieve(settings)
+    sieve = open_sieve(settings, suggest_server="query")
     try:
         if settings.rag.ingest.on_startup and sieve.store.count() == 0 and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)

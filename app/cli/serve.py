@@ -39,7 +39,7 @@ def serve_command(args: argparse.Namespace) -> int:
         overrides.append(nested("rag.evaluate.enabled", args.evaluate))
     if args.host:
         overrides.append(nested("rag.server.host", args.host))
-    if args.port:
+    if args.port is not None:  # --port 0 is refused by the settings (1-65535), not ignored
         overrides.append(nested("rag.server.port", args.port))
     settings = settings_with(*overrides)
     exit_code = {"code": 0}

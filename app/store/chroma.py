@@ -58,7 +58,17 @@ class StoreUnavailableError(StoreError):
 
 
 class StoreLockedError(StoreError):
-    """Another process holds the embedded store path."""
+    """Another process holds the embedded store path: `path`, and `holder`, the pid written in its lock file
+    ("unknown" when none is)."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(
+            f"the embedded store {path} is already open in another process (pid {holder}). "
+            f"Chroma's embedded mode allows one process per path: stop the other process, or run a "
+            f"Chroma server (rag.store.mode: http) to share the index."
+        )
+        self.path = path
+        self.holder = holder
 
 
 class EmbedderMismatchError(StoreError):
@@ -666,22 +676,44 @@ def changes_collection_name(collection: str) -> str:
     return f"{collection}-changes"
 
 
+def check_not_locked(settings: StoreSettings) -> None:
+    """Raise `StoreLockedError` now when another process holds the embedded store at `settings.path`, so a
+    caller can fail before the slow part of opening a Sieve (loading the models). It takes nothing: `open`
+    takes the lock itself later. A Chroma server is shared by design: nothing to check."""
+    if settings.mode != "embedded":
+        return
+    path = Path(settings.path)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return  # none (never opened: nobody holds it), or unreadable (`open` meets it too, and says so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a holder's exclusive lock
+    except BlockingIOError:
+        raise StoreLockedError(path, _holder(fd)) from None
+    except OSError:
+        pass  # a file system without flock: `open` meets it too, and says so
+    finally:
+        os.close(fd)  # releases the shared lock, when it was taken
+
+
 def _lock(path: Path) -> int:
     lock_path = path / LOCK_FILE
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        holder = _holder(fd)
         os.close(fd)
-        raise StoreLockedError(
-            f"the embedded store {path} is already open in another process (pid {holder}). "
-            f"Chroma's embedded mode allows one process per path: stop the other process, or run a "
-            f"Chroma server (rag.store.mode: http) to share the index."
-        ) from None
+        raise StoreLockedError(path, holder) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
+
+
+def _holder(fd: int) -> str:
+    """The pid the holder of the lock file `fd` wrote into it."""
+    return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
 
 
 def _unlock(fd: int | None) -> None:

@@ -165,6 +165,30 @@ def test_judge_by_keyboard_reload_export_and_judged_at_k_rises(tmp_path: Path, r
     assert others == {c["id"]: c["judged"] for c in before["cases"] if c["id"] != case_id}
 
 
+def test_label_says_on_stopping_what_it_added_to_the_judgments_file(tmp_path: Path) -> None:
+    seeded_store(tmp_path / "store")
+    golden = tmp_path / "golden.json"
+    golden.write_text((REPO / "golden_set" / "golden-set.json").read_text(encoding="utf-8"), encoding="utf-8")
+    judgments = tmp_path / "judgments.jsonl"
+    with label_server(tmp_path) as (base, token):
+        with httpx.Client(base_url=base, headers=auth(token), timeout=120) as client:
+            case_id = client.get("/api/label/queue").json()["cases"][0]["caseId"]
+            chunk = client.get(f"/api/label/cases/{case_id}").json()["items"][0]["id"]
+            judged = {"caseId": case_id, "id": chunk, "grade": 2, "who": "alice"}
+            assert client.post("/api/label/judgments", json=judged).status_code == 200
+    printed = (tmp_path / "label.out").read_text(encoding="utf-8").splitlines()
+    assert (
+        printed[0]
+        == f"golden set {golden}; drafts {tmp_path / 'drafts.jsonl'}; judgments appended to {judgments}"
+    )
+    assert printed[-1] == f"wrote {judgments} (0 -> 1 judgment)"
+
+    with label_server(tmp_path):
+        pass
+    printed = (tmp_path / "label.out").read_text(encoding="utf-8").splitlines()
+    assert printed[-1] == f"unchanged: {judgments} (1 judgment)"
+
+
 def judge_in_browser(
     executable: str, base: str, token: str, case_id: str, targets: list[str]
 ) -> tuple[list[str], list[str]]:

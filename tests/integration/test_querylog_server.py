@@ -146,7 +146,7 @@ def test_golden_sample_drafts_cases_from_the_recorded_sample_log(tmp_path: Path)
     assert "exact duplicate: 3 " in printed
     assert "already in the out file: 1 " in printed
     assert "'How can I request a new laptop?' ~ 'How do I request a new laptop?'" in printed
-    assert "wrote 10 draft case(s)" in printed
+    assert f"wrote {out} (1 -> 11 draft cases)" in printed
 
     golden = load_golden_set(out)
     assert golden.cases[0].id == "mine-1"  # appended after, never overwritten

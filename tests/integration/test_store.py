@@ -16,6 +16,7 @@ from app.store import (
     StoredChunk,
     StoreLockedError,
     StoreUnavailableError,
+    check_not_locked,
 )
 
 pytestmark = pytest.mark.integration
@@ -154,6 +155,23 @@ def test_a_second_open_of_an_embedded_path_is_refused_while_the_first_holds_it(t
     finally:
         first.close()
     ChromaStore.open(settings, IDENTITY).close()  # closing released the lock
+
+
+def test_check_not_locked_refuses_a_held_path_and_takes_nothing(tmp_path):
+    settings = StoreSettings(path=str(tmp_path / "chroma"), collection="locked")
+    check_not_locked(settings)  # never opened: no lock file, nothing made
+    assert not (tmp_path / "chroma").exists()
+    first = ChromaStore.open(settings, IDENTITY)
+    try:
+        with pytest.raises(StoreLockedError) as info:
+            check_not_locked(settings)
+        assert (info.value.path, info.value.holder) == (tmp_path / "chroma", str(os.getpid()))
+        assert (tmp_path / "chroma" / "sieve.lock").read_text() == str(os.getpid())
+    finally:
+        first.close()
+    check_not_locked(settings)
+    ChromaStore.open(settings, IDENTITY).close()  # the check left no lock behind
+    check_not_locked(StoreSettings(mode="http", host="127.0.0.1", port=1))  # a server is shared: no check
 
 
 def test_opening_with_another_embedder_is_refused_and_names_both(store_settings):

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import threading
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -360,16 +361,51 @@ def write_judgments(path: Path, *judgments: Judgment) -> None:
     path.write_text("".join(json.dumps(x.to_json()) + "\n" for x in judgments))
 
 
-def test_export_files_rewrites_in_place_keeping_the_version(tmp_path: Path) -> None:
+def test_export_files_rewrites_in_place_and_moves_the_version_on(tmp_path: Path) -> None:
     golden, judgments = tmp_path / "golden.json", tmp_path / "judgments.jsonl"
     write_set(golden, [case(expectedDocIds=["d9"])])
     write_judgments(judgments, j(grade=2))
     outcome = export_files(golden, tmp_path / "no-drafts.jsonl", judgments)
     assert outcome.written
     loaded = load_golden_set(golden)
-    assert loaded.dataset_version == "v7" and loaded.cases[0].judgments == {"d1#0": 2}
+    assert loaded.dataset_version == "v7.1" and loaded.cases[0].judgments == {"d1#0": 2}
+    assert outcome.file_line() == f"wrote {golden} (1 case; 1 changed; datasetVersion v7 -> v7.1)"
+    before = golden.read_bytes()
     again = export_files(golden, tmp_path / "no-drafts.jsonl", judgments)
-    assert not again.written  # nothing new: the file is left alone
+    assert not again.written  # nothing new: the file and its version are left alone
+    assert golden.read_bytes() == before
+    assert again.file_line() == f"unchanged: {golden} (1 case; datasetVersion v7.1)"
+
+
+def test_a_dated_version_moves_to_today_and_counts_within_a_day(tmp_path: Path) -> None:
+    golden, judgments, drafts = tmp_path / "golden.json", tmp_path / "j.jsonl", tmp_path / "drafts.jsonl"
+    cases = [case(expectedDocIds=["d9"]), case(id="c2", query="q2", expectedDocIds=["d8"])]
+    golden.write_text(json.dumps({"datasetVersion": "2026-12-03.1", "cases": cases}, indent=2) + "\n")
+    drafts.write_text(json.dumps({"id": "new", "query": "nq", "draft": True}) + "\n")
+    write_judgments(judgments, j(case="new", query="nq", grade=3))
+    today = date(2026, 12, 4)
+    outcome = export_files(golden, drafts, judgments, today=today)
+    assert load_golden_set(golden).dataset_version == "2026-12-04.1"
+    assert outcome.file_line() == (
+        f"wrote {golden} (2 -> 3 cases; 1 added; datasetVersion 2026-12-03.1 -> 2026-12-04.1)"
+    )
+    write_judgments(judgments, j(case="new", query="nq", grade=3), j(case="c2", query="q2", grade=0))
+    export_files(golden, drafts, judgments, today=today)
+    assert load_golden_set(golden).dataset_version == "2026-12-04.2"  # the same day: the counter
+    export_files(golden, drafts, judgments, today=date(2026, 12, 5))
+    assert load_golden_set(golden).dataset_version == "2026-12-04.2"  # nothing new: no new version
+
+
+def test_a_set_without_a_version_keeps_none(tmp_path: Path) -> None:
+    judgments = tmp_path / "j.jsonl"
+    write_judgments(judgments, j(grade=2))
+    array, null = tmp_path / "array.json", tmp_path / "null.json"
+    array.write_text(json.dumps([case(expectedDocIds=["d9"])], indent=2) + "\n")
+    null.write_text(json.dumps({"datasetVersion": None, "cases": [case(expectedDocIds=["d9"])]}) + "\n")
+    for golden in (array, null):
+        outcome = export_files(golden, tmp_path / "none.jsonl", judgments)
+        assert load_golden_set(golden).dataset_version is None
+        assert outcome.file_line() == f"wrote {golden} (1 case; 1 changed)"
 
 
 def test_export_to_out_leaves_the_golden_set_alone(tmp_path: Path) -> None:
@@ -377,9 +413,11 @@ def test_export_to_out_leaves_the_golden_set_alone(tmp_path: Path) -> None:
     write_set(golden, [case(expectedDocIds=["d9"])])
     before = golden.read_text()
     write_judgments(judgments, j(grade=2))
-    export_files(golden, tmp_path / "none.jsonl", judgments, out)
+    outcome = export_files(golden, tmp_path / "none.jsonl", judgments, out)
     assert golden.read_text() == before
     assert load_golden_set(out).cases[0].judgments == {"d1#0": 2}
+    assert load_golden_set(out).dataset_version == "v7.1"
+    assert outcome.file_line() == f"wrote {out} (1 case; from {golden}; 1 changed; datasetVersion v7 -> v7.1)"
 
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -422,12 +460,18 @@ def test_the_command_lists_conflicts_and_exits_1(tmp_path: Path, capsys: pytest.
     args = ["golden", "export", "--golden-set", str(golden), "--judgments", str(judgments)]
     assert main([*args, "--drafts", str(drafts)]) == 1
     out, err = capsys.readouterr()
-    assert out == f"wrote {golden}: 2 judgment(s) applied, 1 draft(s) promoted: new, 1 conflict(s)\n"
+    assert out == (
+        f"merged {judgments}: 2 judgment(s) applied, 1 draft(s) promoted: new, 1 conflict(s)\n"
+        f"wrote {golden} (1 -> 2 cases; 1 added, 1 changed; datasetVersion v7 -> v7.1)\n"
+    )
     assert (
         err == "conflict (not applied): case 'c1', 'd2#0': grades differ: "
         "ann: grade 1 (d2#0); bob: grade 0 (d2#0)\n"
     )
     assert [c.id for c in load_golden_set(golden).cases] == ["c1", "new"]
+    assert main([*args, "--drafts", str(drafts)]) == 1  # again: nothing new, the conflict still open
+    out, _ = capsys.readouterr()
+    assert out.splitlines()[-1] == f"unchanged: {golden} (2 cases; datasetVersion v7.1)"
 
 
 def test_the_command_names_a_bad_judgments_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -340,7 +340,9 @@ def test_sample_from_log_writes_drafts_reports_drops_and_never_overwrites(tmp_pa
     loaded = load_golden_set(out)
     assert [(c.origin, c.draft, c.has_expectation()) for c in loaded.cases] == [("log", True, False)] * 3
     printed = "\n".join(result.lines())
-    assert "punctuation or digits only: 1  e.g. " in printed and "wrote 3 draft case(s)" in printed
+    assert (
+        "punctuation or digits only: 1  e.g. " in printed and f"wrote {out} (0 -> 3 draft cases)" in printed
+    )
 
     more = write_log(
         tmp_path / "more.jsonl",
@@ -356,6 +358,7 @@ def test_sample_from_log_writes_drafts_reports_drops_and_never_overwrites(tmp_pa
         ("printer location", round(1 - 0.8, 12))
     ]
     assert len(out.read_text(encoding="utf-8").splitlines()) == 3 + 1
+    assert again.lines()[-1] == f"wrote {out} (3 -> 4 draft cases)"
 
 
 def test_the_out_file_must_be_jsonl_and_valid_and_the_log_must_exist(tmp_path: Path) -> None:
@@ -413,3 +416,28 @@ def test_blocked_near_duplicates_agree_with_the_one_at_a_time_walk(rows, block, 
         assert float(units[i] @ units[blocked[i]]) == pytest.approx(
             float(units[i] @ units[naive[i]]), abs=1e-12
         )
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_command_without_a_log_names_where_it_looked_and_the_sample_log(
+    enabled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # where golden_set/query-log.sample.jsonl is
+    missing = tmp_path / "queries.jsonl"
+    monkeypatch.setenv("RAG__QUERYLOG__PATH", str(missing))
+    monkeypatch.setenv("RAG__QUERYLOG__ENABLED", str(enabled).lower())
+    out = tmp_path / "drafts.jsonl"
+    assert main(["golden", "sample", "--from-log", "5", "--out", str(out)]) == 2
+    printed, err = capsys.readouterr()
+    recording = "" if enabled else "; the server writes it with rag.querylog.enabled: true"
+    assert (printed, err) == (
+        "",
+        f"error: no query log at {missing} (rag.querylog.path{recording}): pass --log PATH, "
+        "e.g. --log golden_set/query-log.sample.jsonl (a recorded log)\n",
+    )
+    assert not out.exists()

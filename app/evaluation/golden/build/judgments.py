@@ -28,7 +28,8 @@ The merge, as pure functions over parsed values:
 4. `export`: every case of the golden set, plus the promoted drafts appended in the drafts file's order.
    A draft whose id is already in the golden set was promoted by an earlier export; its judgments merge
    into that case. Judgments of unknown cases, or of a case whose query has changed since, are skipped
-   with a warning.
+   with a warning. `export_files` writes the result; when its cases differ from the file's, the set's
+   `datasetVersion` moves on (app/evaluation/golden/build/dataset_version.py).
 
 The export is idempotent: the judgments file is never emptied, and exporting it again gives the same set.
 """
@@ -40,15 +41,16 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from app.evaluation.golden.build.dataset_version import next_dataset_version
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
-from app.files import atomic_write_text
+from app.files import atomic_write_text, change_line
 
 GRADES = (0, 1, 2, 3)
 FORBIDDEN = "forbidden"
@@ -582,6 +584,26 @@ class ExportOutcome:
     result: ExportResult
     out: Path
     written: bool  # False: the merged set is the file as it was (nothing new to apply)
+    golden: Path  # the golden set read (`out` too, unless --out named another file)
+    cases_before: int
+    added: int  # cases the golden set did not hold (promoted drafts)
+    changed: int  # cases it held whose object the merge changed
+    version_before: str | None
+    version_after: str | None
+
+    def file_line(self) -> str:
+        """`wrote golden_set/golden-set.json (67 -> 68 cases; 1 added, 2 changed; datasetVersion 2026-12-03.1
+        -> 2026-12-04.1)`, or `unchanged: ...`."""
+        details = [f"from {self.golden}"] if self.out != self.golden else []
+        moved = [f"{n} {what}" for n, what in ((self.added, "added"), (self.changed, "changed")) if n]
+        if moved or self.written:
+            details.append(", ".join(moved) if moved else "no case changed")
+        if self.version_before != self.version_after:
+            details.append(f"datasetVersion {self.version_before} -> {self.version_after}")
+        elif self.version_before is not None:
+            details.append(f"datasetVersion {self.version_before}")
+        after = len(self.result.cases)
+        return change_line(self.out, self.written, self.cases_before, after, "case", *details)
 
 
 def export_files(
@@ -589,12 +611,14 @@ def export_files(
     drafts_path: str | Path,
     judgments_path: str | Path,
     out: str | Path | None = None,
+    today: date | None = None,
 ) -> ExportOutcome:
     """`sieve golden export`: merge the judgments file into the golden set (`export`) and write it to `out`
-    (default: the golden set itself), in the golden set's layout and with its datasetVersion. The new text
-    is validated as a golden set first and replaces the file all at once, so a failure leaves the old file
-    whole. Raises GoldenSetError (golden set, drafts, or a merge that does not validate) and
-    JudgmentsError."""
+    (default: the golden set itself), in the golden set's layout. When the merged cases differ from the
+    golden set's, its datasetVersion moves on (`next_dataset_version` on `today`, default the local date);
+    otherwise it is kept. The new text is validated as a golden set first and replaces the file all at once,
+    so a failure leaves the old file whole. Raises GoldenSetError (golden set, drafts, or a merge that does
+    not validate) and JudgmentsError."""
     golden_path = Path(golden_path)
     try:
         text = golden_path.read_text(encoding="utf-8")
@@ -604,11 +628,20 @@ def export_files(
         ) from None
     document = read_golden_document(text, golden_path)
     result = export(document.cases, read_drafts(drafts_path), load_judgments(judgments_path))
+    before = {str(c["id"]): c for c in document.cases}
+    added = sum(1 for c in result.cases if str(c["id"]) not in before)
+    changed = sum(1 for c in result.cases if str(c["id"]) in before and c != before[str(c["id"])])
+    version = document.top.get("datasetVersion") if document.kind == "object" else None
+    new_version = next_dataset_version(version, today or date.today()) if added or changed else version
+    if new_version != version:
+        document = replace(document, top={**document.top, "datasetVersion": new_version})
     new_text = render_golden_document(document, result.cases)
     parse_golden_set(new_text, golden_path)  # the layout is the golden set's, whatever out is called
     target = Path(out) if out is not None else golden_path
-    if target == golden_path and new_text == text:
-        return ExportOutcome(result, target, written=False)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, new_text, keep_mode=True)
-    return ExportOutcome(result, target, written=True)
+    written = not (target == golden_path and new_text == text)
+    if written:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(target, new_text, keep_mode=True)
+    return ExportOutcome(
+        result, target, written, golden_path, len(document.cases), added, changed, version, new_version
+    )

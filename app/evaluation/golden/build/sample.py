@@ -54,6 +54,7 @@ import numpy as np
 from app.evaluation.golden.audit import NEAR_DUPLICATE_COSINE, normalise_query
 from app.evaluation.golden.build.generate import append_cases
 from app.evaluation.golden.cases import GoldenCase, load_golden_set
+from app.files import change_line
 
 MIN_LENGTH = 3
 DEFAULT_SEED = 42
@@ -411,6 +412,7 @@ class SampleResult:
     drops: Drops
     allocation: dict[str | None, tuple[int, int]]
     out: Path
+    drafts_before: int = 0  # the cases `out` held before the picks were appended
 
     def lines(self) -> list[str]:
         """What the command prints: the log read, every drop reason with its count and examples, the
@@ -427,7 +429,8 @@ class SampleResult:
                 "drafts per knowledge tag (of the queries left): "
                 + ", ".join(f"{s or '(untagged)'} {a} of {h}" for s, (a, h) in self.allocation.items())
             )
-        out.append(f"wrote {len(self.picks)} draft case(s) to {self.out}")
+        after = self.drafts_before + len(self.picks)
+        out.append(change_line(self.out, bool(self.picks), self.drafts_before, after, "draft case"))
         return out
 
 
@@ -495,4 +498,6 @@ def sample_from_log(
     selection = select_drafts(queries, query_vectors, reference, n, threshold, seed)
     drops.merge(selection.drops)
     append_cases(out, [p.case() for p in selection.picks])
-    return SampleResult(len(log_paths), len(entries), selection.picks, drops, selection.allocation, out)
+    return SampleResult(
+        len(log_paths), len(entries), selection.picks, drops, selection.allocation, out, len(drafts)
+    )

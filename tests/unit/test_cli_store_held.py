@@ -1,0 +1,132 @@
+"""A local `sieve query` / `sieve eval` whose embedded store another process holds (a running `sieve serve`)
+fails at once, before any model loads: one line, exit 3, suggesting `--server`.
+
+The holder is a real other process holding the store's lock file (`flock`), as `sieve serve` does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.exit_codes import UNAVAILABLE
+from app.store.chroma import LOCK_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+SIEVE = Path(sys.executable).with_name("sieve")
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, str(os.getpid()).encode())
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "chroma"
+
+
+@pytest.fixture
+def holder(store: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the embedded store at `store`, as a running `sieve serve` does."""
+    store.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(store / LOCK_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    try:
+        yield proc
+    finally:
+        proc.communicate(timeout=10)  # closes its stdin: it exits, and the lock goes with it
+
+
+@pytest.fixture
+def env(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    monkeypatch.chdir(REPO)
+    for name in [n for n in os.environ if n.startswith("RAG__") or n.startswith("SIEVE_")]:
+        monkeypatch.delenv(name)
+    values = {
+        "RAG__STORE__PATH": str(store),
+        "RAG__EVALUATE__OUTPUT_DIR": str(tmp_path / "reports"),
+        "RAG__SERVER__PORT": "8010",
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    return values
+
+
+def held_message(store: Path, pid: int, command: str) -> str:
+    url = "http://127.0.0.1:8010"
+    token = ", with its rag.server.admin_token (in $SIEVE_TOKEN or this shell's settings)"
+    return (
+        f"error: the embedded store {store} is open in another process (pid {pid}), and it allows one "
+        f"process at a time. If that is `sieve serve`, ask it instead: --server {url} "
+        f"(or SIEVE_SERVER={url}){token if command == 'eval' else ''}; otherwise stop it, or share the store "
+        "through a Chroma server (rag.store.mode: http)\n"
+    )
+
+
+def no_models(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a model was loaded")
+
+
+@pytest.mark.parametrize("argv", [["query", "工资什么时候发"], ["eval"], ["eval", "--top-k", "3"]])
+def test_a_held_store_fails_before_any_model_loads(
+    argv: list[str],
+    env: dict[str, str],
+    store: Path,
+    holder: subprocess.Popen[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("app.service.load_embedder", no_models)
+    monkeypatch.setattr("app.service.load_reranker", no_models)
+    assert main(argv) == UNAVAILABLE
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", held_message(store, holder.pid, argv[0]))
+    assert (store / LOCK_FILE).read_text() == str(holder.pid)  # the check took nothing from the holder
+
+
+def test_commands_without_server_keep_the_store_message(
+    env: dict[str, str],
+    store: Path,
+    holder: subprocess.Popen[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("app.service.load_embedder", no_models)
+    assert main(["golden", "check"]) == UNAVAILABLE
+    _, err = capsys.readouterr()
+    assert err.startswith(f"error: the embedded store {store} is already open in another process (pid ")
+    assert "--server" not in err and err.count("\n") == 1
+
+
+def test_the_sieve_command_prints_that_one_line_and_nothing_else(
+    env: dict[str, str], store: Path, holder: subprocess.Popen[str]
+) -> None:
+    done = subprocess.run(
+        [str(SIEVE), "query", "工资什么时候发"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        UNAVAILABLE,
+        "",
+        held_message(store, holder.pid, "query"),
+    )
