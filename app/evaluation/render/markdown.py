@@ -98,8 +98,8 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     if comp is not None and comp.comparable and "ndcg" in comp.metrics:
         row = comp.metrics["ndcg"]
         against = (
-            f"nDCG{kl} {row.delta:+.3f} against the baseline (p {measures.fmt_p(row.p_value)}, "
-            f"{'significant' if row.significant else 'not significant'}); "
+            f"nDCG{kl} {row.delta:+.3f} against the baseline (p {measures.fmt_p(row.p_value)}, Holm "
+            f"{measures.fmt_p(row.p_holm)}: {'significant' if row.significant else 'not significant'}); "
             f"{len(comp.cases.fixed)} fixed, {len(comp.cases.broken)} broken"
         )
         if comp.unjudged is not None and comp.unjudged.new_unjudged:
