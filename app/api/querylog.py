@@ -44,6 +44,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.jsonl import encode_line
 from app.retrieval.types import SCORE_BM25, SCORE_DENSE, SCORE_FUSED, SCORE_RERANK, RetrievalResult
 from app.settings import QueryLogSettings
 
@@ -235,7 +236,7 @@ class QueryLog:
         lines = []
         for record in records:
             try:
-                lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+                lines.append(encode_line(record))
             except (TypeError, ValueError, UnicodeEncodeError) as exc:
                 log.error("query log: an entry could not be encoded, skipped: %s", exc)
                 self.write_errors += 1
