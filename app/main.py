@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import exit_codes
+from app.api.docs_ui import install_docs
 from app.api.errors import install_error_handlers
 from app.api.label import LabelDesk
 from app.api.label import router as label_router
@@ -80,8 +81,11 @@ def create_app(
         description="RAG retrieval through a traced RetrievalQualityFilter chain, with startup evaluation.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from the pinned package, no CDN
+        redoc_url=None,
     )
     app.state.sieve_state = state
+    install_docs(app)
     app.include_router(router)
     app.include_router(label_router)
     # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
