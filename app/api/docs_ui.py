@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
-from swagger_ui_bundle import swagger_ui_path
+from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
 
 DOCS_URL = "/docs"
 ASSETS_URL = "/docs/assets"
