@@ -22,10 +22,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import exit_codes
+from app.api.docs_ui import install_docs
 from app.api.errors import install_error_handlers
 from app.api.label import LabelDesk
 from app.api.label import router as label_router
-from app.api.limits import BodySizeLimit
+from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
 from app.api.routes import router
 from app.api.state import AppState
@@ -80,10 +81,15 @@ def create_app(
         description="RAG retrieval through a traced RetrievalQualityFilter chain, with startup evaluation.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from the pinned package, no CDN
+        redoc_url=None,
     )
     app.state.sieve_state = state
+    install_docs(app)
     app.include_router(router)
     app.include_router(label_router)
+    # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
+    app.add_middleware(JsonShapeLimit)
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     install_error_handlers(app)
     return app
@@ -118,6 +124,8 @@ def create_label_app(
     app.state.sieve_state = state
     app.state.label_desk = desk
     app.include_router(label_router)
+    # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
+    app.add_middleware(JsonShapeLimit)
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     install_error_handlers(app)
     return app

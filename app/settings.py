@@ -526,6 +526,10 @@ class QueryLogSettings(_Strict):
     max_age_days: float | None = Field(30.0, gt=0.0, allow_inf_nan=False)
     # entries waiting for the writer thread; one more is dropped (and counted), never waited for
     queue_size: int = Field(10_000, ge=1, le=1_000_000)
+    # the history no burst can push out: entries are accepted at most at the rate that fills the rotated
+    # files (max_files * max_bytes, or max_bytes with max_files 0) in this many hours, with a tenth of them
+    # as a burst allowance; an entry over that budget is dropped (and counted). None = no budget
+    keep_hours: float | None = Field(1.0, gt=0.0, le=8760.0, allow_inf_nan=False)
 
 
 class LlmSettings(_Strict):

@@ -3,7 +3,9 @@
 Every error body has the same shape, `{"error": "...", "fields": [{"field", "message"}]}` (`fields` when the
 problem is in the request), declared in the OpenAPI document by `app.api.schemas.ErrorResponse`:
 
-- request validation (pydantic), malformed JSON, a body that is not UTF-8 or is nested too deeply: 422;
+- request validation (pydantic), malformed JSON, a body that is not UTF-8 or is nested too deeply, a body
+  with an object or array larger than any request takes (`app.api.limits.JsonShapeLimit`): 422, with the
+  first `MAX_REPORTED_PROBLEMS` problems and their `count`;
 - `ApiError`: the status the route chose;
 - any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
 - the vector store unreachable: 503;
@@ -27,6 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.bounds import MAX_FIELD_NAME_CHARS, MAX_MESSAGE_CHARS, MAX_REPORTED_PROBLEMS
 from app.store import StoreUnavailableError
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ class ApiError(Exception):
         if isinstance(field, str):
             body["field"] = safe_text(field)
             body.setdefault("fields", [{"field": body["field"], "message": body["error"]}])
+        if self.status == 422:
+            body.setdefault("count", len(body.get("fields") or []) or 1)
         return body
 
 
@@ -64,13 +69,26 @@ def safe_text(text: str) -> str:
 
 
 def field_problem(field: str, message: str) -> dict[str, str]:
-    return {"field": safe_text(field), "message": safe_text(message)}
+    """One entry of a 422's `fields`; a field name or message over its bound is cut ("…" marks the cut)."""
+    return {
+        "field": _cut(safe_text(field), MAX_FIELD_NAME_CHARS),
+        "message": _cut(safe_text(message), MAX_MESSAGE_CHARS),
+    }
 
 
-def validation_response(problems: list[dict[str, str]]) -> JSONResponse:
-    """The 422 every invalid request gets: a one-line summary and the problems field by field."""
-    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-    return JSONResponse({"error": summary, "fields": problems}, status_code=422)
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def validation_response(problems: list[dict[str, str]], count: int | None = None) -> JSONResponse:
+    """The 422 every invalid request gets: a one-line summary, the first `MAX_REPORTED_PROBLEMS` problems
+    field by field, and `count`, how many there are (`len(problems)` unless given)."""
+    count = len(problems) if count is None else count
+    shown = problems[:MAX_REPORTED_PROBLEMS]
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in shown)
+    if count > len(shown):
+        summary += f"; and {count - len(shown)} more"
+    return JSONResponse({"error": summary, "fields": shown, "count": count}, status_code=422)
 
 
 def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -98,14 +116,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
         problems = []
-        for err in exc.errors():
+        for err in errors[:MAX_REPORTED_PROBLEMS]:
             field = _field_name(err.get("loc", ()))
             msg = err.get("msg", "invalid")
             if err.get("type") == "json_invalid":
                 field, msg = "body", f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
             problems.append(field_problem(field, msg))
-        return validation_response(problems)
+        return validation_response(problems, count=len(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

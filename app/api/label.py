@@ -23,12 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
+from fastapi import Path as FastApiPath
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
+from app.api.bounds import MAX_ID_CHARS, Id, Name
 from app.api.deps import require_admin, require_sieve, sieve_state
 from app.api.errors import ApiError
 from app.api.schemas import error_responses
@@ -39,7 +41,7 @@ from app.evaluation.golden.build.judgments import (
     JudgmentsError,
     latest_by_rater,
     make_judgment,
-    read_drafts,
+    read_drafts_lenient,
 )
 from app.evaluation.golden.build.pool import (
     BASELINE,
@@ -52,7 +54,7 @@ from app.evaluation.golden.build.pool import (
     build_pools,
     highlight,
     read_json,
-    read_queue,
+    read_queue_lenient,
     report_rankings,
     variant_settings,
 )
@@ -66,6 +68,8 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 admin = [Depends(require_admin)]
+# unreadable lines shown per file in the answers' `fileProblems` (all are skipped; the log names the first)
+MAX_SHOWN_PROBLEMS = 20
 
 # the page runs its own inline script and style, and talks to this server only
 PAGE_HEADERS = {
@@ -120,21 +124,45 @@ class LabelDesk:
         self._known: Any = None
         self.baseline_path: str | None = None  # the report the baseline variant came from
         self._lock = threading.Lock()
+        self._problems: dict[str, list[str]] = {}
+        self._problems_lock = threading.Lock()  # apart: `queued` reads the queue under `_lock` too
 
     # -- reading the files ---------------------------------------------------------------------------
 
+    def problems(self) -> list[str]:
+        """The lines of the drafts, queue and judgments files that could not be read the last time each
+        was (`file:line: problem`), at most `MAX_SHOWN_PROBLEMS` of each file."""
+        with self._problems_lock:
+            return [p for found in self._problems.values() for p in found[:MAX_SHOWN_PROBLEMS]]
+
+    def _note(self, kind: str, problems: list[str]) -> None:
+        with self._problems_lock:
+            before = self._problems.get(kind, [])
+            self._problems[kind] = problems
+        if problems and problems != before:
+            log.warning(
+                "label: %d line(s) of the %s file skipped, the others read; first: %s",
+                len(problems),
+                kind,
+                problems[0],
+            )
+
     def cases(self) -> list[LabelCase]:
-        """The golden set's cases, then the drafts not in it (a draft already in it was promoted)."""
+        """The golden set's cases, then the drafts not in it (a draft already in it was promoted). A drafts
+        line that is not a case is skipped and kept in `problems`."""
         golden = load_golden_set(self.files.golden_set)
         ids = {c.id for c in golden.cases}
-        drafts = [GoldenCase.model_validate(raw) for raw in read_drafts(self.files.drafts)]
+        drafts, problems = read_drafts_lenient(self.files.drafts)
+        self._note("drafts", problems)
         return [LabelCase(c, "draft" if c.draft else "golden") for c in golden.cases] + [
             LabelCase(c, "draft") for c in drafts if c.id not in ids
         ]
 
     def queued(self) -> dict[str, list[Ranked]]:
         out: dict[str, list[Ranked]] = {}
-        for entry in read_queue(self.files.queue):
+        entries, problems = read_queue_lenient(self.files.queue)
+        self._note("queue", problems)
+        for entry in entries:
             bucket = out.setdefault(entry.case_id, [])
             for ranked in entry.ids:
                 if ranked not in bucket:
@@ -197,8 +225,10 @@ class LabelDesk:
     # -- views ---------------------------------------------------------------------------------------
 
     def judgments_by_case(self) -> dict[str, list[Judgment]]:
+        judgments, problems = self.log.read()
+        self._note("judgments", problems)
         out: dict[str, list[Judgment]] = {}
-        for j in latest_by_rater(self.log.read()):
+        for j in latest_by_rater(judgments):
             out.setdefault(j.case_id, []).append(j)
         return out
 
@@ -381,7 +411,13 @@ def label_queue(request: Request, refresh: bool = False) -> JSONResponse:
             )
         )
     rows.sort(key=lambda row: row[0])
-    return JSONResponse({"cases": [row for _, row in rows], "baselineReport": desk.baseline_path})
+    return JSONResponse(
+        {
+            "cases": [row for _, row in rows],
+            "baselineReport": desk.baseline_path,
+            "fileProblems": desk.problems(),
+        }
+    )
 
 
 @router.get(
@@ -390,7 +426,9 @@ def label_queue(request: Request, refresh: bool = False) -> JSONResponse:
     dependencies=admin,
     responses=error_responses(401, 403, 404, 422, 500, 503),
 )
-def label_case(case_id: str, request: Request) -> JSONResponse:
+def label_case(
+    case_id: Annotated[str, FastApiPath(max_length=MAX_ID_CHARS)], request: Request
+) -> JSONResponse:
     """One case: its pool (each chunk with the variants that returned it and at which rank, its text as
     segments marking the query's BM25 terms, the golden set's judgment of it and each rater's latest one),
     the chunks the golden set does not judge first, and the raters' "no answer" marks."""
@@ -398,7 +436,8 @@ def label_case(case_id: str, request: Request) -> JSONResponse:
     desk = label_desk(request)
     found = _find(desk, case_id)
     pool = _pools(desk, sieve, [found])[found.case.id]
-    return JSONResponse(desk.case_view(sieve, found, pool, _judgments(desk).get(found.case.id, [])))
+    view = desk.case_view(sieve, found, pool, _judgments(desk).get(found.case.id, []))
+    return JSONResponse({**view, "fileProblems": desk.problems()})
 
 
 def _find(desk: LabelDesk, case_id: str, field: str = "case_id") -> LabelCase:
@@ -414,11 +453,11 @@ class JudgmentRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    caseId: str = Field(min_length=1, max_length=1000)
-    id: str | None = Field(None, min_length=1, max_length=1000)
+    caseId: Id
+    id: Id | None = None
     grade: Literal[0, 1, 2, 3] | None = None
     label: Literal["forbidden", "noAnswer"] | None = None
-    who: str = Field(min_length=1, max_length=100, pattern=r"\S")
+    who: Name
 
 
 @router.post(
@@ -449,14 +488,18 @@ def add_judgment(body: JudgmentRequest, request: Request) -> JSONResponse:
             if body.id not in stored:
                 raise ApiError(422, f"id: no chunk {body.id!r} in the index", field="id")
             doc_id = str(stored[body.id or ""].metadata.get("doc_id", ""))
-    judgment = make_judgment(
-        found.case.id,
-        found.case.query,
-        None if body.label == NO_ANSWER else body.id,
-        doc_id,
-        grade=body.grade,
-        label=body.label,
-        who=body.who.strip(),
-    )
-    desk.log.append(judgment)
-    return JSONResponse(desk.case_view(sieve, found, pool, _judgments(desk).get(found.case.id, [])))
+    try:
+        judgment = make_judgment(
+            found.case.id,
+            found.case.query,
+            None if body.label == NO_ANSWER else body.id,
+            doc_id,
+            grade=body.grade,
+            label=body.label,
+            who=body.who.strip(),
+        )
+        desk.log.append(judgment)  # checks that the line reads back before writing it
+    except ValueError as exc:
+        raise ApiError(422, f"the judgment cannot be stored: {exc}") from None
+    view = desk.case_view(sieve, found, pool, _judgments(desk).get(found.case.id, []))
+    return JSONResponse({**view, "fileProblems": desk.problems()})

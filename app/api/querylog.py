@@ -13,9 +13,18 @@ A record, one line of UTF-8 JSON (`query_record`):
   abstained     true when no document was returned
   latencyMs     the chain's time for the query (the response's latencyMs)
 
-Writing: `QueryLog.submit` puts a record on a bounded queue and returns at once: a full queue drops the record
-and counts it in `dropped`, so a request never waits for the disk. One daemon thread writes what is queued, in
-order, and is flushed and stopped by `close` (the server's shutdown).
+Every field a client sends is bounded before it gets here (`app.api.bounds`: the query by
+rag.retrieval.max_query_chars, the tag by MAX_TAG_CHARS), so a record is a few kilobytes at most.
+
+Writing: `QueryLog.submit` encodes a record (`app.jsonl.encode_line`), puts it on a bounded queue and returns
+at once, so a request never waits for the disk. A record is dropped, and counted in `dropped`, when the queue
+is full (`dropped_queue_full`) or when it is over the byte budget (`dropped_over_budget`): with
+`keep_hours` set, a token bucket lets through at most `capacity * 0.9 / keep_hours` bytes an hour plus a burst
+of `capacity * 0.1`, where capacity is what the rotated files hold (max_files * max_bytes; max_bytes with
+max_files 0). So no burst of requests, however fast or large, writes more than the rotated files hold in
+keep_hours hours: the history of the last keep_hours hours stays on disk (entries older than that may be
+rotated out). One daemon thread writes what is queued, in order, and is flushed and stopped by `close` (the
+server's shutdown).
 
 Files: the current file is `path`; rotated files are `path.1` (the newest) to `path.<max_files>` (the oldest).
 Every file is created with mode 0600 (query text can be sensitive) and the current file is set to 0600 when
@@ -44,6 +53,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.jsonl import encode_line
 from app.retrieval.types import SCORE_BM25, SCORE_DENSE, SCORE_FUSED, SCORE_RERANK, RetrievalResult
 from app.settings import QueryLogSettings
 
@@ -57,6 +67,8 @@ PRUNE_EVERY_S = 600.0
 IDLE_WAKE_S = 0.25
 # records written with one write call at most
 WRITE_BATCH = 256
+# of the byte budget's capacity, the part that may come at once; the rest comes at the steady rate
+BURST_SHARE = 0.1
 # the scores that can have ordered a returned list, the one applied last first
 ORDER_KEYS = (SCORE_RERANK, SCORE_FUSED, SCORE_DENSE, SCORE_BM25)
 READ_BLOCK = 64 * 1024
@@ -70,6 +82,41 @@ class QueryLogParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     limit: int = Field(100, ge=1, le=1000, description="how many entries, the newest first")
+
+
+class ByteBudget:
+    """A token bucket over bytes: `take(n)` is True while the bytes taken stay within `burst` plus `rate`
+    bytes a second since the start (thread-safe)."""
+
+    def __init__(self, rate: float, burst: float, monotonic: Callable[[], float] = time.monotonic):
+        self.rate = rate
+        self.burst = burst
+        self.monotonic = monotonic
+        self._tokens = burst
+        self._last = monotonic()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_settings(
+        cls, settings: QueryLogSettings, monotonic: Callable[[], float] = time.monotonic
+    ) -> ByteBudget | None:
+        """The budget that keeps `settings.keep_hours` of history in the rotated files, or None (no
+        keep_hours)."""
+        if settings.keep_hours is None:
+            return None
+        capacity = settings.max_bytes * max(settings.max_files, 1)
+        rate = capacity * (1.0 - BURST_SHARE) / (settings.keep_hours * 3600.0)
+        return cls(rate, capacity * BURST_SHARE, monotonic)
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            now = self.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if size > self._tokens:
+                return False
+            self._tokens -= size
+            return True
 
 
 def utc_timestamp(moment: datetime) -> str:
@@ -112,14 +159,19 @@ class QueryLog:
         settings: QueryLogSettings,
         clock: Callable[[], float] = time.time,
         prune_every_s: float = PRUNE_EVERY_S,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
-        """`clock`: seconds since the epoch, for the age limit (tests pass their own)."""
+        """`clock`: seconds since the epoch, for the age limit; `monotonic`: seconds, for the byte budget
+        (tests pass their own)."""
         self.settings = settings
         self.path = Path(settings.path)
         self.clock = clock
+        self.monotonic = monotonic
         self.prune_every_s = prune_every_s
-        self.dropped = 0  # records not logged because the queue was full (or the log was closed)
+        self.dropped_queue_full = 0  # records not logged because the queue was full (or the log was closed)
+        self.dropped_over_budget = 0  # records not logged because they were over the byte budget
         self.write_errors = 0  # records lost to a failed write
+        self.budget = ByteBudget.for_settings(settings, monotonic)
         self._queue: queue.Queue[object] = queue.Queue(maxsize=settings.queue_size)
         self._file_lock = threading.Lock()  # the files: the writer's writes, rotations and prunes; reads
         self._fd: int | None = None
@@ -134,14 +186,38 @@ class QueryLog:
 
     # -- the request side ------------------------------------------------------------------------------
 
+    @property
+    def dropped(self) -> int:
+        """Records not logged: the queue full, the log closed, or over the byte budget."""
+        return self.dropped_queue_full + self.dropped_over_budget
+
     def submit(self, record: dict[str, Any]) -> bool:
-        """Queue `record` for the writer; False (and `dropped` + 1) when the queue is full or the log is
-        closed. Never blocks."""
+        """Queue `record` for the writer; False (and `dropped` + 1) when it cannot be encoded, is over the
+        byte budget, or the queue is full or the log closed. Never blocks."""
         if self._closing.is_set():
             self._count_drop()
             return False
         try:
-            self._queue.put_nowait(record)
+            line = encode_line(record)
+        except (TypeError, ValueError) as exc:
+            log.error("query log: an entry could not be encoded, skipped: %s", exc)
+            with self._counts:
+                self.write_errors += 1
+            return False
+        if self.budget is not None and not self.budget.take(len(line)):
+            with self._counts:
+                self.dropped_over_budget += 1
+                first = self.dropped_over_budget == 1
+            if first:
+                log.warning(
+                    "query log: entries come faster than rag.querylog.keep_hours=%s allows (%.0f bytes/s); "
+                    "those over the budget are dropped (counted; GET /api/querylog shows how many)",
+                    self.settings.keep_hours,
+                    self.budget.rate,
+                )
+            return False
+        try:
+            self._queue.put_nowait(line)
         except queue.Full:
             self._count_drop()
             if not self._warned_full:
@@ -158,7 +234,7 @@ class QueryLog:
 
     def _count_drop(self) -> None:
         with self._counts:
-            self.dropped += 1
+            self.dropped_queue_full += 1
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -188,8 +264,10 @@ class QueryLog:
                 self._close_file()
         if self.dropped or self.write_errors:
             log.warning(
-                "query log: %d entries dropped (queue full), %d lost to write errors",
-                self.dropped,
+                "query log: %d entries dropped (queue full), %d over the byte budget, %d lost to write "
+                "errors",
+                self.dropped_queue_full,
+                self.dropped_over_budget,
                 self.write_errors,
             )
         return finished
@@ -232,13 +310,7 @@ class QueryLog:
             self._prune_if_due()
 
     def _write(self, records: list[object]) -> None:
-        lines = []
-        for record in records:
-            try:
-                lines.append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-            except (TypeError, ValueError, UnicodeEncodeError) as exc:
-                log.error("query log: an entry could not be encoded, skipped: %s", exc)
-                self.write_errors += 1
+        lines = [r for r in records if isinstance(r, bytes)]  # encoded by `submit`
         with self._file_lock:
             for line in lines:
                 try:

@@ -333,7 +333,8 @@ def query_log(request: Request, params: Annotated[QueryLogParams, Query()]) -> J
     users' query text).
 
     `enabled` says whether this server logs queries now (rag.querylog.enabled); entries written before are
-    read either way. `dropped`: entries this server did not log because the writer's queue was full."""
+    read either way. `dropped`: entries this server did not log, `droppedBy` says why: `queueFull` (the
+    writer's queue was full) or `overBudget` (more bytes than rag.querylog.keep_hours allows)."""
     state = sieve_state(request)
     querylog = state.querylog
     if querylog is not None:
@@ -345,6 +346,10 @@ def query_log(request: Request, params: Annotated[QueryLogParams, Query()]) -> J
         {
             "enabled": querylog is not None,
             "dropped": querylog.dropped if querylog is not None else 0,
+            "droppedBy": {
+                "queueFull": querylog.dropped_queue_full if querylog is not None else 0,
+                "overBudget": querylog.dropped_over_budget if querylog is not None else 0,
+            },
             "entries": entries,
         }
     )

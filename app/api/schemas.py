@@ -5,10 +5,9 @@ The CLI's `--json` prints these too.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -18,22 +17,20 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from app.api.bounds import (
+    MAX_DOCUMENTS,
+    MAX_METADATA_FIELDS,
+    MAX_REPORTED_PROBLEMS,
+    Id,
+    Tag,
+    Text,
+    Title,
+    metadata_problem,
+)
 from app.api.errors import safe_text
 from app.evaluation.report.model import RemovedItem
 from app.retrieval.types import Candidate, RetrievalResult
 from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
-
-
-def _valid_unicode(value: str) -> str:
-    problem = unicode_problem(value)
-    if problem:
-        raise PydanticCustomError("invalid_unicode", "{problem}", {"problem": problem})
-    return value
-
-
-# A string that can be encoded as UTF-8: JSON lets a "\\ud800" escape through as a lone surrogate, which the
-# tokenizer, Chroma and the response encoder would all fail on later.
-Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class RetrieveRequest(BaseModel):
@@ -44,7 +41,9 @@ class RetrieveRequest(BaseModel):
     topK: int | None = Field(
         None, ge=1, le=100, description="how many documents; default rag.retrieval.top_k"
     )
-    knowledgeTag: Text | None = Field(None, description="only chunks with this `knowledge` metadata")
+    knowledgeTag: Tag | None = Field(
+        None, description="only chunks with this `knowledge` metadata; at most MAX_TAG_CHARS (256) characters"
+    )
     debug: bool = Field(False, description="add every removed id with its reason to each stage")
 
     @field_validator("query")
@@ -111,12 +110,13 @@ class RetrieveResponse(BaseModel):
 
 class DocumentIn(BaseModel):
     """A document; every other key is scalar metadata. Metadata keys must be non-empty and not reserved by the
-    store (see `app.store.metadata_key_problem`); strings anywhere must be valid Unicode."""
+    store (see `app.store.metadata_key_problem`); strings anywhere must be valid Unicode. Bounds:
+    `app.api.bounds` (the text's is rag.ingest.max_document_chars)."""
 
     model_config = ConfigDict(extra="allow")
 
-    id: Text = Field(..., min_length=1)
-    title: Text = ""
+    id: Id
+    title: Title = ""
     text: Text = Field(..., min_length=1)
 
     @model_validator(mode="before")
@@ -136,9 +136,17 @@ class DocumentIn(BaseModel):
 
     @model_validator(mode="after")
     def _valid_metadata(self) -> DocumentIn:
+        extra = self.model_extra or {}
+        if len(extra) > MAX_METADATA_FIELDS:
+            raise ValidationError.from_exception_data(
+                "DocumentIn",
+                [_problem(f"{len(extra)} metadata fields, more than {MAX_METADATA_FIELDS}", (), None)],
+            )
         problems = []
-        for key, value in (self.model_extra or {}).items():
-            problem = metadata_key_problem(key) or metadata_value_problem(value)
+        for key, value in extra.items():
+            problem = (
+                metadata_problem(key, value) or metadata_key_problem(key) or metadata_value_problem(value)
+            )
             if problem:
                 problems.append(_problem(problem, (key,), value))
         if problems:
@@ -150,7 +158,7 @@ class DocumentIn(BaseModel):
 class DocumentsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    documents: list[DocumentIn] = Field(..., min_length=1, max_length=10_000)
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> DocumentsRequest:
@@ -202,7 +210,12 @@ class ErrorResponse(BaseModel):
     """The body of every error answer."""
 
     error: str = Field(..., description="what went wrong, in one line")
-    fields: list[FieldProblem] | None = Field(None, description="the request fields at fault (422)")
+    fields: list[FieldProblem] | None = Field(
+        None, description=f"the request fields at fault (422), the first {MAX_REPORTED_PROBLEMS}"
+    )
+    count: int | None = Field(
+        None, description="422: how many problems the request has (`fields` shows some)"
+    )
     field: str | None = Field(None, description="the first of `fields` (kept for older clients)")
     requestId: str | None = Field(None, description="500 only: the id the traceback is logged under")
 
@@ -221,7 +234,8 @@ ERROR_DESCRIPTIONS = {
     404: "no such resource",
     409: "another write or evaluation is running",
     413: "the request body is larger than rag.server.max_body_bytes",
-    422: "invalid request: `fields` names every field at fault",
+    422: f"invalid request: `fields` names the fields at fault (the first {MAX_REPORTED_PROBLEMS}), `count` "
+    "how many there are",
     500: "internal error: the traceback is logged under `requestId`",
     503: "not ready yet, or the vector store is unreachable",
 }

@@ -422,7 +422,7 @@ def _label(args: argparse.Namespace) -> int:
     desk = LabelDesk(files)
     try:  # bad files fail here, before the models load
         desk.cases()
-        judged_before = len(desk.log.read())
+        judged_before = len(desk.log.read()[0])
         desk.queued()
     except (GoldenSetError, JudgmentsError, QueueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -430,7 +430,7 @@ def _label(args: argparse.Namespace) -> int:
     print(f"golden set {files.golden_set}; drafts {files.drafts}; judgments appended to {files.judgments}")
     code = _serve_label(settings, desk, args.host, args.port, token)
     try:
-        judged = len(desk.log.read())
+        judged = len(desk.log.read()[0])
     except JudgmentsError:  # edited by hand meanwhile: `sieve golden export` will name the line
         return code
     print(change_line(files.judgments, judged != judged_before, judged_before, judged, "judgment"))

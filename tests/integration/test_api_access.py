@@ -180,6 +180,7 @@ def test_a_document_over_max_document_chars_is_422_naming_it(sieve: Sieve, tmp_p
                 "rag.ingest.max_document_chars=100",
             }
         ],
+        "count": 1,
     }
     assert sieve.store.count() == before  # the good document in the same request was not written either
 

@@ -123,7 +123,7 @@ def post_json(client: TestClient, path: str, raw: str | bytes) -> Any:
 def assert_422(response: Any, field: str, message: str) -> dict[str, Any]:
     assert response.status_code == 422, response.text
     body = response.json()
-    assert set(body) <= {"error", "fields", "field"}
+    assert set(body) <= {"error", "fields", "field", "count"}
     assert isinstance(body["error"], str) and body["error"]
     fields = body["fields"]
     assert all(set(p) == {"field", "message"} for p in fields)

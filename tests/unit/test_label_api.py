@@ -215,10 +215,14 @@ def test_an_unknown_case_is_404(client: TestClient) -> None:
     assert client.get("/api/label/cases/%00%ff", headers=ADMIN).status_code == 404
 
 
-def test_broken_files_are_422_naming_the_file_and_line(client: TestClient, tmp_path: Path) -> None:
+def test_a_bad_judgments_line_is_named_and_the_others_still_count(client: TestClient, tmp_path: Path) -> None:
     (tmp_path / "judgments.jsonl").write_text('{"caseId": "pay"}\n')
     answer = client.get("/api/label/cases/pay", headers=ADMIN)
-    assert answer.status_code == 422 and f"{tmp_path / 'judgments.jsonl'}:1" in answer.json()["error"]
+    assert answer.status_code == 200
+    assert [p.split(": ")[0] for p in answer.json()["fileProblems"]] == [f"{tmp_path / 'judgments.jsonl'}:1"]
+
+
+def test_a_broken_golden_set_is_422_naming_the_file(client: TestClient, tmp_path: Path) -> None:
     (tmp_path / "golden.json").write_text("{")
     answer = client.get("/api/label/queue", headers=ADMIN)
     assert answer.status_code == 422 and "golden.json" in answer.json()["error"]

@@ -512,7 +512,8 @@ def test_appends_from_threads_never_interleave(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    read = log.read()
+    read, problems = log.read()
+    assert problems == []
     assert len(read) == 4 * 25
     assert {(x.who, x.id) for x in read} == {(f"r{n}", f"d{n}#{i}") for n in range(4) for i in range(25)}
 

@@ -31,6 +31,7 @@ from app.evaluation.golden.build.pool import (
     queue_from_report,
     queue_report_file,
     read_queue,
+    read_queue_lenient,
     report_rankings,
     resolve_queued,
     unjudged_keys,
@@ -315,11 +316,13 @@ def test_the_queue_file_round_trips_and_is_replaced(tmp_path: Path) -> None:
     assert line["from"] == "r.json" and line["queuedAt"].endswith("Z")
 
 
-def test_a_bad_queue_line_is_named(tmp_path: Path) -> None:
+def test_a_bad_queue_line_is_named_and_the_others_still_read(tmp_path: Path) -> None:
     path = tmp_path / "queue.jsonl"
     path.write_text('{"caseId": "c1", "ids": []}\n{"caseId": "c2"}\n')
-    with pytest.raises(QueueError, match="queue.jsonl:2: not a queue entry"):
-        read_queue(path)
+    entries, problems = read_queue_lenient(path)
+    assert [e.case_id for e in entries] == ["c1"]
+    assert len(problems) == 1 and "queue.jsonl:2: not a queue entry" in problems[0]
+    assert [e.case_id for e in read_queue(path)] == ["c1"]
     assert read_queue(tmp_path / "missing.jsonl") == []
 
 

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.api.querylog import QueryLog, log_files, query_record, read_newest, utc_timestamp
+from app.api.querylog import ByteBudget, QueryLog, log_files, query_record, read_newest, utc_timestamp
 from app.main import AppState, create_app
 from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
 from app.settings import QueryLogSettings, load_settings, merge, nested
@@ -39,6 +39,7 @@ def record(i: int, moment: datetime = T0, line_bytes: int = LINE_BYTES) -> dict[
 
 
 def settings(tmp_path: Path, **values: Any) -> QueryLogSettings:
+    values.setdefault("keep_hours", None)  # the byte budget has tests of its own
     return QueryLogSettings(enabled=True, path=str(tmp_path / "log" / "queries.jsonl"), **values)
 
 
@@ -257,6 +258,32 @@ def test_a_full_queue_drops_and_counts_instead_of_waiting(tmp_path: Path) -> Non
     assert numbers(querylog.path) == [0, 1]
 
 
+def test_a_burst_over_the_byte_budget_is_dropped_and_counted_and_the_history_stays(tmp_path: Path) -> None:
+    # capacity 4 x 2048 bytes; keep_hours 1: a burst of 819 bytes, then 8192 * 0.9 bytes an hour
+    now = [0.0]
+    querylog = QueryLog(
+        settings(tmp_path, max_bytes=2048, max_files=4, keep_hours=1.0), monotonic=lambda: now[0]
+    )
+    with running(querylog):
+        accepted = [querylog.submit(record(i, line_bytes=200)) for i in range(10)]
+        assert accepted == [True] * 4 + [False] * 6  # 4 x 200 <= 819 < 5 x 200
+        assert (querylog.dropped, querylog.dropped_over_budget, querylog.dropped_queue_full) == (6, 6, 0)
+        now[0] += 3600.0 * 200 / (8192 * 0.9)  # the steady rate brings back room for one more line
+        assert querylog.submit(record(10, line_bytes=200)) is True
+        assert querylog.wait_written(5.0)
+    assert numbers(querylog.path) == [0, 1, 2, 3, 10]
+
+
+def test_the_budget_lets_through_what_the_rotated_files_hold_in_keep_hours() -> None:
+    budget = ByteBudget.for_settings(
+        QueryLogSettings(max_bytes=10 * 1024 * 1024, max_files=4, keep_hours=2.0)
+    )
+    assert budget is not None
+    capacity = 4 * 10 * 1024 * 1024
+    assert budget.burst + budget.rate * 2 * 3600 == pytest.approx(capacity)
+    assert ByteBudget.for_settings(QueryLogSettings(keep_hours=None)) is None
+
+
 def test_after_close_records_are_dropped(tmp_path: Path) -> None:
     querylog = QueryLog(settings(tmp_path))
     with running(querylog):
@@ -412,5 +439,10 @@ def test_disabled_nothing_is_written(tmp_path: Path) -> None:
     with client_for(tmp_path, enabled=False, admin=ADMIN_TOKEN) as client:
         assert client.post("/api/retrieve", json={"query": "vpn"}).status_code == 200
         body = client.get("/api/querylog", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
-    assert body == {"enabled": False, "dropped": 0, "entries": []}
+    assert body == {
+        "enabled": False,
+        "dropped": 0,
+        "droppedBy": {"queueFull": 0, "overBudget": 0},
+        "entries": [],
+    }
     assert not (tmp_path / "ql").exists()

@@ -8,7 +8,7 @@ from datetime import date
 from app.evaluation.compare.comparison import compare_reports
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.html import render_html
-from app.evaluation.render.markdown import comparison_markdown, render_markdown
+from app.evaluation.render.markdown import comparison_markdown, md_text, render_markdown
 from app.evaluation.report.model import Report
 from app.evaluation.run.build import build_report
 from app.evaluation.run.runner import evaluate
@@ -98,3 +98,28 @@ def test_unscorable_stale_and_dated_cases_are_said_where_a_reader_looks() -> Non
         '<b class="warn">unscorable</b>: every expectation it names is a chunk id not in the index: c9'
         in html
     )
+
+
+def test_ids_queries_and_tags_are_escaped_and_the_file_stays_text() -> None:
+    golden = GoldenSet(
+        "t",
+        [
+            GoldenCase.model_validate(
+                {
+                    "id": "<script>alert(1)</script>",
+                    "query": "pay|day\x00 & <b>bold</b>\u2028next",
+                    "knowledgeTag": "hr",
+                    "expectedDocIds": ["A", "Z\x00<img src=x>"],
+                }
+            )
+        ],
+        "golden.json",
+    )
+    md = render_markdown(build_report(evaluate(FakeChain(), golden, 3, KNOWN), {}), case_detail=True)
+    assert "<script>" not in md and "<b>" not in md and "<img" not in md
+    assert "### &lt;script&gt;alert(1)&lt;/script&gt;" in md
+    assert "- Query: pay|day\\u0000 & &lt;b&gt;bold&lt;/b&gt;\\u2028next" in md
+    assert md_text("hr\x1b[31m<i>") == "hr\\u001b[31m&lt;i&gt;"  # a tag goes through the same escape
+    assert not any(c in md for c in "\x00\x1b\u2028\u2029\x85")  # grep and a terminal see plain text
+    row = next(line for line in md.splitlines() if line.startswith("| &lt;script&gt;"))
+    assert "pay\\|day" in row  # a | in a cell is escaped

@@ -27,6 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from app.jsonl import split_lines
+
 MAX_REPORTED_ERRORS = 20
 
 RelevanceKey = Literal["doc", "chunk", "source"]
@@ -409,9 +411,7 @@ def _unreadable_json(where: str, exc: ValueError | RecursionError) -> str:
 
 def _split_jsonl(path: str, text: str) -> list[_RawCase]:
     raw: list[_RawCase] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in split_lines(text):
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -451,7 +451,7 @@ def _deepest_line(text: str) -> int:
 
 
 def _looks_like_jsonl(text: str) -> bool:
-    first = next((line for line in text.splitlines() if line.strip()), "")
+    first = next((line for _, line in split_lines(text)), "")
     try:
         return isinstance(json.loads(first), dict)
     except (ValueError, RecursionError):

@@ -1,8 +1,16 @@
 """The report as Markdown, read from the typed `Report`. A report read back from its file
-(`Report.model_validate_json`) renders the same."""
+(`Report.model_validate_json`) renders the same.
+
+Text from the golden set, the index or a client (case ids, queries, tags, notes, document ids, sources,
+titles, snippets, reasons) goes through `md_text`: a `<`, `>` or `&` that could open or close a tag, a
+comment or an entity becomes an entity (`<script>` reads `&lt;script&gt;`), so no id becomes HTML in a
+Markdown viewer, and control characters, line separators and lone surrogates become visible `\u0000`-style
+escapes, so the file stays one readable text in a terminal (`grep` never calls it binary). In table cells
+`_cell` also escapes `|`."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
@@ -68,7 +76,7 @@ def render_markdown(report: Report, case_detail: bool = False) -> str:
         lines += audit[1:] if audit[0] == "" else audit
         lines.append("")
     if report.warnings:
-        lines += ["## Warnings", ""] + [f"- {w}" for w in report.warnings] + [""]
+        lines += ["## Warnings", ""] + [f"- {md_text(w)}" for w in report.warnings] + [""]
     lines += ["## Cases", ""]
     if case_detail:
         for c in report.cases:
@@ -230,7 +238,7 @@ def _case_changes_markdown(comp: Comparison) -> list[str]:
     for title, ids in (
         ("Fixed (hit 0 → 1)", cases.fixed),
         ("Broken (hit 1 → 0)", cases.broken),
-        ("Worsened (nDCG dropped)", [x.id for x in cases.worsened]),
+        ("Worsened (nDCG dropped)", [md_text(x.id) for x in cases.worsened]),
     ):
         out += [f"{title}: {len(ids)}", ""]
         if ids:
@@ -246,14 +254,14 @@ def _case_changes_markdown(comp: Comparison) -> list[str]:
     if moved:
         out += [
             "nDCG changed: "
-            + ", ".join(f"{x.id} {x.delta:+.3f}" for x in moved)
+            + ", ".join(f"{md_text(x.id)} {x.delta:+.3f}" for x in moved)
             + f" ({len(cases.improved)} improved, {len(cases.worsened)} worsened).",
             "",
         ]
     if cases.broken_by_relabelling:
         out += [
             "Broken by relabelling (the baseline's hit is no longer judged relevant; not a regression): "
-            f"{', '.join(cases.broken_by_relabelling)}.",
+            f"{_ids(cases.broken_by_relabelling)}.",
             "",
         ]
     return out
@@ -387,13 +395,14 @@ def _segment_comparison_markdown(comp: Comparison, kl: str) -> list[str]:
 
 def _detail_row(case_id: str, d: CaseDetail | None, fixed: bool) -> str:
     if d is None:
-        return f"| {case_id} |  | (nothing) | (nothing) | - | - |"
+        return f"| {_cell(case_id, None)} |  | (nothing) | (nothing) | - | - |"
     before = _ids_with_scores(d.before, d.before_fused)
     now = _ids_with_scores(d.now, d.now_fused)
     new_text = f"{len(d.new_in_top_k)} ({len(d.new_unjudged)} unjudged)"
     verdict = "-" if fixed else (d.why or "verified")
     verdict_cell = _cell(verdict, None)  # the verdict names doc ids: never cut
-    return f"| {case_id} | {_cell(d.query or '')} | {before} | {now} | {new_text} | {verdict_cell} |"
+    case = _cell(case_id, None)
+    return f"| {case} | {_cell(d.query or '')} | {before} | {now} | {new_text} | {verdict_cell} |"
 
 
 def _ids_with_scores(ids: list[str], fused: list[float | None]) -> str:
@@ -407,7 +416,8 @@ def _ranked_text(docs: list[RankedDocument]) -> str:
     their ranks in the candidate lists, "(nothing)" for none."""
     return (
         ", ".join(
-            f"{d.doc_id} ({_f(d.scores.get('fused'))}{_prefixed('; ', ranks_text(d.ranks))})" for d in docs
+            f"{md_text(d.doc_id)} ({_f(d.scores.get('fused'))}{_prefixed('; ', ranks_text(d.ranks))})"
+            for d in docs
         )
         or "(nothing)"
     )
@@ -434,7 +444,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     lines = ["## Worst cases", ""]
     if s.failed_case_ids:
         lines += [
-            f"{len(s.failed_case_ids)} case(s) with recall < 1 or an error: {', '.join(s.failed_case_ids)}. "
+            f"{len(s.failed_case_ids)} case(s) with recall < 1 or an error: {_ids(s.failed_case_ids)}. "
             f"The worst {WORST_CASES} are below; each document with its fused score (the order) and its "
             "ranks in the candidate lists (dense and BM25 search, after fusion, after rerank).",
             "",
@@ -449,7 +459,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         ]
         for c in worst:
             got = _ranked_text(c.ranked_documents[:3])
-            lost = "; ".join(f"{x.id}: {loss_text(x, c.top_k)}" for x in c.lost) or "-"
+            lost = "; ".join(f"{md_text(x.id)}: {loss_text(x, c.top_k)}" for x in c.lost) or "-"
             if c.unscorable:
                 lost = "; ".join(f"{i}: NOT_IN_INDEX" for i in c.missing_from_index)
             if c.metrics:
@@ -459,7 +469,8 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
             else:
                 nd = c.status
             lines.append(
-                f"| {c.id} | {_cell(c.query)} | {nd} | {', '.join(c.expected) or '-'} | "
+                f"| {_cell(c.id, None)} | {_cell(c.query)} | {nd} | "
+                f"{_cell(', '.join(c.expected), None) or '-'} | "
                 f"{got} | {_cell(lost or '-', None)} |"
             )
         lines += _risk_lines(worst)
@@ -530,7 +541,7 @@ def _unscorable_note(s: Summary) -> str:
         return ""
     note = " (chunk ids among them are left out of every figure"
     if s.unscorable_case_ids:
-        note += f"; unscorable, every expectation stale: {', '.join(s.unscorable_case_ids)}"
+        note += f"; unscorable, every expectation stale: {_ids(s.unscorable_case_ids)}"
     return note + ")"
 
 
@@ -553,7 +564,7 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
     if ev.get("cases"):
         lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
         stale = ev.get("unscorable") or []
-        not_scored = f"; not scored, no group whole in the index: {', '.join(stale)}" if stale else ""
+        not_scored = f"; not scored, no group whole in the index: {_ids(stale)}" if stale else ""
         rows.append(
             f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
             f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}{not_scored}) |"
@@ -699,7 +710,8 @@ def _segments_markdown(report: Report) -> list[str]:
             ]
             for g in spread:
                 out.append(
-                    f"| {g.name} | {', '.join(g.cases)} | {_f(g.hit_rate)} | {_f(g.ndcg_min)} | "
+                    f"| {_cell(g.name, None)} | {_cell(', '.join(g.cases), None)} | {_f(g.hit_rate)} | "
+                    f"{_f(g.ndcg_min)} | "
                     f"{_f(g.ndcg_max)} | {_f(g.spread)} | {'yes' if g.same_top1 else 'no'} |"
                 )
             out.append("")
@@ -707,16 +719,16 @@ def _segments_markdown(report: Report) -> list[str]:
 
 
 def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
-    out = [f"### {c.id}", "", f"- Query: {c.query}"]
+    out = [f"### {md_text(c.id)}", "", f"- Query: {md_text(c.query)}"]
     if c.knowledge_tag:
-        out.append(f"- Knowledge tag: {c.knowledge_tag}")
+        out.append(f"- Knowledge tag: {md_text(c.knowledge_tag)}")
     out.append(f"- topK: {c.top_k}")
     if c.note:
-        out.append(f"- Note: {c.note}")
+        out.append(f"- Note: {md_text(c.note)}")
     if c.expect_no_answer:
         out.append(f"- Expected: no answer (abstained: {'yes' if c.abstained else 'no'})")
     else:
-        exp = ", ".join(f"{k} ({v:g})" for k, v in c.expected.items())
+        exp = ", ".join(f"{md_text(k)} ({v:g})" for k, v in c.expected.items())
         out.append(f"- Expected ({c.match_on}): {exp}")
         if c.alternatives:
             out.append(
@@ -725,17 +737,17 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     if c.as_of and c.as_of != run_as_of:
         out.append(f"- As of: {c.as_of} (its own asOf)")
     if c.missing_from_index:
-        out.append(f"- Not in the index: {', '.join(c.missing_from_index)}")
+        out.append(f"- Not in the index: {_ids(c.missing_from_index)}")
     if c.unscorable:
         out += ["", f"**Not scored:** {c.unscorable}.", ""]
     if c.forbidden_doc_ids:
-        found = ", ".join(c.forbidden_found) or "none found"
-        out.append(f"- Forbidden: {', '.join(c.forbidden_doc_ids)} ({found})")
+        found = _ids(c.forbidden_found) or "none found"
+        out.append(f"- Forbidden: {_ids(c.forbidden_doc_ids)} ({found})")
     if c.error:
         out += ["", f"**Failed:** `{c.error}`", ""]
         return out
     if c.group:
-        out.append(f"- Group: {c.group}")
+        out.append(f"- Group: {md_text(c.group)}")
     out.append(
         f"- Found {c.hit_count} of {c.expected_count} expected; first hit at rank "
         f"{c.first_hit_rank or '-'}; {c.final_count} returned of {c.original_count} candidates"
@@ -777,12 +789,12 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
                 str(r) if r is not None else "-" for r in (rk.dense, rk.bm25, rk.fused, rk.rerank)
             )
             out.append(
-                f"| {d.rank} | {d.doc_id} | {d.source} | {_cell(d.title)} | "
+                f"| {d.rank} | {_cell(d.doc_id, None)} | {_cell(d.source, None)} | {_cell(d.title)} | "
                 f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
                 f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {places} | "
                 f"{'yes' if d.matched else 'no'} | "
-                f"{d.reason} | {_cell(d.snippet, 200)}"
-                + (f" (+ attached {', '.join(d.attached)})" if d.attached else "")
+                f"{_cell(d.reason, None)} | {_cell(d.snippet, 200)}"
+                + (f" (+ attached {_ids(d.attached)})" if d.attached else "")
                 + " |"
             )
     else:
@@ -792,7 +804,7 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
 
 
 def _losses(lost: list[Loss]) -> str:
-    return "; ".join(f"{x.id} {loss_text(x)} ({x.reason})" for x in lost)
+    return "; ".join(f"{md_text(x.id)} {loss_text(x)} ({md_text(x.reason)})" for x in lost)
 
 
 def _case_judgment_lines(c: CaseRecord) -> list[str]:
@@ -809,11 +821,11 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
         out += [line, ""]
     if c.expanded_sources:
         shown = "; ".join(
-            f"{src} -> {', '.join(docs) or '(no document)'}" for src, docs in c.expanded_sources.items()
+            f"{md_text(src)} -> {_ids(docs) or '(no document)'}" for src, docs in c.expanded_sources.items()
         )
         out += [f"expectedSources expanded to documents: {shown}", ""]
     if c.judged is not None:
-        unjudged = ", ".join(c.unjudged) or "none"
+        unjudged = _ids(c.unjudged) or "none"
         out += [f"Judged@K {_f(c.judged)}; unjudged in the top K: {unjudged}", ""]
     return out
 
@@ -824,7 +836,32 @@ def _ident(embedder: Any) -> str:
     return f"{embedder.get('name')} (dim {embedder.get('dimension')}, checksum {embedder.get('checksum')})"
 
 
+# what could open a tag, comment or entity (`<` before a letter, "/", "!" or "?"; `&` before a letter or "#")
+# and what could close a tag (`>` after a letter, digit, quote or "/"); C0 and C1 controls, DEL, line and
+# paragraph separators, lone surrogates. Prose like "0.71 < 0.80", "1 -> 0" or ">= 0.7" reads as it is.
+_UNSAFE = re.compile(
+    "<(?=[A-Za-z/!?])|&(?=[A-Za-z#])|(?<=[A-Za-z0-9\"'/])>|[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]"
+)
+_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _ENTITIES.get(char) or f"\\u{ord(char):04x}"
+
+
+def md_text(text: object) -> str:
+    """`text` safe to put in the report: see the module docstring."""
+    return _UNSAFE.sub(_escape, str(text))
+
+
+def _ids(ids: Any) -> str:
+    return ", ".join(md_text(i) for i in ids)
+
+
 def _cell(text: str, limit: int | None = 120) -> str:
-    """Text made safe for a table cell; prose is cut at `limit` characters, ids (`limit` None) never."""
-    cell = str(text).replace("|", "\\|").replace("\n", " ")
-    return cell if limit is None else cell[:limit]
+    """Text made safe for a table cell (`md_text`, `|` escaped, a newline as a space); prose is cut at
+    `limit` characters, ids (`limit` None) never."""
+    text = str(text).replace("\n", " ")
+    cell = md_text(text if limit is None else text[:limit]).replace("|", "\\|")
+    return cell

@@ -44,7 +44,6 @@ its passage again, written as golden cases with `origin: generated`.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import re
@@ -61,6 +60,7 @@ from app.evaluation.golden.build.llm import ChatClient, clean_question, question
 from app.evaluation.golden.cases import load_golden_set
 from app.evaluation.golden.language import query_language
 from app.ingest.chunker import embedding_text, stored_chunk
+from app.jsonl import append_lines
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
@@ -594,15 +594,6 @@ def existing_case_ids(path: Path) -> set[str]:
 
 
 def append_cases(path: Path, cases: list[dict[str, Any]]) -> None:
-    """Append `cases` to `path`, one JSON line each (UTF-8, not ASCII-escaped); creates the file and its
-    folder when missing."""
-    if not cases:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lead = ""
-    if path.exists() and path.stat().st_size > 0:
-        with path.open("rb") as f:
-            f.seek(-1, 2)
-            lead = "" if f.read(1) == b"\n" else "\n"
-    with path.open("a", encoding="utf-8") as f:
-        f.write(lead + "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases))
+    """Append `cases` to `path`, one JSON line each (`app.jsonl.append_lines`: UTF-8, the line-break
+    characters escaped); creates the file and its folder when missing."""
+    append_lines(path, cases)

@@ -36,10 +36,7 @@ The export is idempotent: the judgments file is never emptied, and exporting it 
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
@@ -51,6 +48,16 @@ from pydantic import ValidationError
 from app.evaluation.golden.build.dataset_version import next_dataset_version
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
 from app.files import atomic_write_text, change_line
+from app.jsonl import (
+    append_lines,
+    dumps_json,
+    encode_line,
+    parse_jsonl,
+    read_jsonl,
+    read_text,
+    render_jsonl,
+    split_lines,
+)
 
 GRADES = (0, 1, 2, 3)
 FORBIDDEN = "forbidden"
@@ -194,38 +201,47 @@ def _parse_at(text: str) -> datetime:
     return moment
 
 
-def parse_judgments(text: str, path: str | Path) -> list[Judgment]:
-    """Every judgment of a judgments file's `text`, in line order; blank lines are skipped. Raises
-    `JudgmentsError` with every bad line (`file:line: problem`)."""
-    path = str(path)
+def read_judgments(text: str, path: str | Path) -> tuple[list[Judgment], list[str]]:
+    """Every readable judgment of a judgments file's `text`, in line order (blank lines skipped), and one
+    `file:line: problem` for each line that is not one: a bad line never hides the others."""
+    parsed = parse_jsonl(text, path)
     out: list[Judgment] = []
-    errors: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            errors.append(f"{path}:{number}: not JSON: {exc}")
-            continue
+    for number, value in parsed.values:
         try:
             out.append(_validated(value, number))
         except ValueError as exc:
-            errors.append(f"{path}:{number}: {exc}")
+            parsed.refuse(number, str(exc))
+    return out, parsed.messages()
+
+
+def parse_judgments(text: str, path: str | Path) -> list[Judgment]:
+    """Every judgment of a judgments file's `text`, in line order; blank lines are skipped. Raises
+    `JudgmentsError` with every bad line (`file:line: problem`): `sieve golden export` merges all of a
+    file or none of it."""
+    judgments, errors = read_judgments(text, path)
     if errors:
-        raise JudgmentsError(path, errors)
-    return out
+        raise JudgmentsError(str(path), errors)
+    return judgments
 
 
 def load_judgments(path: str | Path) -> list[Judgment]:
-    """The judgments at `path`; a missing file holds none."""
+    """The judgments at `path`; a missing file holds none. JudgmentsError names every bad line."""
+    text = _read(path)
+    return [] if text is None else parse_judgments(text, path)
+
+
+def load_judgments_lenient(path: str | Path) -> tuple[list[Judgment], list[str]]:
+    """The readable judgments at `path` and the problems of the others (`read_judgments`); a missing file
+    holds none. JudgmentsError only when the file cannot be read at all."""
+    text = _read(path)
+    return ([], []) if text is None else read_judgments(text, path)
+
+
+def _read(path: str | Path) -> str | None:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_text(path)
+    except OSError as exc:
         raise JudgmentsError(str(path), [f"{path}: cannot read: {exc}"]) from None
-    return parse_judgments(text, path)
 
 
 # -- resolution -------------------------------------------------------------------------------------------
@@ -502,11 +518,11 @@ def read_golden_document(text: str, path: str | Path) -> GoldenDocument:
     with `parse_golden_set`, which raises GoldenSetError)."""
     parse_golden_set(text, path)
     if str(path).lower().endswith(".jsonl"):
-        return GoldenDocument("jsonl", [json.loads(line) for line in text.splitlines() if line.strip()])
+        return GoldenDocument("jsonl", [json.loads(line) for _, line in split_lines(text)])
     try:
         document = json.loads(text)
     except ValueError:
-        return GoldenDocument("jsonl", [json.loads(line) for line in text.splitlines() if line.strip()])
+        return GoldenDocument("jsonl", [json.loads(line) for _, line in split_lines(text)])
     indent = _indent_of(text)
     if isinstance(document, list):
         return GoldenDocument("array", document, indent)
@@ -517,7 +533,7 @@ def read_golden_document(text: str, path: str | Path) -> GoldenDocument:
 
 
 def _indent_of(text: str) -> int | None:
-    for line in text.splitlines()[1:]:
+    for line in text.split("\n")[1:]:
         stripped = line.lstrip(" ")
         if stripped and len(stripped) < len(line):
             return len(line) - len(stripped)
@@ -527,56 +543,65 @@ def _indent_of(text: str) -> int | None:
 def render_golden_document(document: GoldenDocument, cases: Sequence[Mapping[str, Any]]) -> str:
     """`cases` written in `document`'s layout (UTF-8 text, not ASCII-escaped, ending in a newline)."""
     if document.kind == "jsonl":
-        return "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in cases)
+        return render_jsonl(cases)
     value: Any = list(cases) if document.kind == "array" else {**document.top, "cases": list(cases)}
     if "datasetVersion" in document.top:  # keep its place: first
         value = {"datasetVersion": document.top["datasetVersion"], **value}
-    return json.dumps(value, ensure_ascii=False, indent=document.indent) + "\n"
+    return dumps_json(value, document.indent)
 
 
 def read_drafts(path: str | Path) -> list[dict[str, Any]]:
     """The case objects of the drafts file; a missing or empty file holds none. It must be a valid golden
     set otherwise (GoldenSetError naming file and line)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except OSError as exc:
         raise GoldenSetError(str(path), [f"{path}: cannot read the drafts: {exc}"]) from None
-    if not text.strip():
+    if text is None or not text.strip():
         return []
     return read_golden_document(text, path).cases
 
 
+def read_drafts_lenient(path: str | Path) -> tuple[list[GoldenCase], list[str]]:
+    """The valid draft cases of the drafts file (JSONL), and one `file:line: problem` for each line that is
+    not one: the labelling page shows the others. GoldenSetError only when the file cannot be read."""
+    try:
+        parsed = read_jsonl(path)
+    except OSError as exc:
+        raise GoldenSetError(str(path), [f"{path}: cannot read the drafts: {exc}"]) from None
+    cases = []
+    for number, value in parsed.values:
+        try:
+            cases.append(GoldenCase.model_validate(value))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "case"
+            parsed.refuse(number, f"not a case: {where}: {first.get('msg', 'invalid')}")
+    return cases, parsed.messages()
+
+
 class JudgmentLog:
-    """The judgments file, appended to by the labelling page: each judgment is one line written with one
-    `write` call, flushed and fsynced before the append returns, under a lock held across threads (a
-    `threading.Lock`) and processes (`fcntl.flock` on the file), so concurrent raters never interleave or
-    lose a line. A file whose last line lacks its newline (a hand edit) gets one first."""
+    """The judgments file, appended to by the labelling page through `app.jsonl.append_lines`: one line
+    per judgment, one `write`, fsynced, under a lock held across threads and processes, so concurrent raters
+    never interleave or lose a line. `read` is lenient (`load_judgments_lenient`): a line edited into
+    nonsense by hand is reported, and the other judgments still count."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
 
     def append(self, judgment: Judgment) -> None:
-        line = (json.dumps(judgment.to_json(), ensure_ascii=False) + "\n").encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    line = b"\n" + line
-                written = os.write(fd, line)
-                if written != len(line):  # a regular file writes all or fails: say so, never go on silently
-                    raise OSError(f"{self.path}: wrote {written} of {len(line)} bytes of a judgment")
-                os.fsync(fd)
-            finally:
-                os.close(fd)  # releases the flock
+        """Append `judgment`, checked first: its line must read back as the same judgment (ValueError
+        otherwise, and nothing is written)."""
+        line = encode_line(judgment.to_json())
+        parsed = parse_jsonl(line.decode("utf-8"), self.path)
+        if parsed.problems or len(parsed.values) != 1:
+            raise ValueError(f"the judgment does not make one line: {parsed.messages()}")
+        if replace(_validated(parsed.values[0][1], 0), line=judgment.line) != judgment:
+            raise ValueError("the judgment does not read back as written")
+        append_lines(self.path, [judgment.to_json()])
 
-    def read(self) -> list[Judgment]:
-        return load_judgments(self.path)
+    def read(self) -> tuple[list[Judgment], list[str]]:
+        return load_judgments_lenient(self.path)
 
 
 @dataclass

@@ -23,6 +23,7 @@ Order within a pool: by the best rank any variant gave the chunk, then by how ma
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import unicodedata
@@ -32,10 +33,13 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.jsonl import read_jsonl, render_jsonl
 from app.retrieval.chain import RetrievalRequest
 from app.retrieval.lexical import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
+
+log = logging.getLogger(__name__)
 
 CURRENT, DENSE, BM25, BASELINE, QUEUED = "current", "dense", "bm25", "baseline", "queued"
 CHAIN_VARIANTS = (CURRENT, DENSE, BM25)
@@ -359,33 +363,36 @@ def write_queue(path: Path, entries: Sequence[QueueEntry], source: str) -> None:
 
     at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        path, "".join(json.dumps(e.to_json(source, at), ensure_ascii=False) + "\n" for e in entries)
-    )
+    atomic_write_text(path, render_jsonl(e.to_json(source, at) for e in entries))
 
 
 def read_queue(path: str | Path) -> list[QueueEntry]:
-    """The queue file's entries; a missing file is an empty queue. Raises QueueError naming a bad line."""
+    """The queue file's entries; a missing file is an empty queue. A line that is not a queue entry is
+    skipped and logged with its file and line (`read_queue_lenient` returns them); QueueError only when the
+    file cannot be read."""
+    entries, problems = read_queue_lenient(path)
+    for problem in problems:
+        log.warning("label queue: skipped %s", problem)
+    return entries
+
+
+def read_queue_lenient(path: str | Path) -> tuple[list[QueueEntry], list[str]]:
+    """The queue file's entries and one `file:line: problem` for each line that is not one."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    except (OSError, UnicodeDecodeError) as exc:
+        parsed = read_jsonl(path)
+    except OSError as exc:
         raise QueueError(f"{path}: cannot read the queue: {exc}") from None
     out: list[QueueEntry] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, value in parsed.values:
         try:
-            value = json.loads(line)
             ids = tuple(
                 Ranked(None if i.get("id") is None else str(i["id"]), str(i.get("docId") or ""))
                 for i in value["ids"]
             )
             out.append(QueueEntry(str(value["caseId"]), value.get("query"), value.get("knowledgeTag"), ids))
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise QueueError(f"{path}:{number}: not a queue entry ({type(exc).__name__}: {exc})") from None
-    return out
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            parsed.refuse(number, f"not a queue entry ({type(exc).__name__}: {exc})")
+    return out, parsed.messages()
 
 
 # -- building the pools ------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from app.evaluation.golden.audit import NEAR_DUPLICATE_COSINE, normalise_query
 from app.evaluation.golden.build.generate import append_cases
 from app.evaluation.golden.cases import GoldenCase, load_golden_set
 from app.files import change_line
+from app.jsonl import read_text, split_lines
 
 MIN_LENGTH = 3
 DEFAULT_SEED = 42
@@ -163,14 +164,12 @@ def read_log(paths: Sequence[Path]) -> tuple[list[LogEntry], Drops]:
     drops = Drops()
     for path in paths:
         try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
-            raise SampleError(f"--log {path}: no such file") from None
+            text = read_text(path)
         except OSError as exc:
             raise SampleError(f"--log {path}: cannot read it: {exc}") from None
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
+        if text is None:
+            raise SampleError(f"--log {path}: no such file")
+        for number, line in split_lines(text):
             where = f"{path}:{number}"
             try:
                 record = json.loads(line)
