@@ -85,3 +85,17 @@ def test_groups_spread_hit_rate_and_same_top1() -> None:
     assert pay.spread == pytest.approx(1.0 - 0.0)
     assert not pay.same_top1
     assert vpn.spread == 0.0 and vpn.same_top1
+
+
+def test_risk_and_the_golden_set_parts_are_segments() -> None:
+    cases = [
+        {**case("a", ndcg=1.0), "risk": "high", "set": "core"},
+        {**case("b", ndcg=0.5), "risk": "high", "set": "incremental"},
+        {**case("c", ndcg=0.0, hit=0.0), "set": "core"},
+    ]
+    segs = {(s.kind, s.name): s for s in segments(cases)}
+    assert segs[("risk", "high")].metrics["ndcg"] == pytest.approx((1.0 + 0.5) / 2)
+    assert segs[("set", "core")].metrics["ndcg"] == pytest.approx((1.0 + 0.0) / 2)
+    assert segs[("set", "incremental")].cases == 1
+    one_part = {(s.kind, s.name) for s in segments([case("a"), case("b")])}
+    assert not {key for key in one_part if key[0] in ("set", "risk")}, "one part, no risk: no such segment"

@@ -20,15 +20,25 @@ from app.evaluation.scoring.measures import label as measure_label
 
 SEGMENT_METRICS = COMPARED
 SMALL_SEGMENT = 10
-SEGMENT_KINDS = ("tag", "knowledgeTag", "language", "origin", "literalness")
+SEGMENT_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness")
 ORIGINS = ("manual", "generated", "log")
 # segment names in reading order where alphabetical order would not do
-_NAME_ORDER = {"origin": ORIGINS, "literalness": ("low", "mid", "high")}
+_NAME_ORDER = {
+    "origin": ORIGINS,
+    "literalness": ("low", "mid", "high"),
+    "risk": ("high", "medium", "low"),
+    "set": ("core", "incremental"),
+}
 
 
 def _members(cases: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    parts = {c.get("set") or "core" for c in cases}
     for c in cases:
+        if c.get("risk"):
+            out[("risk", c["risk"])].append(c)
+        if len(parts) > 1:  # a set of one part: its segment would be the whole set
+            out[("set", c.get("set") or "core")].append(c)
         for tag in dict.fromkeys(c.get("tags") or []):
             out[("tag", tag)].append(c)
         if c.get("knowledgeTag"):
@@ -57,8 +67,9 @@ def segment_means(cases: list[dict[str, Any]]) -> dict[str, float | None]:
 def segments(
     cases: list[dict[str, Any]], baseline_cases: list[dict[str, Any]] | None = None, seed: int = 42
 ) -> list[Segment]:
-    """One segment per tag value, knowledge tag, query language, origin (manual, generated, log; a case
-    without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
+    """One segment per tag value, knowledge tag, risk (high, medium, low; a case without one is in none),
+    golden-set part (core, incremental; only when the set has both), query language, origin (manual,
+    generated, log; a case without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
     `app.evaluation.golden.build.literalness.band`; a case without literalness is in none), sorted by kind in
     that order, then by name (origins and bands in the order just given). `cases` is the number of cases
     in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
