@@ -67,6 +67,7 @@ from app.evaluation.report.model import (
     Suggestion,
     TagCoverage,
 )
+from app.evaluation.report.text import md_text
 from app.ingest.ids import text_sha256
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of, unit_rows
@@ -798,4 +799,5 @@ def audit_markdown(audit: Audit | None) -> list[str]:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A finding's line (it names case ids, queries and document ids) made safe for the Markdown report."""
+    return md_text(text.replace("\n", " ")).replace("|", "\\|")

@@ -10,7 +10,6 @@ escapes, so the file stays one readable text in a terminal (`grep` never calls i
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
@@ -31,6 +30,7 @@ from app.evaluation.report.model import (
     Summary,
     worst_cases,
 )
+from app.evaluation.report.text import md_text
 from app.evaluation.run.runner import RANKED_OUT
 from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
 from app.evaluation.scoring import measures
@@ -834,25 +834,6 @@ def _ident(embedder: Any) -> str:
     if not isinstance(embedder, dict):
         return str(embedder or "")
     return f"{embedder.get('name')} (dim {embedder.get('dimension')}, checksum {embedder.get('checksum')})"
-
-
-# what could open a tag, comment or entity (`<` before a letter, "/", "!" or "?"; `&` before a letter or "#")
-# and what could close a tag (`>` after a letter, digit, quote or "/"); C0 and C1 controls, DEL, line and
-# paragraph separators, lone surrogates. Prose like "0.71 < 0.80", "1 -> 0" or ">= 0.7" reads as it is.
-_UNSAFE = re.compile(
-    "<(?=[A-Za-z/!?])|&(?=[A-Za-z#])|(?<=[A-Za-z0-9\"'/])>|[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]"
-)
-_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    return _ENTITIES.get(char) or f"\\u{ord(char):04x}"
-
-
-def md_text(text: object) -> str:
-    """`text` safe to put in the report: see the module docstring."""
-    return _UNSAFE.sub(_escape, str(text))
 
 
 def _ids(ids: Any) -> str:
