@@ -70,6 +70,15 @@ def create_app(
         worker.start()
         state.querylog = open_query_log(settings.rag.querylog)
         yield
+        counts = state.admission.counts()
+        if counts["refusedQueueFull"] or counts["refusedWaitedTooLong"]:
+            log.info(
+                "admission: %d retrievals admitted, refused %d with the queue full and %d that waited too "
+                "long",
+                counts["admitted"],
+                counts["refusedQueueFull"],
+                counts["refusedWaitedTooLong"],
+            )
         stop_writers(state)
         if state.querylog is not None:
             state.querylog.close(timeout=QUERYLOG_CLOSE_S)
@@ -202,6 +211,8 @@ def startup_sequence(state: AppState) -> None:
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
             state.exit_code = EXIT_INVALID_GOLDEN_SET
             return
+    # /ready answers from the event loop with the probe's last answer: make the first one now
+    state.store_probe.problem(sieve.store)
     state.phase = "ready"
     state.ready = True
     log.info("Sieve is ready")
