@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import exit_codes
+from app.api.admission import AdmissionGate
 from app.api.errors import install_error_handlers
 from app.api.label import LabelDesk
 from app.api.label import router as label_router
@@ -94,6 +95,8 @@ def create_app(
     app.include_router(router)
     app.include_router(label_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
+    # outermost: a burst's refusals cost neither a body read nor a validation
+    app.add_middleware(AdmissionGate, admission=lambda: state.admission)
     install_error_handlers(app)
     return app
 

@@ -231,14 +231,14 @@ def render(results: list[tuple[str, dict[str, Any]]], size: int, wall: float) ->
         throughput = r["admitted"] / r["admitted_s"] if r["admitted_s"] else 0.0
         lines.append(
             f"| {name} | {cells[0]} | {cells[1]} | {answers} | {throughput:.1f} | "
-            f"{r['refused']} ({r['refused_with_retry_after']}) | {r['rss_before']:.0f} / {r['rss_peak']:.0f} / "
-            f"{r['rss_after']:.0f} / {r['rss_settled']:.0f} |"
+            f"{r['refused']} ({r['refused_with_retry_after']}) | {r['rss_before']:.0f} / "
+            f"{r['rss_peak']:.0f} / {r['rss_after']:.0f} / {r['rss_settled']:.0f} |"
         )
     lines.append("")
     for name, r in results:
         lines.append(
-            f"- {name}: burst {r['seconds']:.1f} s; last admitted answer after {r['admitted_s']:.1f} s; probe "
-            f"failures {len(r['failures'])}; `admission: refused` log lines {r['refusal_log_lines']}."
+            f"- {name}: burst {r['seconds']:.1f} s; last admitted answer after {r['admitted_s']:.1f} s; "
+            f"probe failures {len(r['failures'])}; `admission: refused` log lines {r['refusal_log_lines']}."
         )
     return "\n".join(lines)
 

@@ -119,11 +119,7 @@ async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         )
     refusal = await state.admission.acquire()
     if refusal is not None:
-        raise ApiError(
-            429,
-            refusal.message(state.admission),
-            headers={"Retry-After": str(RETRY_AFTER_S)},
-        )
+        raise ApiError(429, refusal.message(state.admission), headers={"Retry-After": str(RETRY_AFTER_S)})
     try:
         # the chain, the response model and its JSON all run in a worker thread: a 100-document debug
         # answer takes milliseconds to build, which the event loop owes to /health
