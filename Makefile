@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Every transitive dependency of `.[test]`, pinned for Python 3.11 on this platform (`make lock` writes it).
 LOCK   := constraints.txt
 
-.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-embed bench-scale bench-chain bench-change-log clean
+.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-admission bench-embed bench-scale bench-chain bench-change-log clean
 
 install: $(STAMP)
 
@@ -66,6 +66,11 @@ bench-tune: install
 # Query latency idle, during a 300-chunk write, and with 8 concurrent clients -> docs/benchmarks.md.
 bench-load: install
 	$(BIN)/python scripts/bench_load.py
+
+# A burst of 500 concurrent retrievals with admission on and effectively off: /health and /ready latency,
+# answers, RSS (prints the table of docs/benchmarks.md).
+bench-admission: install
+	$(BIN)/python scripts/bench_admission.py
 
 # Embedding speed: torch threads and batch sizes, ONNX Runtime, and the default ingest against one thread.
 bench-embed: install

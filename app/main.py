@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import exit_codes
+from app.api.admission import AdmissionGate
 from app.api.docs_ui import install_docs
 from app.api.errors import install_error_handlers
 from app.api.label import LabelDesk
@@ -71,6 +72,15 @@ def create_app(
         worker.start()
         state.querylog = open_query_log(settings.rag.querylog)
         yield
+        counts = state.admission.counts()
+        if counts["refusedQueueFull"] or counts["refusedWaitedTooLong"]:
+            log.info(
+                "admission: %d retrievals admitted, refused %d with the queue full and %d that waited too "
+                "long",
+                counts["admitted"],
+                counts["refusedQueueFull"],
+                counts["refusedWaitedTooLong"],
+            )
         stop_writers(state)
         if state.querylog is not None:
             state.querylog.close(timeout=QUERYLOG_CLOSE_S)
@@ -91,6 +101,8 @@ def create_app(
     # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
     app.add_middleware(JsonShapeLimit)
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
+    # outermost: a burst's refusals cost neither a body read nor a validation
+    app.add_middleware(AdmissionGate, admission=lambda: state.admission)
     install_error_handlers(app)
     return app
 
@@ -210,6 +222,8 @@ def startup_sequence(state: AppState) -> None:
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
             state.exit_code = EXIT_INVALID_GOLDEN_SET
             return
+    # /ready answers from the event loop with the probe's last answer: make the first one now
+    state.store_probe.problem(sieve.store)
     state.phase = "ready"
     state.ready = True
     log.info("Sieve is ready")

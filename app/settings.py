@@ -492,6 +492,12 @@ class ServerSettings(_Strict):
     # Where write jobs are recorded; a job unfinished at shutdown is reported interrupted at the next start.
     jobs_dir: str = "target/jobs"
     keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")
+    # Admission of POST /api/retrieve (app/api/admission.py): at most this many retrievals run at once ...
+    max_concurrent_retrievals: int = Field(4, ge=1, le=10_000)
+    # ... at most this many more wait for one of those slots, each at most queue_timeout_ms; any other
+    # request is answered 429 with Retry-After at once
+    max_queued_retrievals: int = Field(16, ge=0, le=100_000)
+    queue_timeout_ms: int = Field(1000, ge=0, le=600_000)
 
     @field_validator("admin_token", "api_token")
     @classmethod

@@ -66,8 +66,10 @@ def token_matches(given: bytes | None, expected: str | None) -> bool:
 READER_SECURITY: dict[str, Any] = {"security": [{}, {"HTTPBearer": []}]}
 
 
-def require_reader(request: Request) -> None:
-    """Reads: open unless `rag.server.api_token` is set; then that token or the admin token."""
+async def require_reader(request: Request) -> None:
+    """Reads: open unless `rag.server.api_token` is set; then that token or the admin token.
+
+    `async`: it does no I/O, and a sync dependency would wait for a worker thread, behind the retrievals."""
     server = sieve_state(request).settings.rag.server
     if server.api_token is None:
         return
@@ -78,6 +80,11 @@ def require_reader(request: Request) -> None:
             "missing or wrong token: send 'Authorization: Bearer <rag.server.api_token>'",
             headers=UNAUTHORIZED_HEADERS,
         )
+
+
+def is_admin(request: Request) -> bool:
+    """The request carries the admin token (never true while none is configured)."""
+    return token_matches(bearer_token(request), sieve_state(request).settings.rag.server.admin_token)
 
 
 def require_admin(request: Request, _: object = Security(bearer)) -> None:

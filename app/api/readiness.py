@@ -2,19 +2,28 @@
 
 An orchestrator polls `/ready` often; the cache keeps that from becoming a stream of heartbeats, and the short
 age keeps the answer honest: a store that went away turns `/ready` into a 503 within about a second, and
-one that came back turns it into a 200 again.
+one that came back turns it into a 200 again. `/ready` answers from the event loop (`problem_soon`): the
+heartbeat runs in a thread of its own, never in the worker threads the retrievals hold.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Protocol
 
 from app.store import StoreUnavailableError
 
 MAX_AGE_S = 1.0
+# how long /ready waits for a heartbeat under way before it answers with the last one (it answers from
+# the event loop, so it must answer quickly however busy the store or the machine is)
+WAIT_S = 0.05
+# ... and how long when there is no last answer (startup makes one before /ready can say 200)
+FIRST_WAIT_S = 2.0
 
 
 class Heartbeat(Protocol):
@@ -25,37 +34,75 @@ class StoreProbe:
     def __init__(self, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.monotonic):
         self.max_age_s = max_age_s
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below; never held during a heartbeat
         self._checked: tuple[int, float, str | None] | None = None  # (id of store, when, problem)
+        self._running: tuple[int, Future[str | None]] | None = None  # the heartbeat under way
 
     def problem(self, store: Heartbeat) -> str | None:
         """None when `store` answered its heartbeat within the last `max_age_s` seconds, else why not.
         One heartbeat at a time: concurrent callers wait for it and share its answer."""
+        found = self._lookup(store, start_thread=False)
+        if found.check is None:
+            return found.answer
+        if found.owner:
+            self._beat(store, found.check)
+        return found.check.result()
+
+    async def problem_soon(self, store: Heartbeat, wait_s: float = WAIT_S) -> str | None:
+        """`problem` for the event loop, which must not wait on a store: the cached answer while it is
+        fresh; otherwise a heartbeat in a thread of its own (one at a time, shared), waited for at most
+        `wait_s`. Past that, the last answer for this store stands (the heartbeat goes on, and its answer
+        serves the next call); with no answer yet, the heartbeat is waited for up to `FIRST_WAIT_S`."""
+        found = self._lookup(store, start_thread=True)
+        if found.check is None:
+            return found.answer
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(found.check)), wait_s if found.known else FIRST_WAIT_S
+            )
+        except TimeoutError:
+            return found.answer if found.known else "vector store check pending: no heartbeat answer yet"
+
+    def _lookup(self, store: Heartbeat, start_thread: bool) -> _Lookup:
+        """The cached answer when fresh; else the heartbeat to wait for (already under way, or started
+        here: in a thread of its own with `start_thread`, else by the caller) and the last answer."""
         with self._lock:
             now = self._clock()
+            known, answer = False, None
             if self._checked is not None:
                 store_id, when, problem = self._checked
-                if store_id == id(store) and now - when < self.max_age_s:
-                    return problem
-            try:
-                store.heartbeat()
-                problem = None
-            except StoreUnavailableError as exc:
-                problem = f"vector store unavailable: {exc}"
-            except Exception as exc:  # a probe answers; whatever went wrong is the reason
-                problem = f"vector store check failed: {type(exc).__name__}: {exc}"
+                if store_id == id(store):
+                    if now - when < self.max_age_s:
+                        return _Lookup(True, problem, None)
+                    known, answer = True, problem
+            if self._running is not None and self._running[0] == id(store):
+                return _Lookup(known, answer, self._running[1])
+            future: Future[str | None] = Future()
+            self._running = (id(store), future)
+        if start_thread:
+            threading.Thread(
+                target=self._beat, args=(store, future), name="sieve-store-probe", daemon=True
+            ).start()
+        return _Lookup(known, answer, future, owner=not start_thread)
+
+    def _beat(self, store: Heartbeat, future: Future[str | None]) -> None:
+        try:
+            store.heartbeat()
+            problem = None
+        except StoreUnavailableError as exc:
+            problem = f"vector store unavailable: {exc}"
+        except Exception as exc:  # a probe answers; whatever went wrong is the reason
+            problem = f"vector store check failed: {type(exc).__name__}: {exc}"
+        with self._lock:
             self._checked = (id(store), self._clock(), problem)
-            return problem
+            if self._running is not None and self._running[1] is future:
+                self._running = None
+        future.set_result(problem)
 
 
-_probes_lock = threading.Lock()
-
-
-def store_probe(holder: object) -> StoreProbe:
-    """The probe kept on `holder` (the app's `state`), made on first use."""
-    with _probes_lock:
-        probe = getattr(holder, "store_probe", None)
-        if probe is None:
-            probe = StoreProbe()
-            holder.store_probe = probe  # type: ignore[attr-defined]
-        return probe
+@dataclass(frozen=True)
+class _Lookup:
+    known: bool  # there is an answer for this store, fresh or not
+    answer: str | None  # that answer
+    check: Future[str | None] | None  # the heartbeat to wait for; None when the answer is fresh
+    owner: bool = False  # the caller runs that heartbeat itself

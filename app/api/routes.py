@@ -7,17 +7,25 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import READER_SECURITY, require_admin, require_reader, require_sieve, sieve_state
+from app.api.admission import RETRY_AFTER_S
+from app.api.deps import (
+    READER_SECURITY,
+    is_admin,
+    require_admin,
+    require_reader,
+    require_sieve,
+    sieve_state,
+)
 from app.api.errors import ApiError, safe_text
 from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse, evaluation_run_view
 from app.api.jobs import Job, JobInterrupted
 from app.api.querylog import QueryLogParams, query_record, read_newest
-from app.api.readiness import store_probe
 from app.api.schemas import (
     HTML_REPORT_ERRORS,
     JOB_ERRORS,
@@ -37,6 +45,10 @@ from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
 from app.models import EmbeddingInterrupted
 
+if TYPE_CHECKING:
+    from app.api.state import AppState
+    from app.service import Sieve
+
 log = logging.getLogger(__name__)
 
 router = APIRouter()
@@ -44,8 +56,12 @@ reader = [Depends(require_reader)]
 admin = [Depends(require_admin)]
 
 
+# /health and /ready are `async`: they answer from the event loop, never waiting for a worker thread (the
+# retrievals hold those), a model, or a lock a retrieval holds.
+
+
 @router.get("/health", tags=["ops"])
-def health() -> dict[str, str]:
+async def health() -> dict[str, str]:
     """Alive: the process answers. Says nothing about models or index (see /ready)."""
     return {"status": "alive"}
 
@@ -59,12 +75,12 @@ def health() -> dict[str, str]:
         503: {"model": ReadyResponse, "description": "starting, startup failed, or the store is down"}
     },
 )
-def ready(request: Request) -> JSONResponse:
+async def ready(request: Request) -> JSONResponse:
     """Ready: models loaded, index built, startup evaluation done, and the store answers its heartbeat
-    (checked at most once a second)."""
+    (checked at most once a second, in a thread of its own)."""
     state = sieve_state(request)
     if state.ready and state.sieve is not None:
-        problem = store_probe(request.app.state).problem(state.sieve.store)  # type: ignore[attr-defined]
+        problem = await state.store_probe.problem_soon(state.sieve.store)  # type: ignore[attr-defined]
         if problem is None:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable", "reason": safe_text(problem)}, status_code=503)
@@ -85,7 +101,14 @@ def ready(request: Request) -> JSONResponse:
     responses=READ_ERRORS,
     openapi_extra=READER_SECURITY,
 )
-def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
+async def retrieve(body: RetrieveRequest, request: Request) -> Response:
+    """Retrieve the `topK` best documents for `query`, through the chain.
+
+    At most `rag.server.max_concurrent_retrievals` run at once and `max_queued_retrievals` wait, each at
+    most `queue_timeout_ms`; any other request is a 429 with `Retry-After`. With `debug`, each stage lists
+    what it removed and why; a reader (anyone without the admin token) sees the removals of documents
+    hidden from readers (draft, retired, not effective, denied source) only as counts by reason."""
+    state = sieve_state(request)
     sieve = require_sieve(request)
     limit = sieve.settings.rag.retrieval.max_query_chars
     if len(body.query) > limit:
@@ -94,12 +117,24 @@ def retrieve(body: RetrieveRequest, request: Request) -> RetrieveResponse:
             f"query: {len(body.query)} characters, more than rag.retrieval.max_query_chars={limit}",
             field="query",
         )
+    refusal = await state.admission.acquire()
+    if refusal is not None:
+        raise ApiError(429, refusal.message(state.admission), headers={"Retry-After": str(RETRY_AFTER_S)})
+    try:
+        # the chain, the response model and its JSON all run in a worker thread: a 100-document debug
+        # answer takes milliseconds to build, which the event loop owes to /health
+        answer = await run_in_threadpool(_retrieve_json, state, sieve, body, not is_admin(request))
+    finally:
+        state.admission.release()
+    return Response(answer, media_type="application/json")
+
+
+def _retrieve_json(state: AppState, sieve: Sieve, body: RetrieveRequest, withhold: bool) -> bytes:
     top_k = body.topK or sieve.settings.rag.retrieval.top_k
     result = sieve.retrieve(body.query, top_k, body.knowledgeTag)
-    querylog = sieve_state(request).querylog
-    if querylog is not None:
-        querylog.submit(query_record(result, body.knowledgeTag, top_k))
-    return retrieve_response(result, debug=body.debug)
+    if state.querylog is not None:
+        state.querylog.submit(query_record(result, body.knowledgeTag, top_k))
+    return retrieve_response(result, debug=body.debug, withhold=withhold).model_dump_json().encode()
 
 
 @router.post(

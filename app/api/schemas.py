@@ -5,6 +5,7 @@ The CLI's `--json` prints these too.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from pydantic import (
@@ -29,7 +30,7 @@ from app.api.bounds import (
 )
 from app.api.errors import safe_text
 from app.evaluation.report.model import RemovedItem
-from app.retrieval.types import Candidate, RetrievalResult
+from app.retrieval.types import Candidate, Removal, RetrievalResult
 from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
 
@@ -84,6 +85,13 @@ class RetrievedDocument(BaseModel):
     attached: list[AttachedChunk] = []
 
 
+class WithheldCount(BaseModel):
+    reason: str = Field(
+        ..., description="why the documents are hidden: `status=draft`, `not yet effective`, ..."
+    )
+    count: int
+
+
 class StageReport(BaseModel):
     name: str
     enabled: bool
@@ -95,6 +103,9 @@ class StageReport(BaseModel):
     scoreKey: str | None = None
     skipped: str | None = None
     removedItems: list[RemovedItem] | None = None  # only with debug
+    # only with debug: the removals left out of removedItems because their documents are hidden from the
+    # caller (draft, retired, not effective, denied source; an admin sees every id), counted by reason
+    withheld: list[WithheldCount] | None = None
 
 
 class RetrieveResponse(BaseModel):
@@ -236,6 +247,8 @@ ERROR_DESCRIPTIONS = {
     413: "the request body is larger than rag.server.max_body_bytes",
     422: f"invalid request: `fields` names the fields at fault (the first {MAX_REPORTED_PROBLEMS}), `count` "
     "how many there are",
+    429: "too many retrievals at once (rag.server.max_concurrent_retrievals, max_queued_retrievals, "
+    "queue_timeout_ms): retry after the `Retry-After` header's seconds",
     500: "internal error: the traceback is logged under `requestId`",
     503: "not ready yet, or the vector store is unreachable",
 }
@@ -248,7 +261,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 # what a route can answer besides success, by kind of route: queries; writes; reads of admin resources
 # (reports, jobs), which need the admin token too
-READ_ERRORS = error_responses(401, 413, 422, 500, 503)
+READ_ERRORS = error_responses(401, 413, 422, 429, 500, 503)
 WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503)
 REPORT_ERRORS = error_responses(401, 403, 404, 500)
 JOB_ERRORS = error_responses(401, 403, 404, 422, 500)
@@ -291,7 +304,13 @@ def _scores(c: Candidate) -> Scores:
     return Scores(**{k: round(v, 6) for k, v in c.scores.items() if k in Scores.model_fields})
 
 
-def retrieve_response(result: RetrievalResult, debug: bool = False) -> RetrieveResponse:
+def retrieve_response(
+    result: RetrievalResult, debug: bool = False, withhold: bool = False
+) -> RetrieveResponse:
+    """The answer to a retrieval. `debug`: each stage's removed items with their reasons; `withhold` (a
+    reader's view): removed items of documents hidden from readers (`RetrievalTrace.withheld`) are left out
+    of `removedItems` and only counted, by reason, in `withheld`."""
+    hidden = result.trace.withheld if withhold else {}
     return RetrieveResponse(
         query=result.query,
         documents=[document_view(i + 1, c) for i, c in enumerate(result.documents)],
@@ -311,15 +330,27 @@ def retrieve_response(result: RetrievalResult, debug: bool = False) -> RetrieveR
                 scoreKey=s.score_key,
                 skipped=s.skipped,
                 removedItems=[
-                    RemovedItem(chunk_id=r.chunk_id, doc_id=r.doc_id, reason=r.reason) for r in s.removed
+                    RemovedItem(chunk_id=r.chunk_id, doc_id=r.doc_id, reason=r.reason)
+                    for r in s.removed
+                    if r.chunk_id not in hidden
                 ]
                 if debug
                 else None,
+                withheld=_withheld_counts(s.removed, hidden) if debug else None,
             )
             for s in result.trace.stages
         ],
         latencyMs=round(result.latency_ms, 3),
     )
+
+
+def _withheld_counts(removed: list[Removal], hidden: dict[str, str]) -> list[WithheldCount]:
+    """How many of `removed` are hidden, by reason, the most frequent first (ties by reason)."""
+    counts = Counter(hidden[r.chunk_id] for r in removed if r.chunk_id in hidden)
+    return [
+        WithheldCount(reason=reason, count=n)
+        for reason, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    ]
 
 
 def to_json(model: BaseModel) -> dict[str, Any]:

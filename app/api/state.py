@@ -1,5 +1,6 @@
 """`AppState`: what one running application holds: its settings, the startup's progress, the loaded Sieve,
-the lock that serialises writers, the stop signal, the write jobs and the query log.
+the lock that serialises writers, the stop signal, the write jobs, the query log, the admission of
+retrievals and the store probe behind /ready.
 
 `app.main.create_app` makes one per application (`app.state.sieve_state`); the routes read it through
 `app.api.deps.sieve_state`."""
@@ -10,8 +11,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.api.admission import Admission
 from app.api.jobs import JobBook, JobRunner
 from app.api.querylog import QueryLog
+from app.api.readiness import StoreProbe
 from app.settings import Settings
 
 
@@ -33,8 +36,13 @@ class AppState:
     jobs: JobBook = field(init=False)
     job_runner: JobRunner = field(init=False)
     querylog: QueryLog | None = None  # rag.querylog.enabled: opened and closed by the lifespan
+    admission: Admission = field(init=False)
+    store_probe: StoreProbe = field(default_factory=StoreProbe)
 
     def __post_init__(self) -> None:
         server = self.settings.rag.server
         self.jobs = JobBook(Path(server.jobs_dir), server.keep_jobs)
         self.job_runner = JobRunner(self.jobs)
+        self.admission = Admission(
+            server.max_concurrent_retrievals, server.max_queued_retrievals, server.queue_timeout_ms / 1000
+        )

@@ -146,6 +146,8 @@ def render_result(r: Any) -> str:
         lines.append(f"  {st.name:<21} {status:<40} {st.latencyMs:7.1f} ms")
         for item in st.removedItems or []:
             lines.append(f"      - {item.doc_id} ({item.chunk_id}): {item.reason}")
+        for group in st.withheld or []:
+            lines.append(f"      - {group.count} hidden from readers: {group.reason}")
     return "\n".join(lines)
 
 

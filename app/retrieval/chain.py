@@ -22,6 +22,7 @@ from app.retrieval.types import (
     RetrievalTrace,
     Stage,
     StageTrace,
+    Withholding,
 )
 
 
@@ -172,6 +173,7 @@ class RetrievalChain:
             )
             current = outcome.kept
             trace.ranked_after[item.name] = [c.chunk_id for c in current]
+        trace.withheld = self._withheld(ctx, trace, raw)
         documents = current[: request.top_k]
         latency = shared_ms + (time.perf_counter() - begin) * 1000
         return RetrievalResult(
@@ -183,6 +185,27 @@ class RetrievalChain:
             latency_ms=round(latency, 3),
             raw_candidates=raw,
         )
+
+    def _withheld(self, ctx: QueryContext, trace: RetrievalTrace, raw: list[Candidate]) -> dict[str, str]:
+        """The removed chunks whose documents an enabled withholding stage hides from readers, with its
+        kind. Asked of every removal, not only that stage's own: a stage before it (similarity_threshold)
+        may remove a draft document's chunk first."""
+        rules = [s.stage for s in self.stages if s.enabled and isinstance(s.stage, Withholding)]
+        if not rules:
+            return {}
+        by_id = {c.chunk_id: c for c in raw}
+        withheld: dict[str, str] = {}
+        for stage in trace.stages:
+            for removal in stage.removed:
+                candidate = by_id.get(removal.chunk_id)
+                if candidate is None or removal.chunk_id in withheld:
+                    continue
+                for rule in rules:
+                    kind = rule.withheld(ctx, candidate)
+                    if kind is not None:
+                        withheld[removal.chunk_id] = kind
+                        break
+        return withheld
 
 
 def _copy(c: Candidate) -> Candidate:

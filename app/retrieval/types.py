@@ -10,7 +10,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -186,6 +186,15 @@ class Stage(Protocol):
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome: ...
 
 
+@runtime_checkable
+class Withholding(Protocol):
+    """A stage whose rules hide some documents from readers altogether (the hard filter's status, dates and
+    source rules): `withheld` says which rule hides a candidate's document, in words that name no document,
+    or None."""
+
+    def withheld(self, query: QueryContext, candidate: Candidate) -> str | None: ...
+
+
 @dataclass
 class StageTrace:
     name: str
@@ -216,6 +225,9 @@ class RetrievalTrace:
     search_hits: dict[str, list[str]] = field(default_factory=dict)
     # one id per run of the chain: the evaluation's case record and its log line carry it
     trace_id: str = field(default_factory=new_trace_id)
+    # removed chunks whose documents an enabled `Withholding` stage hides from readers, whichever stage
+    # removed them, with that stage's kind (`status=draft`): the API shows readers these as counts only
+    withheld: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -188,8 +188,10 @@ def test_top_k_limits_the_documents(client: TestClient) -> None:
     assert "hr-payroll-en" in [d["docId"] for d in body["documents"]]
 
 
-def test_debug_lists_removed_items_with_reasons(client: TestClient) -> None:
-    body = retrieve(client, query="出差每天的餐补是多少", debug=True).json()
+def test_debug_lists_removed_items_with_reasons_to_the_admin(client: TestClient) -> None:
+    body = client.post(
+        "/api/retrieve", json={"query": "出差每天的餐补是多少", "debug": True}, headers=ADMIN
+    ).json()
     hard_filter = next(s for s in body["stages"] if s["name"] == "hard_filter")
     removed = hard_filter["removedItems"]
     assert len(removed) == hard_filter["removed"] > 0
@@ -197,7 +199,17 @@ def test_debug_lists_removed_items_with_reasons(client: TestClient) -> None:
         {"docId": r["docId"], "reason": r["reason"]} for r in removed
     ]
     assert all(r["chunkId"] and r["reason"] for s in body["stages"] for r in s["removedItems"])
+    assert all(s["withheld"] == [] for s in body["stages"])
     assert "travel-expense-2022" not in [d["docId"] for d in body["documents"]]
+
+
+def test_debug_counts_the_removals_of_hidden_documents_for_a_reader(client: TestClient) -> None:
+    answer = retrieve(client, query="出差每天的餐补是多少", debug=True)
+    assert "travel-expense-2022" not in answer.text
+    stages = answer.json()["stages"]
+    assert any(g["reason"] == "status=retired" for s in stages for g in s["withheld"])
+    for stage in stages:
+        assert len(stage["removedItems"]) + sum(g["count"] for g in stage["withheld"]) == stage["removed"]
 
 
 def test_unknown_knowledge_tag_returns_no_documents(client: TestClient) -> None:

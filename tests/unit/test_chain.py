@@ -235,3 +235,42 @@ def test_the_query_context_carries_the_request_and_earlier_removals():
     assert (ctx.text, ctx.knowledge_tag, ctx.today) == ("q", "finance", TODAY)
     assert [c.chunk_id for c in ctx.raw_candidates] == [f"c{i}" for i in range(6)]
     assert [r.chunk_id for r in ctx.removed_by_stage["hard_filter"]] == ["c0"]
+
+
+def test_the_trace_names_removals_a_withholding_stage_hides_from_readers_whichever_stage_removed_them() -> (
+    None
+):
+    class Hides:
+        """Hides c1's and c4's documents; removes nothing itself."""
+
+        name = "hides"
+
+        def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+            return StageOutcome(kept=list(candidates))
+
+        def withheld(self, query: QueryContext, candidate: Candidate) -> str | None:
+            return {"c1": "status=draft", "c4": "not yet effective"}.get(candidate.chunk_id)
+
+    log: list[str] = []
+    chain, _, _ = chain_of(
+        ChainStage(Recorder("early", log, keep=lambda ids: ids[:4]), True),  # removes c4, c5
+        ChainStage(Hides(), True),
+        ChainStage(Recorder("late", log, keep=lambda ids: ids[:1]), True),  # removes c1, c2, c3
+    )
+    result = chain.retrieve("q", 5)
+    assert result.trace.withheld == {"c4": "not yet effective", "c1": "status=draft"}
+
+
+def test_a_disabled_withholding_stage_hides_nothing() -> None:
+    from app.retrieval.stages import HardFilterStage
+    from app.settings import HardFilterSettings
+
+    log: list[str] = []
+    chain, _, candidates = chain_of(
+        ChainStage(Recorder("early", log, keep=lambda ids: ids[:1]), True),
+        ChainStage(HardFilterStage(HardFilterSettings()), False),
+    )
+    candidates.raw[1].metadata["status"] = "draft"
+    assert chain.retrieve("q", 5).trace.withheld == {}
+    chain.stages[1].enabled = True
+    assert chain.retrieve("q", 5).trace.withheld == {"c1": "status=draft"}

@@ -539,3 +539,33 @@ def test_fallback_only_adds(candidates, keep, min_results) -> None:
     assert outcome.removed == [] and outcome.kept[: len(current)] == current
     assert outcome.kept[len(current) :] == outcome.added
     assert len(outcome.kept) == max(len(current), min(min_results, len(candidates)))
+
+
+@pytest.mark.parametrize(
+    ("metadata", "kind"),
+    [
+        ({}, None),
+        ({"status": "active"}, None),
+        ({"status": " Draft "}, "status=draft"),
+        ({"status": "retired"}, "status=retired"),
+        ({"effectiveFrom": "2024-05-02"}, "not yet effective"),
+        ({"effectiveTo": "2024-04-30"}, "no longer effective"),
+        ({"effectiveTo": "soon"}, "effective date unparseable"),
+        ({"effectiveFrom": "2024-05-01", "effectiveTo": "2024-05-01"}, None),
+        ({"source": "wiki.md"}, "source denied"),
+        # a document of another tag, or a short one, hides nothing: the kind is the hiding rule's, whatever
+        # rule removed the chunk first
+        ({"knowledge": "hr"}, None),
+        ({"knowledge": "hr", "status": "draft"}, "status=draft"),
+    ],
+)
+def test_hard_filter_withheld_names_the_rule_that_hides_a_document_not_the_document(
+    metadata: dict, kind: str | None
+) -> None:
+    stage = HardFilterStage(HardFilterSettings(denied_sources=["wiki.md"], min_text_chars=20))
+    assert stage.withheld(ctx(knowledge_tag="finance"), cand("a", 0.9, text="short", **metadata)) == kind
+
+
+def test_hard_filter_withheld_follows_its_settings() -> None:
+    stage = HardFilterStage(HardFilterSettings(check_effective_dates=False, excluded_statuses=[]))
+    assert stage.withheld(ctx(), cand("a", status="draft", effectiveTo="1999-01-01")) is None

@@ -19,6 +19,9 @@ class HardFilterStage:
        (`effectiveTo=2023-12-31 < today=2024-05-01`, `effectiveFrom unparseable: 'soon'`);
     4. source: not in `denied_sources`, exact match (`source=wiki.md denied`);
     5. text: at least `min_text_chars` characters once stripped (`text 12 chars < 20`).
+
+    Rules 2-4 hide a document from every reader, whatever the query; `withheld` names which of them
+    applies, in words that do not identify the document, for the API's debug view.
     """
 
     name = "hard_filter"
@@ -40,15 +43,33 @@ class HardFilterStage:
             return f"status={status}"
         # (without either date key there is no date to break a rule: `_date_reason` would say None)
         if self.settings.check_effective_dates and ("effectiveFrom" in meta or "effectiveTo" in meta):
-            why = _date_reason(meta, query.today)
-            if why:
-                return why
+            dated = _date_reason(meta, query.today)
+            if dated:
+                return dated[0]
         if self._denied and candidate.source in self._denied:
             return f"source={candidate.source} denied"
         if self.settings.min_text_chars > 0:  # every length is >= 0
             length = len(candidate.text.strip())
             if length < self.settings.min_text_chars:
                 return f"text {length} chars < {self.settings.min_text_chars}"
+        return None
+
+    def withheld(self, query: QueryContext, candidate: Candidate) -> str | None:
+        """Why `candidate`'s document is hidden from readers (rules 2-4, whichever stage removed it), as a
+        kind that names no document: `status=draft`, `not yet effective`, `no longer effective`,
+        `effective date unparseable`, `source denied`; None when none of those rules applies. The
+        knowledge-tag and text-length rules hide nothing: another tag finds the document, and a short text
+        is no secret."""
+        meta = candidate.metadata
+        status = meta.get("status")
+        if status not in (None, "") and str(status).strip().casefold() in self._excluded:
+            return f"status={str(status).strip().casefold()}"
+        if self.settings.check_effective_dates and ("effectiveFrom" in meta or "effectiveTo" in meta):
+            dated = _date_reason(meta, query.today)
+            if dated:
+                return dated[1]
+        if self._denied and candidate.source in self._denied:
+            return "source denied"
         return None
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
@@ -67,18 +88,19 @@ class _Unparseable(ValueError):
     pass
 
 
-def _date_reason(metadata: dict[str, Any], today: date) -> str | None:
+def _date_reason(metadata: dict[str, Any], today: date) -> tuple[str, str] | None:
+    """(the removal's reason, its kind for `withheld`) when the dates rule removes the chunk, else None."""
     bounds: dict[str, date | None] = {}
     for key in ("effectiveFrom", "effectiveTo"):
         try:
             bounds[key] = _parse_date(metadata.get(key))
         except _Unparseable:
-            return f"{key} unparseable: {metadata.get(key)!r}"
+            return f"{key} unparseable: {metadata.get(key)!r}", "effective date unparseable"
     start, end = bounds["effectiveFrom"], bounds["effectiveTo"]
     if start is not None and start > today:
-        return f"effectiveFrom={start.isoformat()} > today={today.isoformat()}"
+        return f"effectiveFrom={start.isoformat()} > today={today.isoformat()}", "not yet effective"
     if end is not None and end < today:
-        return f"effectiveTo={end.isoformat()} < today={today.isoformat()}"
+        return f"effectiveTo={end.isoformat()} < today={today.isoformat()}", "no longer effective"
     return None
 
 
