@@ -136,7 +136,9 @@ def test_query_json_is_the_api_response(capsys) -> None:
         "scoreKey",
         "skipped",
         "removedItems",
+        "withheld",
     }
+    assert not any(stage["withheld"] for stage in body["stages"]), "a local query withholds nothing"
     assert body["documents"][0]["docId"] == "hr-payroll-zh"
     assert body["finalCount"] == len(body["documents"]) == 3
     assert [s["name"] for s in body["stages"]] == STAGE_NAMES

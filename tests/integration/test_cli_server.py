@@ -119,10 +119,17 @@ def test_query_over_the_server_prints_what_a_local_query_prints(
     ]
     assert without_latency(remote_body) == without_latency(local_body)
 
+    # the admin's debug trace is the local one; a reader's counts the documents hidden from readers
     local_table = sieve(local_env, "query", QUERY, "--debug")
-    remote_table = sieve(local_env, "query", QUERY, "--debug", "--server", served.url)
-    assert (local_table.code, remote_table.code) == (0, 0), local_table.err + remote_table.err
+    admin_env = {**local_env, "SIEVE_TOKEN": ADMIN_TOKEN}
+    remote_table = sieve(admin_env, "query", QUERY, "--debug", "--server", served.url)
+    reader_table = sieve(local_env, "query", QUERY, "--debug", "--server", served.url)
+    assert (local_table.code, remote_table.code, reader_table.code) == (0, 0, 0), (
+        local_table.err + remote_table.err
+    )
     assert masked(remote_table.out) == masked(local_table.out)
+    assert "travel-expense-2022" in local_table.out and "travel-expense-2022" not in reader_table.out
+    assert "hidden from readers: status=retired" in reader_table.out
     assert "finance-expense-reimbursement-zh " in remote_table.out  # the full id, never cut with "…"
     assert remote_table.err == ""  # no model loads in the client, so nothing is logged
     for noise in NOISE:
