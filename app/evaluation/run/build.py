@@ -279,7 +279,10 @@ def invalid_report(golden_path: str, error: str, run_info: dict[str, Any], start
     )
 
 
-def case_record(c: CaseResult) -> CaseRecord:
+def ranked_documents(c: CaseResult) -> list[RankedDocument]:
+    """The case's final ranking as the report shows it: each document with its scores, its ranks in the
+    candidate lists, whether it matched (first occurrence of a relevant id) and why (relevant with its grade,
+    a duplicate, FORBIDDEN, judged not relevant, unjudged)."""
     case = c.case
     docs = c.result.documents if c.result else []
     relevant = metrics.relevant_ids(c.relevance)
@@ -323,6 +326,12 @@ def case_record(c: CaseResult) -> CaseRecord:
             )
         )
         seen.update(ids)
+    return ranked
+
+
+def case_record(c: CaseResult) -> CaseRecord:
+    case = c.case
+    ranked = ranked_documents(c)
     result = c.result
     return CaseRecord(
         id=case.id,
@@ -346,7 +355,7 @@ def case_record(c: CaseResult) -> CaseRecord:
         error=c.error,
         metrics=c.metrics,
         at_k={str(k): {m: v[m] for m in measures.RANKING} for k, v in c.at_k.items()},
-        expected_count=c.counts.get("expectedCount", len(relevant)),
+        expected_count=c.counts.get("expectedCount", len(metrics.relevant_ids(c.relevance))),
         hit_count=c.counts.get("hitCount"),
         first_hit_rank=c.counts.get("firstHitRank"),
         original_count=result.original_count if result else None,
