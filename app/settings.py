@@ -92,6 +92,11 @@ class IngestSettings(_Strict):
     min_chunk_chars: int = Field(1, ge=1)
     # A longer document is refused (422 over HTTP, a load error naming the file from disk).
     max_document_chars: int = Field(500_000, ge=1)
+    # A file's document with more metadata than this is refused (a load error naming the file and line; the
+    # run's other files are ingested); the store refuses any chunk past 1,000 keys whatever its path.
+    max_metadata_keys: int = Field(64, ge=1, le=1000)
+    max_metadata_key_chars: int = Field(128, ge=1)
+    max_metadata_bytes: int = Field(65_536, ge=1, description="UTF-8 bytes of a document's keys and values")
     follow_symlinks: bool = Field(
         False, description="follow symbolic links inside ingested folders (off: each is reported, not read)"
     )

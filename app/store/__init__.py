@@ -10,6 +10,7 @@ from app.store.chroma import (
     drop_collection,
     metadata_key_problem,
     metadata_value_problem,
+    store_metadata_problem,
     unicode_problem,
 )
 from app.store.chunk_cache import ChunkCache
@@ -28,6 +29,7 @@ __all__ = [
     "drop_collection",
     "metadata_key_problem",
     "metadata_value_problem",
+    "store_metadata_problem",
     "unicode_problem",
     "vector_norm",
 ]

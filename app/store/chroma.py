@@ -87,6 +87,23 @@ def metadata_key_problem(key: str) -> str | None:
     return unicode_problem(key)
 
 
+# The most metadata keys one chunk may carry into the store, whatever path it came by: a chunk of 5,000 to
+# 5,500 keys breaks Chroma 1.5's compactor for good (every later write, a restart, a server's queries:
+# "Error in compaction: Failed to apply logs to the metadata segment"), so the store refuses far below that.
+# Documents have tighter limits of their own (rag.ingest.max_metadata_keys, the API's bounds).
+STORE_MAX_METADATA_KEYS = 1000
+
+
+def store_metadata_problem(chunk_id: str, metadata: dict[str, Any] | None) -> str | None:
+    """Why the store refuses a chunk's metadata, or None: more than `STORE_MAX_METADATA_KEYS` keys."""
+    if metadata is not None and len(metadata) > STORE_MAX_METADATA_KEYS:
+        return (
+            f"chunk {chunk_id!r} carries {len(metadata)} metadata keys, more than the store takes "
+            f"({STORE_MAX_METADATA_KEYS}): refused before it reaches Chroma"
+        )
+    return None
+
+
 def metadata_value_problem(value: Any) -> str | None:
     """Why scalar `value` cannot be a metadata value in the store, or None when it can. (Measured on Chroma
     1.5: a NaN or infinite number is accepted and the chunk's whole metadata is silently stored as None.)"""
@@ -95,6 +112,14 @@ def metadata_value_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return unicode_problem(value)
     return None
+
+
+def _refuse_wide_metadata(rows: Iterable[tuple[str, dict[str, Any] | None]]) -> None:
+    """Raise StoreError for the first chunk `store_metadata_problem` refuses, before anything is written."""
+    for chunk_id, metadata in rows:
+        problem = store_metadata_problem(chunk_id, metadata)
+        if problem:
+            raise StoreError(problem)
 
 
 def unicode_problem(text: str) -> str | None:
@@ -471,6 +496,7 @@ class ChromaStore:
     def upsert(self, chunks: Sequence[StoredChunk], embeddings: np.ndarray) -> None:
         if len(chunks) != len(embeddings):
             raise ValueError(f"{len(chunks)} chunks but {len(embeddings)} embeddings")
+        _refuse_wide_metadata((c.chunk_id, c.metadata) for c in chunks)
         batch = self._max_batch()
         try:
             for start in range(0, len(chunks), batch):
@@ -488,6 +514,7 @@ class ChromaStore:
 
     def update_metadata(self, ids: Sequence[str], metadatas: Sequence[dict[str, Any]]) -> None:
         """Replace the metadata of stored chunks (their text and vectors stay)."""
+        _refuse_wide_metadata(zip(ids, metadatas, strict=True))
         batch = self._max_batch()
         try:
             for start in range(0, len(ids), batch):

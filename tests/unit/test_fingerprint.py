@@ -97,6 +97,9 @@ def test_run_settings_are_the_result_moving_keys_and_retrieval_and_chain_whole()
         "chunk_overlap": 100,
         "min_chunk_chars": 1,
         "max_document_chars": 500_000,
+        "max_metadata_keys": 64,
+        "max_metadata_key_chars": 128,
+        "max_metadata_bytes": 65_536,
         "follow_symlinks": False,
     }
     assert settings["retrieval"] == rag.retrieval.model_dump(mode="json")

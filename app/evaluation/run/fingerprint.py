@@ -54,7 +54,16 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     # the model and the texts it embeds: the vectors themselves
     "models": ("embedder", "query_prompt", "passage_prompt"),
     # how a document becomes chunks, and which documents are refused
-    "ingest": ("chunk_size", "chunk_overlap", "min_chunk_chars", "max_document_chars", "follow_symlinks"),
+    "ingest": (
+        "chunk_size",
+        "chunk_overlap",
+        "min_chunk_chars",
+        "max_document_chars",
+        "max_metadata_keys",
+        "max_metadata_key_chars",
+        "max_metadata_bytes",
+        "follow_symlinks",
+    ),
     # exact or approximate search, and the approximate index's parameters (hnsw_m and
     # hnsw_construction_ef apply when a collection is created)
     "store": ("exact_search_max_chunks", "hnsw_search_ef", "hnsw_m", "hnsw_construction_ef"),
