@@ -10,49 +10,31 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from app.ingest.pipeline import IngestReport
-from app.main import AppState, create_app
+from app.main import create_app
 from app.service import Sieve
-from app.settings import Settings, load_settings, merge, nested
+from app.settings import Settings, nested
 from app.store import ChromaStore
 from tests.conftest import find_free_port
+from tests.fixtures.api_server import ADMIN_TOKEN, READY_TIMEOUT_S, installs, make_settings, uvicorn_server
 from tests.fixtures.processes import chroma_run, stop_process
 from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS_CACHE = REPO / "target" / "models"
 DEEP = 100_000
-READY_TIMEOUT_S = 30.0
-ADMIN_TOKEN = "robustness-admin-token"
 # /ready caches the heartbeat for 1 s; a refused connection is answered at once
 READY_FLIP_S = 2.5
-
-
-def make_settings(store_path: Path, output_dir: Path, *overrides: dict[str, Any]) -> Settings:
-    return load_settings(
-        merge(
-            nested("rag.store.path", str(store_path)),
-            nested("rag.models.cache_dir", str(MODELS_CACHE)),
-            nested("rag.ingest.paths", []),
-            nested("rag.evaluate.output_dir", str(output_dir)),
-            nested("rag.server.admin_token", ADMIN_TOKEN),
-            nested("rag.server.jobs_dir", str(output_dir / "jobs")),
-            *overrides,
-        )
-    )
 
 
 @pytest.fixture(scope="module")
@@ -63,45 +45,6 @@ def sieve(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterator[S
     built = Sieve(settings, real_embedder, store, reranker=None)
     yield built
     built.close()
-
-
-def installs(sieve: Any) -> Callable[[AppState], None]:
-    def start(state: AppState) -> None:
-        state.sieve = sieve
-        state.phase = "ready"
-        state.ready = True
-
-    return start
-
-
-@contextmanager
-def uvicorn_server(app: FastAPI) -> Iterator[tuple[str, int]]:
-    """The app served by a real uvicorn on a free port, in a thread; stopped on exit."""
-    port = find_free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_config=None,
-            lifespan="on",
-            # restarting chroma can leave the connection idle for seconds; what is under test is that
-            # answers never close it, not uvicorn's idle timeout (5 s by default)
-            timeout_keep_alive=120,
-        )
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-under-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield "127.0.0.1", port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
 
 
 class OneConnection:

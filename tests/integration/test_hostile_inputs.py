@@ -23,8 +23,8 @@ from app.main import create_app
 from app.service import Sieve
 from app.settings import Settings
 from app.store import ChromaStore
+from tests.fixtures.api_server import ADMIN_TOKEN, installs, make_settings, uvicorn_server
 from tests.fixtures.seeded_store import seeded_store
-from tests.integration.test_api_robustness import ADMIN_TOKEN, installs, make_settings, uvicorn_server
 
 pytestmark = pytest.mark.integration
 

@@ -9,99 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.ingest.pipeline import IngestReport
-from app.main import AppState, create_app
-from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
-from app.settings import Settings, load_settings, merge, nested
-from app.store import StoreUnavailableError
+from app.settings import Settings
+from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, api_settings, post_json, serve_fake  # noqa: F401
 
 DEEP = 100_000
-ADMIN_TOKEN = "unit-test-admin-token"
-REPO = Path(__file__).resolve().parents[2]
-
-
-class FakeStore:
-    description = "fake store"
-
-    def __init__(self) -> None:
-        self.up = True
-        self.heartbeats = 0
-
-    def heartbeat(self) -> None:
-        self.heartbeats += 1
-        if not self.up:
-            raise StoreUnavailableError("fake store is unreachable")
-
-
-class FakeSieve:
-    def __init__(self, settings: Settings, fail_with: Exception | None = None) -> None:
-        self.settings = settings
-        self.store = FakeStore()
-        self.fail_with = fail_with
-        self.queries: list[tuple[str, int, str | None]] = []
-        self.ingested: list[list[Any]] = []
-
-    def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> RetrievalResult:
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.queries.append((query, top_k, knowledge_tag))
-        doc = Candidate("c_1", "doc-1", "text", {"title": "Title", "source": "src"}, scores={"dense": 0.5})
-        return RetrievalResult(
-            query=query,
-            documents=[doc],
-            original_count=1,
-            fallback_used=False,
-            latency_ms=1.0,
-            trace=RetrievalTrace(),
-        )
-
-    def chunk_count(self, documents: list[Any]) -> int:
-        return len(documents)
-
-    def ingest_documents(self, documents: list[Any], **_: Any) -> IngestReport:
-        self.ingested.append(list(documents))
-        return IngestReport(documents=len(documents), chunks=len(documents), added=len(documents))
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    # the repo's configuration whatever an earlier test left in the environment
-    # (`sieve --config` sets SIEVE_CONFIG for the process)
-    monkeypatch.setenv("SIEVE_CONFIG", str(REPO / "config" / "application.yml"))
-    for name in [n for n in os.environ if n.startswith("RAG__")]:
-        monkeypatch.delenv(name)
-    return load_settings(
-        merge(
-            nested("rag.store.path", str(tmp_path / "store")),
-            nested("rag.evaluate.output_dir", str(tmp_path / "eval")),
-            nested("rag.ingest.paths", []),
-            nested("rag.server.admin_token", ADMIN_TOKEN),
-            nested("rag.server.jobs_dir", str(tmp_path / "jobs")),
-        )
-    )
-
-
-def serve_fake(fake: FakeSieve) -> TestClient:
-    def start(state: AppState) -> None:
-        state.sieve = fake
-        state.phase = "ready"
-        state.ready = True
-
-    # writes need the admin token (tests/integration/test_api_access.py tests who may call what)
-    return TestClient(
-        create_app(fake.settings, start=start), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    )
 
 
 @pytest.fixture
@@ -113,11 +30,6 @@ def fake(settings: Settings) -> FakeSieve:
 def client(fake: FakeSieve) -> Iterator[TestClient]:
     with serve_fake(fake) as c:
         yield c
-
-
-def post_json(client: TestClient, path: str, raw: str | bytes) -> Any:
-    body = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    return client.post(path, content=body, headers={"Content-Type": "application/json"})
 
 
 def assert_422(response: Any, field: str, message: str) -> dict[str, Any]:

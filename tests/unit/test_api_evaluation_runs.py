@@ -17,8 +17,12 @@ from app.evaluation.compare.gate import GateCheck, GateResult
 from app.evaluation.report.model import Report
 from app.main import create_app
 from app.settings import EvaluateSettings, Settings
-from tests.unit.test_api_errors import ADMIN_TOKEN, FakeSieve, serve_fake
-from tests.unit.test_api_errors import settings as settings  # noqa: F401  (the fixture)
+from tests.fixtures.fake_api import (
+    ADMIN_TOKEN,
+    FakeSieve,
+    api_settings,  # noqa: F401  (the `settings` fixture)
+    serve_fake,
+)
 
 ROUTE = "/api/evaluations/runs"
 SUMMARY = {

@@ -20,7 +20,7 @@ from app.api.evaluations import EvaluationRunRequest
 from app.api.label import JudgmentRequest
 from app.api.querylog import QueryLogParams
 from app.api.schemas import DocumentIn, DocumentsRequest, RetrieveRequest
-from tests.unit.test_api_errors import FakeSieve, post_json, serve_fake, settings  # noqa: F401
+from tests.fixtures.fake_api import FakeSieve, api_settings, post_json, serve_fake  # noqa: F401
 
 REQUEST_MODELS = [
     RetrieveRequest,
