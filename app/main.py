@@ -189,7 +189,7 @@ def _startup(
 
 
 def startup_sequence(state: AppState) -> None:
-    from app.evaluation.startup import run_startup_evaluation
+    from app.evaluation.session import run_startup_evaluation
     from app.service import Sieve
 
     rag = state.settings.rag

@@ -27,7 +27,7 @@ from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, check_not_locked, drop_collection
 
 if TYPE_CHECKING:
-    from app.evaluation.startup import EvaluationTarget
+    from app.evaluation.session import EvaluationTarget
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class Sieve:
         and what the golden-set audit reads."""
         from app.evaluation.golden.audit import AuditSource
         from app.evaluation.run.runner import KnownIds
-        from app.evaluation.startup import EvaluationTarget
+        from app.evaluation.session import EvaluationTarget
 
         return EvaluationTarget(
             chain=self.chain,  # one chain for the run and its sweep, even if an ingest rebuilds it meanwhile

@@ -254,7 +254,7 @@ def get_job(job_id: str, request: Request) -> JSONResponse:
 def latest_evaluation(request: Request) -> JSONResponse:
     """The latest evaluation report (JSON). It holds every golden query and the ids of draft and retired
     documents, so it needs the admin token."""
-    from app.evaluation.startup import latest_report_path
+    from app.evaluation.session import latest_report_path
 
     state = sieve_state(request)
     path = latest_report_path(state.settings.rag.evaluate)
@@ -288,7 +288,7 @@ HTML_REPORT_HEADERS = {
 def latest_evaluation_html(request: Request) -> HTMLResponse:
     """The latest evaluation report as HTML (inline CSS and SVG, no outside resource); admin token, like
     the JSON."""
-    from app.evaluation.startup import latest_report_path
+    from app.evaluation.session import latest_report_path
 
     settings = sieve_state(request).settings.rag.evaluate
     path = latest_report_path(settings).with_suffix(".html")
@@ -305,7 +305,7 @@ def latest_evaluation_html(request: Request) -> HTMLResponse:
 @router.post("/api/evaluations", tags=["evaluation"], dependencies=admin, responses=WRITE_ERRORS)
 def run_evaluation(request: Request) -> JSONResponse:
     """Run an evaluation now (admin token) and return its report."""
-    from app.evaluation.startup import run_startup_evaluation
+    from app.evaluation.session import run_startup_evaluation
 
     state = sieve_state(request)
     sieve = require_sieve(request)
@@ -336,7 +336,7 @@ def run_evaluation_outcome(
     when the golden set has run (`sieve eval --server` waits for it). A baseline or golden set that cannot
     be used is a 422 naming it; a write already running, 409."""
     from app.evaluation.compare.comparison import BaselineError
-    from app.evaluation.startup import resolve_baseline, run_startup_evaluation
+    from app.evaluation.session import resolve_baseline, run_startup_evaluation
 
     state = sieve_state(request)
     sieve = require_sieve(request)

@@ -128,7 +128,7 @@ def _eval_here(args: argparse.Namespace) -> int:
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.run.runner import KnownIds
     from app.evaluation.scoring.trec import export_evaluation
-    from app.evaluation.startup import (
+    from app.evaluation.session import (
         finish_evaluation,
         resolve_baseline,
         run_description,
@@ -265,7 +265,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.render.tune import tune_markdown, write_tune
     from app.evaluation.run.runner import KnownIds
-    from app.evaluation.startup import run_evaluation
+    from app.evaluation.session import run_evaluation
     from app.evaluation.tune.grid import GridError, parse_grid, run_split
     from app.evaluation.tune.holdout import SplitError, check_split_flags, make_split
     from app.evaluation.tune.replay import record

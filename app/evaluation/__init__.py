@@ -13,5 +13,5 @@ The parts, each depending only on the ones above it:
 - `tune/`: replaying recorded runs over settings grids (`replay`, `grid`), held-out splits (`holdout`).
 - `render/`: the report as Markdown (`markdown`) and HTML (`html`), the tuning report (`tune`), and the
   report files (`files`, written with `app.files.atomic_write_text`).
-- `startup`: the service's and the CLI's evaluation run, wiring the parts together.
+- `session`: one evaluation run (start-up, `sieve eval`, the API), wiring the parts together.
 """

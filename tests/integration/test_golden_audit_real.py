@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main, open_sieve, settings_with
-from app.evaluation.startup import run_startup_evaluation
+from app.evaluation.session import run_startup_evaluation
 from app.settings import nested
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ import pytest
 from app.cli import main
 from app.evaluation.golden.cases import load_golden_set
 from app.evaluation.run.runner import KnownIds
-from app.evaluation.startup import run_evaluation
+from app.evaluation.session import run_evaluation
 from app.evaluation.tune.grid import REPLAYABLE, parse_grid
 from app.evaluation.tune.replay import point_metrics, record, replay
 from app.service import Sieve

@@ -71,7 +71,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, EvaluateSettings]]:
             promotion="baseline kept: this run did not replace out/r-passing.json (the gate failed); ...",
         )
 
-    monkeypatch.setattr("app.evaluation.startup.run_startup_evaluation", run)
+    monkeypatch.setattr("app.evaluation.session.run_startup_evaluation", run)
     return calls
 
 
@@ -170,7 +170,7 @@ def test_a_golden_set_that_cannot_run_is_422_with_its_reason(
     def broken(target: Any, settings: EvaluateSettings, progress: Any = None) -> SimpleNamespace:
         return SimpleNamespace(invalid_golden_set="golden.json line 3: case q1: query must not be blank")
 
-    monkeypatch.setattr("app.evaluation.startup.run_startup_evaluation", broken)
+    monkeypatch.setattr("app.evaluation.session.run_startup_evaluation", broken)
     response = client.post(ROUTE)
     assert (response.status_code, response.json()["error"]) == (
         422,

@@ -97,7 +97,7 @@ def test_part_is_the_top_level_package_or_an_evaluation_subpackage() -> None:
     assert part("app.api.routes") == "app.api"
     assert part("app.cli") == "app.cli"
     assert part("app.evaluation.report.model") == "app.evaluation.report"
-    assert part("app.evaluation.startup") == "app.evaluation.startup"
+    assert part("app.evaluation.session") == "app.evaluation.session"
 
 
 def test_no_module_import_cycle() -> None:

@@ -23,7 +23,7 @@ from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.render.files import write_reports
 from app.evaluation.report.model import Report
 from app.evaluation.run.build import invalid_report
-from app.evaluation.startup import EvaluationTarget, run_startup_evaluation
+from app.evaluation.session import EvaluationTarget, run_startup_evaluation
 from app.settings import ChainSettings, EvaluateSettings
 
 PREFIX = "retrieval-eval"

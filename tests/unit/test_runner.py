@@ -17,7 +17,7 @@ from app.evaluation.run.runner import (
     evaluate,
     latency_sample_indices,
 )
-from app.evaluation.startup import run_evaluation
+from app.evaluation.session import run_evaluation
 from app.retrieval.types import Candidate, Removal, RetrievalResult, RetrievalTrace, StageTrace
 from app.settings import EvaluateSettings
 

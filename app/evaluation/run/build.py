@@ -227,9 +227,9 @@ def build_report(
     seed: int = 42,
 ) -> Report:
     """The report of `evaluation`, without I/O or clock (its times come from `evaluation` and `run_info`).
-    `run_info` is the run description (`startup.run_description`); with `baseline`, each segment carries its
+    `run_info` is the run description (`session.run_description`); with `baseline`, each segment carries its
     exploratory delta against it (`run.segments.segments`). The comparison, the gate, the sweep and the audit
-    are the caller's to attach (`startup.finish_evaluation`); without them the report has none."""
+    are the caller's to attach (`session.finish_evaluation`); without them the report has none."""
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
