@@ -189,7 +189,7 @@ def _startup(
 
 
 def startup_sequence(state: AppState) -> None:
-    from app.evaluation.session import run_startup_evaluation
+    from app.evaluation.session import evaluate
     from app.service import Sieve
 
     rag = state.settings.rag
@@ -211,7 +211,7 @@ def startup_sequence(state: AppState) -> None:
             state.evaluation_progress = f"{done}/{total} cases"
 
         with state.write_lock:
-            outcome = run_startup_evaluation(sieve.evaluation_target(), rag.evaluate, progress)
+            outcome = evaluate(sieve.evaluation_target(), rag.evaluate, progress=progress)
         if outcome.gate_failures and rag.evaluate.fail_on_gate:
             state.phase = "failed"
             state.error = "evaluation gate failed: " + "; ".join(outcome.gate_failures)

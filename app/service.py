@@ -227,12 +227,12 @@ class Sieve:
         and what the golden-set audit reads."""
         from app.evaluation.golden.audit import AuditSource
         from app.evaluation.run.runner import KnownIds
-        from app.evaluation.session import EvaluationTarget
+        from app.evaluation.session import EvaluationTarget, ServiceDescription
 
         return EvaluationTarget(
             chain=self.chain,  # one chain for the run and its sweep, even if an ingest rebuilds it meanwhile
             known=KnownIds.from_store(self.store),
-            described=self.describe(),
+            described=ServiceDescription.model_validate(self.describe()),
             chain_settings=self.settings.rag.chain,
             audit=AuditSource(self.store, self.embedder, self.settings.rag.chain.hard_filter),
         )

@@ -23,7 +23,7 @@ from app.api.deps import (
     sieve_state,
 )
 from app.api.errors import ApiError, safe_text
-from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse, evaluation_run_view
+from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse
 from app.api.jobs import Job, JobInterrupted
 from app.api.querylog import QueryLogParams, query_record, read_newest
 from app.api.schemas import (
@@ -305,18 +305,16 @@ def latest_evaluation_html(request: Request) -> HTMLResponse:
 @router.post("/api/evaluations", tags=["evaluation"], dependencies=admin, responses=WRITE_ERRORS)
 def run_evaluation(request: Request) -> JSONResponse:
     """Run an evaluation now (admin token) and return its report."""
-    from app.evaluation.session import run_startup_evaluation
+    from app.evaluation.session import evaluate
 
     state = sieve_state(request)
     sieve = require_sieve(request)
     if not state.write_lock.acquire(blocking=False):
         raise ApiError(409, "an evaluation or ingest is already running")
     try:
-        outcome = run_startup_evaluation(sieve.evaluation_target(), state.settings.rag.evaluate, None)
+        outcome = evaluate(sieve.evaluation_target(), state.settings.rag.evaluate)
     finally:
         state.write_lock.release()
-    if outcome.report is None:
-        raise ApiError(422, f"evaluation did not run: {outcome.invalid_golden_set}")
     return JSONResponse(outcome.json)
 
 
@@ -336,7 +334,7 @@ def run_evaluation_outcome(
     when the golden set has run (`sieve eval --server` waits for it). A baseline or golden set that cannot
     be used is a 422 naming it; a write already running, 409."""
     from app.evaluation.compare.comparison import BaselineError
-    from app.evaluation.session import resolve_baseline, run_startup_evaluation
+    from app.evaluation.session import evaluate, resolve_baseline
 
     state = sieve_state(request)
     sieve = require_sieve(request)
@@ -348,12 +346,12 @@ def run_evaluation_outcome(
     if not state.write_lock.acquire(blocking=False):
         raise ApiError(409, "an evaluation or ingest is already running")
     try:
-        outcome = run_startup_evaluation(sieve.evaluation_target(), settings, None)
+        outcome = evaluate(sieve.evaluation_target(), settings)
     finally:
         state.write_lock.release()
     if outcome.invalid_golden_set is not None:
         raise ApiError(422, outcome.invalid_golden_set)
-    return evaluation_run_view(outcome)
+    return outcome.view()
 
 
 # how long GET /api/querylog waits for the entries queued before it to be written

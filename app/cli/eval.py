@@ -14,20 +14,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from app import exit_codes
 from app.cli.common import fail, open_sieve, settings_with
+from app.evaluation.compare.overrides import THRESHOLDS, EvaluationOverrides, flag, setting_key
 from app.settings import nested
 
-_THRESHOLD_FLAGS = {
-    "min_recall": "--min-recall",
-    "min_hit_rate": "--min-hit-rate",
-    "min_mrr": "--min-mrr",
-    "min_ndcg": "--min-ndcg",
-    "max_duplicate_rate": "--max-duplicate-rate",
-    "max_p95_ms": "--max-p95-ms",
-}
+if TYPE_CHECKING:
+    from app.evaluation.session import EvaluationRunResponse
 
 
 def add_eval_commands(sub: Any) -> None:
@@ -41,8 +36,8 @@ def add_eval_commands(sub: Any) -> None:
         help="compare with the pinned or last passing report (previous-passing, the default), the "
         "previous -latest report, nothing, or a report JSON (rag.evaluate.baseline; docs/baselines.md)",
     )
-    for name, flag in _THRESHOLD_FLAGS.items():
-        ev.add_argument(flag, type=float, dest=name, help=f"gate: rag.evaluate.thresholds.{name}")
+    for name in THRESHOLDS:
+        ev.add_argument(flag(name), type=float, dest=name, help=f"gate: {setting_key(name)}")
     ev.add_argument(
         "--beir", metavar="DIR", help="evaluate a BEIR directory (corpus.jsonl, queries.jsonl, qrels/)"
     )
@@ -58,7 +53,11 @@ def add_eval_commands(sub: Any) -> None:
         "(admin token; default $SIEVE_SERVER)",
     )
     ev.set_defaults(func=eval_command)
+    _add_tune_command(sub)
+    _add_compare_commands(sub)
 
+
+def _add_tune_command(sub: Any) -> None:
     tune = sub.add_parser(
         "tune",
         help="replay chain settings over one run's candidates and recommend (no model call per point)",
@@ -92,6 +91,8 @@ def add_eval_commands(sub: Any) -> None:
     tune.add_argument("--output-dir", help="folder of the tune files (default rag.evaluate.output_dir)")
     tune.set_defaults(func=tune_command)
 
+
+def _add_compare_commands(sub: Any) -> None:
     cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
     cmp.add_argument("baseline", help="the baseline report JSON")
     cmp.add_argument("current", help="the report JSON to compare with it")
@@ -121,39 +122,18 @@ def eval_command(args: argparse.Namespace) -> int:
 
 
 def _eval_here(args: argparse.Namespace) -> int:
-    from app.api.evaluations import evaluation_run_view
+    """`sieve eval` on this machine: the golden set (or a BEIR dataset) and the baseline read before any
+    model loads, then one evaluation session over the opened Sieve."""
     from app.evaluation.compare.comparison import BaselineError
-    from app.evaluation.golden.audit import AuditSource, audit_section
     from app.evaluation.golden.beir import load_beir_cases
     from app.evaluation.golden.cases import load_golden_set
-    from app.evaluation.run.runner import KnownIds
+    from app.evaluation.run.runner import check_knowledge_tags
     from app.evaluation.scoring.trec import export_evaluation
-    from app.evaluation.session import (
-        finish_evaluation,
-        resolve_baseline,
-        run_description,
-        run_evaluation,
-        run_sweep,
-    )
+    from app.evaluation.session import evaluate, resolve_baseline
 
-    overrides: list[dict[str, Any]] = []
-    if args.top_k is not None:
-        if not 1 <= args.top_k <= 100:
-            return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
-        overrides.append(nested("rag.evaluate.top_k", args.top_k))
-    if args.output_dir:
-        overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
-    if args.baseline:
-        overrides.append(nested("rag.evaluate.baseline", args.baseline))
-    for name in _THRESHOLD_FLAGS:
-        value = getattr(args, name)
-        if value is not None:
-            overrides.append(nested(f"rag.evaluate.thresholds.{name}", value))
-    if args.beir:
-        beir = Path(args.beir)
-        collection = args.collection or f"beir-{beir.resolve().name}"
-        overrides.append(nested("rag.store.collection", collection))
-    settings = settings_with(*overrides)
+    if args.top_k is not None and not 1 <= args.top_k <= 100:
+        return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
+    settings = settings_with(*_local_overrides(args))
     ev = settings.rag.evaluate
     if args.beir:
         golden = load_beir_cases(Path(args.beir), args.split)
@@ -174,23 +154,34 @@ def _eval_here(args: argparse.Namespace) -> int:
                 return exit_codes.BAD_INPUT
         elif settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        known = KnownIds.from_store(sieve.store)
-        evaluation = run_evaluation(sieve.chain, golden, known, ev)
-        sweep = run_sweep(evaluation, sieve.chain, settings.rag.chain, ev)
-        audit = audit_section(
-            golden, AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter), ev
-        )
-        described = sieve.describe()
+        target = sieve.evaluation_target()
+        check_knowledge_tags(golden, target.known)  # GoldenSetError -> exit 2, before any case runs
+        outcome = evaluate(target, ev, golden, baseline=baseline)
     finally:
         sieve.close()
-    outcome = finish_evaluation(
-        evaluation, ev, run_description(described, evaluation, known), baseline, sweep, audit
-    )
     exported: list[str] = []
-    if args.export_trec:
-        run_path, qrels_path = export_evaluation(evaluation, Path(args.export_trec))
+    if args.export_trec and outcome.evaluation is not None:
+        run_path, qrels_path = export_evaluation(outcome.evaluation, Path(args.export_trec))
         exported = [f"trec run: {run_path}", f"trec qrels: {qrels_path}"]
-    return print_evaluation(evaluation_run_view(outcome), exported)
+    return print_evaluation(outcome.view(), exported)
+
+
+def _local_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The settings `sieve eval`'s flags change: the run's overrides, the report folder and, with --beir,
+    the collection of its corpus."""
+    overrides = [nested(setting_key(name), value) for name, value in _overrides(args).given().items()]
+    if args.output_dir:
+        overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
+    if args.beir:
+        collection = args.collection or f"beir-{Path(args.beir).resolve().name}"
+        overrides.append(nested("rag.store.collection", collection))
+    return overrides
+
+
+def _overrides(args: argparse.Namespace) -> EvaluationOverrides:
+    """The run's overrides that `sieve eval`'s flags give (by the model's field names)."""
+    given = {name: getattr(args, name) for name in EvaluationOverrides.model_fields}
+    return EvaluationOverrides.model_construct(**{k: v for k, v in given.items() if v is not None})
 
 
 # flags that name files or a dataset on this machine: a server evaluates its own golden set and store
@@ -207,8 +198,8 @@ _SERVER_BASELINES = ("previous-passing", "previous", "none")
 def _eval_on_server(url: str, args: argparse.Namespace) -> int:
     """`sieve eval --server URL`: `POST /api/evaluations/runs` with the admin token; the server runs its
     golden set through its own chain and writes the reports in its `rag.evaluate.output_dir`."""
-    from app.api.evaluations import THRESHOLD_FIELDS, EvaluationRunResponse
     from app.cli.client import SieveClient, server_token
+    from app.evaluation.session import EvaluationRunResponse
 
     given = [flag for name, flag in _LOCAL_ONLY_FLAGS.items() if getattr(args, name)]
     if args.split != "test":
@@ -225,20 +216,12 @@ def _eval_on_server(url: str, args: argparse.Namespace) -> int:
             f"--baseline with --server must be one of {', '.join(_SERVER_BASELINES)} (a report file is "
             f"read on the server, from its rag.evaluate.baseline), got {args.baseline!r}"
         )
-    body: dict[str, Any] = {}
-    if args.top_k is not None:
-        body["topK"] = args.top_k
-    if args.baseline is not None:
-        body["baseline"] = args.baseline
-    for field, key in THRESHOLD_FIELDS.items():
-        value = getattr(args, key)
-        if value is not None:
-            body[field] = value
+    body = _overrides(args).model_dump(by_alias=True, exclude_none=True)
     answer = SieveClient(url, server_token("admin", settings_with)).evaluate(body)
     return print_evaluation(EvaluationRunResponse.model_validate(answer))
 
 
-def print_evaluation(view: Any, extra: list[str] | None = None) -> int:
+def print_evaluation(view: EvaluationRunResponse, extra: list[str] | None = None) -> int:
     """Print an `EvaluationRunResponse` as `sieve eval` does and return its exit code: the lines and the
     report files on stdout (then `extra`), gate notes on stdout, warnings and failures on stderr; 1 when
     a gate check failed."""
@@ -383,7 +366,8 @@ def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports, load_report
+    from app.evaluation.compare.comparison import BaselineError, compare_reports, load_report
+    from app.evaluation.render.lines import baseline_line
     from app.evaluation.render.markdown import comparison_markdown, k_label
 
     try:
@@ -399,7 +383,7 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(comparison, ensure_ascii=False, indent=2))
         return exit_codes.OK
     label = k_label(current)
-    print(baseline_line(comparison, label))
+    print(baseline_line(compared, label))
     print()
     print("\n".join(comparison_markdown(compared, None, label)))
     return exit_codes.OK

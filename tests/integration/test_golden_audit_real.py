@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main, open_sieve, settings_with
-from app.evaluation.session import run_startup_evaluation
+from app.evaluation.session import evaluate
 from app.settings import nested
 
 pytestmark = pytest.mark.integration
@@ -209,7 +209,7 @@ def test_eval_records_content_and_check_remaps_a_moved_document(base, capsys) ->
     settings = settings_with(nested("rag.evaluate.resource_location", golden))
     sieve = open_sieve(settings)
     try:
-        outcome = run_startup_evaluation(sieve.evaluation_target(), settings.rag.evaluate)
+        outcome = evaluate(sieve.evaluation_target(), settings.rag.evaluate)
     finally:
         sieve.close()
     assert outcome.report is not None and outcome.report.audit is not None

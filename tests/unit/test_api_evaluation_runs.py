@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 
 from app.api.evaluations import EvaluationRunRequest
 from app.evaluation.compare.gate import GateCheck, GateResult
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import Report, Summary
+from app.evaluation.session import Outcome
 from app.main import create_app
 from app.settings import EvaluateSettings, Settings
 from tests.fixtures.fake_api import (
@@ -25,18 +26,21 @@ from tests.fixtures.fake_api import (
 )
 
 ROUTE = "/api/evaluations/runs"
-SUMMARY = {
-    "cases": 3,
-    "succeeded": 3,
-    "failed": 0,
-    "recall": 1.0,
-    "mrr": 0.5,
-    "ndcg": 0.75,
-    "hitRate": 1.0,
-    "latencyMs": {"p50": 12.0, "p95": 20.0},
-    "noAnswer": {"cases": 0, "correctAbstentionRate": None},
-    "forbidden": {"hits": 0},
-}
+# the report's summary as its JSON holds it (every figure, these set)
+SUMMARY = Summary.model_validate(
+    {
+        "cases": 3,
+        "succeeded": 3,
+        "failed": 0,
+        "recall": 1.0,
+        "mrr": 0.5,
+        "ndcg": 0.75,
+        "hitRate": 1.0,
+        "latencyMs": {"p50": 12.0, "p95": 20.0},
+        "noAnswer": {"cases": 0, "correctAbstentionRate": None},
+        "forbidden": {"hits": 0},
+    }
+).to_json()
 
 
 class EvaluatedSieve(FakeSieve):
@@ -58,20 +62,19 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, EvaluateSettings]]:
         notes=["max_drop: no baseline"],
     )
 
-    def run(target: Any, settings: EvaluateSettings, progress: Any = None) -> SimpleNamespace:
+    def run(target: Any, settings: EvaluateSettings, progress: Any = None) -> Outcome:
         calls.append((target, settings))
         report = {"summary": SUMMARY, "comparison": None, "baselineNote": "rag.evaluate.baseline is none"}
         typed = Report.model_validate({"run": {}, **report})
-        return SimpleNamespace(
+        return Outcome(
             report=typed,
-            json=report,
             gate=gate,
             paths=[Path("out/r-latest.json")],
             invalid_golden_set=None,
             promotion="baseline kept: this run did not replace out/r-passing.json (the gate failed); ...",
         )
 
-    monkeypatch.setattr("app.evaluation.session.run_startup_evaluation", run)
+    monkeypatch.setattr("app.evaluation.session.evaluate", run)
     return calls
 
 
@@ -170,7 +173,7 @@ def test_a_golden_set_that_cannot_run_is_422_with_its_reason(
     def broken(target: Any, settings: EvaluateSettings, progress: Any = None) -> SimpleNamespace:
         return SimpleNamespace(invalid_golden_set="golden.json line 3: case q1: query must not be blank")
 
-    monkeypatch.setattr("app.evaluation.session.run_startup_evaluation", broken)
+    monkeypatch.setattr("app.evaluation.session.evaluate", broken)
     response = client.post(ROUTE)
     assert (response.status_code, response.json()["error"]) == (
         422,

@@ -23,7 +23,7 @@ from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.render.files import write_reports
 from app.evaluation.report.model import Report
 from app.evaluation.run.build import invalid_report
-from app.evaluation.session import EvaluationTarget, run_startup_evaluation
+from app.evaluation.session import EvaluationTarget, ServiceDescription, evaluate
 from app.settings import ChainSettings, EvaluateSettings
 
 PREFIX = "retrieval-eval"
@@ -183,9 +183,15 @@ def test_a_broken_golden_set_at_startup_leaves_the_passing_pointer_and_the_next_
         "chunks": 0,
         "retrieval": {"candidate_k": 50, "hybrid": False},
         "chain": {},
+        "settings": {},
     }
-    target = EvaluationTarget(chain=None, known=None, described=described, chain_settings=ChainSettings())  # type: ignore[arg-type]
-    outcome = run_startup_evaluation(target, ev)
+    target = EvaluationTarget(
+        chain=None,  # type: ignore[arg-type]
+        known=None,  # type: ignore[arg-type]
+        described=ServiceDescription.model_validate(described),
+        chain_settings=ChainSettings(),
+    )
+    outcome = evaluate(target, ev)
     assert outcome.invalid_golden_set is not None
     assert json.loads(latest_report_path(ev).read_text(encoding="utf-8"))["status"] == "invalid"
     assert json.loads(kept.read_text(encoding="utf-8")) == report("20260101T000000Z")

@@ -10,11 +10,11 @@ import pytest
 
 from app.evaluation.compare.comparison import (
     BaselineError,
-    baseline_line,
     compare_reports,
     describe_differences,
     load_report,
 )
+from app.evaluation.render.lines import baseline_line
 from app.evaluation.report.model import Comparison, Report
 from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
 
@@ -191,7 +191,7 @@ def test_log_line_format() -> None:
     cur = report({"a": 1.0, "b": 1.0})
     comp = compare(base, cur, "b.json").to_json()
     ci = comp["metrics"]["ndcg"]["ci95"]
-    assert baseline_line(comp, "@5") == (
+    assert baseline_line(Comparison.model_validate(comp), "@5") == (
         f"vs baseline 2026-12-01T00:00:00+00:00 (2 paired): nDCG@5 0.750 -> 1.000 (+0.250, "
         f"95% CI [{ci[0]:.3f}, {ci[1]:.3f}], p=1) fixed=0 broken=0"
     )
@@ -306,7 +306,7 @@ def test_a_drop_that_comes_from_unjudged_documents_is_unverified_and_counted() -
         "hitRate 1.000 -> 1.000"
     )
     assert (real["newUnjudged"], real["verified"], real["why"]) == (["new3"], True, "")
-    line = baseline_line(comp.to_json(), "@2")
+    line = baseline_line(comp, "@2")
     assert line.endswith(
         "fixed=0 broken=2; 3 of the 4 new top-K documents are unjudged (1 unverified: pushed)"
     )

@@ -10,7 +10,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.html import render_html
 from app.evaluation.render.markdown import comparison_markdown, md_text, render_markdown
 from app.evaluation.report.model import Report
-from app.evaluation.run.build import build_report
+from app.evaluation.run.build import measure_report
 from app.evaluation.run.runner import evaluate
 from tests.unit.test_judgments_evidence import KNOWN
 from tests.unit.test_runner import FakeChain
@@ -78,7 +78,7 @@ def test_unscorable_stale_and_dated_cases_are_said_where_a_reader_looks() -> Non
         ],
         "golden.json",
     )
-    report = build_report(evaluate(FakeChain(), golden, 3, KNOWN, today=date(2026, 1, 1)), {})
+    report = measure_report(evaluate(FakeChain(), golden, 3, KNOWN, today=date(2026, 1, 1)), {})
     md = render_markdown(report, case_detail=True)
     assert "over 2 scored cases (3 in all, 0 no-answer, 0 failed, 1 unscorable)" in md
     gone_row = next(line for line in md.splitlines() if line.startswith("| gone |"))
@@ -115,7 +115,7 @@ def test_ids_queries_and_tags_are_escaped_and_the_file_stays_text() -> None:
         ],
         "golden.json",
     )
-    md = render_markdown(build_report(evaluate(FakeChain(), golden, 3, KNOWN), {}), case_detail=True)
+    md = render_markdown(measure_report(evaluate(FakeChain(), golden, 3, KNOWN), {}), case_detail=True)
     assert "<script>" not in md and "<b>" not in md and "<img" not in md
     assert "### &lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert "- Query: pay|day\\u0000 & &lt;b&gt;bold&lt;/b&gt;\\u2028next" in md

@@ -15,7 +15,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.html import render_html
 from app.evaluation.render.markdown import render_markdown
 from app.evaluation.report.model import Ranks, Report, report_text
-from app.evaluation.run.build import build_report
+from app.evaluation.run.build import measure_report
 from app.evaluation.run.runner import NOT_RETRIEVED, RANKED_OUT, KnownIds, evaluate
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain
@@ -105,7 +105,7 @@ KNOWN = KnownIds.from_metadata([(c, {"doc_id": d}) for c, d in DOCS.items()] + [
 
 def report_of(run_chain: RetrievalChain) -> Report:
     evaluation = evaluate(run_chain, GOLDEN, 5, KNOWN, today=date(2030, 1, 2))
-    return build_report(evaluation, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
+    return measure_report(evaluation, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
 
 
 def test_each_document_and_lost_id_carries_its_place_in_every_candidate_list() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from app.evaluation.compare.comparison import load_report
 from app.evaluation.report.model import SCHEMA_VERSION, CaseRecord, Report, Summary, report_text
-from app.evaluation.run.build import build_report, case_record, summary_record
+from app.evaluation.run.build import case_record, measure_report, summary_record
 from app.evaluation.run.runner import evaluate
 from tests.unit.test_runner import KNOWN, FakeChain, golden
 
@@ -62,7 +62,7 @@ def test_a_case_record_carries_its_counts_and_ranked_documents_with_snippets() -
 
 def test_the_report_json_is_the_records_serialised() -> None:
     ev, c = one_case(expectedDocIds=["A"])
-    typed = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
+    typed = measure_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00"})
     assert isinstance(typed, Report)
     report = typed.to_json()
     assert report["schemaVersion"] == SCHEMA_VERSION == 3
@@ -81,7 +81,7 @@ def test_the_report_json_is_the_records_serialised() -> None:
 
 def test_a_report_written_and_read_back_is_the_same_report(tmp_path) -> None:
     ev, _ = one_case(expectedDocIds=["B", "C"], forbiddenDocIds=["D"])
-    built = build_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00", "collection": "kb-sample"})
+    built = measure_report(ev, {"evaluatedAt": "2030-01-02T00:00:00+00:00", "collection": "kb-sample"})
     text = report_text(built)
     assert Report.model_validate_json(text) == built
     path = tmp_path / "report.json"

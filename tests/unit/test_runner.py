@@ -8,7 +8,7 @@ from math import log2
 import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.run.build import build_report, case_record
+from app.evaluation.run.build import case_record, measure_report
 from app.evaluation.run.runner import (
     NOT_IN_INDEX,
     NOT_RETRIEVED,
@@ -211,7 +211,7 @@ def test_the_gain_reaches_every_ndcg_of_the_run() -> None:
     linear = evaluate(FakeChain(), graded, 3, KNOWN).cases[0]
     assert linear.metrics is not None
     assert linear.metrics["ndcg"] == pytest.approx((1 / log2(2) + 3 / log2(3)) / (3 / log2(2) + 1 / log2(3)))
-    report = build_report(ev, {})
+    report = measure_report(ev, {})
     assert report.run.gain == "exponential"
     assert "gain = 2^grade - 1" in (report.run.conventions or "")
     assert report.summary is not None and report.summary.ndcg == pytest.approx(dcg / idcg)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.evaluation.run.segments import origin_comparison, origin_line, segments
+from app.evaluation.render.lines import origin_line
+from app.evaluation.run.segments import origin_comparison, segments
 
 
 def case(cid, ndcg=1.0, origin=None, literalness=None, scored=True, query="pay day"):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.render.lines import sweep_line
 from app.evaluation.report.model import Sweep
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.tune.grid import (
@@ -23,7 +24,6 @@ from app.evaluation.tune.grid import (
     parse_grid,
     parse_spec,
     recommend,
-    sweep_line,
     sweep_values,
     threshold_sweep,
 )

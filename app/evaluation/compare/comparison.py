@@ -33,8 +33,6 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.scoring import stats
 from app.evaluation.scoring.measures import COMPARED, RANKING
-from app.evaluation.scoring.measures import fmt as _f
-from app.evaluation.scoring.measures import fmt_p as p_text
 from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
@@ -686,32 +684,3 @@ def _stage_deltas(b_stages: list[StageRow], c_stages: list[StageRow]) -> list[St
             )
         )
     return rows
-
-
-def baseline_line(comparison: dict[str, Any], k_label: str) -> str:
-    """The log line after the summary:
-    `vs baseline <evaluatedAt> (45 paired): nDCG@5 0.958 -> 0.967 (+0.009, 95% CI [-0.004, 0.022], p=0.19)
-    fixed=1 broken=0`. p is the per-metric sign-flip p-value (uncorrected; pHolm is in the report)."""
-    when = comparison["baseline"].get("evaluatedAt") or "?"
-    if not comparison["comparable"]:
-        return f"vs baseline {when}: not comparable ({'; '.join(comparison['differences']) or 'K differs'})"
-    row = comparison["metrics"].get("ndcg")
-    cases = comparison["cases"]
-    head = f"vs baseline {when} ({comparison['pairedCases']} paired): "
-    if row is None:
-        return head + "no paired scored cases"
-    ci = row["ci95"] or [None, None]
-    line = (
-        head + f"nDCG{k_label} {row['baseline']:.3f} -> {row['current']:.3f} ({row['delta']:+.3f}, "
-        f"95% CI [{_f(ci[0])}, {_f(ci[1])}], p={p_text(row['pValue'])}) "
-        f"fixed={len(cases['fixed'])} broken={len(cases['broken'])}"
-    )
-    account = comparison.get("unjudged")
-    if account and account["newInTopK"]:
-        line += f"; {account['headline']}"
-        for key, label in (("unverified", "unverified"), ("thinlyJudged", "too thinly judged to tell")):
-            ids = cases.get(key) or []
-            if ids:
-                shown = ", ".join(ids[:5]) + (f", … {len(ids) - 5} more" if len(ids) > 5 else "")
-                line += f" ({len(ids)} {label}: {shown})"
-    return line

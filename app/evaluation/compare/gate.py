@@ -206,11 +206,15 @@ class GateResult:
 
 
 def check_gate(
-    report: Report, thresholds: EvaluateThresholds, no_baseline_reason: str | None = None
+    report: Report,
+    thresholds: EvaluateThresholds,
+    no_baseline_reason: str | None = None,
+    comparison: Comparison | None = None,
 ) -> GateResult:
     """All configured checks on `report`: its summary's figures (a report without a summary has none,
     so every level fails), its comparison (None: no baseline, for the reason given) and its case records
-    (to name the cases with forbidden documents)."""
+    (to name the cases with forbidden documents). `comparison` is the one a measured report (built without
+    it) is judged by; None: the report's own."""
     summary = report.summary if report.summary is not None else Summary()
     result = GateResult()
     for name, (metric, op, figure) in _LEVELS.items():
@@ -224,7 +228,7 @@ def check_gate(
     _segment_levels(result, report, thresholds)
     _forbidden(result, summary, report, thresholds)
     _no_answer_policy(result, summary, thresholds)
-    _regressions(result, report, thresholds, report.comparison, no_baseline_reason)
+    _regressions(result, report, thresholds, comparison or report.comparison, no_baseline_reason)
     return result
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
 from app.evaluation.compare.gate import GATE_RULE
 from app.evaluation.golden.audit import audit_markdown
+from app.evaluation.render.lines import origin_line
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
     WORST_CASES,
@@ -32,7 +33,7 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.report.text import md_text
 from app.evaluation.run.runner import RANKED_OUT
-from app.evaluation.run.segments import SMALL_SEGMENT, origin_line
+from app.evaluation.run.segments import SMALL_SEGMENT
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_ms as _ms

@@ -1,23 +1,31 @@
-"""The report built from a run, without I/O or clock: `build_report` turns an `Evaluation` (and the run
-description, whose timestamps come in) into the report JSON (`schemaVersion`), case records and the per-stage
+"""The report built from a run, without I/O or clock: `measure_report` turns an `Evaluation` (and the run
+description, whose timestamps come in) into the report, and `build_report` adds its verdict (comparison,
+gate, baseline update) once; the report JSON (`schemaVersion`), case records and the per-stage
 table included; the segments and paraphrase groups are computed here, once."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from statistics import fmean
 from typing import Any
 
+from app.evaluation.golden.audit import AuditResult
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
+    Audit,
+    BaselineUpdate,
     CaseBudget,
     CaseRecord,
+    Comparison,
     Gate,
     RankedDocument,
     Report,
     RunInfo,
     StageRow,
     Summary,
+    Sweep,
 )
 from app.evaluation.run.fingerprint import case_sha256
 from app.evaluation.run.runner import (
@@ -220,23 +228,26 @@ def _mean(values: list[float]) -> float | None:
     return round(fmean(values), 3) if values else None
 
 
-def build_report(
+def measure_report(
     evaluation: Evaluation,
-    run_info: dict[str, Any],
+    run_info: Mapping[str, object],
     baseline: Report | None = None,
     seed: int = 42,
+    sweep: Sweep | None = None,
+    audit: AuditResult | None = None,
 ) -> Report:
-    """The report of `evaluation`, without I/O or clock (its times come from `evaluation` and `run_info`).
-    `run_info` is the run description (`session.run_description`); with `baseline`, each segment carries its
-    exploratory delta against it (`run.segments.segments`). The comparison, the gate, the sweep and the audit
-    are the caller's to attach (`session.finish_evaluation`); without them the report has none."""
+    """The measured report of `evaluation`, without I/O or clock (its times come from `evaluation` and
+    `run_info`): what the comparison, the gate and the baseline update read, before `build_report` adds
+    them. `run_info` is the run description (`session.run_description`); with `baseline`, each segment
+    carries its exploratory delta against it (`run.segments.segments`); `sweep` and `audit` are the run's
+    (None: not run), the audit's per-case content hashes put into the case records' `expectedContent`."""
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
             for k, v in c.result.trace.candidate_origins.items():
                 origins[k] = origins.get(k, 0) + v
     started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
-    records = [case_record(c) for c in evaluation.cases]
+    records = [_with_content(case_record(c), audit) for c in evaluation.cases]
     cases = [r.to_json() for r in records]
     base_cases = [c.to_json() for c in baseline.cases] if baseline is not None else None
     run = RunInfo.model_validate(
@@ -259,6 +270,8 @@ def build_report(
         status="ok",
         run=run,
         summary=summary_record(evaluation),
+        sweep=sweep,
+        audit=_audit_record(audit) if audit is not None else None,
         stages=stage_table(evaluation),
         segments=segments(cases, base_cases, seed),
         origins=origin_comparison(cases),
@@ -269,7 +282,54 @@ def build_report(
     )
 
 
-def invalid_report(golden_path: str, error: str, run_info: dict[str, Any], started_at: str) -> Report:
+def _audit_record(audit: AuditResult) -> Audit:
+    """The report's `audit`: the audit without its per-case content hashes (the case records carry them)."""
+    return Audit(**{f.name: getattr(audit, f.name) for f in fields(Audit)})
+
+
+def _with_content(record: CaseRecord, audit: AuditResult | None) -> CaseRecord:
+    """`record` with its expected documents' content hashes from `audit` (the next audit remaps stale ids
+    with them); as it is without an audit."""
+    if audit is None:
+        return record
+    return record.model_copy(update={"expected_content": dict(audit.expected_content.get(record.id, {}))})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What is judged of a measured report: its comparison with the baseline (None: no baseline, for
+    `baseline_note`), the gate's record and whether the run replaces the last passing baseline."""
+
+    comparison: Comparison | None
+    baseline_note: str | None
+    gate: Gate
+    baseline_update: BaselineUpdate
+
+
+def build_report(measured: Report, verdict: Verdict) -> Report:
+    """The finished report: the measured parts (`measure_report`) with the verdict, built once; nothing is
+    set on it afterwards."""
+    return Report(
+        status=measured.status,
+        run=measured.run,
+        summary=measured.summary,
+        comparison=verdict.comparison,
+        baseline_note=verdict.baseline_note,
+        gate=verdict.gate,
+        baseline_update=verdict.baseline_update,
+        sweep=measured.sweep,
+        audit=measured.audit,
+        stages=measured.stages,
+        segments=measured.segments,
+        origins=measured.origins,
+        groups=measured.groups,
+        candidate_origins=measured.candidate_origins,
+        warnings=measured.warnings,
+        cases=measured.cases,
+    )
+
+
+def invalid_report(golden_path: str, error: str, run_info: Mapping[str, object], started_at: str) -> Report:
     """The report of a run that could not start (the golden set is broken): it says why nothing ran."""
     return Report(
         status="invalid",
@@ -393,7 +453,9 @@ __all__ = [
     "NOT_IN_INDEX",
     "NOT_RETRIEVED",
     "RANKED_OUT",
+    "Verdict",
     "build_report",
     "invalid_report",
+    "measure_report",
     "summarize",
 ]

@@ -16,7 +16,6 @@ from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import Group, Segment, SegmentDelta
 from app.evaluation.scoring import stats
 from app.evaluation.scoring.measures import COMPARED
-from app.evaluation.scoring.measures import label as measure_label
 
 SEGMENT_METRICS = COMPARED
 SMALL_SEGMENT = 10
@@ -168,16 +167,3 @@ def origin_comparison(cases: list[dict[str, Any]], metric: str = "ndcg") -> dict
             "manualCases": manual["scored"],
         }
     return {"byOrigin": figures, "generatedVsManual": versus}
-
-
-def origin_line(origins: dict[str, Any] | None) -> str | None:
-    """ "generated vs manual: nDCG +0.070 (0.980 vs 0.910, n=30 vs 62 scored cases)", or None when the
-    comparison is not there."""
-    versus = (origins or {}).get("generatedVsManual")
-    if not versus:
-        return None
-    label = measure_label(versus["metric"])
-    return (
-        f"generated vs manual: {label} {versus['delta']:+.3f} ({versus['generated']:.3f} vs "
-        f"{versus['manual']:.3f}, n={versus['generatedCases']} vs {versus['manualCases']} scored cases)"
-    )

@@ -51,7 +51,6 @@ from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.report.model import Sweep
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import Evaluation
-from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.tune.replay import (
     POINT_METRICS,
@@ -618,25 +617,3 @@ def fmt_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.1f}"
     return str(value)
-
-
-def sweep_line(sweep: Sweep | None) -> str | None:
-    """The log line: `sweep min_dense: 0.84 abstains on 2/4 no-answer cases, recall 1.000 -> 1.000
-    (fallback off)`."""
-    if not sweep:
-        return None
-    current = sweep.current.metrics
-    rec = sweep.recommendation.abstention
-    if current.no_answer_cases == 0:
-        return "sweep min_dense: no no-answer cases in the golden set, no abstention threshold to recommend"
-    if rec is None:
-        return (
-            "sweep min_dense: no threshold abstains without losing more than the tolerance of recall or "
-            "nDCG (fallback off)"
-        )
-    m = rec.metrics
-    return (
-        f"sweep min_dense: {fmt_value(rec.point[MIN_DENSE])} abstains on "
-        f"{m.correct_abstentions}/{m.no_answer_cases} no-answer cases, "
-        f"recall {_f(current.recall)} -> {_f(m.recall)} (fallback off)"
-    )
