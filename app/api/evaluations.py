@@ -1,6 +1,6 @@
 """`POST /api/evaluations/runs`: the request that may adjust one run's settings (the evaluation's one model
 of a run's overrides, narrowed to the baselines a server reads itself) and the outcome it answers with
-(`session.EvaluationRunResponse`: what `sieve eval` prints)."""
+(`render.lines.EvaluationRunResponse`: what `sieve eval` prints)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from app.evaluation.compare.overrides import EvaluationOverrides
-from app.evaluation.session import EvaluationGate, EvaluationRunResponse
+from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
 
 
 class EvaluationRunRequest(EvaluationOverrides):

@@ -22,7 +22,7 @@ from app.evaluation.compare.overrides import THRESHOLDS, EvaluationOverrides, fl
 from app.settings import nested
 
 if TYPE_CHECKING:
-    from app.evaluation.session import EvaluationRunResponse
+    from app.evaluation.render.lines import EvaluationRunResponse
 
 
 def add_eval_commands(sub: Any) -> None:
@@ -179,9 +179,10 @@ def _local_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _overrides(args: argparse.Namespace) -> EvaluationOverrides:
-    """The run's overrides that `sieve eval`'s flags give (by the model's field names)."""
+    """The run's overrides that `sieve eval`'s flags give, by the model's field names. Not validated here:
+    the settings built from them are (as the YAML would be), and a server validates the request."""
     given = {name: getattr(args, name) for name in EvaluationOverrides.model_fields}
-    return EvaluationOverrides.model_construct(**{k: v for k, v in given.items() if v is not None})
+    return EvaluationOverrides.model_construct(**{k: v for k, v in given.items() if v not in (None, "")})
 
 
 # flags that name files or a dataset on this machine: a server evaluates its own golden set and store
@@ -199,9 +200,9 @@ def _eval_on_server(url: str, args: argparse.Namespace) -> int:
     """`sieve eval --server URL`: `POST /api/evaluations/runs` with the admin token; the server runs its
     golden set through its own chain and writes the reports in its `rag.evaluate.output_dir`."""
     from app.cli.client import SieveClient, server_token
-    from app.evaluation.session import EvaluationRunResponse
+    from app.evaluation.render.lines import EvaluationRunResponse
 
-    given = [flag for name, flag in _LOCAL_ONLY_FLAGS.items() if getattr(args, name)]
+    given = [option for name, option in _LOCAL_ONLY_FLAGS.items() if getattr(args, name)]
     if args.split != "test":
         given.append("--split")
     if given:
@@ -225,18 +226,13 @@ def print_evaluation(view: EvaluationRunResponse, extra: list[str] | None = None
     """Print an `EvaluationRunResponse` as `sieve eval` does and return its exit code: the lines and the
     report files on stdout (then `extra`), gate notes on stdout, warnings and failures on stderr; 1 when
     a gate check failed."""
-    for line in view.lines:
+    from app.evaluation.render.lines import printed_lines
+
+    out, err = printed_lines(view, extra or [])
+    for line in out:
         print(line)
-    for path in view.reports:
-        print(f"report: {path}")
-    for line in extra or []:
-        print(line)
-    for note in view.gate.notes:
-        print(f"gate note: {note}")
-    for warning in view.gate.warnings:
-        print(f"gate WARN: {warning}", file=sys.stderr)
-    for failure in view.gate.failures:
-        print(f"gate failed: {failure}", file=sys.stderr)
+    for line in err:
+        print(line, file=sys.stderr)
     return exit_codes.GATE_FAILED if view.gate.failures else exit_codes.OK
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from app.evaluation.compare.baselines import (
     Baseline,
@@ -27,6 +27,7 @@ from app.evaluation.golden.audit import AuditResult, AuditSource, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render import lines
 from app.evaluation.render.files import report_stamp, write_reports
+from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
 from app.evaluation.render.markdown import k_label, render_markdown
 from app.evaluation.report.model import Comparison, Report, Sweep
 from app.evaluation.run import runner
@@ -41,7 +42,13 @@ from app.settings import ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
 
-__all__ = ["Baseline", "latest_report_path", "resolve_baseline"]
+__all__ = [
+    "Baseline",
+    "EvaluationGate",
+    "EvaluationRunResponse",
+    "latest_report_path",
+    "resolve_baseline",
+]
 
 
 class ServiceDescription(BaseModel):
@@ -59,23 +66,6 @@ class ServiceDescription(BaseModel):
     retrieval: dict[str, object]
     chain: dict[str, dict[str, object]]
     settings: dict[str, object]
-
-
-class EvaluationGate(BaseModel):
-    passed: bool = Field(description="no check of severity fail failed")
-    failures: list[str] = Field(description="the failed checks, each named with its figure and limit")
-    warnings: list[str] = Field(description="the checks that warned (the gate still passes)")
-    notes: list[str] = Field(description="what the gate could not check, and why")
-
-
-class EvaluationRunResponse(BaseModel):
-    lines: list[str] = Field(
-        description="the run in a few lines, as `sieve eval` prints them: the summary, the baseline and the "
-        "comparison with it, the threshold sweep, the golden-set audit"
-    )
-    reports: list[str] = Field(description="the report files this run wrote (on the server)")
-    gate: EvaluationGate
-    summary: dict[str, Any] = Field(description="the report's summary (its `summary` object)")
 
 
 @dataclass

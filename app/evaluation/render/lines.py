@@ -1,5 +1,6 @@
-"""Every text line an evaluation run says: the log's `[RetrievalEval]` lines, what `sieve eval` prints and
-what `POST /api/evaluations/runs` answers (`outcome_lines`). Each line is read from the typed report and
+"""Every text line an evaluation run says: the log's `[RetrievalEval]` lines, what `POST
+/api/evaluations/runs` answers (`EvaluationRunResponse`, its lines from `outcome_lines`) and what `sieve eval`
+prints of that answer (`printed_lines`). Each line is read from the typed report and
 its parts (Report, Comparison, Sweep, GateCheck), never from their JSON."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from app.evaluation.compare.baselines import passing_report_path
 from app.evaluation.compare.gate import GateCheck
@@ -16,6 +19,23 @@ from app.evaluation.scoring.measures import fmt, fmt_p
 from app.evaluation.scoring.measures import label as measure_label
 from app.evaluation.tune.grid import MIN_DENSE, fmt_value
 from app.settings import EvaluateSettings
+
+
+class EvaluationGate(BaseModel):
+    passed: bool = Field(description="no check of severity fail failed")
+    failures: list[str] = Field(description="the failed checks, each named with its figure and limit")
+    warnings: list[str] = Field(description="the checks that warned (the gate still passes)")
+    notes: list[str] = Field(description="what the gate could not check, and why")
+
+
+class EvaluationRunResponse(BaseModel):
+    lines: list[str] = Field(
+        description="the run in a few lines, as `sieve eval` prints them: the summary, the baseline and the "
+        "comparison with it, the threshold sweep, the golden-set audit"
+    )
+    reports: list[str] = Field(description="the report files this run wrote (on the server)")
+    gate: EvaluationGate
+    summary: dict[str, Any] = Field(description="the report's summary (its `summary` object)")
 
 
 def start_line(cases: int, golden_path: str, k: int) -> str:
@@ -170,3 +190,13 @@ def outcome_lines(report: Report, k_label: str, promotion: str | None) -> list[s
     if promotion:
         lines.append(promotion)
     return lines
+
+
+def printed_lines(view: EvaluationRunResponse, extra: list[str]) -> tuple[list[str], list[str]]:
+    """What `sieve eval` prints of a run's answer: on stdout its lines, its report files, `extra` and the
+    gate's notes; on stderr the gate's warnings and failures."""
+    out = [*view.lines, *(f"report: {path}" for path in view.reports), *extra]
+    out += [f"gate note: {note}" for note in view.gate.notes]
+    err = [f"gate WARN: {warning}" for warning in view.gate.warnings]
+    err += [f"gate failed: {failure}" for failure in view.gate.failures]
+    return out, err
