@@ -150,7 +150,7 @@ def evaluate(
 
 def _not_run(error: str, described: ServiceDescription, settings: EvaluateSettings) -> Outcome:
     """The outcome of a golden set that cannot be used: an invalid report that says why, written."""
-    log.error("[RetrievalEval] not run: %s", error)
+    log.error("[RetrievalEval] %s", lines.not_run_line(error))
     started = utc_now().isoformat(timespec="seconds")
     report = invalid_report(settings.resource_location, error, run_header(described), started)
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail))
@@ -163,7 +163,7 @@ def _configured_baseline(settings: EvaluateSettings) -> Baseline:
     try:
         return resolve_baseline(settings)
     except BaselineError as exc:
-        log.error("[RetrievalEval] baseline not used: %s", exc)
+        log.error("[RetrievalEval] %s", lines.baseline_unusable_line(exc))
         return Baseline(None, None, f"the configured baseline is not usable: {exc}")
 
 
@@ -179,7 +179,7 @@ def run_sweep(
         recording = record(evaluation, chain)
         return threshold_sweep(recording, chain_settings, settings.thresholds, settings.sweep.tolerance)
     except Exception as exc:  # the sweep is an extra; the evaluation's report must still be written
-        log.error("[RetrievalEval] threshold sweep not run: %s: %s", type(exc).__name__, exc)
+        log.error("[RetrievalEval] %s", lines.sweep_failed_line(exc))
         return None
 
 
@@ -259,7 +259,7 @@ def _log_run(report: Report, gate: GateResult, paths: list[Path], promotion: str
         level = logging.ERROR if check.failed else logging.WARNING if check.warned else logging.INFO
         log.log(level, "[RetrievalEval] %s", lines.gate_line(check))
     for note in gate.notes:
-        log.info("[RetrievalEval] gate note: %s", note)
+        log.info("[RetrievalEval] %s", lines.gate_note_line(note))
     _log_paths(paths)
     log.info("[RetrievalEval] %s", promotion)
 

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from app.evaluation.compare.baselines import passing_report_path
+from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.compare.gate import GateCheck
 from app.evaluation.golden.audit import summary_line as audit_summary
 from app.evaluation.report.model import BaselineUpdate, Comparison, Report, Summary, Sweep
@@ -41,6 +42,21 @@ class EvaluationRunResponse(BaseModel):
 def start_line(cases: int, golden_path: str, k: int) -> str:
     """The first line of a run: `start cases=67 goldenSet=golden_set/golden.jsonl k=5`."""
     return f"start cases={cases} goldenSet={golden_path} k={k}"
+
+
+def not_run_line(error: str) -> str:
+    """The log line of a run whose golden set cannot be used."""
+    return f"not run: {error}"
+
+
+def baseline_unusable_line(error: BaselineError) -> str:
+    """The log line of a configured baseline that cannot be used (the run goes on without one)."""
+    return f"baseline not used: {error}"
+
+
+def sweep_failed_line(error: Exception) -> str:
+    """The log line of a threshold sweep that failed (the report is written without it)."""
+    return f"threshold sweep not run: {type(error).__name__}: {error}"
 
 
 def summary_line(report: Report) -> str:
@@ -148,6 +164,11 @@ def gate_line(check: GateCheck) -> str:
     return f"gate {check.status} {check.describe()}"
 
 
+def gate_note_line(note: str) -> str:
+    """What the gate could not check, as the log says it."""
+    return f"gate note: {note}"
+
+
 def path_lines(paths: list[Path]) -> list[str]:
     """The log's lines of the -latest report files: `report target/eval/retrieval-eval-latest.json`."""
     return [f"report {path}" for path in paths if "-latest." in path.name]
@@ -196,7 +217,7 @@ def printed_lines(view: EvaluationRunResponse, extra: list[str]) -> tuple[list[s
     """What `sieve eval` prints of a run's answer: on stdout its lines, its report files, `extra` and the
     gate's notes; on stderr the gate's warnings and failures."""
     out = [*view.lines, *(f"report: {path}" for path in view.reports), *extra]
-    out += [f"gate note: {note}" for note in view.gate.notes]
+    out += [gate_note_line(note) for note in view.gate.notes]
     err = [f"gate WARN: {warning}" for warning in view.gate.warnings]
     err += [f"gate failed: {failure}" for failure in view.gate.failures]
     return out, err
