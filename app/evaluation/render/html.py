@@ -28,7 +28,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from app.evaluation.compare.comparison import BUDGET_LABELS
 from app.evaluation.compare.gate import GATE_RULE
-from app.evaluation.render.markdown import k_label, ranks_text
+from app.evaluation.render.markdown import k_label, ranks_text, summary_figure
 from app.evaluation.report.model import (
     CaseRecord,
     Group,
@@ -53,8 +53,6 @@ TEMPLATES = Path(__file__).with_name("templates")
 
 # the tiles follow the Markdown summary's order
 TILE_METRICS = HEADLINE
-# a summary figure's JSON name -> its Summary field ("top1Accuracy" -> "top1_accuracy")
-_SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fields.items()}
 
 _ENV = Environment(
     loader=FileSystemLoader(TEMPLATES),
@@ -126,7 +124,7 @@ def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
         Tile(
             key=key,
             label=measures.label(key, kl),
-            value=getattr(s, _SUMMARY_FIELDS[key]),
+            value=summary_figure(s, key),
             counts=count_text.get(key, f"mean over {scored} scored cases"),
             delta=_delta(compared.get(key)),
         )
