@@ -179,25 +179,21 @@ def compare_reports(
 def _with_statistics(
     comparison: Comparison, baseline_report: Report, current_report: Report, seed: int, alpha: float
 ) -> Comparison:
-    """`comparison` of two comparable runs with its statistics: the paired rows (also on the condensed
-    lists, per golden-set part and per segment), the changed cases with their details, the unjudged
-    account, the composition and the budget."""
+    """A copy of `comparison` (two comparable runs) with its statistics: the paired rows (also on the
+    condensed lists, per golden-set part and per segment), the changed cases with their details, the
+    unjudged account, the composition and the budget."""
     b_cases = {c.id: c for c in baseline_report.cases}
     c_cases = {c.id: c for c in current_report.cases}
     before, after = _scored_figures(b_cases, c_cases)
     scored = list(before)
     rows = _paired_rows(before, after, seed, alpha)
-    changes = comparison.cases
-    _classify(changes, b_cases, c_cases, before, after)
+    changes = _classify(comparison.cases, b_cases, c_cases, before, after)
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
-    changes.unverified = sorted(
-        {i for i in regressions if not details[i].verified and not thinly_judged(details[i])}
-    )
-    changes.thinly_judged = sorted({i for i in regressions if thinly_judged(details[i])})
     judged = [j for j in (c_cases[i].judged for i in dict.fromkeys(regressions)) if j is not None]
     return comparison.model_copy(
         update={
+            "cases": _unverified(changes, details),
             "paired_cases": len(scored),
             "metrics": rows,
             "case_details": details,
@@ -241,26 +237,45 @@ def _condensed_rows(
 
 
 def _classify(
-    changes: CaseChanges,
+    one_sided: CaseChanges,
     b_cases: dict[str, CaseRecord],
     c_cases: dict[str, CaseRecord],
     before: Figures,
     after: Figures,
-) -> None:
-    """Fill `changes` with the fixed and broken cases (hit 0 -> 1, 1 -> 0), the breaks by relabelling, and
-    the cases whose nDCG improved or worsened, over the paired scored cases `before` / `after`."""
+) -> CaseChanges:
+    """`one_sided` (the cases of one run only) with the fixed and broken cases (hit 0 -> 1, 1 -> 0), the
+    breaks by relabelling, and the cases whose nDCG improved or worsened, over the paired scored cases
+    `before` / `after`."""
     scored = list(before)
-    changes.fixed, changes.broken = stats.fixed_and_broken(
+    fixed, broken = stats.fixed_and_broken(
         {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
     )
-    changes.broken_by_relabelling = [
-        i for i in changes.broken if not _hit_still_judged(b_cases[i], c_cases[i])
-    ]
     improved, worsened = stats.changed_by(
         {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
     )
-    changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
-    changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
+    return one_sided.model_copy(
+        update={
+            "fixed": fixed,
+            "broken": broken,
+            "broken_by_relabelling": [i for i in broken if not _hit_still_judged(b_cases[i], c_cases[i])],
+            "improved": [CaseDelta(id=i, delta=d) for i, d in improved],
+            "worsened": [CaseDelta(id=i, delta=d) for i, d in worsened],
+        }
+    )
+
+
+def _unverified(changes: CaseChanges, details: dict[str, CaseDetail]) -> CaseChanges:
+    """`changes` with its broken and worsened cases sorted into those unjudged documents may explain
+    (`unverified`) and those judged too thinly to tell (`thinly_judged`)."""
+    regressions = changes.broken + [d.id for d in changes.worsened]
+    return changes.model_copy(
+        update={
+            "unverified": sorted(
+                {i for i in regressions if not details[i].verified and not thinly_judged(details[i])}
+            ),
+            "thinly_judged": sorted({i for i in regressions if thinly_judged(details[i])}),
+        }
+    )
 
 
 def _case_details(
