@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.compare.comparison import GATED, BaselineError, load_report
 from app.evaluation.report.model import BaselineUpdate, Report, report_text
 from app.files import atomic_write_text
 from app.settings import EvaluateSettings
@@ -169,7 +169,7 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | No
     return None
 
 
-PROMOTED_MEASURES = ("recall", "hitRate", "mrr", "ndcg")
+PROMOTED_MEASURES = GATED
 
 
 def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: bool) -> BaselineUpdate:
