@@ -246,6 +246,11 @@ def test_load_report_names_the_file_for_each_problem(tmp_path) -> None:
         ),
         (lambda r: r.update(stages=[1]), "stages[0]: Input should be an object"),
         (lambda r: r.update(run=[]), "run: Input should be an object"),
+        (
+            lambda r: r["run"].update(corpusFingerprint={"chunks": "many", "sha256": "a"}),
+            "run.corpusFingerprint.chunks: Input should be a valid integer, unable to parse string as an "
+            "integer",
+        ),
     ],
 )
 def test_load_report_rejects_a_hand_edited_report_naming_file_case_and_field(

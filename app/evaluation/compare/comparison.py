@@ -14,7 +14,7 @@ from statistics import fmean
 from typing import Any
 
 from pydantic import JsonValue, ValidationError
-from pydantic.alias_generators import to_snake
+from pydantic.alias_generators import to_camel, to_snake
 
 from app.evaluation.report.model import (
     BaselineRef,
@@ -88,11 +88,11 @@ def load_report(path: str | Path) -> Report:
         raise BaselineError(f"{p}: not a Sieve evaluation report (no 'run' and 'cases')")
     try:
         report = Report.model_validate_json(text)
-        fingerprint_of(report.run)
     except ValidationError as exc:
         raise BaselineError(f"{p}: {validation_message(exc, data)}") from None
     if report.status != "ok":
         raise BaselineError(f"{p}: the baseline run did not evaluate anything (status {report.status!r})")
+    _check_run(p, report.run)
     _check_cases(p, report)
     return report
 
@@ -118,6 +118,16 @@ def validation_message(exc: ValidationError, data: JsonValue) -> str:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_run(p: Path, run: RunInfo) -> None:
+    """The run's fingerprint must read as one (`fingerprint_of`): the comparison reads its fields."""
+    try:
+        fingerprint_of(run)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ".".join(to_camel(part) if isinstance(part, str) else f"[{part}]" for part in error["loc"])
+        raise BaselineError(f"{p}: run.{field}: {error['msg']}") from None
 
 
 def _check_cases(p: Path, report: Report) -> None:
