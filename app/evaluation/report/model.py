@@ -171,6 +171,7 @@ RunSettings = dict[str, dict[str, JsonValue]]
 
 
 def _unset(value: object) -> bool:
+    """A fingerprint field without a value: left out of the JSON, as a report that never recorded it."""
     return value is None
 
 
