@@ -274,7 +274,7 @@ def run_description(described: dict[str, Any], evaluation: Evaluation, known: Kn
             evaluation.as_of or date.today(),
             evaluated_at,
             evaluation.gain,
-        ),
+        ).to_json(),
     }
 
 

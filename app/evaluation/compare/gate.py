@@ -56,7 +56,7 @@ from app.evaluation.scoring.measures import fmt, fmt_p
 from app.settings import EvaluateThresholds, SegmentThresholds
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
-_LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
+_LEVELS: dict[str, tuple[str, str, Callable[[Summary], float | None]]] = {
     "min_recall": ("recall", ">=", lambda s: s.recall),
     "min_hit_rate": ("hitRate", ">=", lambda s: s.hit_rate),
     "min_mrr": ("mrr", ">=", lambda s: s.mrr),

@@ -185,7 +185,7 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
         "## Compared with baseline",
         "",
         f"Baseline{kind} `{base.path}`, evaluated {base.evaluated_at or '?'} "
-        f"(code {base.run.get('codeVersion', '?')}); {comp.paired_cases} paired scored cases.",
+        f"(code {base.run.code_version or '?'}); {comp.paired_cases} paired scored cases.",
         "",
     ]
     if not comp.comparable:

@@ -12,7 +12,7 @@ import json
 from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
@@ -165,13 +165,58 @@ class StageDelta(Model):
     recall_after: BeforeAfter
 
 
+# rag.models, rag.ingest, rag.store, rag.retrieval and rag.chain as the fingerprint keeps them: section ->
+# setting -> its value as JSON (a setting of rag.chain is itself a tree: `bm25` -> {"enabled": true, ...})
+RunSettings = dict[str, dict[str, JsonValue]]
+
+
+def _unset(value: object) -> bool:
+    """A fingerprint field without a value: left out of the JSON, as a report that never recorded it."""
+    return value is None
+
+
+class CorpusFingerprint(Model):
+    """The chunks the store held: how many, and the SHA-256 of their sorted ids joined by newlines."""
+
+    chunks: int
+    sha256: str
+
+
+class EmbedderIdentity(Model):
+    """The embedder as the vector store records it (`Embedder.identity`)."""
+
+    name: str | None = None
+    dimension: int | None = None
+    checksum: str | None = None
+
+
+class RunFingerprint(Model):
+    """What exactly was run (`run.fingerprint.run_fingerprint`): the golden set's, the corpus's, the chain's
+    and the settings' hashes, the embedder, `settings` (every setting that can move a result), K, asOf,
+    nDCG's gain, the code version and when it was evaluated. A report's `run` holds these keys beside its
+    header; a field without a value (a report written before it was recorded) is left out of the JSON."""
+
+    golden_set_sha256: str | None = Field(None, exclude_if=_unset)
+    corpus_fingerprint: CorpusFingerprint | None = Field(None, exclude_if=_unset)
+    embedder: EmbedderIdentity | str | None = Field(None, exclude_if=_unset)
+    chain_sha256: str | None = Field(None, exclude_if=_unset)
+    settings_sha256: str | None = Field(None, exclude_if=_unset)
+    settings: RunSettings | None = Field(None, exclude_if=_unset)
+    k: int | None = Field(None, exclude_if=_unset)
+    code_version: str | None = Field(None, exclude_if=_unset)
+    evaluated_at: str | None = Field(None, exclude_if=_unset)
+    as_of: str | None = Field(None, exclude_if=_unset)
+    gain: str | None = Field(None, exclude_if=_unset)
+
+
 class BaselineRef(Model):
-    """The baseline a comparison read: its file, when it was evaluated, its run description, and how it was
-    chosen (`kind`: pinned, last passing, previous, a file; `note`: the sentence the log prints)."""
+    """The baseline a comparison read: its file, when it was evaluated, its run's fingerprint (without the
+    settings tree, which the baseline file keeps), and how it was chosen (`kind`: pinned, last passing,
+    previous, a file; `note`: the sentence the log prints)."""
 
     path: str
     evaluated_at: str | None
-    run: dict[str, Any]
+    run: RunFingerprint
     kind: str | None = None
     note: str | None = None
 
@@ -264,9 +309,12 @@ class Comparison(Model):
 
 
 class GateFailure(Model):
+    """A gate check that did not hold: its name, the figure (None: it could not be computed), the limit and
+    the check described."""
+
     check: str
-    actual: Any
-    limit: Any
+    actual: float | None
+    limit: float
     message: str
 
 
