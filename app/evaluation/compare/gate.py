@@ -52,7 +52,7 @@ from app.evaluation.report.model import (
     Report,
     Summary,
 )
-from app.evaluation.scoring.measures import fmt, fmt_p
+from app.evaluation.scoring.measures import GATED, fmt, fmt_p, snake_name
 from app.settings import EvaluateThresholds, SegmentThresholds
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
@@ -71,7 +71,7 @@ _LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
     "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<=", lambda s: s.no_answer.get("falseAnswerRate")),
 }
 # max_drop field -> comparison metric
-_DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
+_DROPS = {snake_name(key): key for key in GATED}
 
 Severity = Literal["fail", "warn"]
 

@@ -389,7 +389,11 @@ class CaseRecord(Model):
 
 class Summary(Model):
     """The run's headline figures: macro means over the scored cases (those with relevant documents);
-    no-answer cases, forbidden hits and where expected ids were lost are counted apart."""
+    no-answer cases, forbidden hits and where expected ids were lost are counted apart. Each headline
+    measure of the registry (`scoring.measures.HEADLINE`) is a figure under its key: those below as fields,
+    a measure registered beyond them as an extra figure of the same shape (`figure`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     cases: int = 0
     succeeded: int = 0
@@ -423,6 +427,12 @@ class Summary(Model):
     evidence: dict[str, Any] = Field(default_factory=dict)
     # means over the cases that ran: contextChars, candidates, modelCalls (CaseBudget)
     budget: dict[str, float] = Field(default_factory=dict)
+
+    def figure(self, key: str) -> float | None:
+        """The headline figure of the measure with JSON key `key`, field or extra."""
+        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
+        value = getattr(self, name, None)
+        return value if isinstance(value, float) else None
 
 
 class GateCheckRecord(Model):

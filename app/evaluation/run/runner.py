@@ -39,7 +39,8 @@ from app.evaluation.golden.cases import (
     case_relevance_key,
 )
 from app.evaluation.report.model import Loss, Ranks, RemovedItem, StageStat
-from app.evaluation.scoring import metrics
+from app.evaluation.scoring import measures, metrics
+from app.evaluation.scoring.measures import Ranking
 from app.evaluation.scoring.metrics import Gain, Rank, match_key, rank_ids
 from app.ingest.ids import looks_like_chunk_id
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
@@ -211,12 +212,44 @@ def evaluate(
     ks = tuple(sorted(set(k_values)))
     check_knowledge_tags(golden, known)
     cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
+    warnings = _run_warnings(golden, cases)
+    _run_batches(chain, cases, as_of, ks, gain, progress)
+    duration_ms = (time.perf_counter() - t0) * 1000
+    _time_single_queries(chain, cases, latency_sample)
+    return Evaluation(
+        golden=golden,
+        default_k=default_k,
+        cases=cases,
+        stage_names=chain.stage_names,
+        started_at=started,
+        duration_ms=duration_ms,
+        warnings=warnings,
+        as_of=as_of,
+        k_values=ks,
+        gain=gain,
+    )
+
+
+def _run_warnings(golden: GoldenSet, cases: list[CaseResult]) -> list[str]:
+    """The run's warnings (stale chunk ids, draft cases left out), each logged once."""
     warnings = _stale_warnings(cases)
     drafts = len(golden.cases) - len(cases)
     if drafts:
         warnings.append(f"{drafts} draft case(s) not scored (label them, then `sieve golden export`)")
     for warning in warnings:
         log.warning("[RetrievalEval] %s", warning)
+    return warnings
+
+
+def _run_batches(
+    chain: RetrievalChain,
+    cases: list[CaseResult],
+    as_of: date,
+    ks: tuple[int, ...],
+    gain: Gain,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Retrieve and score every case, batch by batch (`_batches`), logging each as it finishes."""
     total = len(cases)
     done = 0
     for day, batch in _batches(cases, as_of):
@@ -238,20 +271,6 @@ def evaluate(
                     _score(item, exc, ks, gain)
                     done += 1
                     _log_case(item, done, total)
-    duration_ms = (time.perf_counter() - t0) * 1000
-    _time_single_queries(chain, cases, latency_sample)
-    return Evaluation(
-        golden=golden,
-        default_k=default_k,
-        cases=cases,
-        stage_names=chain.stage_names,
-        started_at=started,
-        duration_ms=duration_ms,
-        warnings=warnings,
-        as_of=as_of,
-        k_values=ks,
-        gain=gain,
-    )
 
 
 def _batches(cases: list[CaseResult], as_of: date) -> list[tuple[date, list[CaseResult]]]:
@@ -509,44 +528,32 @@ def _score(
     _score_trace(item, outcome, ranked, gain)
 
 
-_CONDENSED = (
-    ("recall", metrics.recall_at_k),
-    ("hitRate", metrics.hit_rate_at_k),
-    ("mrr", metrics.mrr_at_k),
-    ("ndcg", metrics.ndcg_at_k),
-    ("precision", metrics.precision_at_k),
-)
-
-
 def _score_ranking(
     item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int], gain: Gain = "linear"
 ) -> list[Rank]:
-    """What the final ranking scores: the counts, the metrics at K (and at each of `k_values`) and the
-    forbidden documents in the top K. Returns the top K's ranks as matched (`rank_key`; the trace reads
-    them too)."""
+    """What the final ranking scores: the counts, the measure tables at K (and at each of `k_values`, and of
+    the condensed list) and the forbidden documents in the top K. Returns the top K's ranks as matched
+    (`rank_key`; the trace reads them too)."""
     item.result = outcome
     key, k, maps = item.key, item.k, item.relevance_maps
     ranked = [rank_key(c, key) for c in outcome.documents][:k]
     texts = [c.text for c in outcome.documents][:k]
     item.counts = metrics.hit_counts(ranked, maps, k)
-    scorable = metrics.has_relevant_alternative(maps)
-    if scorable:
-        item.metrics = metrics.case_metrics(ranked, maps, k, texts, gain)
-        if k_values:
-            full = final_ranking(outcome)
-            full_keys = [rank_key(c, key) for c in full]
-            full_texts = [c.text for c in full]
-            item.at_k = {kk: metrics.case_metrics(full_keys, maps, kk, full_texts, gain) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
     item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
     item.judged = metrics.judged_at_k(ranked, item.judged_ids, k)
     item.unjudged = metrics.unjudged_at_k(ranked, item.judged_ids, k)
-    if scorable:
-        kept = metrics.condensed([rank_key(c, key) for c in final_ranking(outcome)], item.judged_ids)
-        item.condensed = {
-            name: metrics.best_alternative(fn, kept, maps, k, **({"gain": gain} if name == "ndcg" else {}))
-            for name, fn in _CONDENSED
+    if metrics.has_relevant_alternative(maps):
+        item.metrics = measures.table(Ranking(ranked, maps, k, texts, gain), measures.HEADLINE)
+        full = final_ranking(outcome)
+        full_keys = [rank_key(c, key) for c in full]
+        full_texts = [c.text for c in full]
+        item.at_k = {
+            kk: measures.table(Ranking(full_keys, maps, kk, full_texts, gain), measures.HEADLINE)
+            for kk in k_values
         }
+        kept = metrics.condensed(full_keys, item.judged_ids)
+        item.condensed = measures.table(Ranking(kept, maps, k, gain=gain), measures.RANKING)
     if item.evidence_groups:
         chunks = [c.chunk_ids_with_attached() for c in outcome.documents[:k]]
         item.evidence = {
@@ -576,25 +583,35 @@ def _keys_after(
 def _score_trace(
     item: CaseResult, outcome: RetrievalResult, ranked: list[Rank], gain: Gain = "linear"
 ) -> None:
-    """What the trace scores: each stage's statistics, the metrics of the list after each stage, and where
+    """What the trace scores: each stage's statistics, the measures of the list after each stage, and where
     each missed relevant id was lost (`ranked`: the top K's ranks as matched, from `_score_ranking`)."""
-    key, k, maps = item.key, item.k, item.relevance_maps
-    relevant = metrics.relevant_ids(item.relevance)
-    by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
-    trace = outcome.trace
+    by_chunk = {c.chunk_id: match_key(c, item.key) for c in outcome.raw_candidates}
     # every list of the trace as ranks matched, and as a set of the ids it returns, once (the stage rows, the
-    # metrics after each stage and the losses all read them)
+    # measures after each stage and the losses all read them)
     keys_after = _keys_after(item, outcome, by_chunk)
     present_after = {name: set(_returned_ids(keys)) for name, keys in keys_after.items()}
+    item.stage_stats = _stage_stats(
+        outcome.trace, by_chunk, metrics.relevant_ids(item.relevance), present_after
+    )
+    if metrics.has_relevant_alternative(item.relevance_maps):
+        item.after_stage = _after_stage(item, keys_after, gain)
+    _locate_losses(item, outcome, ranked, by_chunk, present_after)
+
+
+def _stage_stats(
+    trace: RetrievalTrace, by_chunk: dict[str, str], relevant: set[str], present_after: dict[str, set[str]]
+) -> list[StageStat]:
+    """Each stage's row for one case: its counts, and which of its removals were relevant."""
     no_list: set[str] = set()
     before = present_after.get("candidates", no_list)
+    rows = []
     for stage in trace.stages:
         after = present_after.get(stage.name, no_list)
         # a relevant id the stage made disappear; dropping a second chunk of a document that stays is no loss
         removed_relevant = len((before - after) & relevant)
         before = after
         flags = [by_chunk.get(r.chunk_id) in relevant for r in stage.removed]
-        item.stage_stats.append(
+        rows.append(
             StageStat(
                 name=stage.name,
                 enabled=stage.enabled,
@@ -612,21 +629,37 @@ def _score_trace(
                 ],
             )
         )
-    if metrics.has_relevant_alternative(maps):
-        # the metrics read a list's first K keys only, and consecutive stages often leave those alone
-        by_head: dict[tuple[Rank, ...], dict[str, float]] = {}
-        for name, keys in keys_after.items():
-            head = tuple(keys[:k])
-            if head not in by_head:
-                by_head[head] = {
-                    "recall": metrics.best_alternative(metrics.recall_at_k, head, maps, k),
-                    "mrr": metrics.best_alternative(metrics.mrr_at_k, head, maps, k),
-                    "ndcg": metrics.best_alternative(metrics.ndcg_at_k, head, maps, k, gain=gain),
-                    "judged": metrics.judged_at_k(head, item.judged_ids, k),
-                }
-            item.after_stage[name] = dict(by_head[head])
+    return rows
+
+
+def _after_stage(
+    item: CaseResult, keys_after: dict[str, list[Rank]], gain: Gain
+) -> dict[str, dict[str, float]]:
+    """The `AFTER_STAGE` measures of the list after each stage, at the case's K."""
+    # the measures read a list's first K keys only, and consecutive stages often leave those alone
+    by_head: dict[tuple[Rank, ...], dict[str, float]] = {}
+    out = {}
+    for name, keys in keys_after.items():
+        head = tuple(keys[: item.k])
+        if head not in by_head:
+            ranking = Ranking(head, item.relevance_maps, item.k, gain=gain, judged=item.judged_ids)
+            by_head[head] = measures.table(ranking, measures.AFTER_STAGE)
+        out[name] = dict(by_head[head])
+    return out
+
+
+def _locate_losses(
+    item: CaseResult,
+    outcome: RetrievalResult,
+    ranked: list[Rank],
+    by_chunk: dict[str, str],
+    present_after: dict[str, set[str]],
+) -> None:
+    """Where each relevant id not in the top K was lost, and each evidence chunk when no group was found
+    whole, with their ranks in the candidate lists."""
+    trace, k, maps = outcome.trace, item.k, item.relevance_maps
     positions = candidate_positions(trace)
-    key_positions = positions if key == "chunk" else best_positions(positions, by_chunk)
+    key_positions = positions if item.key == "chunk" else best_positions(positions, by_chunk)
     # the ids lost are those of the alternative the counts tell (its relevant ids not in the top K)
     counted = metrics.relevant_ids(maps[metrics.counted_alternative(ranked, maps, k)])
     item.lost = _with_ranks(
