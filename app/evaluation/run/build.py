@@ -13,13 +13,16 @@ from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
     CaseBudget,
     CaseRecord,
+    EvidenceFigures,
     Gate,
     Loss,
+    NoAnswerFigures,
     RankedDocument,
     Report,
     RunInfo,
     StageRow,
     Summary,
+    SummaryCounts,
 )
 from app.evaluation.run.fingerprint import case_sha256
 from app.evaluation.run.runner import (
@@ -101,14 +104,14 @@ def _mean_or_none(values: list[float]) -> float | None:
     return fmean(values) if values else None
 
 
-def _counts(scored: list[CaseResult]) -> dict[str, int]:
+def _counts(scored: list[CaseResult]) -> SummaryCounts:
     """The counts behind the ratios: scored cases, those with a hit, relevant ids found and expected."""
-    return {
-        "scoredCases": len(scored),
-        "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
-        "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
-        "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
-    }
+    return SummaryCounts(
+        scored_cases=len(scored),
+        hits=sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
+        relevant_found=sum(int(c.counts.get("hitCount") or 0) for c in scored),
+        relevant_total=sum(int(c.counts.get("expectedCount") or 0) for c in scored),
+    )
 
 
 def _latencies(cases: list[CaseResult]) -> dict[str, dict[str, float] | int | None]:
@@ -122,14 +125,14 @@ def _latencies(cases: list[CaseResult]) -> dict[str, dict[str, float] | int | No
     }
 
 
-def _no_answer(cases: list[CaseResult]) -> dict[str, int | float | None]:
+def _no_answer(cases: list[CaseResult]) -> NoAnswerFigures:
     """Over the no-answer cases that ran: their count and the shares that abstained and that answered."""
     no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
-    return {
-        "cases": len(no_answer),
-        "correctAbstentionRate": _mean_or_none([1.0 if c.abstained else 0.0 for c in no_answer]),
-        "falseAnswerRate": _mean_or_none([0.0 if c.abstained else 1.0 for c in no_answer]),
-    }
+    return NoAnswerFigures(
+        cases=len(no_answer),
+        correct_abstention_rate=_mean_or_none([1.0 if c.abstained else 0.0 for c in no_answer]),
+        false_answer_rate=_mean_or_none([0.0 if c.abstained else 1.0 for c in no_answer]),
+    )
 
 
 def _lost_by(losses: Iterable[list[Loss]]) -> dict[str, int]:
@@ -166,22 +169,18 @@ def _budget_summary(cases: list[CaseResult]) -> dict[str, float]:
     }
 
 
-def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
+def _evidence_summary(cases: list[CaseResult]) -> EvidenceFigures:
     """Over the cases that name evidence and ran: their count, mean evidenceRecall and evidenceHit, and
     where the evidence chunks of the unanswered ones were lost; `unscorable`: the cases that name evidence
     but none of whose groups the index holds whole (no evidence figure)."""
-    with_evidence = [c for c in cases if c.evidence is not None]
-    return {
-        "cases": len(with_evidence),
-        "evidenceRecall": fmean(c.evidence["evidenceRecall"] for c in with_evidence)  # type: ignore[index]
-        if with_evidence
-        else None,
-        "evidenceHit": fmean(c.evidence["evidenceHit"] for c in with_evidence)  # type: ignore[index]
-        if with_evidence
-        else None,
-        "lostBy": _lost_by(c.evidence_lost for c in with_evidence),
-        "unscorable": [c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
-    }
+    tables = [c.evidence for c in cases if c.evidence is not None]
+    return EvidenceFigures(
+        cases=len(tables),
+        evidence_recall=_mean_or_none([t["evidenceRecall"] for t in tables]),
+        evidence_hit=_mean_or_none([t["evidenceHit"] for t in tables]),
+        lost_by=_lost_by(c.evidence_lost for c in cases if c.evidence is not None),
+        unscorable=[c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
+    )
 
 
 def stage_table(evaluation: Evaluation) -> list[StageRow]:
