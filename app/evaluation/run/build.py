@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from statistics import fmean
-from typing import Any
+from typing import Any, TypedDict
 
+from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
     CaseBudget,
@@ -336,15 +337,34 @@ def ranked_documents(c: CaseResult) -> list[RankedDocument]:
     return ranked
 
 
-def case_record(c: CaseResult) -> CaseRecord:
-    case = c.case
-    ranked = ranked_documents(c)
-    result = c.result
-    return CaseRecord(
+class _CaseFields(TypedDict):
+    """The fields of a case record that the golden case alone gives."""
+
+    id: str
+    query: str
+    knowledge_tag: str | None
+    note: str
+    tags: list[str]
+    group: str | None
+    language: str
+    origin: str
+    generator: str | None
+    passage_chunk_id: str | None
+    literalness: float | None
+    case_sha256: str
+    forbidden_doc_ids: list[str]
+    expect_no_answer: bool
+    case_set: str
+    risk: str | None
+    owner: str | None
+    rationale: str
+
+
+def _case_fields(case: GoldenCase) -> _CaseFields:
+    return _CaseFields(
         id=case.id,
         query=case.query,
         knowledge_tag=case.knowledge_tag,
-        top_k=c.k,
         note=case.note,
         tags=case.tags,
         group=case.group,
@@ -354,10 +374,25 @@ def case_record(c: CaseResult) -> CaseRecord:
         passage_chunk_id=case.passage_chunk_id,
         literalness=case.literalness,
         case_sha256=case_sha256(case),
-        match_on=c.key,
-        expected=dict(c.relevance),
         forbidden_doc_ids=case.forbidden_doc_ids,
         expect_no_answer=case.expect_no_answer,
+        case_set=case.case_set,
+        risk=case.risk,
+        owner=case.owner,
+        rationale=case.rationale,
+    )
+
+
+def case_record(c: CaseResult) -> CaseRecord:
+    """The report's record of one case, composed of its parts: the golden case (`_case_fields`), the case
+    as resolved against the index, the chain's outcome, its scores (`runner.score_ranking`) and its trace
+    analysis (`runner.analyse_trace`)."""
+    result = c.result
+    return CaseRecord(
+        **_case_fields(c.case),
+        top_k=c.k,
+        match_on=c.key,
+        expected=dict(c.relevance),
         status=c.status,
         error=c.error,
         metrics=c.metrics,
@@ -367,12 +402,12 @@ def case_record(c: CaseResult) -> CaseRecord:
         first_hit_rank=c.counts.get("firstHitRank"),
         original_count=result.original_count if result else None,
         final_count=len(result.documents) if result else None,
-        abstained=c.abstained if case.expect_no_answer else None,
+        abstained=c.abstained if c.case.expect_no_answer else None,
         latency_ms=c.latency_ms,
         single_latency_ms=c.single_latency_ms,
         fallback_used=result.fallback_used if result else None,
         trace_id=c.trace_id,
-        ranked_documents=ranked,
+        ranked_documents=ranked_documents(c),
         filter_stats=list(c.stage_stats),
         after_stage=c.after_stage,
         lost=list(c.lost),
@@ -385,10 +420,6 @@ def case_record(c: CaseResult) -> CaseRecord:
         evidence=c.evidence,
         evidence_lost=list(c.evidence_lost),
         expanded_sources=c.expanded_sources,
-        case_set=case.case_set,
-        risk=case.risk,
-        owner=case.owner,
-        rationale=case.rationale,
         budget=case_budget(c),
         as_of=c.as_of.isoformat() if c.as_of else None,
         unscorable=c.unscorable,
