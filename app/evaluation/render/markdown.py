@@ -47,7 +47,7 @@ _SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fiel
 
 def summary_figure(s: Summary, key: str) -> float | None:
     """A headline figure of the summary by its measure key (`hitRate` reads `Summary.hit_rate`)."""
-    value: float | None = getattr(s, _SUMMARY_FIELDS[key])
+    value: float | None = getattr(s, _SUMMARY_FIELDS.get(key, key))
     return value
 
 
