@@ -359,7 +359,7 @@ class CaseRecord(Model):
     trace_id: str | None = None
     ranked_documents: list[RankedDocument] = Field(default_factory=list)
     filter_stats: list[StageStat] = Field(default_factory=list)
-    after_stage: dict[str, Any] = Field(default_factory=dict)
+    after_stage: dict[str, dict[str, float]] = Field(default_factory=dict)
     lost: list[Loss] = Field(default_factory=list)
     forbidden_found: list[str] = Field(default_factory=list)
     missing_from_index: list[str] = Field(default_factory=list)
@@ -378,7 +378,7 @@ class CaseRecord(Model):
     # stages, model calls (the query embedding and each cross-encoder pair)
     budget: CaseBudget | None = None
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
-    expected_content: dict[str, Any] = Field(default_factory=dict)
+    expected_content: dict[str, str] = Field(default_factory=dict)
     # the date the case was judged as of (its own asOf, else the run's)
     as_of: str | None = None
     # why a case that names expectations has no figures (status "unscorable"), else None

@@ -180,6 +180,14 @@ def write_qrels(path: str | Path, qrels: Mapping[str, Mapping[str, float]]) -> N
 _MEASURES = ("recall", "ndcg", "mrr", "precision", "hitRate")
 
 
+def _check_ks(ks: list[int]) -> None:
+    if not ks:
+        raise ValueError("ks must name at least one cut-off")
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"every K must be an integer >= 1, got {k!r}")
+
+
 def evaluate_run(
     qrels: Mapping[str, Mapping[str, float]],
     run: Mapping[str, Sequence[tuple[str, float]]],
@@ -199,11 +207,7 @@ def evaluate_run(
     "convention": QUERY_CONVENTION}. With no scored query the aggregate values are None.
     Raises `ValueError` for an empty `ks` or a K < 1.
     """
-    if not ks:
-        raise ValueError("ks must name at least one cut-off")
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"every K must be an integer >= 1, got {k!r}")
+    _check_ks(ks)
     keys = [f"{name}@{k}" for k in ks for name in _MEASURES]
 
     per_query: dict[str, dict[str, float]] = {}
