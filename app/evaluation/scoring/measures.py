@@ -9,9 +9,9 @@ ir_measures name of the same quantity where there is one (`R`, `RR`, `P`, `Succe
 case's K"); a measure without a cut-off (`Top1Accuracy`) is written bare.
 
 The registry computes, as ir_measures' and ranx's do: a measure scored per case carries its function
-(`Measure.score`, over one case's `Ranking`), and `case_metrics` fills a case's table {key: value} from it.
+(`Measure.score`, over one case's `Ranking`), and `table` fills a case's table {key: value} from it.
 What reads a measure finds it by its roles: the tuples `RANKING`, `HEADLINE`, `COMPARED`, `AFTER_STAGE`,
-`GATED` and `POINT` are derived from the registry, so a measure registered once (`register`) is computed,
+`GATED` and `POINT` are derived from the registry, so a measure registered once (`registered`) is computed,
 summarised, compared and shown wherever its roles say.
 
 The formulas, the duplicate and empty-case conventions and their reference tests live with the functions in
