@@ -37,8 +37,8 @@ from app.evaluation.report.model import (
     Summary,
     UnjudgedAccount,
 )
-from app.evaluation.scoring import stats
-from app.evaluation.scoring.measures import COMPARED, RANKING
+from app.evaluation.scoring import measures, stats
+from app.evaluation.scoring.measures import RANKING
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_p as p_text
 from app.evaluation.scoring.metrics import match_key
@@ -140,7 +140,7 @@ def _check_cases(p: Path, report: Report) -> None:
             raise BaselineError(f"{where}: duplicate case id")
         seen.add(case.id)
         if case.metrics is not None:
-            for name in COMPARED:
+            for name in measures.COMPARED:
                 if not _is_number(case.metrics.get(name)):
                     raise BaselineError(
                         f"{where}: metrics.{name} must be a number, got {case.metrics.get(name)!r}"
@@ -509,7 +509,7 @@ def _paired_rows(
     after_by_case: Figures,
     seed: int,
     alpha: float,
-    names: tuple[str, ...] = COMPARED,
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, MetricComparison]:
     """Per metric over the paired cases: the means, the mean difference with its bootstrap CI, the
     sign-flip p-value and the Holm-adjusted p-value (significant: pHolm < alpha)."""
@@ -517,7 +517,7 @@ def _paired_rows(
     rows: dict[str, MetricComparison] = {}
     if not ids:
         return rows
-    for name in names:
+    for name in measures.COMPARED if names is None else names:
         before = [float(before_by_case[i][name]) for i in ids]
         after = [float(after_by_case[i][name]) for i in ids]
         diffs = [a - b for a, b in zip(after, before, strict=True)]

@@ -113,12 +113,12 @@ def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
     """The tiles of `TILE_METRICS`: the figure, what it counts and its delta against the baseline."""
     counts = s.counts
     compared = report.comparison.metrics if report.comparison is not None else {}
-    scored = counts.get("scoredCases", s.scored_cases)
+    scored = counts.scored_cases or s.scored_cases
     count_text = {
-        "recall": f"{counts.get('relevantFound')} of {counts.get('relevantTotal')} relevant found"
-        if counts.get("relevantTotal")
+        "recall": f"{counts.relevant_found} of {counts.relevant_total} relevant found"
+        if counts.relevant_total
         else f"{scored} scored cases",
-        "hitRate": f"{counts.get('hits')} of {scored} cases hit" if scored else "no scored case",
+        "hitRate": f"{counts.hits} of {scored} cases hit" if scored else "no scored case",
     }
     return [
         Tile(
@@ -135,10 +135,10 @@ def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
 def _abstention_tile(s: Summary) -> Tile | None:
     """Correct abstention over the no-answer cases (None without any)."""
     na = s.no_answer
-    n = na.get("cases") or 0
+    n = na.cases
     if not n:
         return None
-    rate = na.get("correctAbstentionRate")
+    rate = na.correct_abstention_rate
     abstained = round((rate or 0) * n)
     counts = f"{abstained} of {n} no-answer cases returned nothing"
     return Tile(key="correctAbstention", label="Correct abstention", value=rate, counts=counts)
@@ -155,12 +155,10 @@ def _judged_tile(s: Summary, kl: str) -> Tile | None:
 def _evidence_tile(s: Summary, kl: str) -> Tile | None:
     """EvidenceHit@K over the cases that name evidence chunks (None without any)."""
     evidence = s.evidence
-    if not evidence.get("cases"):
+    if not evidence.cases:
         return None
-    counts = f"{evidence['cases']} cases name evidence chunks"
-    return Tile(
-        key="evidenceHit", label="Evidence hit" + kl, value=evidence.get("evidenceHit"), counts=counts
-    )
+    counts = f"{evidence.cases} cases name evidence chunks"
+    return Tile(key="evidenceHit", label="Evidence hit" + kl, value=evidence.evidence_hit, counts=counts)
 
 
 def _latency_tile(s: Summary) -> Tile | None:

@@ -47,7 +47,7 @@ _SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fiel
 
 def summary_figure(s: Summary, key: str) -> float | None:
     """A headline figure of the summary by its measure key (`hitRate` reads `Summary.hit_rate`)."""
-    value: float | None = getattr(s, _SUMMARY_FIELDS[key])
+    value: float | None = getattr(s, _SUMMARY_FIELDS.get(key, key))
     return value
 
 
@@ -132,7 +132,7 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         against = "not comparable with the baseline"
     else:
         against = f"no baseline ({report.baseline_note or 'none'})"
-    no_answer = s.no_answer.get("cases", 0)
+    no_answer = s.no_answer.cases
     unscorable = f", {len(s.unscorable_case_ids)} unscorable" if s.unscorable_case_ids else ""
     lines = [
         f"**Gate {verdict}.** {figures} over {s.scored_cases} scored cases "
@@ -505,8 +505,8 @@ def _risk_lines(cases: list[CaseRecord]) -> list[str]:
 
 def _summary_markdown(s: Summary, kl: str) -> list[str]:
     lines = ["## Summary", "", "| Metric | Value |", "|---|---|"]
-    scored, hits = s.counts.get("scoredCases"), s.counts.get("hits")
-    found, total = s.counts.get("relevantFound"), s.counts.get("relevantTotal")
+    scored, hits = s.counts.scored_cases, s.counts.hits
+    found, total = s.counts.relevant_found, s.counts.relevant_total
     extras = {
         "recall": f" (mean per case; {found} of {total} relevant found)" if total else "",
         "hitRate": f" = {hits}/{scored}" if scored else "",
@@ -520,14 +520,14 @@ def _summary_markdown(s: Summary, kl: str) -> list[str]:
     lat = s.latency_ms or {}
     batch = s.batch_latency_ms or {}
     na = s.no_answer
-    na_n = na.get("cases", 0)
-    abst = round((na.get("correctAbstentionRate") or 0) * na_n) if na_n else 0
+    na_n = na.cases
+    abst = round((na.correct_abstention_rate or 0) * na_n) if na_n else 0
     lines += [
         f"| Latency p50 / p95 / max (single query, {s.latency_sample_cases} cases) | "
         f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
         f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
-        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na.get('correctAbstentionRate'))} "
-        f"({abst}/{na_n}) / {_f(na.get('falseAnswerRate'))} ({na_n - abst}/{na_n}) |",
+        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na.correct_abstention_rate)} "
+        f"({abst}/{na_n}) / {_f(na.false_answer_rate)} ({na_n - abst}/{na_n}) |",
         f"| Forbidden documents in top K | {s.forbidden.get('hits', 0)} "
         f"(in {s.forbidden.get('cases', 0)} cases) |",
         f"| Expected ids missing from the index | {s.expected_missing_from_index}{_unscorable_note(s)} |",
@@ -574,13 +574,13 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
             f"{_f(cond.get('recall'))} / {_f(cond.get('mrr'))} |"
         )
     ev = s.evidence
-    if ev.get("cases"):
-        lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
-        stale = ev.get("unscorable") or []
+    if ev.cases:
+        lost = ", ".join(f"`{k}` {v}" for k, v in ev.lost_by.items()) or "none lost"
+        stale = ev.unscorable
         not_scored = f"; not scored, no group whole in the index: {_ids(stale)}" if stale else ""
         rows.append(
-            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
-            f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}{not_scored}) |"
+            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
+            f"{_f(ev.evidence_recall)} / {_f(ev.evidence_hit)} ({lost}{not_scored}) |"
         )
     return rows
 
@@ -600,8 +600,7 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         "|---|---|",
         f"| Golden set | `{run.golden_set}` (version {run.dataset_version or 'n/a'}, "
         f"sha256 {(run.golden_set_sha256 or '')[:12]}) |",
-        f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.get('cases', 0)} no-answer, "
-        f"{s.failed} failed) |",
+        f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.cases} no-answer, {s.failed} failed) |",
         f"| K | {k_note} |",
         f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use"
         f"{_own_dates(report)}) |",

@@ -407,7 +407,7 @@ class CaseRecord(Model):
     trace_id: str | None = None
     ranked_documents: list[RankedDocument] = Field(default_factory=list)
     filter_stats: list[StageStat] = Field(default_factory=list)
-    after_stage: dict[str, Any] = Field(default_factory=dict)
+    after_stage: dict[str, dict[str, float]] = Field(default_factory=dict)
     lost: list[Loss] = Field(default_factory=list)
     forbidden_found: list[str] = Field(default_factory=list)
     missing_from_index: list[str] = Field(default_factory=list)
@@ -426,7 +426,7 @@ class CaseRecord(Model):
     # stages, model calls (the query embedding and each cross-encoder pair)
     budget: CaseBudget | None = None
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
-    expected_content: dict[str, Any] = Field(default_factory=dict)
+    expected_content: dict[str, str] = Field(default_factory=dict)
     # the date the case was judged as of (its own asOf, else the run's)
     as_of: str | None = None
     # why a case that names expectations has no figures (status "unscorable"), else None
@@ -435,9 +435,45 @@ class CaseRecord(Model):
     alternatives: list[dict[str, float]] = Field(default_factory=list)
 
 
+class SummaryCounts(Model):
+    """The counts behind the summary's ratios: the scored cases, those with a relevant document in the top K
+    (`hits`), and the relevant ids found in the top K over those expected (`relevant_found`,
+    `relevant_total`)."""
+
+    scored_cases: int = 0
+    hits: int = 0
+    relevant_found: int = 0
+    relevant_total: int = 0
+
+
+class NoAnswerFigures(Model):
+    """Over the no-answer cases that ran: their number, the share that returned nothing and the share that
+    returned documents (None without such a case)."""
+
+    cases: int = 0
+    correct_abstention_rate: float | None = None
+    false_answer_rate: float | None = None
+
+
+class EvidenceFigures(Model):
+    """Over the cases that name evidence chunks and ran: their number, the mean EvidenceRecall and
+    EvidenceHit, where the evidence chunks of the unanswered ones were lost (`lost_by`), and the cases none of
+    whose groups the index holds whole (`unscorable`: no evidence figure)."""
+
+    cases: int = 0
+    evidence_recall: float | None = None
+    evidence_hit: float | None = None
+    lost_by: dict[str, int] = Field(default_factory=dict)
+    unscorable: list[str] = Field(default_factory=list)
+
+
 class Summary(Model):
     """The run's headline figures: macro means over the scored cases (those with relevant documents);
-    no-answer cases, forbidden hits and where expected ids were lost are counted apart."""
+    no-answer cases, forbidden hits and where expected ids were lost are counted apart. Each headline
+    measure of the registry (`scoring.measures.HEADLINE`) is a figure under its key: those below as fields,
+    a measure registered beyond them as an extra figure of the same shape (`figure`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     cases: int = 0
     succeeded: int = 0
@@ -450,13 +486,13 @@ class Summary(Model):
     precision: float | None = None
     top1_accuracy: float | None = None
     duplicate_rate: float | None = None
-    counts: dict[str, int] = Field(default_factory=dict)  # scoredCases, hits, relevantFound, relevantTotal
+    counts: SummaryCounts = Field(default_factory=SummaryCounts)
     k_mixed: bool = False
     at_k: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     latency_ms: dict[str, float] | None = None  # single-query retrieve() over the timed sample
     latency_sample_cases: int = 0
     batch_latency_ms: dict[str, float] | None = None
-    no_answer: dict[str, Any] = Field(default_factory=dict)
+    no_answer: NoAnswerFigures = Field(default_factory=NoAnswerFigures)
     forbidden: dict[str, int] = Field(default_factory=dict)
     expected_missing_from_index: int = 0
     lost_by: dict[str, int] = Field(default_factory=dict)
@@ -467,10 +503,15 @@ class Summary(Model):
     unjudged_in_top_k: int = 0  # distinct (case, id) pairs in the scored cases' top K with no judgment
     # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
     condensed: dict[str, float | None] = Field(default_factory=dict)
-    # cases, evidenceRecall, evidenceHit, lostBy, unscorable (cases whose every evidence group is stale)
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: EvidenceFigures = Field(default_factory=EvidenceFigures)
     # means over the cases that ran: contextChars, candidates, modelCalls (CaseBudget)
     budget: dict[str, float] = Field(default_factory=dict)
+
+    def figure(self, key: str) -> float | None:
+        """The headline figure of the measure with JSON key `key`, field or extra."""
+        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
+        value = getattr(self, name, None)
+        return value if isinstance(value, float) else None
 
 
 class GateCheckRecord(Model):

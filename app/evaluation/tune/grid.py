@@ -51,6 +51,7 @@ from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.report.model import Sweep
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import Evaluation
+from app.evaluation.scoring.measures import POINT
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.tune.replay import (
@@ -385,7 +386,7 @@ def recommend(rows: list[dict[str, Any]], current: dict[str, Any], tolerance: fl
 
 # The figures whose gain and optimism are reported: each a mean over a part's cases, so a part of any size
 # gives a comparable value (forbiddenHits, a count, is shown but not differenced).
-GAIN_METRICS = ("recall", "hitRate", "mrr", "ndcg", "correctAbstention", "falseAnswerRate", "meanResults")
+GAIN_METRICS = (*POINT, "meanResults")
 
 
 def _gain(minuend: dict[str, Any], subtrahend: dict[str, Any]) -> dict[str, float | None]:

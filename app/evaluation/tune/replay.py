@@ -39,6 +39,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import Report, RunInfo, Summary
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
+from app.evaluation.scoring.measures import POINT
 from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
@@ -51,16 +52,7 @@ from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutco
 from app.settings import ChainSettings, EvaluateThresholds
 
 # The figures of one point, in the order the tables show them.
-POINT_METRICS = (
-    "recall",
-    "hitRate",
-    "mrr",
-    "ndcg",
-    "correctAbstention",
-    "falseAnswerRate",
-    "forbiddenHits",
-    "meanResults",
-)
+POINT_METRICS = (*POINT, "forbiddenHits", "meanResults")
 
 
 class ReplayError(RuntimeError):
