@@ -557,7 +557,7 @@ class LlmSettings(_Strict):
 
 
 class GenerateSettings(_Strict):
-    """`sieve golden generate`: a question per passage (app/evaluation/golden/build/generate.py)."""
+    """`sieve golden generate`: a question per passage (app/evaluation/golden/authoring/generate.py)."""
 
     generator: Literal["offline", "llm"] = "offline"
     seed: int = 42  # which passages are picked, and the offline templates

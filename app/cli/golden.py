@@ -61,8 +61,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import open_sieve, settings_with
-    from app.evaluation.golden.build import generate as gen
-    from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.evaluation.golden.authoring import generate as gen
+    from app.evaluation.golden.authoring.llm import ChatClient, ChatEndpoint, LlmError
     from app.files import change_line
     from app.settings import nested
 
@@ -308,7 +308,7 @@ def _sample(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.querylog import log_files
     from app.cli.common import settings_with
-    from app.evaluation.golden.build import sample
+    from app.evaluation.golden.authoring import sample
     from app.models import load_embedder
     from app.settings import nested
 
@@ -401,8 +401,8 @@ def _label(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.label import LabelDesk, LabelFiles
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.judgments import JudgmentsError
-    from app.evaluation.golden.build.pool import QueueError
+    from app.evaluation.golden.authoring.judgments import JudgmentsError
+    from app.evaluation.golden.authoring.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
     from app.files import change_line
     from app.settings import nested
@@ -500,7 +500,7 @@ def _pool(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.pool import QueueError, queue_report_file
+    from app.evaluation.golden.authoring.pool import QueueError, queue_report_file
 
     queue = args.queue or settings_with().rag.label.queue
     try:
@@ -537,7 +537,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.judgments import JudgmentsError, export_files
+    from app.evaluation.golden.authoring.judgments import JudgmentsError, export_files
 
     settings = settings_with()
     golden = args.golden_set or settings.rag.evaluate.resource_location

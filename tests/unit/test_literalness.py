@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.golden.build.literalness import band, literalness
+from app.evaluation.golden.authoring.literalness import band, literalness
 from app.retrieval.lexical import Analyzer
 
 ANALYZER = Analyzer()

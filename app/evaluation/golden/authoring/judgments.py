@@ -29,7 +29,7 @@ The merge, as pure functions over parsed values:
    A draft whose id is already in the golden set was promoted by an earlier export; its judgments merge
    into that case. Judgments of unknown cases, or of a case whose query has changed since, are skipped
    with a warning. `export_files` writes the result; when its cases differ from the file's, the set's
-   `datasetVersion` moves on (app/evaluation/golden/build/dataset_version.py).
+   `datasetVersion` moves on (app/evaluation/golden/authoring/dataset_version.py).
 
 The export is idempotent: the judgments file is never emptied, and exporting it again gives the same set.
 """
@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from app.evaluation.golden.build.dataset_version import next_dataset_version
+from app.evaluation.golden.authoring.dataset_version import next_dataset_version
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
 from app.files import atomic_write_text, change_line
 from app.jsonl import (

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.evaluation.golden.audit import NEAR_DUPLICATE_COSINE, normalise_query
-from app.evaluation.golden.build.generate import append_cases
+from app.evaluation.golden.authoring.generate import append_cases
 from app.evaluation.golden.cases import GoldenCase, load_golden_set
 from app.files import change_line
 from app.jsonl import read_text, split_lines

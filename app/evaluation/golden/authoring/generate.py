@@ -26,7 +26,7 @@ its passage again, written as golden cases with `origin: generated`.
      Passages alternate which kind comes first (the 1st, 3rd, ... picked passage: heading; the others: key
      terms), so a set holds both. The language is the passage text's (`query_language`); the template of
      a language is chosen by a hash of seed, chunk and kind.
-   - `LlmGenerator`: one chat completion per question (app/evaluation/golden/build/llm.py).
+   - `LlmGenerator`: one chat completion per question (app/evaluation/golden/authoring/llm.py).
 3. **Round trip**: each question is searched in the whole collection (no knowledge tag: a tag's few chunks
    would make the check trivial) by BM25 (the lexical index) and by dense search (the store's nearest
    chunks to the query vector), the top `round_trip_k` (20) of each. `either` keeps it when its passage is
@@ -55,8 +55,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.evaluation.golden.build.literalness import literalness
-from app.evaluation.golden.build.llm import ChatClient, clean_question, question_messages
+from app.evaluation.golden.authoring.literalness import literalness
+from app.evaluation.golden.authoring.llm import ChatClient, clean_question, question_messages
 from app.evaluation.golden.cases import load_golden_set
 from app.evaluation.golden.language import query_language
 from app.ingest.chunker import embedding_text, stored_chunk
