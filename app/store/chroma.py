@@ -10,7 +10,7 @@ Facts this module is built around (measured on Chroma 1.5):
 - every write is also recorded in a small companion collection, `<collection>-changes` (the change log: one
   entry per committed batch, its `stamp` = the writer's clock in ns, its document = the chunk ids it upserted
   and deleted), so every process sharing the store can bring its lexical index up to date by reading only
-  what changed (`changes_since`, then `get` of those ids), see app/retrieval/lexical_sync.py. Entries
+  what changed (`changes_since`, then `get` of those ids), see app/lexical/sync.py. Entries
   older than a retention are deleted (`prune_changes`) after a marker entry says so, so that a process
   that had not read them yet knows it missed something.
 """

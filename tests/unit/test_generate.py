@@ -28,7 +28,7 @@ from app.evaluation.golden.authoring.generate import (
 )
 from app.evaluation.golden.authoring.literalness import literalness
 from app.evaluation.golden.cases import load_golden_set
-from app.retrieval.lexical import Analyzer
+from app.lexical.index import Analyzer
 from app.settings import HardFilterSettings
 
 ANALYZER = Analyzer()

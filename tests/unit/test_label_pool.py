@@ -38,8 +38,8 @@ from app.evaluation.golden.authoring.pool import (
     variant_settings,
     write_queue,
 )
+from app.lexical.index import Analyzer
 from app.retrieval.chain import RetrievalRequest
-from app.retrieval.lexical import Analyzer
 from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
 from app.settings import Settings
 from app.store.types import StoredChunk

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.evaluation.golden.authoring.literalness import band, literalness
-from app.retrieval.lexical import Analyzer
+from app.lexical.index import Analyzer
 
 ANALYZER = Analyzer()
 

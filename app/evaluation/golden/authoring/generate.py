@@ -100,7 +100,7 @@ GENERAL_WORDS = (
     "whenever where whether which while who whom whose why within without would yet you your"
 ).split()
 
-# The analyzer's split of a text into CJK runs and latin/digit runs (app/retrieval/lexical.py).
+# The analyzer's split of a text into CJK runs and latin/digit runs (app/lexical/index.py).
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUNS = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
 

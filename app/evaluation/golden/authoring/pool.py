@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.jsonl import read_jsonl, render_jsonl
+from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.chain import RetrievalRequest
-from app.retrieval.lexical import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
 
