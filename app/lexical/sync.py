@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from app import pidlock
 from app.lexical.files import (
     Journal,
     LexicalFilesError,
@@ -49,7 +50,6 @@ from app.lexical.files import (
     lock,
     read_manifest,
     save_snapshot,
-    unlock,
 )
 from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
 from app.retrieval.types import knowledge_tag_of
@@ -469,7 +469,7 @@ class LexicalSync:
         with self._writing:
             if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
                 self._snapshot()
-            unlock(self._lock_fd)
+            pidlock.release(self._lock_fd)
             self._lock_fd = None
             self._journal = None
 
