@@ -84,7 +84,7 @@ def create_app(
 
     app = FastAPI(
         title="Sieve",
-        description="RAG retrieval through a traced RetrievalQualityFilter chain, with startup evaluation.",
+        description="RAG retrieval through a traced retrieval chain, with startup evaluation.",
         version="0.1.0",
         lifespan=lifespan,
         docs_url=None,  # install_docs: served from the pinned package, no CDN

@@ -1,7 +1,9 @@
-"""The RetrievalQualityFilter chain: candidates, then each configured stage in order, then the cut to topK.
+"""The retrieval chain (`rag.chain`): candidates, then each configured stage in order, then the cut to topK.
 
 One `RetrievalChain` object serves the API, the CLI and the evaluation, so what the evaluation measures is
 exactly what users get. Every stage's decisions land in the trace: counts, removed ids with reasons, time.
+The class carries the name of its config key: it is a chain of stages, not only a filter (rerank orders,
+diversity reorders, fallback adds back).
 """
 
 from __future__ import annotations
