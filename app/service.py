@@ -225,7 +225,7 @@ class Sieve:
     def evaluation_target(self) -> EvaluationTarget:
         """What an evaluation of this service needs: its chain, the ids its store holds, its description,
         and what the golden-set audit reads."""
-        from app.evaluation.golden.audit import AuditSource
+        from app.evaluation.golden.audit.source import AuditSource
         from app.evaluation.run.runner import KnownIds
         from app.evaluation.startup import EvaluationTarget
 

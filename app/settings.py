@@ -419,7 +419,7 @@ class ReportSettings(_Strict):
 
 
 class AuditSettings(_Strict):
-    """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/golden/audit.py)."""
+    """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/golden/audit/)."""
 
     enabled: bool = True
     # two queries of different groups whose query vectors reach this cosine are near duplicates

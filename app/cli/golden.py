@@ -148,8 +148,9 @@ def _check(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import open_sieve, settings_with
-    from app.evaluation.golden import audit
+    from app.evaluation.golden.audit import source
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.render.audit import audit_json, audit_text
     from app.evaluation.run.runner import KnownIds, check_knowledge_tags
 
     settings = settings_with()
@@ -160,18 +161,18 @@ def _check(args: argparse.Namespace) -> int:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
-        source = audit.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
-        result = audit.run_audit(
+        audit_source = source.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
+        result = source.run_audit(
             golden,
-            source,
+            audit_source,
             ev.as_of or date.today(),
-            audit.previous_report_path(ev),
+            source.previous_report_path(ev),
             ev.audit.near_duplicate_cosine,
         )
     finally:
         sieve.close()
-    text = json.dumps(audit.audit_json(result), ensure_ascii=False, indent=2) if args.json else None
-    print(text if text is not None else audit.audit_text(result), end="")
+    text = json.dumps(audit_json(result), ensure_ascii=False, indent=2) if args.json else None
+    print(text if text is not None else audit_text(result), end="")
     if args.json:
         print()
     return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK
