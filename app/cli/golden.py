@@ -7,7 +7,13 @@ Exit codes: the table in `app.exit_codes`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.evaluation.golden.authoring.generate import GenerateOptions, Passage, QuestionGenerator
+    from app.evaluation.golden.authoring.llm import ChatClient
+    from app.settings import GenerateSettings
 
 
 def add_golden_commands(sub: Any) -> None:
@@ -73,14 +79,7 @@ def _generate(args: argparse.Namespace) -> int:
     cfg = settings.rag.generate
     out = Path(args.out)
     try:
-        options = gen.GenerateOptions(
-            chunks=args.chunks,
-            per_chunk=args.per_chunk,
-            seed=cfg.seed,
-            min_passage_chars=cfg.min_passage_chars,
-            round_trip_k=cfg.round_trip_k,
-            round_trip=gen.GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
-        )
+        options = _generate_options(args, cfg)
         gen.check_out_path(out)
         endpoint = ChatEndpoint.from_settings(cfg.llm) if cfg.generator == "llm" else None
     except (gen.GenerateError, LlmError) as exc:
@@ -93,19 +92,11 @@ def _generate(args: argparse.Namespace) -> int:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         passages = gen.store_passages(sieve.store)
-        tokens = sieve.analyzer.tokens
-        generator: gen.QuestionGenerator = (
-            gen.LlmGenerator(client)
-            if client is not None
-            else gen.OfflineGenerator(
-                tokens, gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages), cfg.seed, cfg.key_terms
-            )
-        )
         result = gen.generate(
             passages,
-            generator,
+            _question_generator(client, passages, sieve.analyzer.tokens, cfg),
             gen.StoreSearcher(sieve.lexical, sieve.embedder, sieve.store),
-            tokens,
+            sieve.analyzer.tokens,
             options,
             gen.hard_filter_rule(settings.rag.chain.hard_filter, settings.rag.evaluate.as_of or date.today()),
             existing,
@@ -123,6 +114,37 @@ def _generate(args: argparse.Namespace) -> int:
     after = len(existing) + len(result.cases)
     print(change_line(out, bool(result.cases), len(existing), after, "case"))
     return exit_codes.OK
+
+
+def _generate_options(args: argparse.Namespace, cfg: GenerateSettings) -> GenerateOptions:
+    """The options of `sieve golden generate` from its flags and `rag.generate` (GenerateError when they do
+    not fit together)."""
+    from app.evaluation.golden.authoring.generate import GenerateOptions
+
+    return GenerateOptions(
+        chunks=args.chunks,
+        per_chunk=args.per_chunk,
+        seed=cfg.seed,
+        min_passage_chars=cfg.min_passage_chars,
+        round_trip_k=cfg.round_trip_k,
+        round_trip=GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
+    )
+
+
+def _question_generator(
+    client: ChatClient | None,
+    passages: list[Passage],
+    tokens: Callable[[str], list[str]],
+    cfg: GenerateSettings,
+) -> QuestionGenerator:
+    """The LLM's questions when there is a chat client, else the offline templates (their key terms
+    weighted by the idf of the passages' own tokens)."""
+    from app.evaluation.golden.authoring import generate as gen
+
+    if client is not None:
+        return gen.LlmGenerator(client)
+    idf = gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages)
+    return gen.OfflineGenerator(tokens, idf, cfg.seed, cfg.key_terms)
 
 
 def _add_check(gsub: Any) -> None:
