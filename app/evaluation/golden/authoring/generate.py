@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.evaluation.golden.authoring.literalness import literalness
 from app.evaluation.golden.authoring.llm import ChatClient, clean_question, question_messages
@@ -64,6 +64,11 @@ from app.jsonl import append_lines
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
+
+if TYPE_CHECKING:
+    from app.lexical.index import Bm25Index
+    from app.models import Embedder
+    from app.store import ChromaStore
 
 Tokenizer = Callable[[str], list[str]]
 ExcludeRule = Callable[["Passage"], "str | None"]
@@ -553,7 +558,7 @@ class StoreSearcher:
     """`Searcher` over a running service's parts: the BM25 index (`top`), the embedder
     (`embed_queries`) and the vector store (`query_ids`)."""
 
-    def __init__(self, lexical: Any, embedder: Any, store: Any):
+    def __init__(self, lexical: Bm25Index, embedder: Embedder, store: ChromaStore):
         self.lexical, self.embedder, self.store = lexical, embedder, store
 
     def bm25_top(self, queries: list[str], k: int) -> list[list[str]]:
@@ -564,7 +569,7 @@ class StoreSearcher:
         return [[chunk_id for chunk_id, _ in hits] for hits in self.store.query_ids(vectors, k)]
 
 
-def store_passages(store: Any) -> list[Passage]:
+def store_passages(store: ChromaStore) -> list[Passage]:
     """Every chunk of the store (`iter_all`) as a passage."""
     return [Passage.of(c.chunk_id, c.text, c.metadata) for c in store.iter_all(include_text=True)]
 

@@ -38,6 +38,7 @@ from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split
 from app.retrieval.chain import RetrievalRequest
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
+from app.store.types import StoredChunk
 
 log = logging.getLogger(__name__)
 
@@ -401,7 +402,7 @@ def read_queue_lenient(path: str | Path) -> tuple[list[QueueEntry], list[str]]:
 class ChunkSource(Protocol):
     """What the pools read of the store (`ChromaStore` has both)."""
 
-    def chunks(self, ids: Sequence[str]) -> Mapping[str, Any]: ...
+    def chunks(self, ids: Sequence[str]) -> Mapping[str, StoredChunk]: ...
 
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
