@@ -377,7 +377,18 @@ def merge_case(
     forbidden = check.forbidden(grades)
     no_answer = check.no_answer()
     out = json.loads(json.dumps(dict(raw)))  # a deep copy, the same JSON types
-    promoted = _write_verdict(out, check.case, grades, forbidden, no_answer)
+    if grades:
+        judgments = dict(out.get("judgments") or {})
+        judgments.update(grades)
+        out["judgments"] = judgments
+    new_forbidden = [d for d in forbidden if d not in check.forbidden_docs]
+    if new_forbidden:
+        out["forbiddenDocIds"] = [*(out.get("forbiddenDocIds") or []), *new_forbidden]
+    if no_answer:
+        out["expectNoAnswer"] = True
+    promoted = check.case.draft and (no_answer or any(g > 0 for g in grades.values()))
+    if promoted:
+        out.pop("draft", None)
     applied = len(grades) + len(forbidden) + int(no_answer)
     try:
         GoldenCase.model_validate(out)
@@ -447,27 +458,6 @@ class _Against:
             self.against(None, self.verdict.no_answer, "no answer, but the case names expected results")
             no_answer = False
         return no_answer
-
-
-def _write_verdict(
-    out: dict[str, Any], case: GoldenCase, grades: Mapping[str, int], forbidden: list[str], no_answer: bool
-) -> bool:
-    """Write the accepted parts of a verdict into the case object `out` (judgments, forbiddenDocIds,
-    expectNoAnswer); a draft that now has a relevant result or no answer is promoted (its `draft` goes).
-    Whether it was promoted."""
-    if grades:
-        judgments = dict(out.get("judgments") or {})
-        judgments.update(grades)
-        out["judgments"] = judgments
-    new_forbidden = [d for d in forbidden if d not in set(case.forbidden_doc_ids)]
-    if new_forbidden:
-        out["forbiddenDocIds"] = [*(out.get("forbiddenDocIds") or []), *new_forbidden]
-    if no_answer:
-        out["expectNoAnswer"] = True
-    promoted = case.draft and (no_answer or any(g > 0 for g in grades.values()))
-    if promoted:
-        out.pop("draft", None)
-    return promoted
 
 
 # -- the export ---------------------------------------------------------------------------------------------
