@@ -72,7 +72,7 @@ class EvaluationRunResponse(BaseModel):
 def evaluation_run_view(outcome: Any) -> EvaluationRunResponse:
     """What an `EvaluationOutcome` (app.evaluation.startup) tells a person: its lines, files and gate."""
     from app.evaluation.compare.comparison import baseline_line
-    from app.evaluation.golden.audit import summary_line as audit_summary
+    from app.evaluation.golden.audit.checks import summary_line as audit_summary
     from app.evaluation.render.markdown import k_label
     from app.evaluation.startup import summary_line
     from app.evaluation.tune.grid import sweep_line

@@ -123,7 +123,7 @@ def eval_command(args: argparse.Namespace) -> int:
 def _eval_here(args: argparse.Namespace) -> int:
     from app.api.evaluations import evaluation_run_view
     from app.evaluation.compare.comparison import BaselineError
-    from app.evaluation.golden.audit import AuditSource, audit_section
+    from app.evaluation.golden.audit.source import AuditSource, audit_section
     from app.evaluation.golden.beir import load_beir_cases
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.run.runner import KnownIds

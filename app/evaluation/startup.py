@@ -19,7 +19,8 @@ from app.evaluation.compare.baselines import (
 )
 from app.evaluation.compare.comparison import BaselineError, baseline_line, compare_reports
 from app.evaluation.compare.gate import GateResult, check_gate
-from app.evaluation.golden.audit import AuditResult, AuditSource, attach_audit, audit_section
+from app.evaluation.golden.audit.checks import AuditResult
+from app.evaluation.golden.audit.source import AuditSource, attach_audit, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.markdown import k_label, render_markdown

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
 from app.evaluation.compare.gate import GATE_RULE
-from app.evaluation.golden.audit import audit_markdown
+from app.evaluation.render.audit import audit_markdown
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
     WORST_CASES,

@@ -11,7 +11,7 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any
 
-from app.evaluation.golden.build.literalness import band
+from app.evaluation.golden.authoring.literalness import band
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import CaseRecord, Group, Segment, SegmentDelta
 from app.evaluation.scoring import measures, stats
@@ -68,7 +68,7 @@ def segments(
     """One segment per tag value, knowledge tag, risk (high, medium, low; a case without one is in none),
     golden-set part (core, incremental; only when the set has both), query language, origin (manual,
     generated, log; a case without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
-    `app.evaluation.golden.build.literalness.band`; a case without literalness is in none), sorted by kind in
+    `golden.authoring.literalness.band`; a case without literalness is in none), sorted by kind in
     that order, then by name (origins and bands in the order just given). `cases` is the number of cases
     in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
     paired difference over the segment's cases scored on both sides and its uncorrected sign-flip p-value
