@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import Report, RunInfo, Summary
+from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.evaluation.scoring.metrics import Gain
@@ -532,14 +532,14 @@ def passes_gate(
     return check_gate(point, thresholds.model_copy(update={"max_p95_ms": None}), "replay").passed
 
 
-def pareto_front(points: list[dict[str, Any]]) -> list[bool]:
-    """For each point's metrics: True when no other point is at least as good on both nDCG and correct
+def pareto_front(points: list[PointFigures]) -> list[bool]:
+    """For each point's figures: True when no other point is at least as good on both nDCG and correct
     abstention and strictly better on one (a missing figure counts as the worst)."""
 
-    def pair(m: dict[str, Any]) -> tuple[float, float]:
+    def pair(m: PointFigures) -> tuple[float, float]:
         return (
-            m["ndcg"] if m["ndcg"] is not None else float("-inf"),
-            m["correctAbstention"] if m["correctAbstention"] is not None else float("-inf"),
+            m.ndcg if m.ndcg is not None else float("-inf"),
+            m.correct_abstention if m.correct_abstention is not None else float("-inf"),
         )
 
     pairs = [pair(m) for m in points]
