@@ -63,6 +63,26 @@ def add_eval_commands(sub: Any) -> None:
     )
     ev.set_defaults(func=eval_command)
 
+    _add_tune_command(sub)
+
+    cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
+    cmp.add_argument("baseline", help="the baseline report JSON")
+    cmp.add_argument("current", help="the report JSON to compare with it")
+    cmp.add_argument("--json", action="store_true", help="print the comparison object as JSON")
+    cmp.set_defaults(func=compare_command)
+
+    te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
+    te.add_argument("qrels")
+    te.add_argument("run")
+    te.add_argument("--k", default="1,5,10", help="comma-separated cut-offs (default 1,5,10)")
+    te.add_argument("--per-query", action="store_true", help="print every query's figures")
+    te.add_argument("--complete", action="store_true", help="like trec_eval -c: missing queries score 0")
+    te.add_argument("--json", action="store_true")
+    te.set_defaults(func=trec_eval_command)
+
+
+def _add_tune_command(sub: Any) -> None:
+    """The `tune` parser."""
     tune = sub.add_parser(
         "tune",
         help="replay chain settings over one run's candidates and recommend (no model call per point)",
@@ -95,21 +115,6 @@ def add_eval_commands(sub: Any) -> None:
     tune.add_argument("--json", action="store_true", help="print the tune JSON")
     tune.add_argument("--output-dir", help="folder of the tune files (default rag.evaluate.output_dir)")
     tune.set_defaults(func=tune_command)
-
-    cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
-    cmp.add_argument("baseline", help="the baseline report JSON")
-    cmp.add_argument("current", help="the report JSON to compare with it")
-    cmp.add_argument("--json", action="store_true", help="print the comparison object as JSON")
-    cmp.set_defaults(func=compare_command)
-
-    te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
-    te.add_argument("qrels")
-    te.add_argument("run")
-    te.add_argument("--k", default="1,5,10", help="comma-separated cut-offs (default 1,5,10)")
-    te.add_argument("--per-query", action="store_true", help="print every query's figures")
-    te.add_argument("--complete", action="store_true", help="like trec_eval -c: missing queries score 0")
-    te.add_argument("--json", action="store_true")
-    te.set_defaults(func=trec_eval_command)
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -345,7 +350,9 @@ def _record_for_tune(
     from datetime import UTC, datetime
 
     from app.evaluation.run.runner import KnownIds
-    from app.evaluation.tune.run import Recorded, record_current
+    from app.evaluation.startup import run_evaluation
+    from app.evaluation.tune.replay import record
+    from app.evaluation.tune.run import Recorded
 
     opening = settings
     if any(s.rerank.enabled for s in points) and not settings.rag.chain.rerank.enabled:
@@ -356,8 +363,8 @@ def _record_for_tune(
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         current = sieve.with_settings(settings) if opening is not settings else sieve
-        evaluation, recording = record_current(current.chain, golden, KnownIds.from_store(sieve.store), ev)
-        return Recorded(evaluation, recording, started, sieve.describe())
+        evaluation = run_evaluation(current.chain, golden, KnownIds.from_store(sieve.store), ev)
+        return Recorded(evaluation, record(evaluation, current.chain), started, sieve.describe())
     finally:
         sieve.close()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from app.evaluation.report.model import PointFigures, Sweep, SweepPoint, SweepRow
 from app.evaluation.scoring.measures import fmt as _f
@@ -18,6 +18,7 @@ from app.evaluation.tune.model import (
     HoldoutAnalysis,
     HoldoutSplit,
     KindMeans,
+    ParamValue,
     PartCounts,
     PartScores,
     SideScores,
@@ -53,7 +54,7 @@ def _table(keys: list[str], rows: list[SweepRow]) -> list[str]:
     return lines
 
 
-def _point_text(point: dict[str, Any]) -> str:
+def _point_text(point: dict[str, ParamValue]) -> str:
     return ", ".join(f"`{k.removeprefix('chain.')}={fmt_value(v)}`" for k, v in point.items())
 
 

@@ -74,6 +74,7 @@ from app.evaluation.tune.model import (
     HoldoutAnalysis,
     HoldoutSplit,
     KindMeans,
+    ParamValue,
     PartCounts,
     PartScores,
     SideCounts,
@@ -131,8 +132,8 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class Grid:
     keys: list[str]
-    values: dict[str, list[Any]]
-    points: list[dict[str, Any]]
+    values: dict[str, list[ParamValue]]
+    points: list[dict[str, ParamValue]]
     settings: list[ChainSettings]
 
 
@@ -162,7 +163,7 @@ def normalise_key(raw: str) -> str:
     raise GridError(f"{raw}: not replayable ({why}); replayable: {replayable_list()}")
 
 
-def parse_spec(key: str, spec: str) -> list[Any]:
+def parse_spec(key: str, spec: str) -> list[ParamValue]:
     """The raw values of one GRID: `start:stop:step` (inclusive, decimal arithmetic) or `a,b,c`."""
     spec = spec.strip()
     if not spec:
@@ -193,7 +194,8 @@ def parse_spec(key: str, spec: str) -> list[Any]:
     return [None if t.lower() in ("null", "none") else t for t in tokens]
 
 
-def _with(base: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def _with(base: dict[str, Any], key: str, value: ParamValue) -> dict[str, Any]:
+    """A copy of the settings JSON `base` with `key` set to `value`."""
     out = json.loads(json.dumps(base))  # a deep copy of plain JSON data
     parts = key.split(".")[1:]  # without "chain"
     if key.startswith(PER_TAG):
@@ -206,20 +208,23 @@ def _with(base: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _get(chain: ChainSettings, key: str) -> Any:
+def _get(chain: ChainSettings, key: str) -> ParamValue:
+    """The value of the replayable setting `key` in `chain`."""
     if key.startswith(PER_TAG):
         return chain.similarity_threshold.per_knowledge_tag.get(key[len(PER_TAG) :])
-    node: Any = chain
+    node: object = chain
     for part in key.split(".")[1:]:
         node = getattr(node, part)
-    return node
+    if node is None or isinstance(node, bool | int | float | str):
+        return node
+    raise GridError(f"{key}: not a single value")
 
 
-def _show(value: Any) -> str:
+def _show(value: ParamValue) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
-def _validate(base: dict[str, Any], assignments: dict[str, Any]) -> ChainSettings:
+def _validate(base: dict[str, Any], assignments: dict[str, ParamValue]) -> ChainSettings:
     data = base
     for key, value in assignments.items():
         data = _with(data, key, value)
@@ -238,7 +243,7 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
     if not specs:
         raise GridError(f"give at least one PARAM=GRID; replayable: {replayable_list()}")
     base = current.model_dump(mode="json")
-    values: dict[str, list[Any]] = {}
+    values: dict[str, list[ParamValue]] = {}
     for spec in specs:
         if "=" not in spec:
             raise GridError(f"{spec}: expected PARAM=GRID, e.g. chain.bm25.dense_weight=0:1:0.05")
@@ -246,7 +251,7 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
         key = normalise_key(raw_key)
         if key in values:
             raise GridError(f"{key}: given twice")
-        typed: list[Any] = []
+        typed: list[ParamValue] = []
         for raw in parse_spec(key, grid):
             value = _get(_validate(base, {key: raw}), key)  # the setting's own type, or a clear error
             if value not in typed:
@@ -658,11 +663,11 @@ def threshold_sweep(
 ) -> Sweep | None:
     """The report's `sweep`: min_dense over the observed dense scores, with the fallback off (with it on,
     a threshold can never make the chain abstain: the fallback refills the best raw candidate)."""
-    values = sweep_values(recording.dense_scores)
+    values: list[ParamValue] = list(sweep_values(recording.dense_scores))
     if not values:
         return None
     base = current.model_dump(mode="json")
-    points = [{MIN_DENSE: v, FALLBACK: False} for v in values]
+    points: list[dict[str, ParamValue]] = [{MIN_DENSE: v, FALLBACK: False} for v in values]
     grid = Grid(
         [MIN_DENSE, FALLBACK],
         {MIN_DENSE: values, FALLBACK: [False]},
@@ -680,7 +685,7 @@ def threshold_sweep(
     )
 
 
-def fmt_value(value: Any) -> str:
+def fmt_value(value: ParamValue) -> str:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, float):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from statistics import fmean
@@ -42,7 +43,7 @@ from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
-from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
+from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest, RetrievalResult
 from app.retrieval.stages import build_stages
 from app.retrieval.stages._common import ReplayFacts, Rule
 from app.retrieval.stages.bm25 import Bm25Stage
@@ -91,7 +92,7 @@ class RecordedLexical:
     def __init__(self) -> None:
         self.table: dict[str, dict[str, float]] = {}
 
-    def scores(self, query: str, ids: Any) -> dict[str, float]:
+    def scores(self, query: str, ids: Sequence[str]) -> dict[str, float]:
         known = self.table.get(query, {})
         try:
             return {i: known[i] for i in ids}
@@ -476,7 +477,7 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             lineage.need = None if trace else rc.k
             try:
                 # the registry's stages never write into a candidate: no defensive copies of the raw ones
-                outcome: Any = chain.run_stages(
+                outcome: RetrievalResult | Exception = chain.run_stages(
                     rc.request, rc.candidates, rc.as_of or recording.as_of, copy_raw=False
                 )
             except ReplayError:

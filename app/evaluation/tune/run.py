@@ -1,8 +1,9 @@
 """`sieve tune` as one function: a recorded evaluation of the current configuration in, the `TuneReport` out.
 
-`record_current` runs the real evaluation (the only part that calls the models and the store) and records
-its candidates; `tune` replays the grid over them (with a split when one is given) and builds the report,
-with the self-check: the replayed current configuration against the real evaluation, figure for figure.
+The caller runs the real evaluation of the current configuration (the only part that calls the models and
+the store) and records its candidates (`replay.record`): a `Recorded`. `tune` replays the grid over them
+(with a split when one is given) and builds the report, with the self-check: the replayed current
+configuration against the real evaluation, figure for figure.
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.evaluation.golden.cases import GoldenSet
 from app.evaluation.report.model import PointFigures
-from app.evaluation.run.runner import Evaluation, KnownIds
-from app.evaluation.startup import run_evaluation
+from app.evaluation.run.runner import Evaluation
 from app.evaluation.tune.grid import Grid, run_split
 from app.evaluation.tune.model import FoldsAnalysis, HoldoutAnalysis, Split, TuneReport, TuneRun, figure
-from app.evaluation.tune.replay import POINT_METRICS, Recording, point_metrics, record
-from app.retrieval.chain import RetrievalChain
+from app.evaluation.tune.replay import POINT_METRICS, Recording, point_metrics
 from app.settings import ChainSettings, EvaluateSettings
 
 
@@ -38,14 +36,6 @@ class TuneOptions:
 
     tolerance: float
     max_points: int
-
-
-def record_current(
-    chain: RetrievalChain, golden: GoldenSet, known: KnownIds, settings: EvaluateSettings
-) -> tuple[Evaluation, Recording]:
-    """The real evaluation of `chain` over `golden` and its recording (`replay.record`)."""
-    evaluation = run_evaluation(chain, golden, known, settings)
-    return evaluation, record(evaluation, chain)
 
 
 def self_check(replayed: PointFigures, evaluation: Evaluation) -> str:
