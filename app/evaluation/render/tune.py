@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 from app.evaluation.report.model import PointFigures, Sweep, SweepPoint, SweepRow
 from app.evaluation.scoring.measures import fmt as _f
@@ -17,6 +16,7 @@ from app.evaluation.tune.model import (
     FoldSplit,
     HoldoutAnalysis,
     HoldoutSplit,
+    Kind,
     KindMeans,
     ParamValue,
     PartCounts,
@@ -158,7 +158,6 @@ def _gate(scores: PartScores) -> str:
     return "pass" if scores.passes_gate else "FAIL"
 
 
-Kind = Literal["best", "abstention"]
 _KINDS: tuple[tuple[Kind, str, tuple[str, str]], ...] = (
     ("best", "Best (highest nDCG passing the gate)", ("ndcg", "recall")),
     (
@@ -189,7 +188,7 @@ def _holdout_markdown(split: HoldoutSplit, holdout: HoldoutAnalysis) -> list[str
         "",
     ]
     for kind, title, _ in _KINDS:
-        rec = holdout.best if kind == "best" else holdout.abstention
+        rec = holdout.carried(kind)
         if rec is None:
             lines += [f"### {title}: none on the tuning part", ""]
             continue
@@ -238,7 +237,7 @@ def _fold_kind_markdown(folds: FoldsAnalysis, kind: Kind, title: str, names: tup
     ]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for fold in folds.per_fold:
-        rec, current = (fold.best if kind == "best" else fold.abstention), fold.current
+        rec, current = fold.carried(kind), fold.current
         cells = [str(fold.fold), _part_text(fold.held_out)]
         if rec is None:
             cells += ["none"] + [""] * 5
@@ -252,8 +251,7 @@ def _fold_kind_markdown(folds: FoldsAnalysis, kind: Kind, title: str, names: tup
                 _signed(rec.optimism[second]),
             ]
         lines.append("| " + " | ".join(cells) + " |")
-    mean = folds.mean.best if kind == "best" else folds.mean.abstention
-    agreement = folds.agreement.best if kind == "best" else folds.agreement.abstention
+    mean, agreement = folds.mean.of(kind), folds.agreement.of(kind)
     lines.append("")
     if mean is None:
         return lines + ["No fold had a recommendation.", ""]

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from statistics import fmean
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -73,6 +73,7 @@ from app.evaluation.tune.model import (
     HeldOut,
     HoldoutAnalysis,
     HoldoutSplit,
+    Kind,
     KindMeans,
     ParamValue,
     PartCounts,
@@ -526,7 +527,7 @@ def _agreement(entries: list[Carried | None], grid: Grid, everyone: SweepPoint |
 
 def _kind_means(per_fold: list[FoldResult], kind: Kind) -> KindMeans | None:
     """The means of recommendation `kind` over the folds that made one (None when none did)."""
-    made = [(f, rec) for f in per_fold if (rec := _of_kind(f, kind)) is not None]
+    made = [(f, rec) for f in per_fold if (rec := f.carried(kind)) is not None]
     if not made:
         return None
     return KindMeans(
@@ -545,14 +546,6 @@ def _kind_means(per_fold: list[FoldResult], kind: Kind) -> KindMeans | None:
         ),
         optimism=_mean_over([r.optimism for _, r in made], GAIN_METRICS),
     )
-
-
-Kind = Literal["best", "abstention"]
-KINDS: tuple[Kind, ...] = ("best", "abstention")
-
-
-def _of_kind(fold: FoldResult, kind: Kind) -> Carried | None:
-    return fold.best if kind == "best" else fold.abstention
 
 
 def _fold_result(

@@ -25,6 +25,8 @@ from app.evaluation.report.model import (
 ParamValue = bool | int | float | str | None
 # figure name (a POINT_METRICS or GAIN_METRICS name) -> its value, None where it is undefined
 Figures = dict[str, float | None]
+# the two recommendations (see `tune.grid`)
+Kind = Literal["best", "abstention"]
 
 
 def figure(metrics: PointFigures, name: str) -> float | None:
@@ -87,6 +89,9 @@ class HoldoutAnalysis(Model):
     best: Carried | None
     abstention: Carried | None
 
+    def carried(self, kind: Kind) -> Carried | None:
+        return self.best if kind == "best" else self.abstention
+
 
 class FoldResult(Model):
     """One fold held out: a recommendation made on the other folds and scored on this one."""
@@ -96,6 +101,9 @@ class FoldResult(Model):
     current: SideScores
     best: Carried | None
     abstention: Carried | None
+
+    def carried(self, kind: Kind) -> Carried | None:
+        return self.best if kind == "best" else self.abstention
 
 
 class HeldOut(Model):
@@ -117,6 +125,9 @@ class FoldMeans(Model):
     best: KindMeans | None
     abstention: KindMeans | None
 
+    def of(self, kind: Kind) -> KindMeans | None:
+        return self.best if kind == "best" else self.abstention
+
 
 class AgreedPoint(Model):
     point: dict[str, ParamValue]
@@ -137,6 +148,9 @@ class Agreement(Model):
 class Agreements(Model):
     best: Agreement
     abstention: Agreement
+
+    def of(self, kind: Kind) -> Agreement:
+        return self.best if kind == "best" else self.abstention
 
 
 class FoldsAnalysis(Model):
