@@ -9,7 +9,7 @@ import unicodedata
 
 import numpy as np
 
-from app.retrieval.stages._common import format_pair
+from app.retrieval.stages._common import ReplayFacts, format_pair
 from app.retrieval.types import (
     SCORE_DENSE,
     SCORE_FUSED,
@@ -62,6 +62,11 @@ class DiversityStage:
 
     def __init__(self, settings: DiversitySettings):
         self.settings = settings
+
+    def replay_facts(self) -> ReplayFacts:
+        """Without MMR it decides each candidate from the ones kept before it, so a prefix of its input keeps
+        a prefix of what the whole input keeps; MMR reorders every survivor."""
+        return ReplayFacts(prefix_stable=not self.settings.mmr)
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         kept = _Kept(self.settings, len(candidates))
