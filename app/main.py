@@ -37,14 +37,10 @@ __all__ = ["AppState", "create_app", "create_label_app", "startup_sequence", "st
 
 log = logging.getLogger("sieve")
 
-# the one exit-code table (app/exit_codes.py), shared with the CLI
 # of rag.server.shutdown_seconds, what the shutdown keeps for the process's own exit after the writers stop
 EXIT_ALLOWANCE_S = 1.5
 # of that allowance, what the query log's writer may take to write its queue at shutdown
 QUERYLOG_CLOSE_S = 1.0
-EXIT_STARTUP_FAILED = exit_codes.UNAVAILABLE
-EXIT_GATE_FAILED = exit_codes.GATE_FAILED
-EXIT_INVALID_GOLDEN_SET = exit_codes.BAD_INPUT
 
 
 def create_app(
@@ -88,7 +84,7 @@ def create_app(
 
     app = FastAPI(
         title="Sieve",
-        description="RAG retrieval through a traced RetrievalQualityFilter chain, with startup evaluation.",
+        description="RAG retrieval through a traced retrieval chain, with startup evaluation.",
         version="0.1.0",
         lifespan=lifespan,
         docs_url=None,  # install_docs: served from the pinned package, no CDN
@@ -180,9 +176,9 @@ def _startup(
         state.error = f"{type(exc).__name__}: {exc}"
         state.phase = "failed"
         log.error("startup failed: %s", exc, exc_info=not _is_user_error(exc))
-        state.exit_code = EXIT_STARTUP_FAILED
+        state.exit_code = exit_codes.UNAVAILABLE
         if on_fatal:
-            on_fatal(EXIT_STARTUP_FAILED)
+            on_fatal(exit_codes.UNAVAILABLE)
         return
     if state.exit_code and on_fatal:
         on_fatal(state.exit_code)
@@ -215,12 +211,12 @@ def startup_sequence(state: AppState) -> None:
         if outcome.gate_failures and rag.evaluate.fail_on_gate:
             state.phase = "failed"
             state.error = "evaluation gate failed: " + "; ".join(outcome.gate_failures)
-            state.exit_code = EXIT_GATE_FAILED
+            state.exit_code = exit_codes.GATE_FAILED
             return
         if outcome.invalid_golden_set and rag.evaluate.fail_on_invalid_golden_set:
             state.phase = "failed"
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
-            state.exit_code = EXIT_INVALID_GOLDEN_SET
+            state.exit_code = exit_codes.BAD_INPUT
             return
     # /ready answers from the event loop with the probe's last answer: make the first one now
     state.store_probe.problem(sieve.store)

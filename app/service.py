@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, cast
 from app.ingest.chunker import embedding_text, stored_chunk
 from app.ingest.pipeline import Ingestor, IngestReport, Progress
 from app.ingest.types import Document
+from app.lexical.files import LexicalFilesError, check_free
+from app.lexical.index import Analyzer, Bm25Index
+from app.lexical.sync import LexicalSync, build_from_store
 from app.models import Embedder, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
-from app.retrieval.lexical import Analyzer, Bm25Index
-from app.retrieval.lexical_files import LexicalFilesError, check_free
-from app.retrieval.lexical_sync import LexicalSync, build_from_store
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
@@ -225,7 +225,7 @@ class Sieve:
     def evaluation_target(self) -> EvaluationTarget:
         """What an evaluation of this service needs: its chain, the ids its store holds, its description,
         and what the golden-set audit reads."""
-        from app.evaluation.golden.audit import AuditSource
+        from app.evaluation.golden.audit.source import AuditSource
         from app.evaluation.run.runner import KnownIds
         from app.evaluation.session import EvaluationTarget, ServiceDescription
 

@@ -419,7 +419,7 @@ class ReportSettings(_Strict):
 
 
 class AuditSettings(_Strict):
-    """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/golden/audit.py)."""
+    """The golden-set audit of every evaluation and `sieve golden check` (app/evaluation/golden/audit/)."""
 
     enabled: bool = True
     # two queries of different groups whose query vectors reach this cosine are near duplicates
@@ -557,7 +557,7 @@ class LlmSettings(_Strict):
 
 
 class GenerateSettings(_Strict):
-    """`sieve golden generate`: a question per passage (app/evaluation/golden/build/generate.py)."""
+    """`sieve golden generate`: a question per passage (app/evaluation/golden/authoring/generate.py)."""
 
     generator: Literal["offline", "llm"] = "offline"
     seed: int = 42  # which passages are picked, and the offline templates

@@ -477,8 +477,8 @@ def _merge_top(
 def lexical_alone(args: argparse.Namespace) -> int:
     """Build the BM25 index over `--size` corpus chunks straight from the generator (no store), save it,
     load it again, and time top(), a one-document update and a snapshot. Prints BENCH-JSON."""
-    from app.retrieval.lexical import Analyzer, Bm25Index
-    from app.retrieval.lexical_files import Journal, load_snapshot, save_snapshot
+    from app.lexical.files import Journal, load_snapshot, save_snapshot
+    from app.lexical.index import Analyzer, Bm25Index
     from app.service import _index_text
     from app.store import StoredChunk
 

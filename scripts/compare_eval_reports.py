@@ -7,10 +7,11 @@ Used to show that a change which moves code around changes no result: run `sieve
 equal, 1 with one line per difference otherwise.
 
 What is ignored, and why:
-- keys that are clocks or durations: any key whose name contains `latency`, `duration` or `costMs`, and
-  `startedAt`, `evaluatedAt`, `asOfRun`; `traceId` (a fresh id per query);
+- keys that are clocks or durations: any key whose name contains `latency` or `duration` or ends in `Ms`
+  (`p95Ms`, `costMs`), and `startedAt`, `evaluatedAt`, `asOfRun`; `traceId` (a fresh id per query);
 - `run.reportFile`, `run.store` and `audit.previousReport` (where the files and the store were, not what they
-  hold);
+  hold); `run.codeVersion` and the `code: a -> b` line of `comparison.differences` (the commit, which any
+  change moves);
 - within `summary.budget` and a case's `budget`, the latency entries (`p95LatencyMs`), by the rule above.
 
 Numbers are compared with an absolute tolerance (`--tolerance`, default 1e-9); a ranked document's `scores`
@@ -29,17 +30,25 @@ from pathlib import Path
 from typing import Any
 
 IGNORED_KEYS = {"startedAt", "evaluatedAt", "asOfRun", "traceId"}
-IGNORED_PARTS = ("latency", "duration", "costms")
-IGNORED_PATHS = {"run.reportFile", "run.store", "audit.previousReport"}
+IGNORED_PARTS = ("latency", "duration")
+IGNORED_PATHS = {"run.reportFile", "run.store", "run.codeVersion", "audit.previousReport"}
+CODE_LINE = "code: "
 
 
 def ignored(path: str, key: str) -> bool:
     lowered = key.lower()
     return (
         key in IGNORED_KEYS
+        or key.endswith("Ms")
         or any(part in lowered for part in IGNORED_PARTS)
         or f"{path}.{key}".lstrip(".") in IGNORED_PATHS
     )
+
+
+def _without_code_line(path: str, items: list[Any]) -> list[Any]:
+    if not path.endswith("comparison.differences"):
+        return items
+    return [item for item in items if not (isinstance(item, str) and item.startswith(CODE_LINE))]
 
 
 def differences(
@@ -58,6 +67,7 @@ def differences(
             else:
                 yield from differences(before[key], after[key], where, tolerance, score_tolerance)
     elif isinstance(before, list) and isinstance(after, list):
+        before, after = _without_code_line(path, before), _without_code_line(path, after)
         if len(before) != len(after):
             yield f"{path}: {len(before)} items, then {len(after)}"
             return

@@ -6,7 +6,7 @@ goes through `/api/label/*`, which needs the admin token (`Authorization: Bearer
 
 * `GET  /api/label/status`           — ready or not (the models load first), and the default rater name;
 * `GET  /api/label/queue`            — the cases to judge, the least judged first (`LabelDesk.queue`);
-* `GET  /api/label/cases/{case_id}`  — one case: its pool of candidates (golden/build/pool.py) with
+* `GET  /api/label/cases/{case_id}`  — one case: its pool of candidates (golden/authoring/pool.py) with
                                        the query terms marked, the golden set's judgments and the raters';
 * `POST /api/label/judgments`        — one judgment, appended to the judgments file (one line, fsynced).
 
@@ -34,7 +34,7 @@ from app.api.bounds import MAX_ID_CHARS, Id, Name
 from app.api.deps import require_admin, require_sieve, sieve_state
 from app.api.errors import ApiError
 from app.api.schemas import error_responses
-from app.evaluation.golden.build.judgments import (
+from app.evaluation.golden.authoring.judgments import (
     NO_ANSWER,
     Judgment,
     JudgmentLog,
@@ -43,7 +43,7 @@ from app.evaluation.golden.build.judgments import (
     make_judgment,
     read_drafts_lenient,
 )
-from app.evaluation.golden.build.pool import (
+from app.evaluation.golden.authoring.pool import (
     BASELINE,
     CURRENT,
     Pool,

@@ -22,10 +22,6 @@ from collections.abc import Sequence
 
 from app import exit_codes
 from app.cli.common import (
-    EXIT_GATE,
-    EXIT_INPUT,
-    EXIT_OK,
-    EXIT_RUNTIME,
     configure_logging,
     open_sieve,
     set_config_path,
@@ -38,10 +34,6 @@ from app.cli.serve import add_serve_command
 from app.settings import SettingsError
 
 __all__ = [
-    "EXIT_GATE",
-    "EXIT_INPUT",
-    "EXIT_OK",
-    "EXIT_RUNTIME",
     "main",
     "open_sieve",
     "render_result",
@@ -58,13 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
+        return exit_codes.BAD_INPUT
     except KeyboardInterrupt:
         return exit_codes.INTERRUPTED
     except BrokenPipeError:
         # the reader of stdout stopped reading (`sieve query ... | head`): it had what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return exit_codes.OK
     except Exception as exc:  # the boundary: one clear line instead of a traceback
         from app.evaluation.compare.comparison import BaselineError
         from app.evaluation.golden.cases import GoldenSetError
@@ -74,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(exc, GoldenSetError | TrecFormatError | FileNotFoundError | BaselineError):
             print(f"error: {exc}", file=sys.stderr)
-            return EXIT_INPUT
+            return exit_codes.BAD_INPUT
         if isinstance(exc, StoreError | ModelLoadError):
             print(f"error: {exc}", file=sys.stderr)
-            return EXIT_RUNTIME
+            return exit_codes.UNAVAILABLE
         raise
 
 

@@ -12,13 +12,6 @@ from typing import Any, Literal
 from app import exit_codes
 from app.settings import load_settings, merge
 
-EXIT_OK, EXIT_GATE, EXIT_INPUT, EXIT_RUNTIME = (
-    exit_codes.OK,
-    exit_codes.GATE_FAILED,
-    exit_codes.BAD_INPUT,
-    exit_codes.UNAVAILABLE,
-)
-
 log = logging.getLogger("sieve")
 
 # Loggers of libraries whose INFO lines say nothing a user of the command needs.
@@ -88,7 +81,7 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def fail(message: str, code: int = EXIT_INPUT) -> int:
+def fail(message: str, code: int = exit_codes.BAD_INPUT) -> int:
     """Print `error: <message>` on stderr and return `code` (the command's exit code)."""
     print(f"error: {message}", file=sys.stderr)
     return code

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any, cast
 from app import exit_codes
 from app.cli.common import fail, open_sieve, settings_with
 from app.evaluation.compare.overrides import THRESHOLDS, EvaluationOverrides, flag, setting_key
-from app.settings import nested
+from app.settings import ChainSettings, EvaluateSettings, Settings, nested
 
 if TYPE_CHECKING:
+    from app.evaluation.golden.cases import GoldenSet
     from app.evaluation.render.lines import EvaluationRunResponse
+    from app.evaluation.tune.run import Recorded
 
 
 def add_eval_commands(sub: Any) -> None:
@@ -54,10 +56,25 @@ def add_eval_commands(sub: Any) -> None:
     )
     ev.set_defaults(func=eval_command)
     _add_tune_command(sub)
-    _add_compare_commands(sub)
+
+    cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
+    cmp.add_argument("baseline", help="the baseline report JSON")
+    cmp.add_argument("current", help="the report JSON to compare with it")
+    cmp.add_argument("--json", action="store_true", help="print the comparison object as JSON")
+    cmp.set_defaults(func=compare_command)
+
+    te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
+    te.add_argument("qrels")
+    te.add_argument("run")
+    te.add_argument("--k", default="1,5,10", help="comma-separated cut-offs (default 1,5,10)")
+    te.add_argument("--per-query", action="store_true", help="print every query's figures")
+    te.add_argument("--complete", action="store_true", help="like trec_eval -c: missing queries score 0")
+    te.add_argument("--json", action="store_true")
+    te.set_defaults(func=trec_eval_command)
 
 
 def _add_tune_command(sub: Any) -> None:
+    """The `tune` parser."""
     tune = sub.add_parser(
         "tune",
         help="replay chain settings over one run's candidates and recommend (no model call per point)",
@@ -90,23 +107,6 @@ def _add_tune_command(sub: Any) -> None:
     tune.add_argument("--json", action="store_true", help="print the tune JSON")
     tune.add_argument("--output-dir", help="folder of the tune files (default rag.evaluate.output_dir)")
     tune.set_defaults(func=tune_command)
-
-
-def _add_compare_commands(sub: Any) -> None:
-    cmp = sub.add_parser("compare", help="compare two evaluation reports (no retrieval is run)")
-    cmp.add_argument("baseline", help="the baseline report JSON")
-    cmp.add_argument("current", help="the report JSON to compare with it")
-    cmp.add_argument("--json", action="store_true", help="print the comparison object as JSON")
-    cmp.set_defaults(func=compare_command)
-
-    te = sub.add_parser("trec-eval", help="score a TREC run file against qrels with Sieve's metrics")
-    te.add_argument("qrels")
-    te.add_argument("run")
-    te.add_argument("--k", default="1,5,10", help="comma-separated cut-offs (default 1,5,10)")
-    te.add_argument("--per-query", action="store_true", help="print every query's figures")
-    te.add_argument("--complete", action="store_true", help="like trec_eval -c: missing queries score 0")
-    te.add_argument("--json", action="store_true")
-    te.set_defaults(func=trec_eval_command)
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -237,128 +237,106 @@ def print_evaluation(view: EvaluationRunResponse, extra: list[str] | None = None
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    import math
     import time
-    from datetime import UTC, datetime
 
     from app.evaluation.golden.cases import load_golden_set
-    from app.evaluation.render.tune import tune_markdown, write_tune
-    from app.evaluation.run.runner import KnownIds
-    from app.evaluation.session import run_evaluation
-    from app.evaluation.tune.grid import GridError, parse_grid, run_split
-    from app.evaluation.tune.holdout import SplitError, check_split_flags, make_split
-    from app.evaluation.tune.replay import record
-    from app.settings import nested
+    from app.evaluation.render.tune import tune_markdown, tune_text, write_tune
+    from app.evaluation.tune.grid import GridError, parse_grid
+    from app.evaluation.tune.holdout import SplitError, make_split
+    from app.evaluation.tune.run import TuneOptions, tune
 
-    overrides: list[dict[str, Any]] = []
+    problem = _tune_flag_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    overrides = _tune_overrides(args)
+    settings = settings_with(*overrides)
+    ev = settings.rag.evaluate.model_copy(update={"latency_sample": 0})
+    try:  # every point is checked before any model loads
+        grid = parse_grid(args.grid, settings.rag.chain, args.max_points)
+        golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+        split = make_split(golden.cases, args.holdout, args.folds, ev.seed)
+    except (GridError, SplitError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    target = _record_for_tune(settings, overrides, grid.settings, golden, ev)
+    t0 = time.perf_counter()
+    report = tune(target, grid, split, settings.rag.chain, ev, TuneOptions(args.tolerance, args.max_points))
+    replay_s = time.perf_counter() - t0
+    paths = write_tune(report, ev.output_dir, ev.report_prefix)
+    if args.json:
+        print(tune_text(report), end="")
+    else:
+        print(tune_markdown(report))
+        print(
+            f"{len(grid.points)} points replayed in {replay_s:.2f} s "
+            f"({report.cost_ms.per_point:.1f} ms per point; one real evaluation "
+            f"{report.cost_ms.real_evaluation:.0f} ms)"
+        )
+        for path in paths:
+            print(f"tune: {path}")
+    if not report.run.self_check.startswith("ok"):
+        print(f"warning: {report.run.self_check}", file=sys.stderr)
+    return exit_codes.OK
+
+
+def _tune_flag_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with `sieve tune`'s flags, checked before anything is read; None when nothing."""
+    import math
+
+    from app.evaluation.tune.holdout import SplitError, check_split_flags
+
     try:
         check_split_flags(args.holdout, args.folds)
     except SplitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    if args.top_k is not None:
-        if not 1 <= args.top_k <= 100:
-            print(f"error: --top-k must be between 1 and 100, got {args.top_k}", file=sys.stderr)
-            return exit_codes.BAD_INPUT
-        overrides.append(nested("rag.evaluate.top_k", args.top_k))
+        return str(exc)
+    if args.top_k is not None and not 1 <= args.top_k <= 100:
+        return f"--top-k must be between 1 and 100, got {args.top_k}"
     if args.max_points < 1:
-        print(f"error: --max-points must be >= 1, got {args.max_points}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+        return f"--max-points must be >= 1, got {args.max_points}"
     if not (math.isfinite(args.tolerance) and 0 <= args.tolerance <= 1):
-        print(f"error: --tolerance must be between 0 and 1, got {args.tolerance}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
+        return f"--tolerance must be between 0 and 1, got {args.tolerance}"
+    return None
+
+
+def _tune_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
+    overrides = []
+    if args.top_k is not None:
+        overrides.append(nested("rag.evaluate.top_k", args.top_k))
     if args.output_dir:
         overrides.append(nested("rag.evaluate.output_dir", args.output_dir))
-    settings = settings_with(*overrides)
-    chain_settings = settings.rag.chain
-    try:  # every point is checked before any model loads
-        grid = parse_grid(args.grid, chain_settings, args.max_points)
-    except GridError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    ev = settings.rag.evaluate.model_copy(update={"latency_sample": 0})
-    golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
-    try:
-        split = make_split(golden.cases, args.holdout, args.folds, ev.seed)
-    except SplitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exit_codes.BAD_INPUT
-    opening = settings
-    if any(s.rerank.enabled for s in grid.settings) and not chain_settings.rerank.enabled:
-        # a point turns the reranker on: load it (the current configuration still runs without it)
-        opening = settings_with(*overrides, nested("rag.chain.rerank.enabled", True))
+    return overrides
 
+
+def _record_for_tune(
+    settings: Settings,
+    overrides: list[dict[str, Any]],
+    points: list[ChainSettings],
+    golden: GoldenSet,
+    ev: EvaluateSettings,
+) -> Recorded:
+    """The real evaluation of the current configuration, recorded; the reranker is loaded when a point
+    turns it on (the current configuration still runs without it)."""
+    from datetime import UTC, datetime
+
+    from app.evaluation.run.runner import KnownIds
+    from app.evaluation.session import run_evaluation
+    from app.evaluation.tune.replay import record
+    from app.evaluation.tune.run import Recorded
+
+    opening = settings
+    if any(s.rerank.enabled for s in points) and not settings.rag.chain.rerank.enabled:
+        opening = settings_with(*overrides, nested("rag.chain.rerank.enabled", True))
     started = datetime.now(UTC).isoformat(timespec="seconds")
     sieve = open_sieve(opening)
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         current = sieve.with_settings(settings) if opening is not settings else sieve
-        known = KnownIds.from_store(sieve.store)
-        evaluation = run_evaluation(current.chain, golden, known, ev)
-        recording = record(evaluation, current.chain)
-        described = sieve.describe()
+        evaluation = run_evaluation(current.chain, golden, KnownIds.from_store(sieve.store), ev)
+        return Recorded(evaluation, record(evaluation, current.chain), started, sieve.describe())
     finally:
         sieve.close()
-    t0 = time.perf_counter()
-    outcome = run_split(recording, grid, chain_settings, ev.thresholds, args.tolerance, split)
-    result = outcome.result
-    replay_s = time.perf_counter() - t0
-    check = _self_check(outcome.all_current, evaluation)
-    doc = {
-        "run": {
-            "startedAt": started,
-            "goldenSet": golden.path,
-            "cases": len(golden.cases),
-            "k": ev.top_k,
-            "asOf": recording.as_of.isoformat(),
-            "gain": recording.gain,
-            "tolerance": args.tolerance,
-            "maxPoints": args.max_points,
-            "points": len(grid.points),
-            "embedder": described["embedder"],
-            "reranker": described["reranker"],
-            "collection": described["collection"],
-            "chunks": described["chunks"],
-            "chain": described["chain"],
-            "selfCheck": check,
-        },
-        **result.to_json(),
-    }
-    if split is not None:
-        doc["split"] = split
-        doc[split["mode"]] = outcome.analysis
-    paths = write_tune(doc, ev.output_dir, ev.report_prefix)
-    if args.json:
-        print(json.dumps(doc, ensure_ascii=False, indent=2))
-    else:
-        print(tune_markdown(doc))
-        print(
-            f"{len(grid.points)} points replayed in {replay_s:.2f} s "
-            f"({result.cost_ms['perPoint']:.1f} ms per point; one real evaluation "
-            f"{result.cost_ms['realEvaluation']:.0f} ms)"
-        )
-        for path in paths:
-            print(f"tune: {path}")
-    if not check.startswith("ok"):
-        print(f"warning: {check}", file=sys.stderr)
-    return exit_codes.OK
-
-
-def _self_check(replayed: dict[str, Any], evaluation: Any) -> str:
-    """The replayed current configuration against the real evaluation it was recorded from."""
-    from app.evaluation.tune.replay import POINT_METRICS, point_metrics
-
-    real = point_metrics(evaluation)
-    off = [
-        f"{name} replay {replayed[name]} != evaluation {real[name]}"
-        for name in POINT_METRICS
-        if (replayed[name] is None) != (real[name] is None)
-        or (real[name] is not None and abs(replayed[name] - real[name]) > 1e-9)
-    ]
-    if off:
-        return "MISMATCH (a replay bug; please report): " + "; ".join(off)
-    return "ok: the replayed current configuration equals the real evaluation on every metric"
 
 
 def compare_command(args: argparse.Namespace) -> int:

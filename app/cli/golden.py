@@ -7,7 +7,13 @@ Exit codes: the table in `app.exit_codes`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.evaluation.golden.authoring.generate import GenerateOptions, Passage, QuestionGenerator
+    from app.evaluation.golden.authoring.llm import ChatClient
+    from app.settings import GenerateSettings
 
 
 def add_golden_commands(sub: Any) -> None:
@@ -61,8 +67,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import open_sieve, settings_with
-    from app.evaluation.golden.build import generate as gen
-    from app.evaluation.golden.build.llm import ChatClient, ChatEndpoint, LlmError
+    from app.evaluation.golden.authoring import generate as gen
+    from app.evaluation.golden.authoring.llm import ChatClient, ChatEndpoint, LlmError
     from app.files import change_line
     from app.settings import nested
 
@@ -73,14 +79,7 @@ def _generate(args: argparse.Namespace) -> int:
     cfg = settings.rag.generate
     out = Path(args.out)
     try:
-        options = gen.GenerateOptions(
-            chunks=args.chunks,
-            per_chunk=args.per_chunk,
-            seed=cfg.seed,
-            min_passage_chars=cfg.min_passage_chars,
-            round_trip_k=cfg.round_trip_k,
-            round_trip=gen.GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
-        )
+        options = _generate_options(args, cfg)
         gen.check_out_path(out)
         endpoint = ChatEndpoint.from_settings(cfg.llm) if cfg.generator == "llm" else None
     except (gen.GenerateError, LlmError) as exc:
@@ -93,19 +92,11 @@ def _generate(args: argparse.Namespace) -> int:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         passages = gen.store_passages(sieve.store)
-        tokens = sieve.analyzer.tokens
-        generator: gen.QuestionGenerator = (
-            gen.LlmGenerator(client)
-            if client is not None
-            else gen.OfflineGenerator(
-                tokens, gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages), cfg.seed, cfg.key_terms
-            )
-        )
         result = gen.generate(
             passages,
-            generator,
+            _question_generator(client, passages, sieve.analyzer.tokens, cfg),
             gen.StoreSearcher(sieve.lexical, sieve.embedder, sieve.store),
-            tokens,
+            sieve.analyzer.tokens,
             options,
             gen.hard_filter_rule(settings.rag.chain.hard_filter, settings.rag.evaluate.as_of or date.today()),
             existing,
@@ -123,6 +114,37 @@ def _generate(args: argparse.Namespace) -> int:
     after = len(existing) + len(result.cases)
     print(change_line(out, bool(result.cases), len(existing), after, "case"))
     return exit_codes.OK
+
+
+def _generate_options(args: argparse.Namespace, cfg: GenerateSettings) -> GenerateOptions:
+    """The options of `sieve golden generate` from its flags and `rag.generate` (GenerateError when they do
+    not fit together)."""
+    from app.evaluation.golden.authoring.generate import GenerateOptions
+
+    return GenerateOptions(
+        chunks=args.chunks,
+        per_chunk=args.per_chunk,
+        seed=cfg.seed,
+        min_passage_chars=cfg.min_passage_chars,
+        round_trip_k=cfg.round_trip_k,
+        round_trip=GenerateOptions.round_trip_for(cfg.round_trip, cfg.generator),
+    )
+
+
+def _question_generator(
+    client: ChatClient | None,
+    passages: list[Passage],
+    tokens: Callable[[str], list[str]],
+    cfg: GenerateSettings,
+) -> QuestionGenerator:
+    """The LLM's questions when there is a chat client, else the offline templates (their key terms
+    weighted by the idf of the passages' own tokens)."""
+    from app.evaluation.golden.authoring import generate as gen
+
+    if client is not None:
+        return gen.LlmGenerator(client)
+    idf = gen.CorpusIdf.of(tokens(p.indexed_text) for p in passages)
+    return gen.OfflineGenerator(tokens, idf, cfg.seed, cfg.key_terms)
 
 
 def _add_check(gsub: Any) -> None:
@@ -148,8 +170,9 @@ def _check(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import open_sieve, settings_with
-    from app.evaluation.golden import audit
+    from app.evaluation.golden.audit import source
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.render.audit import audit_json, audit_text
     from app.evaluation.run.runner import KnownIds, check_knowledge_tags
 
     settings = settings_with()
@@ -160,18 +183,18 @@ def _check(args: argparse.Namespace) -> int:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
-        source = audit.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
-        result = audit.run_audit(
+        audit_source = source.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
+        result = source.run_audit(
             golden,
-            source,
+            audit_source,
             ev.as_of or date.today(),
-            audit.previous_report_path(ev),
+            source.previous_report_path(ev),
             ev.audit.near_duplicate_cosine,
         )
     finally:
         sieve.close()
-    text = json.dumps(audit.audit_json(result), ensure_ascii=False, indent=2) if args.json else None
-    print(text if text is not None else audit.audit_text(result), end="")
+    text = json.dumps(audit_json(result), ensure_ascii=False, indent=2) if args.json else None
+    print(text if text is not None else audit_text(result), end="")
     if args.json:
         print()
     return exit_codes.GATE_FAILED if args.strict and result.total_findings else exit_codes.OK
@@ -308,7 +331,7 @@ def _sample(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.querylog import log_files
     from app.cli.common import settings_with
-    from app.evaluation.golden.build import sample
+    from app.evaluation.golden.authoring import sample
     from app.models import load_embedder
     from app.settings import nested
 
@@ -401,8 +424,8 @@ def _label(args: argparse.Namespace) -> int:
     from app import exit_codes
     from app.api.label import LabelDesk, LabelFiles
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.judgments import JudgmentsError
-    from app.evaluation.golden.build.pool import QueueError
+    from app.evaluation.golden.authoring.judgments import JudgmentsError
+    from app.evaluation.golden.authoring.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
     from app.files import change_line
     from app.settings import nested
@@ -500,7 +523,7 @@ def _pool(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.pool import QueueError, queue_report_file
+    from app.evaluation.golden.authoring.pool import QueueError, queue_report_file
 
     queue = args.queue or settings_with().rag.label.queue
     try:
@@ -537,7 +560,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from app import exit_codes
     from app.cli.common import settings_with
-    from app.evaluation.golden.build.judgments import JudgmentsError, export_files
+    from app.evaluation.golden.authoring.judgments import JudgmentsError, export_files
 
     settings = settings_with()
     golden = args.golden_set or settings.rag.evaluate.resource_location

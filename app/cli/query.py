@@ -11,8 +11,9 @@ import os
 import sys
 from typing import Any
 
+from app import exit_codes
 from app.cli.client import ServerError, SieveClient, server_token, server_url
-from app.cli.common import EXIT_INPUT, EXIT_OK, fail, open_sieve, settings_with
+from app.cli.common import fail, open_sieve, settings_with
 from app.settings import nested
 
 # characters of a chunk's text shown after its title in the human table
@@ -60,7 +61,7 @@ def ingest_command(args: argparse.Namespace) -> int:
     print(report.summary())
     for error in report.errors:
         print(f"error: {error}", file=sys.stderr)
-    return EXIT_INPUT if report.errors else EXIT_OK
+    return exit_codes.BAD_INPUT if report.errors else exit_codes.OK
 
 
 def query_command(args: argparse.Namespace) -> int:
@@ -83,7 +84,7 @@ def query_command(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(response), ensure_ascii=False, indent=2))
     else:
         print(render_result(response))
-    return EXIT_OK
+    return exit_codes.OK
 
 
 def _retrieve_here(args: argparse.Namespace) -> Any:

@@ -8,7 +8,8 @@ import os
 import time
 from typing import Any
 
-from app.cli.common import EXIT_RUNTIME, log, settings_with
+from app import exit_codes
+from app.cli.common import log, settings_with
 from app.settings import nested
 
 
@@ -89,7 +90,7 @@ def _exit_after(seconds: float) -> None:
     def force() -> None:
         log.error("shutdown took longer than rag.server.shutdown_seconds; exiting now")
         logging.shutdown()
-        os._exit(EXIT_RUNTIME)
+        os._exit(exit_codes.UNAVAILABLE)
 
     timer = threading.Timer(seconds, force)
     timer.daemon = True

@@ -6,7 +6,7 @@ The parts, each depending only on the ones above it:
   statistics (`stats`) and the TREC run/qrels export (`trec`).
 - `report/`: the one typed report (`model`: `Report` and its records, pydantic, camelCase JSON).
 - `golden/`: the golden set (cases, BEIR import, query language, the audit) and how it is built
-  (`golden/build/`: query-log sampling, generated questions, judgments, labelling pools).
+  (`golden/authoring/`: query-log sampling, generated questions, judgments, labelling pools).
 - `run/`: every case through the chain (`runner`), the fingerprint of what was run (`fingerprint`), and the
   report built from a run (`build`, pure) with its segments and paraphrase groups (`segments`).
 - `compare/`: a report against its baseline (`comparison`), which baseline (`baselines`), the gate (`gate`).

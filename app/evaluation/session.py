@@ -23,13 +23,14 @@ from app.evaluation.compare.baselines import (
 )
 from app.evaluation.compare.comparison import BaselineError, compare_reports
 from app.evaluation.compare.gate import GateResult, check_gate
-from app.evaluation.golden.audit import AuditResult, AuditSource, audit_section
+from app.evaluation.golden.audit.checks import AuditResult
+from app.evaluation.golden.audit.source import AuditSource, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
 from app.evaluation.render import lines
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import Comparison, Report, Sweep
+from app.evaluation.report.model import Comparison, Report, RunSettings, Sweep
 from app.evaluation.run import runner
 from app.evaluation.run.build import Verdict, build_report, invalid_report, measure_report
 from app.evaluation.run.fingerprint import run_fingerprint
@@ -65,7 +66,7 @@ class ServiceDescription(BaseModel):
     chunks: int
     retrieval: dict[str, object]
     chain: dict[str, dict[str, object]]
-    settings: dict[str, object]
+    settings: RunSettings
 
 
 @dataclass
@@ -301,5 +302,5 @@ def run_description(
             evaluation.as_of or date.today(),
             evaluated_at,
             evaluation.gain,
-        ),
+        ).to_json(),
     }

@@ -137,15 +137,38 @@ def _walk(root: Path, follow_symlinks: bool) -> list[tuple[Path, Path] | LoadErr
     """(file, path relative to `root`) for the supported, non-hidden regular files under `root`, and a
     LoadError for each entry that cannot be read (links not followed, loops, unreadable directories, special
     files), all in the order of their relative paths (so "a/z" before "b")."""
-    found: list[Path] = []
-    errors: list[LoadError] = []
-    walked: set[tuple[int, int]] = set()  # (device, inode) of every directory walked: a cycle stops here
+    walk = _Walk(follow_symlinks)
+    walk.visit(root)
+    entries: list[tuple[Path, Path] | LoadError] = [(file, file.relative_to(root)) for file in walk.found]
+    entries += walk.errors
+    return sorted(
+        entries,
+        key=lambda e: (Path(e.path).relative_to(root) if isinstance(e, LoadError) else e[1]).as_posix(),
+    )
 
-    def visit(directory: Path) -> None:
+
+class _Walk:
+    """One walk of a folder tree: the supported regular files found, and the entries that cannot be read."""
+
+    def __init__(self, follow_symlinks: bool):
+        self.follow_symlinks = follow_symlinks
+        self.found: list[Path] = []
+        self.errors: list[LoadError] = []
+        self.walked: set[tuple[int, int]] = set()  # (device, inode) of every directory walked: a cycle stops
+
+    def visit(self, directory: Path) -> None:
+        """Every non-hidden entry of `directory`, by name, and of its subdirectories, depth first."""
+        for entry in self._listing(directory):
+            if not entry.name.startswith("."):
+                self._entry(Path(entry.path), entry)
+
+    def _listing(self, directory: Path) -> list[os.DirEntry[str]]:
+        """The entries of `directory` by name; none (and an error) when it cannot be listed or was walked
+        already (a symbolic link loop)."""
         try:
             info = directory.stat()
-            if (info.st_dev, info.st_ino) in walked:
-                errors.append(
+            if (info.st_dev, info.st_ino) in self.walked:
+                self.errors.append(
                     LoadError(
                         str(directory),
                         None,
@@ -153,51 +176,47 @@ def _walk(root: Path, follow_symlinks: bool) -> list[tuple[Path, Path] | LoadErr
                         f"already walked; not walked again",
                     )
                 )
-                return
-            walked.add((info.st_dev, info.st_ino))
+                return []
+            self.walked.add((info.st_dev, info.st_ino))
             with os.scandir(directory) as listing:
-                entries = sorted(listing, key=lambda e: e.name)
+                return sorted(listing, key=lambda e: e.name)
         except OSError as exc:
-            errors.append(LoadError(str(directory), None, f"cannot list directory: {exc.strerror or exc}"))
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            path = Path(entry.path)
-            supported = path.suffix.lower() in SUPPORTED_SUFFIXES
-            try:
-                is_link = entry.is_symlink()
-                info = path.stat()  # follows links
-            except OSError as exc:
-                errors.append(LoadError(str(path), None, _stat_problem(path, exc)))
-                continue
-            is_dir = stat.S_ISDIR(info.st_mode)
-            if is_link and not follow_symlinks:
-                if is_dir or supported:
-                    errors.append(
-                        LoadError(
-                            str(path),
-                            None,
-                            f"symbolic link not followed (it points to {_link_target(path)}); "
-                            f"set rag.ingest.follow_symlinks: true to read links",
-                        )
-                    )
-                continue
-            if is_dir:
-                visit(path)
-            elif supported:
-                if stat.S_ISREG(info.st_mode):
-                    found.append(path)
-                else:
-                    errors.append(LoadError(str(path), None, "not a regular file (a FIFO, socket or device)"))
+            self.errors.append(
+                LoadError(str(directory), None, f"cannot list directory: {exc.strerror or exc}")
+            )
+            return []
 
-    visit(root)
-    entries: list[tuple[Path, Path] | LoadError] = [(file, file.relative_to(root)) for file in found]
-    entries += errors
-    return sorted(
-        entries,
-        key=lambda e: (Path(e.path).relative_to(root) if isinstance(e, LoadError) else e[1]).as_posix(),
-    )
+    def _entry(self, path: Path, entry: os.DirEntry[str]) -> None:
+        """A directory is walked, a supported regular file found; a link not followed, a special file or an
+        entry that cannot be read is an error."""
+        supported = path.suffix.lower() in SUPPORTED_SUFFIXES
+        try:
+            is_link = entry.is_symlink()
+            info = path.stat()  # follows links
+        except OSError as exc:
+            self.errors.append(LoadError(str(path), None, _stat_problem(path, exc)))
+            return
+        is_dir = stat.S_ISDIR(info.st_mode)
+        if is_link and not self.follow_symlinks:
+            if is_dir or supported:
+                self.errors.append(
+                    LoadError(
+                        str(path),
+                        None,
+                        f"symbolic link not followed (it points to {_link_target(path)}); "
+                        f"set rag.ingest.follow_symlinks: true to read links",
+                    )
+                )
+            return
+        if is_dir:
+            self.visit(path)
+        elif supported:
+            if stat.S_ISREG(info.st_mode):
+                self.found.append(path)
+            else:
+                self.errors.append(
+                    LoadError(str(path), None, "not a regular file (a FIFO, socket or device)")
+                )
 
 
 def _load_file(file: Path, relative: Path, result: LoadResult, seen: dict[str, str]) -> None:

@@ -186,24 +186,9 @@ class Ingestor:
         chunks = self.chunk(documents)
 
         new_ids = {c.chunk_id for c in chunks}
-        if files or roots:  # a removed file or document can leave stale chunks anywhere: look at all
-            existing = {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
-        else:  # documents only (the API): only these documents' chunks can be stale, only these ids new
-            existing = self.store.metadata_of(sorted(new_ids), sorted(titles))
+        existing = self._stored_metadata(new_ids, sorted(titles), everywhere=bool(files or roots))
         fresh = [c for c in chunks if c.chunk_id not in existing]
-        # Ids cover what is embedded (title, headings, text), not the other metadata: a document retired
-        # in its front matter keeps its chunk ids, so its stored metadata is rewritten in place (no
-        # re-embedding).
-        retagged = [
-            (c, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
-            for c in chunks
-            if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
-        ]
-        if retagged:
-            self.store.update_metadata([c.chunk_id for c, _ in retagged], [meta for _, meta in retagged])
-            self._committed(
-                [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c, _ in retagged], []
-            )
+        retagged = self._rewrite_metadata(chunks, existing, origins)
         if fresh:
             self._embed_and_store(fresh, titles, origins, progress, on_progress, should_stop, on_committed)
 
@@ -226,6 +211,34 @@ class Ingestor:
         )
         log.info("%s", report.summary())
         return report
+
+    def _stored_metadata(
+        self, new_ids: set[str], doc_ids: list[str], everywhere: bool
+    ) -> dict[str, dict[str, Any]]:
+        """{chunk id: metadata} of the stored chunks that can be stale or unchanged: every chunk when files or
+        roots were read (a removed file or document can leave stale chunks anywhere), else (documents only,
+        the API) the chunks of these documents and these ids."""
+        if everywhere:
+            return {c.chunk_id: c.metadata for c in self.store.iter_all(include_text=False)}
+        return self.store.metadata_of(sorted(new_ids), doc_ids)
+
+    def _rewrite_metadata(
+        self, chunks: list[Chunk], existing: dict[str, dict[str, Any]], origins: dict[str, str]
+    ) -> list[Chunk]:
+        """Rewrite in place (no re-embedding) the stored metadata of the chunks whose metadata changed, and
+        return those chunks. Ids cover what is embedded (title, headings, text), not the other metadata: a
+        document retired in its front matter keeps its chunk ids."""
+        retagged = [
+            (c, {**dict.fromkeys(existing[c.chunk_id]), **meta})  # None deletes a dropped key
+            for c in chunks
+            if c.chunk_id in existing and existing[c.chunk_id] != (meta := _metadata(c, origins[c.doc_id]))
+        ]
+        if retagged:
+            self.store.update_metadata([c.chunk_id for c, _ in retagged], [meta for _, meta in retagged])
+            self._committed(
+                [StoredChunk(c.chunk_id, c.text, _metadata(c, origins[c.doc_id])) for c, _ in retagged], []
+            )
+        return [c for c, _ in retagged]
 
     def _embed_and_store(
         self,

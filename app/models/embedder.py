@@ -84,12 +84,9 @@ class Embedder:
         `model(features)` (traced.py's `TracedQueryModel`); None: `model.encode`. `query_mode`: how queries
         run, in words, for the start-up log (default "traced" or "eager"). `query_slots`: query model
         calls (batches) that may run at once, each at `query_threads`; never beside an ingest slice."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1 (got {workers})")
-        if query_slots < 1:
-            raise ValueError(f"query_slots must be at least 1 (got {query_slots})")
+        for what, value in (("batch_size", batch_size), ("workers", workers), ("query_slots", query_slots)):
+            if value < 1:
+                raise ValueError(f"{what} must be at least 1 (got {value})")
         dimension = _embedding_dimension(model)
         if not dimension:
             raise ValueError(f"embedder {name!r} does not report an embedding dimension")
@@ -106,13 +103,18 @@ class Embedder:
         self.query_model = query_model
         self.query_mode = query_mode or ("traced" if query_model is not None else "eager")
         self.query_slots = query_slots
+        self._share_the_model(max_query_batch, query_batch_wait_ms)
+
+    def _share_the_model(self, max_query_batch: int, query_batch_wait_ms: float) -> None:
+        """The locks, pool and batcher by which ingest workers and queries share the one model: queries
+        before ingest slices (`PriorityLock`), concurrent queries batched together (`QueryBatcher`)."""
         # Wall time spent inside model calls, summed over the threads that made them; benchmarks print it.
         self.model_seconds = 0.0
         self._seconds_lock = threading.Lock()
         # Ingest workers share the model's one fast tokenizer, which fails with "Already borrowed" when two
         # threads use it at once: they tokenise under this lock and run the model outside it.
         self._tokenize_lock = threading.Lock()
-        self._lock = PriorityLock(background_slots=workers, urgent_slots=query_slots)
+        self._lock = PriorityLock(background_slots=self.workers, urgent_slots=self.query_slots)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._ms_per_passage: float | None = None  # measured on the slices so far (per worker)

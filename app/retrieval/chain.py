@@ -1,7 +1,9 @@
-"""The RetrievalQualityFilter chain: candidates, then each configured stage in order, then the cut to topK.
+"""The retrieval chain (`rag.chain`): candidates, then each configured stage in order, then the cut to topK.
 
 One `RetrievalChain` object serves the API, the CLI and the evaluation, so what the evaluation measures is
 exactly what users get. Every stage's decisions land in the trace: counts, removed ids with reasons, time.
+The class carries the name of its config key: it is a chain of stages, not only a filter (rerank orders,
+diversity reorders, fallback adds back).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.retrieval.types import (
     RetrievalResult,
     RetrievalTrace,
     Stage,
+    StageOutcome,
     StageTrace,
     Withholding,
 )
@@ -124,6 +127,8 @@ class RetrievalChain:
         today: date,
         copy_raw: bool = True,
     ) -> RetrievalResult:
+        """One query's candidates through every stage in order, each one's decisions into the trace, then
+        the cut to its top_k."""
         begin = time.perf_counter()
         raw = list(cset.candidates)
         ctx = QueryContext(
@@ -138,47 +143,19 @@ class RetrievalChain:
         current: list[Candidate] = [_copy(c) for c in raw] if copy_raw else list(raw)
         fallback_used = False
         for item in self.stages:
-            if not item.enabled:
-                trace.stages.append(
-                    StageTrace(
-                        item.name,
-                        len(current),
-                        len(current),
-                        [],
-                        [],
-                        0.0,
-                        skipped="disabled in config",
-                        enabled=False,
-                    )
-                )
-                trace.ranked_after[item.name] = [c.chunk_id for c in current]
-                continue
-            t0 = time.perf_counter()
-            outcome = item.stage.run(ctx, current)
-            elapsed = (time.perf_counter() - t0) * 1000
-            ctx.removed_by_stage[item.name] = list(outcome.removed)
-            fallback_used = fallback_used or bool(outcome.added)
-            trace.stages.append(
-                StageTrace(
-                    name=item.name,
-                    input_count=len(current),
-                    output_count=len(outcome.kept),
-                    removed=list(outcome.removed),
-                    added=[c.chunk_id for c in outcome.added],
-                    latency_ms=round(elapsed, 3),
-                    score_key=outcome.score_key,
-                    skipped=outcome.skipped,
-                    model_inputs=outcome.model_inputs,
-                )
-            )
-            current = outcome.kept
+            if item.enabled:
+                outcome, stage_trace = _run_stage(item, ctx, current)
+                fallback_used = fallback_used or bool(outcome.added)
+                current = outcome.kept
+            else:
+                stage_trace = _disabled(item, current)
+            trace.stages.append(stage_trace)
             trace.ranked_after[item.name] = [c.chunk_id for c in current]
         trace.withheld = self._withheld(ctx, trace, raw)
-        documents = current[: request.top_k]
         latency = shared_ms + (time.perf_counter() - begin) * 1000
         return RetrievalResult(
             query=request.query,
-            documents=documents,
+            documents=current[: request.top_k],
             original_count=len(raw),
             fallback_used=fallback_used,
             trace=trace,
@@ -206,6 +183,43 @@ class RetrievalChain:
                         withheld[removal.chunk_id] = kind
                         break
         return withheld
+
+
+def _run_stage(
+    item: ChainStage, ctx: QueryContext, current: list[Candidate]
+) -> tuple[StageOutcome, StageTrace]:
+    """What an enabled stage did to `current`, and its trace (counts, removals with reasons, time); its
+    removals are also recorded in `ctx` for the stages after it."""
+    t0 = time.perf_counter()
+    outcome = item.stage.run(ctx, current)
+    elapsed = (time.perf_counter() - t0) * 1000
+    ctx.removed_by_stage[item.name] = list(outcome.removed)
+    stage_trace = StageTrace(
+        name=item.name,
+        input_count=len(current),
+        output_count=len(outcome.kept),
+        removed=list(outcome.removed),
+        added=[c.chunk_id for c in outcome.added],
+        latency_ms=round(elapsed, 3),
+        score_key=outcome.score_key,
+        skipped=outcome.skipped,
+        model_inputs=outcome.model_inputs,
+    )
+    return outcome, stage_trace
+
+
+def _disabled(item: ChainStage, current: list[Candidate]) -> StageTrace:
+    """The trace of a stage switched off in config: it passed `current` through untouched."""
+    return StageTrace(
+        item.name,
+        len(current),
+        len(current),
+        [],
+        [],
+        0.0,
+        skipped="disabled in config",
+        enabled=False,
+    )
 
 
 def _copy(c: Candidate) -> Candidate:

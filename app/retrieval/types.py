@@ -1,4 +1,4 @@
-"""The values that flow through the RetrievalQualityFilter chain and its trace.
+"""The values that flow through the retrieval chain and its trace.
 
 A `Candidate` is one chunk under consideration for one query. Each stage writes only its own score key
 (`dense`, `bm25`, `fused`, `rerank`) and never compares scores that different models produced.

@@ -10,18 +10,16 @@ Facts this module is built around (measured on Chroma 1.5):
 - every write is also recorded in a small companion collection, `<collection>-changes` (the change log: one
   entry per committed batch, its `stamp` = the writer's clock in ns, its document = the chunk ids it upserted
   and deleted), so every process sharing the store can bring its lexical index up to date by reading only
-  what changed (`changes_since`, then `get` of those ids), see app/retrieval/lexical_sync.py. Entries
+  what changed (`changes_since`, then `get` of those ids), see app/lexical/sync.py. Entries
   older than a retention are deleted (`prune_changes`) after a marker entry says so, so that a process
   that had not read them yet knows it missed something.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,6 +32,7 @@ import httpx
 import numpy as np
 from chromadb.config import Settings as ChromaClientSettings
 
+from app import pidlock
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
 from app.store.exact import ExactSearch
@@ -186,10 +185,10 @@ class ChromaStore:
                 heartbeat_url = f"http://{settings.host}:{settings.port}/api/v2/heartbeat"
             collection = _get_or_create(client, settings, embedder_identity)
         except StoreError:
-            _unlock(lock_fd)
+            pidlock.release(lock_fd)
             raise
         except Exception as exc:  # chromadb raises many types; wrap once, here, where we know what we did
-            _unlock(lock_fd)
+            pidlock.release(lock_fd)
             where = (
                 f"embedded Chroma at {settings.path}"
                 if settings.mode == "embedded"
@@ -204,7 +203,7 @@ class ChromaStore:
         return str(self._collection.id)
 
     def close(self) -> None:
-        _unlock(self._lock_fd)
+        pidlock.release(self._lock_fd)
         self._lock_fd = None
 
     def heartbeat(self) -> None:
@@ -696,7 +695,7 @@ def drop_collection(settings: StoreSettings) -> None:
             if name in names:
                 store_client.delete_collection(name)
     finally:
-        _unlock(lock_fd)
+        pidlock.release(lock_fd)
 
 
 def changes_collection_name(collection: str) -> str:
@@ -710,46 +709,16 @@ def check_not_locked(settings: StoreSettings) -> None:
     if settings.mode != "embedded":
         return
     path = Path(settings.path)
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return  # none (never opened: nobody holds it), or unreadable (`open` meets it too, and says so)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with a holder's exclusive lock
-    except BlockingIOError:
-        raise StoreLockedError(path, _holder(fd)) from None
-    except OSError:
-        pass  # a file system without flock: `open` meets it too, and says so
-    finally:
-        os.close(fd)  # releases the shared lock, when it was taken
+    holder = pidlock.held_by(path / LOCK_FILE)
+    if holder is not None:
+        raise StoreLockedError(path, holder)
 
 
 def _lock(path: Path) -> int:
-    lock_path = path / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise StoreLockedError(path, holder) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
-
-
-def _holder(fd: int) -> str:
-    """The pid the holder of the lock file `fd` wrote into it."""
-    return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-
-
-def _unlock(fd: int | None) -> None:
-    if fd is None:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+        return pidlock.acquire(path / LOCK_FILE)
+    except pidlock.LockHeldError as held:
+        raise StoreLockedError(path, held.holder) from None
 
 
 def _is_connection_error(exc: BaseException) -> bool:

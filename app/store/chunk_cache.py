@@ -11,7 +11,7 @@ Exact, never a stale answer the lexical index would not also give:
 - this process's own writes drop their ids here as soon as the store call returns (`ChromaStore` calls
   `invalidate` after every upsert, metadata update and delete, also a failed one);
 - other processes' writes drop their ids when the lexical index reads them from the store's change log
-  (app/retrieval/lexical_sync.py calls `ChromaStore.forget`), before the query that triggered the check: the
+  (app/lexical/sync.py calls `ChromaStore.forget`), before the query that triggered the check: the
   cache is as current as the BM25 index, at most `rag.lexical.refresh_seconds` behind;
 - a read that raced a write cannot put the old state back: `fill` keeps nothing read before the last
   invalidation (`epoch`), whatever the order the two threads finished in.

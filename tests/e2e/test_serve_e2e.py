@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.main import EXIT_GATE_FAILED
+from app import exit_codes
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
 
@@ -264,7 +264,7 @@ def test_second_start_compares_itself_with_the_first(serve) -> None:
 
 def test_failed_gate_with_fail_on_gate_stops_the_server_non_zero(serve) -> None:
     server = serve(RAG__EVALUATE__FAIL_ON_GATE="true", RAG__EVALUATE__THRESHOLDS__MIN_NDCG="0.999")
-    assert server.wait_exit(READY_TIMEOUT_S) == EXIT_GATE_FAILED, server.tail()
+    assert server.wait_exit(READY_TIMEOUT_S) == exit_codes.GATE_FAILED, server.tail()
     log = server.log()
     assert re.search(r"\[RetrievalEval\] gate FAILED min_ndcg: ndcg=0\.\d{4}, needs >= 0\.999", log), (
         server.tail()

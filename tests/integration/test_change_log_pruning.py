@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.retrieval.lexical import Analyzer
-from app.retrieval.lexical_sync import GRACE_NS, LexicalSync
+from app.lexical.index import Analyzer
+from app.lexical.sync import GRACE_NS, LexicalSync
 from app.settings import StoreSettings
 from app.store import ChromaStore, StoredChunk
 

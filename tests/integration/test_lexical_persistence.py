@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from app.retrieval.lexical import Analyzer
-from app.retrieval.lexical_sync import LexicalSync
+from app.lexical.index import Analyzer
+from app.lexical.sync import LexicalSync
 from app.service import Sieve
 from app.settings import LexicalSettings, RagSettings, Settings, StoreSettings
 from app.store import ChromaStore, StoredChunk

@@ -8,9 +8,9 @@ import uuid
 import numpy as np
 import pytest
 
+from app.lexical.index import Analyzer
+from app.lexical.sync import LexicalSync
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Analyzer
-from app.retrieval.lexical_sync import LexicalSync
 from app.settings import RetrievalSettings, StoreSettings
 from app.store import ChromaStore, StoredChunk
 

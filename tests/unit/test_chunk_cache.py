@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.lexical.index import Analyzer, Bm25Index
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Analyzer, Bm25Index
 from app.retrieval.types import unit_vector
 from app.settings import RetrievalSettings
 from app.store import ChromaStore, ChunkCache, StoredChunk

@@ -12,10 +12,11 @@ from app.evaluation.compare.comparison import (
     BaselineError,
     compare_reports,
     describe_differences,
+    fingerprint_of,
     load_report,
 )
 from app.evaluation.render.lines import baseline_line
-from app.evaluation.report.model import Comparison, Report
+from app.evaluation.report.model import Comparison, Report, RunInfo
 from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
 
 
@@ -169,7 +170,9 @@ def test_differences_name_each_changed_setting_with_old_and_new_value() -> None:
         "embedder": {"name": "e5", "dimension": 384, "checksum": "c"},
         "corpusFingerprint": {"chunks": 10, "sha256": "a"},
     }
-    assert describe_differences(before, after) == [
+    assert describe_differences(
+        fingerprint_of(RunInfo.model_validate(before)), fingerprint_of(RunInfo.model_validate(after))
+    ) == [
         "rag.chain.bm25.dense_weight: 0.6 -> 0.7",
         "rag.chain.bm25.enabled: true -> false",
         "embedder: e5 (dim 384, checksum c) -> other (dim 8, checksum x)",
@@ -243,6 +246,11 @@ def test_load_report_names_the_file_for_each_problem(tmp_path) -> None:
         ),
         (lambda r: r.update(stages=[1]), "stages[0]: Input should be an object"),
         (lambda r: r.update(run=[]), "run: Input should be an object"),
+        (
+            lambda r: r["run"].update(corpusFingerprint={"chunks": "many", "sha256": "a"}),
+            "run.corpusFingerprint.chunks: Input should be a valid integer, unable to parse string as an "
+            "integer",
+        ),
     ],
 )
 def test_load_report_rejects_a_hand_edited_report_naming_file_case_and_field(

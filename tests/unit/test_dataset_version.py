@@ -7,7 +7,7 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.golden.build.dataset_version import next_dataset_version
+from app.evaluation.golden.authoring.dataset_version import next_dataset_version
 
 TODAY = date(2026, 12, 4)
 

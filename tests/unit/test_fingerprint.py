@@ -8,8 +8,9 @@ from datetime import date
 
 import pytest
 
-from app.evaluation.compare.comparison import describe_differences
+from app.evaluation.compare.comparison import describe_differences, fingerprint_of
 from app.evaluation.golden.cases import parse_golden_set
+from app.evaluation.report.model import CorpusFingerprint, RunInfo
 from app.evaluation.run.fingerprint import (
     RESULT_KEYS,
     SPEED_KEYS,
@@ -46,7 +47,7 @@ def test_golden_set_hash_changes_with_a_case() -> None:
 
 
 def test_corpus_fingerprint_is_over_the_sorted_chunk_ids() -> None:
-    assert corpus_fingerprint(["c2", "c1"]) == {"chunks": 2, "sha256": sha256_text("c1\nc2")}
+    assert corpus_fingerprint(["c2", "c1"]) == CorpusFingerprint(chunks=2, sha256=sha256_text("c1\nc2"))
     assert corpus_fingerprint(["c1", "c2"]) == corpus_fingerprint(["c2", "c1"])
 
 
@@ -73,6 +74,13 @@ def fingerprint(**changes: object) -> dict:
         5,
         date(2026, 12, 1),
         "2026-12-01T00:00:00+00:00",
+    ).to_json()
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """`describe_differences` of two runs' JSON, each read as a report's `run`."""
+    return describe_differences(
+        fingerprint_of(RunInfo.model_validate(before)), fingerprint_of(RunInfo.model_validate(after))
     )
 
 
@@ -108,7 +116,7 @@ def test_run_settings_are_the_result_moving_keys_and_retrieval_and_chain_whole()
 
 def test_a_query_prompt_change_is_named_and_moves_the_settings_hash_only() -> None:
     before, after = fingerprint(), fingerprint(**{"models.query_prompt": "query: "})
-    assert describe_differences(before, after) == ['rag.models.query_prompt: null -> "query: "']
+    assert differences(before, after) == ['rag.models.query_prompt: null -> "query: "']
     assert before["settingsSha256"] != after["settingsSha256"]
     assert before["settingsSha256"] == sha256_text(canonical_json(before["settings"]))
     assert (
@@ -136,7 +144,7 @@ def test_a_query_prompt_change_is_named_and_moves_the_settings_hash_only() -> No
 )
 def test_each_result_moving_setting_is_named(change: dict, line: str) -> None:
     before, after = fingerprint(), fingerprint(**change)
-    assert describe_differences(before, after) == [line]
+    assert differences(before, after) == [line]
     assert before["settingsSha256"] != after["settingsSha256"]
 
 
@@ -146,7 +154,7 @@ def test_each_result_moving_setting_is_named(change: dict, line: str) -> None:
 )
 def test_speed_knobs_are_not_in_the_fingerprint(change: dict) -> None:
     before, after = fingerprint(), fingerprint(**change)
-    assert describe_differences(before, after) == []
+    assert differences(before, after) == []
     assert before["settingsSha256"] == after["settingsSha256"]
 
 
@@ -155,7 +163,7 @@ def test_an_older_baseline_without_models_ingest_store_names_each_section_once()
     older = fingerprint()
     older["settings"] = {"retrieval": older["settings"]["retrieval"], "chain": older["settings"]["chain"]}
     del older["settingsSha256"]
-    assert describe_differences(older, current) == [
+    assert differences(older, current) == [
         "rag.ingest: not in the baseline report's fingerprint (an older Sieve): unknown",
         "rag.models: not in the baseline report's fingerprint (an older Sieve): unknown",
         "rag.store: not in the baseline report's fingerprint (an older Sieve): unknown",
@@ -170,11 +178,11 @@ def test_the_ndcg_gain_is_fingerprinted_and_a_change_is_named() -> None:
         settings = result_settings(Settings().rag)
         return run_fingerprint(
             golden, ["c1"], {"name": "e5"}, settings, 5, date(2026, 12, 1), "2026-12-01T00:00:00+00:00", gain
-        )
+        ).to_json()
 
     linear, exponential = with_gain("linear"), with_gain("exponential")
     assert (linear["gain"], exponential["gain"]) == ("linear", "exponential")
-    assert describe_differences(linear, exponential) == ["nDCG gain: linear -> exponential"]
+    assert differences(linear, exponential) == ["nDCG gain: linear -> exponential"]
     # a baseline written before the gain was recorded: nothing to name
     older = {key: value for key, value in linear.items() if key != "gain"}
-    assert describe_differences(older, linear) == []
+    assert differences(older, linear) == []

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.golden.build import generate as gen
-from app.evaluation.golden.build.generate import (
+from app.evaluation.golden.authoring import generate as gen
+from app.evaluation.golden.authoring.generate import (
     CorpusIdf,
     GenerateError,
     GenerateOptions,
@@ -26,9 +26,9 @@ from app.evaluation.golden.build.generate import (
     case_id,
     pick_passages,
 )
-from app.evaluation.golden.build.literalness import literalness
+from app.evaluation.golden.authoring.literalness import literalness
 from app.evaluation.golden.cases import load_golden_set
-from app.retrieval.lexical import Analyzer
+from app.lexical.index import Analyzer
 from app.settings import HardFilterSettings
 
 ANALYZER = Analyzer()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.evaluation.golden.build.llm import (
+from app.evaluation.golden.authoring.llm import (
     ChatClient,
     ChatEndpoint,
     LlmError,

@@ -16,21 +16,25 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from app.cli import main
-from app.evaluation.golden import audit as au
-from app.evaluation.golden.audit import (
+from app.evaluation.golden.audit import checks
+from app.evaluation.golden.audit import index as audit_index
+from app.evaluation.golden.audit import source as audit_source
+from app.evaluation.golden.audit.index import IndexView
+from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.render import audit as render_audit
+from app.evaluation.report.model import (
+    Audit,
     ContentCopy,
     Coverage,
     DuplicateQuery,
     Excluded,
-    IndexView,
     QueryPair,
     RelevantAndForbidden,
+    Report,
     StaleId,
     Suggestion,
     TagCoverage,
 )
-from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import Report
 from app.ingest.ids import text_sha256
 from app.settings import EvaluateSettings, HardFilterSettings
 
@@ -99,7 +103,7 @@ BASE = index_of(
     ],
 )
 def test_normalise_query(text: str, normalised: str) -> None:
-    assert au.normalise_query(text) == normalised
+    assert checks.normalise_query(text) == normalised
 
 
 def test_duplicate_queries_are_grouped_by_normalised_text_whatever_their_groups() -> None:
@@ -109,7 +113,7 @@ def test_duplicate_queries_are_grouped_by_normalised_text_whatever_their_groups(
         case("c", "Where is the printer?"),
         case("d", "When is payday！"),
     ]
-    assert au.duplicate_queries(cases) == [DuplicateQuery("when is payday", ["a", "b", "d"])]
+    assert checks.duplicate_queries(cases) == [DuplicateQuery("when is payday", ["a", "b", "d"])]
 
 
 # -- near duplicates: a pure function over given vectors --------------------------------------------------
@@ -127,15 +131,15 @@ VECTORS = np.array(
 
 
 def test_near_duplicate_pairs_are_every_pair_at_or_above_the_threshold() -> None:
-    pairs = au.near_duplicate_pairs(VECTORS, 0.95)
+    pairs = checks.near_duplicate_pairs(VECTORS, 0.95)
     assert [(i, j) for i, j, _ in pairs] == [(0, 1), (0, 3), (1, 3)]
     assert [c for _, _, c in pairs] == pytest.approx([0.96, 1.0, 0.96])
-    assert au.near_duplicate_pairs(VECTORS, 0.961) == [(0, 3, pytest.approx(1.0))]
+    assert checks.near_duplicate_pairs(VECTORS, 0.961) == [(0, 3, pytest.approx(1.0))]
 
 
 def test_near_duplicate_pairs_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(au, "COSINE_BLOCK", 2)  # rows 0-1, 2-3, 4 in separate products
-    assert [(i, j) for i, j, _ in au.near_duplicate_pairs(VECTORS, 0.95)] == [(0, 1), (0, 3), (1, 3)]
+    monkeypatch.setattr(checks, "COSINE_BLOCK", 2)  # rows 0-1, 2-3, 4 in separate products
+    assert [(i, j) for i, j, _ in checks.near_duplicate_pairs(VECTORS, 0.95)] == [(0, 1), (0, 3), (1, 3)]
 
 
 @given(
@@ -147,7 +151,7 @@ def test_near_duplicate_pairs_match_the_brute_force_cosines(vectors: np.ndarray,
         na, nb = math.sqrt(a @ a), math.sqrt(b @ b)
         return float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
 
-    found = {(i, j): c for i, j, c in au.near_duplicate_pairs(vectors, threshold)}
+    found = {(i, j): c for i, j, c in checks.near_duplicate_pairs(vectors, threshold)}
     for i in range(len(vectors)):
         for j in range(i + 1, len(vectors)):
             expected = cosine(vectors[i], vectors[j])
@@ -167,7 +171,7 @@ def test_query_pairs_put_pairs_of_one_group_apart_as_paraphrases() -> None:
     vectors = np.array([[1.0, 0.0], [0.96, 0.28], [0.6, 0.8], [1.0, 0.0]])
     # cos(a, b) = 0.96 (paraphrase), cos(a, c) = 0.6, cos(b, c) = 0.96*0.6 + 0.28*0.8 = 0.8,
     # cos(b, d) = 0.96 (near duplicate: other groups), cos(a, d) = 1 (duplicate text: skipped)
-    near, paraphrases = au.query_pairs(cases, vectors, 0.95)
+    near, paraphrases = checks.query_pairs(cases, vectors, 0.95)
     assert paraphrases == [
         QueryPair(["a", "b"], ["When is payday?", "What day is salary paid?"], 0.96, "payday")
     ]
@@ -197,7 +201,7 @@ def test_stale_ids_with_a_remap_by_recorded_content_hash_else_a_name_guess() -> 
         case("k2", expectedDocIds=["vpn-old"], passageChunkId="c_pay1"),
     ]
     hash_note = "no content hash recorded for it by the previous report"
-    assert au.stale_ids(cases, BASE, recorded) == [
+    assert checks.stale_ids(cases, BASE, recorded) == [
         StaleId(
             "k1",
             "expectedDocIds, relevance",
@@ -266,7 +270,7 @@ def test_expected_content_records_the_index_hashes_and_carries_a_stale_ids_recor
         evidenceChunkIds=["c_pay0"],
         expectedSources=["hr.md"],
     )
-    assert au.expected_content(k, BASE, {"payroll-old": "sha-x"}) == {
+    assert checks.expected_content(k, BASE, {"payroll-old": "sha-x"}) == {
         "payroll": "sha-payroll",
         "payroll-old": "sha-x",
         "c_pay0": text_sha256("Salary is paid on the 10th."),
@@ -281,9 +285,9 @@ def test_previous_content_reads_the_case_records_first_record_wins() -> None:
             {"id": "c", "expectedContent": {"x": "h3", "z": 5}},
         ]
     }
-    assert au.previous_content(report) == {"x": "h1", "y": "h2"}
-    assert au.previous_content(None) == {}
-    assert au.previous_content({"status": "invalid", "cases": []}) == {}
+    assert audit_source.previous_content(report) == {"x": "h1", "y": "h2"}
+    assert audit_source.previous_content(None) == {}
+    assert audit_source.previous_content({"status": "invalid", "cases": []}) == {}
 
 
 # -- the hard filter's own rules -------------------------------------------------------------------------
@@ -297,7 +301,7 @@ def test_relevant_documents_the_hard_filter_removes_as_of_the_date() -> None:
         case("forbidden-only", forbiddenDocIds=["travel-2022"]),  # forbidding a filtered one is fine
         case("by-chunk", expectedChunkIds=["c_old"]),
     ]
-    assert au.hard_filter_excluded(cases, BASE, HardFilterSettings(), AS_OF) == [
+    assert checks.hard_filter_excluded(cases, BASE, HardFilterSettings(), AS_OF) == [
         Excluded("retired", "travel-2022", "doc", ["status=retired"]),
         Excluded("future", "travel-2099", "doc", ["effectiveFrom=2099-01-01 > today=2026-01-01"]),
         Excluded("wrong-tag", "payroll", "doc", ["knowledge=hr != it"]),
@@ -308,21 +312,21 @@ def test_relevant_documents_the_hard_filter_removes_as_of_the_date() -> None:
 def test_hard_filter_rules_follow_the_settings() -> None:
     cases = [case("retired", expectedDocIds=["travel-2022"], knowledgeTag="hr")]
     dates_only = HardFilterSettings(excluded_statuses=[])
-    assert au.hard_filter_excluded(cases, BASE, dates_only, AS_OF) == [
+    assert checks.hard_filter_excluded(cases, BASE, dates_only, AS_OF) == [
         Excluded("retired", "travel-2022", "doc", ["knowledge=travel != hr"]),
     ]
     no_tag = [case("retired", expectedDocIds=["travel-2022"])]
-    assert au.hard_filter_excluded(no_tag, BASE, dates_only, AS_OF) == [
+    assert checks.hard_filter_excluded(no_tag, BASE, dates_only, AS_OF) == [
         Excluded("retired", "travel-2022", "doc", ["effectiveTo=2023-12-31 < today=2026-01-01"]),
     ]
-    assert au.hard_filter_excluded(no_tag, BASE, dates_only, date(2023, 12, 31)) == []
+    assert checks.hard_filter_excluded(no_tag, BASE, dates_only, date(2023, 12, 31)) == []
     # a case's own asOf wins over the run's date
     dated = [case("retired", expectedDocIds=["travel-2022"], asOf="2023-12-31")]
-    assert au.hard_filter_excluded(dated, BASE, dates_only, AS_OF) == []
+    assert checks.hard_filter_excluded(dated, BASE, dates_only, AS_OF) == []
     # disabled: only the knowledge tag still removes (the candidates are taken within the query's tag)
     off = HardFilterSettings(enabled=False)
-    assert au.hard_filter_excluded(no_tag, BASE, off, AS_OF) == []
-    assert au.hard_filter_excluded(cases, BASE, off, AS_OF) == [
+    assert checks.hard_filter_excluded(no_tag, BASE, off, AS_OF) == []
+    assert checks.hard_filter_excluded(cases, BASE, off, AS_OF) == [
         Excluded("retired", "travel-2022", "doc", ["knowledge=travel != hr"]),
     ]
 
@@ -334,7 +338,7 @@ def test_a_document_is_excluded_only_when_every_chunk_is_and_a_chunk_alone_is_ch
         row("c_b", "doc", "short", 1),
     )
     cases = [case("d", expectedDocIds=["doc"]), case("c", expectedChunkIds=["c_b"])]
-    assert au.hard_filter_excluded(cases, index, short, AS_OF) == [
+    assert checks.hard_filter_excluded(cases, index, short, AS_OF) == [
         Excluded("c", "c_b", "chunk", ["text 5 chars < 27"]),
     ]
 
@@ -349,7 +353,7 @@ def test_content_copies_name_the_copies_the_case_does_not_judge() -> None:
         case("forbids", expectedDocIds=["payroll"], forbiddenDocIds=["vpn-mirror"]),
         case("chunk-judged", expectedDocIds=["vpn"], judgments={"c_vpnm": 1}),
     ]
-    assert au.content_copies(cases, BASE) == [
+    assert checks.content_copies(cases, BASE) == [
         ContentCopy("unjudged", "vpn", "relevant", ["vpn-mirror"], ["vpn-mirror"]),
         ContentCopy("judged", "vpn", "relevant", ["vpn-mirror"], []),
         ContentCopy("forbids", "vpn-mirror", "forbidden", ["vpn"], ["vpn"]),
@@ -367,15 +371,15 @@ def test_relevant_in_one_case_and_forbidden_in_another_of_the_same_group() -> No
         case("h1", group="h", expectedDocIds=["vpn"]),
         case("x", forbiddenDocIds=["vpn"], expectedDocIds=["payroll"]),  # no group: not compared
     ]
-    assert au.relevant_and_forbidden(cases, BASE) == [
+    assert checks.relevant_and_forbidden(cases, BASE) == [
         RelevantAndForbidden("g", "payroll", ["g1", "g3"], ["g2"]),
     ]
 
 
 def test_a_grade_zero_document_is_not_relevant_even_if_its_chunk_is() -> None:
     k = case("k", judgments={"payroll": 0, "c_pay0": 2, "vpn": 1})
-    assert au.relevant_docs(k, BASE) == ["vpn"]
-    assert au.judged_docs(k, BASE) == {"payroll", "vpn"}
+    assert audit_index.relevant_docs(k, BASE) == ["vpn"]
+    assert audit_index.judged_docs(k, BASE) == {"payroll", "vpn"}
 
 
 def test_coverage_counts_untouched_documents_and_tags() -> None:
@@ -385,7 +389,7 @@ def test_coverage_counts_untouched_documents_and_tags() -> None:
         case("c", knowledgeTag="hr", expectedDocIds=["payroll"]),
         case("d", expectNoAnswer=True),
     ]
-    assert au.coverage(cases, BASE) == Coverage(
+    assert checks.coverage(cases, BASE) == Coverage(
         documents=6,
         untouched_count=3,
         untouched_documents=["printer", "travel-2099", "vpn-mirror"],
@@ -396,7 +400,7 @@ def test_coverage_counts_untouched_documents_and_tags() -> None:
         ],
         untouched_tags=[],
     )
-    only_hr = au.coverage([case("a", expectedDocIds=["payroll"])], BASE)
+    only_hr = checks.coverage([case("a", expectedDocIds=["payroll"])], BASE)
     assert (only_hr.untouched_count, only_hr.untouched_tags) == (5, ["it", "travel"])
 
 
@@ -417,8 +421,8 @@ SAMPLE = golden_of(
 SAMPLE_VECTORS = np.array([[1.0, 0.0], [0.96, 0.28], [1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
 
 
-def sample_audit() -> au.Audit:
-    return au.audit_golden_set(SAMPLE, BASE, SAMPLE_VECTORS, HardFilterSettings(), AS_OF)
+def sample_audit() -> Audit:
+    return checks.audit_golden_set(SAMPLE, BASE, SAMPLE_VECTORS, HardFilterSettings(), AS_OF)
 
 
 def test_the_whole_audit_counts_each_kind_and_says_it_in_one_line() -> None:
@@ -446,7 +450,7 @@ def test_the_whole_audit_counts_each_kind_and_says_it_in_one_line() -> None:
 
 def test_the_audit_needs_one_vector_per_case() -> None:
     with pytest.raises(ValueError, match="4 query vectors for 5 cases"):
-        au.audit_golden_set(SAMPLE, BASE, SAMPLE_VECTORS[:4], HardFilterSettings(), AS_OF)
+        checks.audit_golden_set(SAMPLE, BASE, SAMPLE_VECTORS[:4], HardFilterSettings(), AS_OF)
 
 
 def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
@@ -456,7 +460,7 @@ def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
             "cases": [{"id": "v1", "query": "q", "topK": 5}, {"id": "unknown", "query": "q", "topK": 5}],
         }
     )
-    au.attach_audit(report, sample_audit())
+    audit_source.attach_audit(report, sample_audit())
     assert [(c.id, c.expected_content) for c in report.cases] == [
         ("v1", {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"}),
         ("unknown", {}),
@@ -468,15 +472,15 @@ def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
     assert report.audit is not None and "expectedContent" not in report.to_json()["audit"]
     assert report.audit.findings["staleIds"] == 1
     # the report's audit writes the audit's JSON without its content hashes, key for key and in order
-    written = {k: v for k, v in au.audit_json(sample_audit()).items() if k != "expectedContent"}
+    written = {k: v for k, v in render_audit.audit_json(sample_audit()).items() if k != "expectedContent"}
     assert json.dumps(report.to_json()["audit"]) == json.dumps(written)
-    au.attach_audit(report, None)
+    audit_source.attach_audit(report, None)
     assert report.audit is None
 
 
 def test_the_text_and_markdown_list_every_finding_with_its_cases() -> None:
     found = sample_audit()
-    text = au.audit_text(found)
+    text = render_audit.audit_text(found)
     for line in [
         "Duplicate queries (same text once normalised): 1",
         "  p1, p3: 'when is payday'",
@@ -497,11 +501,11 @@ def test_the_text_and_markdown_list_every_finding_with_its_cases() -> None:
     ]:
         assert line in text.splitlines()
     assert text.splitlines()[-1] == f"summary: {found.summary}"
-    markdown = au.audit_markdown(found)
+    markdown = render_audit.audit_markdown(found)
     assert markdown[:3] == ["", "## Golden-set audit", ""]
     assert "**Stale ids (not in the index)** (1)" in markdown
     assert "**Relevant in one case, forbidden in another of the same group** (0)" not in markdown
-    assert au.audit_markdown(None) == []
+    assert render_audit.audit_markdown(None) == []
 
 
 # -- never failing an evaluation -----------------------------------------------------------------------
@@ -521,18 +525,21 @@ class _Embedder:
 
 def test_audit_section_says_why_it_could_not_run_instead_of_raising(tmp_path: Path) -> None:
     settings = EvaluateSettings(output_dir=str(tmp_path))
-    source = au.AuditSource(_BrokenStore(), _Embedder(), HardFilterSettings())
-    section = au.audit_section(SAMPLE, source, settings)
+    source = audit_source.AuditSource(_BrokenStore(), _Embedder(), HardFilterSettings())
+    section = audit_source.audit_section(SAMPLE, source, settings)
     assert section.ran is False
     assert section.error == "could not run: RuntimeError: store went away"
-    assert au.audit_markdown(section) == [
+    assert render_audit.audit_markdown(section) == [
         "",
         "## Golden-set audit",
         "",
         "The audit could not run: RuntimeError: store went away.",
     ]
     off = EvaluateSettings(output_dir=str(tmp_path), audit={"enabled": False})
-    assert au.audit_section(SAMPLE, source, off).error == "not run: rag.evaluate.audit.enabled is false"
+    assert (
+        audit_source.audit_section(SAMPLE, source, off).error
+        == "not run: rag.evaluate.audit.enabled is false"
+    )
 
 
 class _Store:
@@ -559,8 +566,8 @@ def test_run_audit_reads_the_previous_reports_hashes(tmp_path: Path) -> None:
         '{"cases": [{"id": "k", "expectedContent": {"payroll": "sha-pay"}}]}', encoding="utf-8"
     )
     golden = golden_of(case("k", expectedDocIds=["payroll"]))
-    source = au.AuditSource(_Store(rows), _Embedder(), HardFilterSettings())
-    audit = au.run_audit(golden, source, AS_OF, previous)
+    source = audit_source.AuditSource(_Store(rows), _Embedder(), HardFilterSettings())
+    audit = audit_source.run_audit(golden, source, AS_OF, previous)
     assert audit.stale_ids == [
         StaleId(
             "k",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.evaluation.golden.build.judgments import JudgmentLog, load_judgments_lenient, make_judgment
-from app.evaluation.golden.build.pool import QueueEntry, Ranked, read_queue_lenient, write_queue
-from app.evaluation.golden.build.sample import read_log
+from app.evaluation.golden.authoring.judgments import JudgmentLog, load_judgments_lenient, make_judgment
+from app.evaluation.golden.authoring.pool import QueueEntry, Ranked, read_queue_lenient, write_queue
+from app.evaluation.golden.authoring.sample import read_log
 from app.jsonl import append_lines, dumps_line, encode_line, parse_jsonl, read_jsonl, split_lines
 
 # characters some reader takes for a line break, NUL, and lone surrogates (from a JSON "\ud800" escape)
@@ -99,8 +99,8 @@ def test_the_sample_reader_reads_a_log_line_with_the_character_as_one_entry(
 
 @pytest.mark.parametrize("char", HOSTILE, ids=[f"U+{ord(c):04X}" for c in HOSTILE])
 def test_drafts_keep_the_character_and_a_bad_draft_line_hides_no_other(tmp_path: Path, char: str) -> None:
-    from app.evaluation.golden.build.generate import append_cases
-    from app.evaluation.golden.build.judgments import read_drafts_lenient
+    from app.evaluation.golden.authoring.generate import append_cases
+    from app.evaluation.golden.authoring.judgments import read_drafts_lenient
 
     path = tmp_path / "drafts.jsonl"
     append_cases(

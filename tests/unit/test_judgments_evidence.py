@@ -137,8 +137,8 @@ def test_a_stale_evidence_chunk_is_listed_and_left_out_of_every_figure() -> None
     assert summary.expected_missing_from_index == 1
     assert summary.failed_case_ids == []
     assert summary.unscorable_case_ids == []
-    assert summary.evidence["cases"] == 0
-    assert summary.evidence["unscorable"] == ["rechunked"]
+    assert summary.evidence.cases == 0
+    assert summary.evidence.unscorable == ["rechunked"]
 
 
 def test_a_case_whose_every_expectation_is_stale_is_unscorable_not_zero() -> None:
@@ -248,10 +248,10 @@ def test_summary_evidence_figures_are_means_over_the_cases_with_evidence() -> No
         {"id": "c", "expectedDocIds": ["B"]},
     )
     evidence = summary_record(ev).evidence
-    assert evidence["cases"] == 2
-    assert evidence["evidenceRecall"] == pytest.approx((0 + 1 / 2) / 2)
-    assert evidence["evidenceHit"] == 0.0
-    assert evidence["lostBy"] == {"REMOVED_BY_diversity": 1, "REMOVED_BY_threshold": 1}
+    assert evidence.cases == 2
+    assert evidence.evidence_recall == pytest.approx((0 + 1 / 2) / 2)
+    assert evidence.evidence_hit == 0.0
+    assert evidence.lost_by == {"REMOVED_BY_diversity": 1, "REMOVED_BY_threshold": 1}
 
 
 class Attaching(FakeChain):

@@ -1,6 +1,6 @@
-"""The judgments file and its merge into the golden set (app/evaluation/golden/build/judgments.py): parsing, a
-rater's latest judgment, conflicts between raters and against a case, promotion of drafts, and the golden-set
-file written back in its own layout, all at once."""
+"""The judgments file and its merge into the golden set (app/evaluation/golden/authoring/judgments.py):
+parsing, a rater's latest judgment, conflicts between raters and against a case, promotion of drafts, and the
+golden-set file written back in its own layout, all at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.cli import main
-from app.evaluation.golden.build.judgments import (
+from app.evaluation.golden.authoring.judgments import (
     Judgment,
     JudgmentLog,
     JudgmentsError,

@@ -1,4 +1,4 @@
-"""Candidate pools for the labelling page (golden/build/pool.py): the chain variants' settings, the
+"""Candidate pools for the labelling page (golden/authoring/pool.py): the chain variants' settings, the
 union by chunk with each variant's rank, highlighting by the BM25 analyzer's terms, the baseline report, and
 the queue `sieve golden pool` writes from a report or a comparison. Fake chains and a fake store."""
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.golden.build.pool import (
+from app.evaluation.golden.authoring.pool import (
     BASELINE,
     BM25,
     CURRENT,
@@ -38,8 +38,8 @@ from app.evaluation.golden.build.pool import (
     variant_settings,
     write_queue,
 )
+from app.lexical.index import Analyzer
 from app.retrieval.chain import RetrievalRequest
-from app.retrieval.lexical import Analyzer
 from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
 from app.settings import Settings
 from app.store.types import StoredChunk

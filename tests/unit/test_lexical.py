@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from app.retrieval.lexical import Analyzer, Bm25Index
+from app.lexical.index import Analyzer, Bm25Index
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def test_the_converted_postings_cache_is_bounded_and_scores_stay_exact(monkeypat
 def test_queries_run_while_a_snapshot_export_sorts_the_postings(monkeypatch) -> None:
     # The export holds the index lock only to copy the arrays: a query from another thread is answered while
     # the rest of the export runs, and a write made meanwhile is not in the exported state.
-    from app.retrieval import lexical
+    from app.lexical import index as lexical
 
     analyzer = Analyzer()
     index = Bm25Index.build(list(DOCS), list(DOCS.values()), analyzer)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rank_bm25 import BM25Okapi
 
-from app.retrieval.lexical import Analyzer, Bm25Index
-from app.retrieval.lexical_files import Journal, load_snapshot, read_manifest, save_snapshot
+from app.lexical.files import Journal, load_snapshot, read_manifest, save_snapshot
+from app.lexical.index import Analyzer, Bm25Index
 
 ANALYZER = Analyzer()
 WORDS = ["vpn", "password", "reset", "travel", "pie", "common", "报销", "差旅", "密码"]

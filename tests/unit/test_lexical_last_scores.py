@@ -3,7 +3,7 @@ query), and never across a write."""
 
 from __future__ import annotations
 
-from app.retrieval.lexical import Analyzer, Bm25Index
+from app.lexical.index import Analyzer, Bm25Index
 
 
 def _index() -> Bm25Index:

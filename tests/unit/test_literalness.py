@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.golden.build.literalness import band, literalness
-from app.retrieval.lexical import Analyzer
+from app.evaluation.golden.authoring.literalness import band, literalness
+from app.lexical.index import Analyzer
 
 ANALYZER = Analyzer()
 

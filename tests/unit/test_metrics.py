@@ -4,11 +4,11 @@ from math import log2
 
 import pytest
 
+from app.evaluation.scoring.measures import case_metrics
 from app.evaluation.scoring.metrics import (
     CONVENTIONS,
     UndefinedMetricError,
     best_alternative,
-    case_metrics,
     condensed,
     conventions,
     counted_alternative,

@@ -67,7 +67,7 @@ def test_definitions_agree_with_the_scoring_functions() -> None:
     # ranked x, a, a (duplicate), b at K=4; relevant a (grade 1), b (grade 2), c (grade 1)
     ranked = ["x", "a", "a", "b"]
     relevance = {"a": 1.0, "b": 2.0, "c": 1.0, "x": 0.0}
-    got = metrics.case_metrics(ranked, relevance, 4)
+    got = measures.case_metrics(ranked, relevance, 4)
     assert set(got) == set(measures.HEADLINE)
     expected = {
         # |{a, b}| / |{a, b, c}|

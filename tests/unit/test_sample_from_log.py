@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.evaluation.golden.build import sample as sample_module
-from app.evaluation.golden.build.sample import (
+from app.evaluation.golden.authoring import sample as sample_module
+from app.evaluation.golden.authoring.sample import (
     BLANK,
     EXACT_DUPLICATE,
     IN_GOLDEN_SET,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.evaluation.golden.language import query_language
+from app.evaluation.report.model import CaseRecord
 from app.evaluation.run.segments import groups, segments
 
 
@@ -15,15 +16,18 @@ def case(cid, tags=(), tag=None, query="pay day", group=None, ndcg=1.0, hit=1.0,
         else None
     )
     docs = [{"docId": top}] if top else []
-    return {
-        "id": cid,
-        "tags": list(tags),
-        "knowledgeTag": tag,
-        "query": query,
-        "group": group,
-        "metrics": metrics,
-        "rankedDocuments": docs,
-    }
+    return CaseRecord.model_validate(
+        {
+            "id": cid,
+            "topK": 5,
+            "tags": list(tags),
+            "knowledgeTag": tag,
+            "query": query,
+            "group": group,
+            "metrics": metrics,
+            "rankedDocuments": docs,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -89,9 +93,9 @@ def test_groups_spread_hit_rate_and_same_top1() -> None:
 
 def test_risk_and_the_golden_set_parts_are_segments() -> None:
     cases = [
-        {**case("a", ndcg=1.0), "risk": "high", "set": "core"},
-        {**case("b", ndcg=0.5), "risk": "high", "set": "incremental"},
-        {**case("c", ndcg=0.0, hit=0.0), "set": "core"},
+        case("a", ndcg=1.0).model_copy(update={"risk": "high", "case_set": "core"}),
+        case("b", ndcg=0.5).model_copy(update={"risk": "high", "case_set": "incremental"}),
+        case("c", ndcg=0.0, hit=0.0).model_copy(update={"case_set": "core"}),
     ]
     segs = {(s.kind, s.name): s for s in segments(cases)}
     assert segs[("risk", "high")].metrics["ndcg"] == pytest.approx((1.0 + 0.5) / 2)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from app.evaluation.render.lines import origin_line
+from app.evaluation.report.model import CaseRecord
 from app.evaluation.run.segments import origin_comparison, segments
 
 
 def case(cid, ndcg=1.0, origin=None, literalness=None, scored=True, query="pay day"):
     record = {
         "id": cid,
+        "topK": 5,
         "tags": [],
         "knowledgeTag": None,
         "query": query,
@@ -32,7 +34,7 @@ def case(cid, ndcg=1.0, origin=None, literalness=None, scored=True, query="pay d
         record["origin"] = origin
     if literalness is not None:
         record["literalness"] = literalness
-    return record
+    return CaseRecord.model_validate(record)
 
 
 CASES = [

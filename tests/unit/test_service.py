@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.retrieval.lexical import Analyzer, Bm25Index
+from app.lexical.index import Analyzer, Bm25Index
 from app.service import Sieve
 from app.settings import ChainSettings, Settings
 

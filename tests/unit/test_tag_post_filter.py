@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.lexical.index import Bm25Index
 from app.retrieval.candidates import CandidateGenerator
-from app.retrieval.lexical import Bm25Index
 from app.settings import RetrievalSettings
 from app.store import StoredChunk
 from tests.fixtures.indexes import index_of

@@ -3,7 +3,6 @@ candidate generator, BM25 scorer and reranker around the real stages and the rea
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import random
@@ -15,7 +14,7 @@ import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.lines import sweep_line
-from app.evaluation.report.model import Sweep
+from app.evaluation.report.model import PointFigures, SweepRow
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.tune.grid import (
     REPLAYABLE,
@@ -24,9 +23,11 @@ from app.evaluation.tune.grid import (
     parse_grid,
     parse_spec,
     recommend,
+    run_grid,
     sweep_values,
     threshold_sweep,
 )
+from app.evaluation.tune.model import GridResult
 from app.evaluation.tune.replay import ReplayError, pareto_front, point_metrics, record, replay
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import RetrievalChain
@@ -440,28 +441,33 @@ def test_a_replay_asked_for_an_unrecorded_score_fails_loudly() -> None:
 
 
 def row(ndcg, recall, abst, passes=True, n=4):
-    metrics = {
-        "ndcg": ndcg,
-        "recall": recall,
-        "correctAbstention": abst / n,
-        "correctAbstentions": abst,
-        "noAnswerCases": n,
-    }
-    return {"params": {"x": ndcg}, "metrics": metrics, "passesGate": passes, "pareto": False}
+    metrics = PointFigures(
+        ndcg=ndcg,
+        recall=recall,
+        correct_abstention=abst / n,
+        correct_abstentions=abst,
+        no_answer_cases=n,
+        hit_rate=None,
+        mrr=None,
+        false_answer_rate=None,
+        forbidden_hits=0,
+        mean_results=None,
+    )
+    return SweepRow(params={"x": ndcg}, metrics=metrics, passes_gate=passes, pareto=False)
 
 
 def test_pareto_marks_the_points_nothing_beats_on_both_ndcg_and_abstention() -> None:
     rows = [row(0.9, 1, 0), row(0.8, 1, 2), row(0.7, 1, 2), row(0.6, 1, 4), row(0.9, 1, 0)]
-    assert pareto_front([r["metrics"] for r in rows]) == [True, True, False, True, True]
+    assert pareto_front([r.metrics for r in rows]) == [True, True, False, True, True]
 
 
 def test_best_is_the_highest_ndcg_that_passes_the_gate() -> None:
     rows = [row(0.95, 1, 0, passes=False), row(0.9, 1, 0), row(0.8, 1, 2)]
-    assert recommend(rows, row(0.85, 1, 0)["metrics"], 0.005)["best"]["metrics"]["ndcg"] == 0.9
+    assert recommend(rows, row(0.85, 1, 0).metrics, 0.005).best.metrics.ndcg == 0.9
 
 
 def test_abstention_is_the_most_abstentions_within_tolerance_of_the_current() -> None:
-    current = row(0.90, 1.0, 0)["metrics"]
+    current = row(0.90, 1.0, 0).metrics
     rows = [
         row(0.90, 1.0, 1),
         row(0.896, 0.996, 2),
@@ -469,13 +475,13 @@ def test_abstention_is_the_most_abstentions_within_tolerance_of_the_current() ->
         row(0.95, 0.99, 4),
         row(0.90, 1.0, 2),
     ]
-    rec = recommend(rows, current, 0.005)["abstention"]
+    rec = recommend(rows, current, 0.005).abstention
     # 0.894 loses 0.006 nDCG and 0.95/0.99 loses 0.01 recall: out; of the two with 2, the higher nDCG wins
-    assert rec["metrics"]["correctAbstentions"] == 2 and rec["metrics"]["ndcg"] == 0.90
+    assert rec.metrics.correct_abstentions == 2 and rec.metrics.ndcg == 0.90
 
 
 def test_no_abstention_recommendation_when_nothing_abstains() -> None:
-    assert recommend([row(0.9, 1, 0)], row(0.9, 1, 0)["metrics"], 0.005)["abstention"] is None
+    assert recommend([row(0.9, 1, 0)], row(0.9, 1, 0).metrics, 0.005).abstention is None
 
 
 # -- the startup sweep ------------------------------------------------------------------
@@ -490,21 +496,19 @@ def test_sweep_values_span_the_observed_scores_in_21_steps() -> None:
 def test_the_sweep_replays_min_dense_with_the_fallback_off_and_names_a_threshold(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    produced: list[dict[str, Any]] = []
+    produced: list[GridResult] = []
 
-    class Recorded(Sweep):
-        @classmethod
-        def model_validate(cls, obj: Any, **kwargs: Any) -> Sweep:  # type: ignore[override]
-            produced.append(copy.deepcopy(obj))
-            return Sweep.model_validate(obj, **kwargs)
+    def recorded(*args: Any, **kwargs: Any) -> GridResult:
+        produced.append(run_grid(*args, **kwargs))
+        return produced[-1]
 
-    monkeypatch.setattr("app.evaluation.tune.grid.Sweep", Recorded)
+    monkeypatch.setattr("app.evaluation.tune.grid.run_grid", recorded)
     fakes = Fakes()
     recording = record(real(fakes, ChainSettings()), fakes.chain(ChainSettings()))
     sweep = threshold_sweep(recording, ChainSettings(), EvaluateThresholds(), 0.005)
     assert sweep is not None and sweep.param == "chain.similarity_threshold.min_dense"
     # the typed sweep writes the JSON the grid's records make, key for key and number for number
-    assert json.dumps(sweep.to_json()) == json.dumps(produced[0])
+    assert json.dumps(sweep.to_json()) == json.dumps({"param": sweep.param, **produced[0].to_json()})
     assert len(sweep.rows) == 21
     assert all(r.params["chain.fallback.enabled"] is False for r in sweep.rows)
     assert sweep.current.point == {

@@ -28,6 +28,7 @@ from app.evaluation.tune.holdout import (
     make_split,
     split_units,
 )
+from app.evaluation.tune.model import FoldParts, FoldSplit, HoldoutParts, HoldoutSplit, TuneReport, TuneRun
 from app.evaluation.tune.replay import record
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import RetrievalChain
@@ -177,12 +178,13 @@ def test_a_part_without_a_scored_case_is_an_error_naming_it() -> None:
 def test_the_split_json_names_every_part() -> None:
     cases = [_case(i, "answer", None, None) for i in range(10)]
     split = make_split(cases, 0.3, None, 7)
-    assert split is not None and split["mode"] == "holdout" and split["seed"] == 7
-    assert split["fraction"] == 0.3 and sorted(split["parts"][TUNING] + split["parts"][HELD_OUT]) == sorted(
+    assert isinstance(split, HoldoutSplit) and split.mode == "holdout" and split.seed == 7
+    assert split.fraction == 0.3 and sorted(split.parts.tuning + split.parts.held_out) == sorted(
         c.id for c in cases
     )
+    assert split.to_json()["parts"].keys() == {TUNING, HELD_OUT}
     folds = make_split(cases, None, 3, 7)
-    assert folds is not None and folds["k"] == 3 and len(folds["parts"]["folds"]) == 3
+    assert isinstance(folds, FoldSplit) and folds.k == 3 and len(folds.parts.folds) == 3
     assert make_split(cases, None, None, 7) is None
 
 
@@ -274,7 +276,9 @@ HELD = ["a2", "a3", "n2"]
 def test_holdout_figures_gains_and_optimism() -> None:
     recording, grid = _tiny()
     out = run_holdout(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD])
-    h = out.analysis
+    assert out.analysis is not None
+    h = out.analysis.to_json()
+    rows = out.result.to_json()["rows"]
     assert h["parts"] == {
         TUNING: {"cases": 4, "scoredCases": 3, "noAnswerCases": 1},
         HELD_OUT: {"cases": 3, "scoredCases": 2, "noAnswerCases": 1},
@@ -287,8 +291,8 @@ def test_holdout_figures_gains_and_optimism() -> None:
     assert cur_h["mrr"] == pytest.approx((1 / 2 + 1 / 2) / 2)
     assert cur_h["meanResults"] == pytest.approx((2 + 2 + 1) / 3)
     # the rows and the recommendation are the tuning part's: every point finds a1, a1b, a4 at rank 1
-    assert [r["metrics"]["ndcg"] for r in out.result.rows] == [1.0, 1.0, 1.0]
-    assert [r["metrics"]["correctAbstentions"] for r in out.result.rows] == [0, 0, 1]
+    assert [r["metrics"]["ndcg"] for r in rows] == [1.0, 1.0, 1.0]
+    assert [r["metrics"]["correctAbstentions"] for r in rows] == [0, 0, 1]
     # best: the highest nDCG passing the gate, ties to the earlier point: 0.0, the current setting
     best = h["best"]
     assert best["point"] == {"chain.similarity_threshold.min_dense": 0.0}
@@ -314,13 +318,14 @@ def test_holdout_figures_gains_and_optimism() -> None:
     assert o["ndcg"] == pytest.approx(0 - (0 - 1 / LOG3))
     assert o["correctAbstention"] == pytest.approx(1 - 1)
     assert o["meanResults"] == pytest.approx((3 / 4 - 7 / 4) - (2 / 3 - 5 / 3))
-    assert out.all_current["ndcg"] == pytest.approx((1 + 1 + 1 / LOG3 + 1 / LOG3 + 1) / 5)
+    assert out.all_current.ndcg == pytest.approx((1 + 1 + 1 / LOG3 + 1 / LOG3 + 1) / 5)
 
 
 def test_fold_figures_means_and_agreement() -> None:
     recording, grid = _tiny()
     out = run_folds(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD])
-    f = out.analysis
+    assert out.analysis is not None
+    f = out.analysis.to_json()
     assert f["k"] == 2
     one, two = f["perFold"]
     # fold 1 is held out: recommended on fold 2's cases (a2, a3, n2), where 0.55 and 0.65 lose recall
@@ -354,22 +359,30 @@ def test_fold_figures_means_and_agreement() -> None:
         "allCasesPoint": None,  # over every case nothing abstains without losing recall
         "of": 2,
     }
-    assert out.result.recommendation["abstention"] is None
-    assert [r["metrics"]["ndcg"] for r in out.result.rows][0] == pytest.approx(out.all_current["ndcg"])
+    assert out.result.recommendation.abstention is None
+    assert [r.metrics.ndcg for r in out.result.rows][0] == pytest.approx(out.all_current.ndcg)
 
 
-def _doc(out, split, mode) -> dict:
+def _doc(out, split) -> TuneReport:
     run = {"startedAt": "2026-01-01T00:00:00+00:00", "goldenSet": "tiny.json", "cases": 7, "k": K}
-    run |= {"asOf": "2026-01-01", "tolerance": 0.005, "selfCheck": "ok"}
-    return {"run": run, **out.result.to_json(), "split": split, mode: out.analysis}
+    run |= {"asOf": "2026-01-01", "tolerance": 0.005, "selfCheck": "ok", "gain": "linear", "maxPoints": 9}
+    run |= {"points": 3, "embedder": None, "reranker": None, "collection": "c", "chunks": 4, "chain": {}}
+    analysis = {"holdout": out.analysis} if split.mode == "holdout" else {"folds": out.analysis}
+    return TuneReport(run=TuneRun.model_validate(run), **dict(out.result), split=split, **analysis)
 
 
 def test_the_tune_files_carry_the_split_and_the_figures(tmp_path) -> None:
     recording, grid = _tiny()
-    split = {"mode": "holdout", "seed": 42, "fraction": 0.3, "parts": {TUNING: TUNE, HELD_OUT: HELD}}
-    doc = _doc(run_holdout(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), split, "holdout")
+    split = HoldoutSplit(
+        seed=42,
+        fraction=0.3,
+        stratified_by=[],
+        groups_together=True,
+        parts=HoldoutParts(tuning=TUNE, held_out=HELD),
+    )
+    doc = _doc(run_holdout(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), split)
     write_tune(doc, str(tmp_path), "t", stamp="s")
-    assert json.loads((tmp_path / "t-tune-latest.json").read_text()) == doc
+    assert json.loads((tmp_path / "t-tune-latest.json").read_text()) == doc.to_json()
     markdown = (tmp_path / "t-tune-latest.md").read_text()
     assert "## Recommendation (on the tuning part: 4 of 7 cases)" in markdown
     assert "## Holdout: recommended on 4 cases, checked on 3 held out" in markdown
@@ -381,9 +394,11 @@ def test_the_tune_files_carry_the_split_and_the_figures(tmp_path) -> None:
     assert "| Recall | 1.000 | 1.000 | +0.000 | 1.000 | 0.000 | -1.000 | +1.000 |" in markdown
     assert "| Gate | pass | pass |  | pass | FAIL |  |  |" in markdown
 
-    split = {"mode": "folds", "seed": 42, "k": 2, "parts": {"folds": [TUNE, HELD]}}
+    folds = FoldSplit(
+        seed=42, k=2, stratified_by=[], groups_together=True, parts=FoldParts(folds=[TUNE, HELD])
+    )
     markdown = tune_markdown(
-        _doc(run_folds(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), split, "folds")
+        _doc(run_folds(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), folds)
     )
     assert "## Cross-validation: 2 folds" in markdown
     assert (

@@ -36,9 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any
 
-from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.compare.comparison import GATED, BaselineError, load_report
 from app.evaluation.report.model import BaselineUpdate, Report, report_text
 from app.files import atomic_write_text
 from app.settings import EvaluateSettings
@@ -170,7 +169,7 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | No
     return None
 
 
-PROMOTED_MEASURES = ("recall", "hitRate", "mrr", "ndcg")
+PROMOTED_MEASURES = GATED
 
 
 def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: bool) -> BaselineUpdate:
@@ -297,7 +296,8 @@ def report_line(path: Path) -> str:
     return f"{path} ({', '.join(parts)})"
 
 
-def _object(value: Any) -> dict[str, Any]:
+def _object(value: object) -> dict[str, object]:
+    """A JSON object of a report file as it was read, or {} for any other value."""
     return value if isinstance(value, dict) else {}
 
 

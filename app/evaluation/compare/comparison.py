@@ -1,18 +1,19 @@
 """Compare an evaluation report with a baseline report: what changed between the runs (from their
 fingerprints), and, per metric, the paired difference with its bootstrap CI, sign-flip p-value and
-Holm-adjusted p-value. Works on report JSON, so `sieve compare A.json B.json` and the comparison inside a
-run are the same code.
+Holm-adjusted p-value. Works on typed reports (`Report`), read from their files by `load_report`, so
+`sieve compare A.json B.json` and the comparison inside a run are the same code.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from statistics import fmean
-from typing import Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
+from pydantic.alias_generators import to_camel, to_snake
 
 from app.evaluation.report.model import (
     BaselineRef,
@@ -24,15 +25,19 @@ from app.evaluation.report.model import (
     CaseRecord,
     Comparison,
     CompositionRow,
+    EmbedderIdentity,
     MetricComparison,
     Report,
+    RunFingerprint,
+    RunInfo,
     SegmentComparison,
     StageDelta,
     StageRow,
+    Summary,
     UnjudgedAccount,
 )
-from app.evaluation.scoring import stats
-from app.evaluation.scoring.measures import COMPARED, RANKING
+from app.evaluation.scoring import measures, stats
+from app.evaluation.scoring.measures import RANKING
 from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
@@ -53,6 +58,9 @@ BUDGET_LABELS = {
     "candidates": "Candidates per case",
     "modelCalls": "Model calls per case",
 }
+
+# case id -> measure key -> the case's figure (a case record's `metrics` or `condensed`)
+Figures = dict[str, Mapping[str, float]]
 
 
 class BaselineError(ValueError):
@@ -81,11 +89,12 @@ def load_report(path: str | Path) -> Report:
         raise BaselineError(f"{p}: {validation_message(exc, data)}") from None
     if report.status != "ok":
         raise BaselineError(f"{p}: the baseline run did not evaluate anything (status {report.status!r})")
+    _check_run(p, report.run)
     _check_cases(p, report)
     return report
 
 
-def validation_message(exc: ValidationError, data: Any) -> str:
+def validation_message(exc: ValidationError, data: JsonValue) -> str:
     """The first problem of a report that does not validate, located as a reader finds it: `case 'a'
     (cases[0]): metrics.ndcg: Input should be a valid number, ...`, or `run: Input should be ...`."""
     error = exc.errors(include_url=False)[0]
@@ -104,8 +113,18 @@ def validation_message(exc: ValidationError, data: Any) -> str:
     return f"{located}: {error['msg']}" if located else str(error["msg"])
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_run(p: Path, run: RunInfo) -> None:
+    """The run's fingerprint must read as one (`fingerprint_of`): the comparison reads its fields."""
+    try:
+        fingerprint_of(run)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        field = ".".join(to_camel(part) if isinstance(part, str) else f"[{part}]" for part in error["loc"])
+        raise BaselineError(f"{p}: run.{field}: {error['msg']}") from None
 
 
 def _check_cases(p: Path, report: Report) -> None:
@@ -118,7 +137,7 @@ def _check_cases(p: Path, report: Report) -> None:
             raise BaselineError(f"{where}: duplicate case id")
         seen.add(case.id)
         if case.metrics is not None:
-            for name in COMPARED:
+            for name in measures.COMPARED:
                 if not _is_number(case.metrics.get(name)):
                     raise BaselineError(
                         f"{where}: metrics.{name} must be a number, got {case.metrics.get(name)!r}"
@@ -142,60 +161,72 @@ def compare_reports(
         only_in_baseline=sorted(set(b_cases) - set(c_cases)),
         only_in_current=sorted(set(c_cases) - set(b_cases)),
     )
-    retired = retired_reasons(current_report)
-    removed = _one_side(b_cases, changes.only_in_baseline, retired)
-    added = _one_side(c_cases, changes.only_in_current, {})
-    b_run, c_run = baseline_report.run.to_json(), current_report.run.to_json()
-    differences = describe_differences(b_run, c_run, b_cases, c_cases)
-    k_changes = _k_changes(b_run, c_run, b_cases, c_cases, paired)
-    ref = BaselineRef(path=baseline_path, evaluated_at=_evaluated_at(b_run), run=_fingerprint_only(b_run))
-    stage_rows = _stage_deltas(baseline_report.stages, current_report.stages)
-    if k_changes:
-        return Comparison(
-            baseline=ref,
-            comparable=False,
-            differences=differences,
-            paired_cases=len(paired),
-            metrics={},
-            cases=changes,
-            stages=stage_rows,
-            removed_cases=removed,
-            added_cases=added,
-        )
-    b_metrics = {i: b_cases[i].metrics for i in paired}
-    c_metrics = {i: c_cases[i].metrics for i in paired}
-    scored = [i for i in paired if b_metrics[i] and c_metrics[i]]
-    before = {i: b_metrics[i] or {} for i in scored}
-    after = {i: c_metrics[i] or {} for i in scored}
+    b_run, c_run = fingerprint_of(baseline_report.run), fingerprint_of(current_report.run)
+    ref = BaselineRef(
+        path=baseline_path,
+        evaluated_at=_evaluated_at(baseline_report.run),
+        run=b_run.model_copy(update={"settings": None}),
+    )
+    comparison = Comparison(
+        baseline=ref,
+        comparable=not _k_changes(b_run, c_run, b_cases, c_cases, paired),
+        differences=describe_differences(b_run, c_run, b_cases, c_cases),
+        paired_cases=len(paired),
+        metrics={},
+        cases=changes,
+        stages=_stage_deltas(baseline_report.stages, current_report.stages),
+        removed_cases=_one_side(b_cases, changes.only_in_baseline, retired_reasons(current_report)),
+        added_cases=_one_side(c_cases, changes.only_in_current, {}),
+    )
+    if not comparison.comparable:
+        return comparison
+    return _with_statistics(comparison, baseline_report, current_report, seed, alpha)
+
+
+def _with_statistics(
+    comparison: Comparison, baseline_report: Report, current_report: Report, seed: int, alpha: float
+) -> Comparison:
+    """A copy of `comparison` (two comparable runs) with its statistics: the paired rows (also on the
+    condensed lists, per golden-set part and per segment), the changed cases with their details, the
+    unjudged account, the composition and the budget."""
+    b_cases = {c.id: c for c in baseline_report.cases}
+    c_cases = {c.id: c for c in current_report.cases}
+    before, after = _scored_figures(b_cases, c_cases)
+    scored = list(before)
     rows = _paired_rows(before, after, seed, alpha)
-    condensed_rows = _condensed_rows(b_cases, c_cases, scored, seed, alpha)
-    _classify(changes, b_cases, c_cases, before, after)
+    changes = _classify(comparison.cases, b_cases, c_cases, before, after)
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
-    changes.unverified = sorted(
-        {i for i in regressions if not details[i].verified and not thinly_judged(details[i])}
-    )
-    changes.thinly_judged = sorted({i for i in regressions if thinly_judged(details[i])})
     judged = [j for j in (c_cases[i].judged for i in dict.fromkeys(regressions)) if j is not None]
-    return Comparison(
-        baseline=ref,
-        comparable=True,
-        differences=differences,
-        paired_cases=len(scored),
-        metrics=rows,
-        cases=changes,
-        stages=stage_rows,
-        case_details=details,
-        unjudged=account,
-        condensed_metrics=condensed_rows,
-        judged_of_regressions=fmean(judged) if judged else None,
-        by_set=_by_set(before, after, c_cases, seed, alpha),
-        removed_cases=removed,
-        added_cases=added,
-        composition=_composition(baseline_report, current_report, rows),
-        budget=_budget(baseline_report, current_report),
-        segments=segment_comparisons(before, after, c_cases, seed, alpha),
+    return comparison.model_copy(
+        update={
+            "cases": _unverified(changes, details),
+            "paired_cases": len(scored),
+            "metrics": rows,
+            "case_details": details,
+            "unjudged": account,
+            "condensed_metrics": _condensed_rows(b_cases, c_cases, scored, seed, alpha),
+            "judged_of_regressions": fmean(judged) if judged else None,
+            "by_set": _by_set(before, after, c_cases, seed, alpha),
+            "composition": _composition(baseline_report, current_report, rows),
+            "budget": _budget(baseline_report, current_report),
+            "segments": segment_comparisons(before, after, c_cases, seed, alpha),
+        }
     )
+
+
+def _scored_figures(
+    b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord]
+) -> tuple[Figures, Figures]:
+    """The figures of the paired cases scored on both sides, before and after, in case id order."""
+    paired = sorted(set(b_cases) & set(c_cases))
+    before: Figures = {}
+    after: Figures = {}
+    for i in paired:
+        b_metrics, c_metrics = b_cases[i].metrics, c_cases[i].metrics
+        if b_metrics and c_metrics:
+            before[i], after[i] = b_metrics, c_metrics
+    return before, after
 
 
 def _condensed_rows(
@@ -213,26 +244,45 @@ def _condensed_rows(
 
 
 def _classify(
-    changes: CaseChanges,
+    one_sided: CaseChanges,
     b_cases: dict[str, CaseRecord],
     c_cases: dict[str, CaseRecord],
-    before: dict[str, dict[str, Any]],
-    after: dict[str, dict[str, Any]],
-) -> None:
-    """Fill `changes` with the fixed and broken cases (hit 0 -> 1, 1 -> 0), the breaks by relabelling, and
-    the cases whose nDCG improved or worsened, over the paired scored cases `before` / `after`."""
+    before: Figures,
+    after: Figures,
+) -> CaseChanges:
+    """`one_sided` (the cases of one run only) with the fixed and broken cases (hit 0 -> 1, 1 -> 0), the
+    breaks by relabelling, and the cases whose nDCG improved or worsened, over the paired scored cases
+    `before` / `after`."""
     scored = list(before)
-    changes.fixed, changes.broken = stats.fixed_and_broken(
+    fixed, broken = stats.fixed_and_broken(
         {i: float(before[i]["hitRate"]) for i in scored}, {i: float(after[i]["hitRate"]) for i in scored}
     )
-    changes.broken_by_relabelling = [
-        i for i in changes.broken if not _hit_still_judged(b_cases[i], c_cases[i])
-    ]
     improved, worsened = stats.changed_by(
         {i: float(before[i]["ndcg"]) for i in scored}, {i: float(after[i]["ndcg"]) for i in scored}
     )
-    changes.improved = [CaseDelta(id=i, delta=d) for i, d in improved]
-    changes.worsened = [CaseDelta(id=i, delta=d) for i, d in worsened]
+    return one_sided.model_copy(
+        update={
+            "fixed": fixed,
+            "broken": broken,
+            "broken_by_relabelling": [i for i in broken if not _hit_still_judged(b_cases[i], c_cases[i])],
+            "improved": [CaseDelta(id=i, delta=d) for i, d in improved],
+            "worsened": [CaseDelta(id=i, delta=d) for i, d in worsened],
+        }
+    )
+
+
+def _unverified(changes: CaseChanges, details: dict[str, CaseDetail]) -> CaseChanges:
+    """`changes` with its broken and worsened cases sorted into those unjudged documents may explain
+    (`unverified`) and those judged too thinly to tell (`thinly_judged`)."""
+    regressions = changes.broken + [d.id for d in changes.worsened]
+    return changes.model_copy(
+        update={
+            "unverified": sorted(
+                {i for i in regressions if not details[i].verified and not thinly_judged(details[i])}
+            ),
+            "thinly_judged": sorted({i for i in regressions if thinly_judged(details[i])}),
+        }
+    )
 
 
 def _case_details(
@@ -336,17 +386,15 @@ def _composition(
 ) -> dict[str, CompositionRow]:
     """Per gated measure, the summaries' figures (every scored case) beside the paired figures (`rows`), and
     the part of the change the added and removed cases explain (`CompositionRow`)."""
-    b_sum = baseline.summary.to_json() if baseline.summary else {}
-    c_sum = current.summary.to_json() if current.summary else {}
     out: dict[str, CompositionRow] = {}
     for name in GATED:
         row = rows.get(name)
-        b_all, c_all = b_sum.get(name), c_sum.get(name)
+        b_all, c_all = summary_mean(baseline.summary, name), summary_mean(current.summary, name)
         b_common = row.baseline if row else None
         c_common = row.current if row else None
         explained = None
-        if None not in (b_all, c_all, b_common, c_common):
-            explained = (c_all - b_all) - (c_common - b_common)  # type: ignore[operator]
+        if b_all is not None and c_all is not None and b_common is not None and c_common is not None:
+            explained = (c_all - b_all) - (c_common - b_common)
         out[name] = CompositionRow(
             baseline_all=b_all,
             current_all=c_all,
@@ -355,6 +403,13 @@ def _composition(
             composition=explained,
         )
     return out
+
+
+def summary_mean(summary: Summary | None, key: str) -> float | None:
+    """The summary's macro mean of the measure with JSON key `key` (`hitRate` is `Summary.hit_rate`), None
+    without a summary or a figure."""
+    value = getattr(summary, to_snake(key), None) if summary is not None else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _budget(baseline: Report, current: Report) -> dict[str, BeforeAfter]:
@@ -378,8 +433,8 @@ def _budget(baseline: Report, current: Report) -> dict[str, BeforeAfter]:
 
 
 def _by_set(
-    before: dict[str, dict[str, Any]],
-    after: dict[str, dict[str, Any]],
+    before: Figures,
+    after: Figures,
     c_cases: dict[str, CaseRecord],
     seed: int,
     alpha: float,
@@ -397,8 +452,8 @@ def _by_set(
 
 
 def segment_comparisons(
-    before: dict[str, dict[str, Any]],
-    after: dict[str, dict[str, Any]],
+    before: Figures,
+    after: Figures,
     c_cases: dict[str, CaseRecord],
     seed: int,
     alpha: float,
@@ -447,11 +502,11 @@ def segment_comparisons(
 
 
 def _paired_rows(
-    before_by_case: dict[str, dict[str, Any]],
-    after_by_case: dict[str, dict[str, Any]],
+    before_by_case: Figures,
+    after_by_case: Figures,
     seed: int,
     alpha: float,
-    names: tuple[str, ...] = COMPARED,
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, MetricComparison]:
     """Per metric over the paired cases: the means, the mean difference with its bootstrap CI, the
     sign-flip p-value and the Holm-adjusted p-value (significant: pHolm < alpha)."""
@@ -459,7 +514,7 @@ def _paired_rows(
     rows: dict[str, MetricComparison] = {}
     if not ids:
         return rows
-    for name in names:
+    for name in measures.COMPARED if names is None else names:
         before = [float(before_by_case[i][name]) for i in ids]
         after = [float(after_by_case[i][name]) for i in ids]
         diffs = [a - b for a, b in zip(after, before, strict=True)]
@@ -545,65 +600,58 @@ def _top_fused(case: CaseRecord, n: int = 3) -> list[float | None]:
     return [d.scores.get("fused") for d in case.ranked_documents[:n]]
 
 
-def _evaluated_at(run: dict[str, Any]) -> str | None:
-    return run.get("evaluatedAt") or run.get("startedAt")
+def _evaluated_at(run: RunInfo) -> str | None:
+    return run.evaluated_at or run.started_at
 
 
-_FINGERPRINT_KEYS = (
-    "goldenSetSha256",
-    "corpusFingerprint",
-    "embedder",
-    "chainSha256",
-    "settingsSha256",
-    "k",
-    "codeVersion",
-    "evaluatedAt",
-    "asOf",
-    "gain",
-)
-
-
-def _fingerprint_only(run: dict[str, Any]) -> dict[str, Any]:
-    return {k: run[k] for k in _FINGERPRINT_KEYS if run.get(k) is not None}
+def fingerprint_of(run: RunInfo) -> RunFingerprint:
+    """The fingerprint a report's `run` carries beside its header, read off its fields (the fingerprint's
+    keys a `RunInfo` does not declare, `settings`, `settingsSha256` and `embedder`, are among its extra
+    fields). A key the run does not hold stays unset (`model_fields_set`): a report of an older Sieve."""
+    return RunFingerprint.model_validate(run, from_attributes=True)
 
 
 def _k_changes(
-    b_run: dict[str, Any],
-    c_run: dict[str, Any],
+    b_run: RunFingerprint,
+    c_run: RunFingerprint,
     b_cases: dict[str, CaseRecord],
     c_cases: dict[str, CaseRecord],
     paired: list[str],
 ) -> list[str]:
     out = []
-    if b_run.get("k") != c_run.get("k"):
-        out.append(f"K {b_run.get('k')} -> {c_run.get('k')}")
+    if b_run.k != c_run.k:
+        out.append(f"K {b_run.k} -> {c_run.k}")
     for i in paired:
         if b_cases[i].top_k != c_cases[i].top_k:
             out.append(f"case {i} topK {b_cases[i].top_k} -> {c_cases[i].top_k}")
     return out
 
 
-def flatten(node: Any, prefix: str) -> dict[str, Any]:
+def flatten(node: JsonValue, prefix: str) -> dict[str, JsonValue]:
     """{"a": {"b": 1}} with prefix "rag" -> {"rag.a.b": 1}; lists and empty dicts are leaves."""
     if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
+        out: dict[str, JsonValue] = {}
         for key, value in node.items():
             out.update(flatten(value, f"{prefix}.{key}"))
         return out
     return {prefix: node}
 
 
-_UNSET: Any = object()
+class _Unset:
+    """A setting one of the two runs does not have."""
 
 
-def _show(value: Any) -> str:
+_UNSET = _Unset()
+
+
+def _show(value: JsonValue | _Unset) -> str:
     """A setting's value as JSON (strings quoted, so `"query: "` shows its space), or (unset)."""
-    return "(unset)" if value is _UNSET else json.dumps(value, ensure_ascii=False)
+    return "(unset)" if isinstance(value, _Unset) else json.dumps(value, ensure_ascii=False)
 
 
 def describe_differences(
-    b_run: dict[str, Any],
-    c_run: dict[str, Any],
+    b_run: RunFingerprint,
+    c_run: RunFingerprint,
     b_cases: dict[str, CaseRecord] | None = None,
     c_cases: dict[str, CaseRecord] | None = None,
 ) -> list[str]:
@@ -612,43 +660,54 @@ def describe_differences(
     `rag.models.query_prompt: null -> "query: "`), the embedder, the corpus, the golden set (cases added,
     removed, changed), K, asOf, nDCG's gain and the code version. A section only one report fingerprints (the
     other report's Sieve did not record it) is named once, as unknown, rather than key by key."""
-    out: list[str] = []
-    if "settings" not in b_run:
-        out.append("the baseline report has no run fingerprint (written by an older Sieve): settings unknown")
-    else:
-        b_settings, c_settings = b_run.get("settings") or {}, c_run.get("settings") or {}
-        for section in sorted(set(b_settings) ^ set(c_settings)):
-            older = "baseline" if section not in b_settings else "current"
-            out.append(f"rag.{section}: not in the {older} report's fingerprint (an older Sieve): unknown")
-        shared = set(b_settings) & set(c_settings)
-        before = flatten({k: v for k, v in b_settings.items() if k in shared}, "rag")
-        after = flatten({k: v for k, v in c_settings.items() if k in shared}, "rag")
-        for key in sorted(set(before) | set(after)):
-            old, new = before.get(key, _UNSET), after.get(key, _UNSET)
-            if old != new:
-                out.append(f"{key}: {_show(old)} -> {_show(new)}")
-    b_emb, c_emb = b_run.get("embedder"), c_run.get("embedder")
-    if b_emb is not None and b_emb != c_emb:
-        out.append(f"embedder: {_embedder(b_emb)} -> {_embedder(c_emb)}")
-    b_corpus, c_corpus = b_run.get("corpusFingerprint"), c_run.get("corpusFingerprint")
-    if isinstance(b_corpus, dict) and isinstance(c_corpus, dict) and b_corpus != c_corpus:
-        nb, nc = b_corpus.get("chunks", 0), c_corpus.get("chunks", 0)
+    out = _settings_differences(b_run, c_run)
+    if b_run.embedder is not None and b_run.embedder != c_run.embedder:
+        out.append(f"embedder: {_embedder(b_run.embedder)} -> {_embedder(c_run.embedder)}")
+    b_corpus, c_corpus = b_run.corpus_fingerprint, c_run.corpus_fingerprint
+    if b_corpus is not None and c_corpus is not None and b_corpus != c_corpus:
+        nb, nc = b_corpus.chunks, c_corpus.chunks
         out.append(
             f"corpus: {nb} -> {nc} chunks ({nc - nb:+d} net; the chunk ids differ, so chunks were added, "
             f"removed or re-chunked)"
         )
-    if b_run.get("goldenSetSha256") and b_run.get("goldenSetSha256") != c_run.get("goldenSetSha256"):
+    if b_run.golden_set_sha256 and b_run.golden_set_sha256 != c_run.golden_set_sha256:
         out.append("golden set: " + _golden_changes(b_cases or {}, c_cases or {}))
-    for key, label in (("k", "K"), ("asOf", "asOf"), ("gain", "nDCG gain"), ("codeVersion", "code")):
-        if b_run.get(key) is not None and b_run.get(key) != c_run.get(key):
-            out.append(f"{label}: {b_run.get(key)} -> {c_run.get(key)}")
+    for label, before, after in (
+        ("K", b_run.k, c_run.k),
+        ("asOf", b_run.as_of, c_run.as_of),
+        ("nDCG gain", b_run.gain, c_run.gain),
+        ("code", b_run.code_version, c_run.code_version),
+    ):
+        if before is not None and before != after:
+            out.append(f"{label}: {before} -> {after}")
     return out
 
 
-def _embedder(e: Any) -> str:
-    if not isinstance(e, dict):
+def _settings_differences(b_run: RunFingerprint, c_run: RunFingerprint) -> list[str]:
+    """Each changed setting of the sections both runs fingerprint, and each section only one does."""
+    if "settings" not in b_run.model_fields_set:
+        return ["the baseline report has no run fingerprint (written by an older Sieve): settings unknown"]
+    out: list[str] = []
+    b_settings, c_settings = b_run.settings or {}, c_run.settings or {}
+    for section in sorted(set(b_settings) ^ set(c_settings)):
+        older = "baseline" if section not in b_settings else "current"
+        out.append(f"rag.{section}: not in the {older} report's fingerprint (an older Sieve): unknown")
+    before: dict[str, JsonValue] = {}
+    after: dict[str, JsonValue] = {}
+    for section in set(b_settings) & set(c_settings):
+        before.update(flatten(b_settings[section], f"rag.{section}"))
+        after.update(flatten(c_settings[section], f"rag.{section}"))
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key, _UNSET), after.get(key, _UNSET)
+        if old != new:
+            out.append(f"{key}: {_show(old)} -> {_show(new)}")
+    return out
+
+
+def _embedder(e: EmbedderIdentity | str | None) -> str:
+    if not isinstance(e, EmbedderIdentity):
         return str(e)
-    return f"{e.get('name')} (dim {e.get('dimension')}, checksum {e.get('checksum')})"
+    return f"{e.name} (dim {e.dimension}, checksum {e.checksum})"
 
 
 def _golden_changes(b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord]) -> str:

@@ -52,11 +52,11 @@ from app.evaluation.report.model import (
     Report,
     Summary,
 )
-from app.evaluation.scoring.measures import fmt, fmt_p
+from app.evaluation.scoring.measures import GATED, fmt, fmt_p, snake_name
 from app.settings import EvaluateThresholds, SegmentThresholds
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
-_LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
+_LEVELS: dict[str, tuple[str, str, Callable[[Summary], float | None]]] = {
     "min_recall": ("recall", ">=", lambda s: s.recall),
     "min_hit_rate": ("hitRate", ">=", lambda s: s.hit_rate),
     "min_mrr": ("mrr", ">=", lambda s: s.mrr),
@@ -66,12 +66,12 @@ _LEVELS: dict[str, tuple[str, str, Callable[[Summary], Any]]] = {
     "min_correct_abstention": (
         "noAnswer.correctAbstentionRate",
         ">=",
-        lambda s: s.no_answer.get("correctAbstentionRate"),
+        lambda s: s.no_answer.correct_abstention_rate,
     ),
-    "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<=", lambda s: s.no_answer.get("falseAnswerRate")),
+    "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<=", lambda s: s.no_answer.false_answer_rate),
 }
 # max_drop field -> comparison metric
-_DROPS = {"recall": "recall", "hit_rate": "hitRate", "mrr": "mrr", "ndcg": "ndcg"}
+_DROPS = {snake_name(key): key for key in GATED}
 
 Severity = Literal["fail", "warn"]
 
@@ -237,10 +237,10 @@ def _no_answer_policy(result: GateResult, summary: Summary, thresholds: Evaluate
     check holds when abstained >= 1. Not checked without no-answer cases."""
     severity = policy_severity(thresholds.no_answer_policy)
     no_answer = summary.no_answer
-    n = int(no_answer.get("cases") or 0)
+    n = no_answer.cases
     if severity is None or n == 0:
         return
-    rate = no_answer.get("correctAbstentionRate")
+    rate = no_answer.correct_abstention_rate
     abstained = round(float(rate) * n) if rate is not None else 0
     message = f"{abstained} of {n} no-answer cases abstained"
     if abstained == 0:

@@ -169,6 +169,17 @@ class GoldenCase(BaseModel):
 
     @model_validator(mode="after")
     def _expectations_agree(self) -> GoldenCase:
+        """The case's expectations say one thing: no expected result when it expects no answer, at least one
+        relevant result otherwise (unless a draft), and no id both expected and graded out or forbidden."""
+        self._no_answer_names_no_result()
+        self._names_a_relevant_result()
+        self._expected_docs_not_graded_out()
+        self._evidence_not_judged_out()
+        self._forbidden_not_expected()
+        return self
+
+    def _no_answer_names_no_result(self) -> None:
+        """expectNoAnswer and an expected result contradict each other."""
         named = [
             alias
             for alias, value in (
@@ -189,6 +200,9 @@ class GoldenCase(BaseModel):
                 "remove one or the other",
                 {"fields": ", ".join(named)},
             )
+
+    def _names_a_relevant_result(self) -> None:
+        """A case that is neither a no-answer case nor a draft names a relevant result."""
         if not self.expect_no_answer and not self.draft and not self.has_expectation():
             if self.relevance or self.judgments:
                 which = " and ".join(
@@ -206,6 +220,9 @@ class GoldenCase(BaseModel):
                 "no expectation: give expectedDocIds, expectedSources, expectedChunkIds, relevance, "
                 "judgments or evidenceChunkIds, or set expectNoAnswer (or draft while labelling)",
             )
+
+    def _expected_docs_not_graded_out(self) -> None:
+        """No expectedDocIds entry is graded <= 0 by relevance or judgments."""
         for name, graded in (("relevance", self.relevance), ("judgments", self.judgments)):
             conflicting = [doc for doc in self.expected_doc_ids if doc in graded and graded[doc] <= 0]
             if conflicting:
@@ -214,6 +231,9 @@ class GoldenCase(BaseModel):
                     "expectedDocIds lists {docs} but {field} grades them <= 0 (not relevant)",
                     {"docs": ", ".join(repr(doc) for doc in conflicting), "field": name},
                 )
+
+    def _evidence_not_judged_out(self) -> None:
+        """No evidence chunk is judged not relevant."""
         evidence = {chunk for group in self.evidence_groups() for chunk in group}
         judged_out = sorted(c for c in evidence if c in self.judgments and self.judgments[c] <= 0)
         if judged_out:
@@ -222,6 +242,9 @@ class GoldenCase(BaseModel):
                 "evidence chunk(s) {ids} are judged not relevant (grade 0) in judgments",
                 {"ids": ", ".join(repr(c) for c in judged_out)},
             )
+
+    def _forbidden_not_expected(self) -> None:
+        """No forbidden document is also expected."""
         grades = self.relevance_map()
         expected = {doc for doc, grade in grades.items() if grade > 0}
         expected |= {key for key, grade in self.judgments.items() if grade > 0}
@@ -232,7 +255,6 @@ class GoldenCase(BaseModel):
                 "forbiddenDocIds lists {docs}, which the case also expects",
                 {"docs": ", ".join(repr(doc) for doc in forbidden)},
             )
-        return self
 
     def has_expectation(self) -> bool:
         """True when the case names at least one relevant result (doc, chunk, source, evidence or a
@@ -559,39 +581,48 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
     """
     path = str(path)
     errors: list[str] = []
-    version: str | None = None
     retired: list[RetiredCase] = []
-    raw: list[_RawCase]
-    if path.lower().endswith(".jsonl"):
-        raw = _split_jsonl(path, text)
-    elif not text.strip():
-        raw = []
-    else:
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            if exc.msg == "Extra data" and _looks_like_jsonl(text):
-                raw = _split_jsonl(path, text)
-            else:
-                raise GoldenSetError(path, [_json_error(path, exc)]) from None
-        except (ValueError, RecursionError) as exc:
-            if _looks_like_jsonl(text):  # one line of a JSONL file is too deep: report that line
-                raw = _split_jsonl(path, text)
-            else:
-                line = _deepest_line(text) if isinstance(exc, RecursionError) else None
-                where = f"{path}:{line}" if line else path
-                raise GoldenSetError(path, [_unreadable_json(where, exc)]) from None
-        else:
-            if (
-                isinstance(document, dict)
-                and "cases" not in document
-                and ("id" in document or "query" in document)
-            ):
-                # A one-line JSONL file: a single case object.
-                raw = [_RawCase(f"{path}:{text[: text.index('{')].count(chr(10)) + 1}", document)]
-            else:
-                version, raw = _split_json(path, document, errors, retired)
+    version, raw = _split_cases(text, path, errors, retired)
+    cases, first_position = _validate_cases(raw, errors)
+    errors.extend(_retired_conflicts(path, retired, first_position))
+    if not errors and not cases:
+        errors.append(f"{path}: the golden set is empty: it has no cases")
+    if errors:
+        raise GoldenSetError(path, [_safe(error) for error in errors])
+    return GoldenSet(dataset_version=version, cases=cases, path=path, retired=retired)
 
+
+def _split_cases(
+    text: str, path: str, errors: list[str], retired: list[RetiredCase]
+) -> tuple[str | None, list[_RawCase]]:
+    """(datasetVersion, the raw cases) of the file's text: JSONL by suffix or by its look, else one JSON
+    document (an array of cases, an object with "cases", or a single case). Raises `GoldenSetError` when the
+    text is not JSON at all."""
+    if path.lower().endswith(".jsonl"):
+        return None, _split_jsonl(path, text)
+    if not text.strip():
+        return None, []
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and _looks_like_jsonl(text):
+            return None, _split_jsonl(path, text)
+        raise GoldenSetError(path, [_json_error(path, exc)]) from None
+    except (ValueError, RecursionError) as exc:
+        if _looks_like_jsonl(text):  # one line of a JSONL file is too deep: report that line
+            return None, _split_jsonl(path, text)
+        line = _deepest_line(text) if isinstance(exc, RecursionError) else None
+        where = f"{path}:{line}" if line else path
+        raise GoldenSetError(path, [_unreadable_json(where, exc)]) from None
+    if isinstance(document, dict) and "cases" not in document and ("id" in document or "query" in document):
+        # A one-line JSONL file: a single case object.
+        return None, [_RawCase(f"{path}:{text[: text.index('{')].count(chr(10)) + 1}", document)]
+    return _split_json(path, document, errors, retired)
+
+
+def _validate_cases(raw: list[_RawCase], errors: list[str]) -> tuple[list[GoldenCase], dict[str, str]]:
+    """The cases that validate, and where each case id first appears; every problem goes to `errors`
+    (unparsable lines, non-objects, broken Unicode, duplicate ids, invalid fields)."""
     cases: list[GoldenCase] = []
     first_position: dict[str, str] = {}
     for item in raw:
@@ -617,13 +648,7 @@ def parse_golden_set(text: str, path: str | Path) -> GoldenSet:
             cases.append(GoldenCase.model_validate(item.value))
         except ValidationError as exc:
             errors.extend(f"{item.label()}: {_describe(error)}" for error in exc.errors())
-
-    errors.extend(_retired_conflicts(path, retired, first_position))
-    if not errors and not cases:
-        errors.append(f"{path}: the golden set is empty: it has no cases")
-    if errors:
-        raise GoldenSetError(path, [_safe(error) for error in errors])
-    return GoldenSet(dataset_version=version, cases=cases, path=path, retired=retired)
+    return cases, first_position
 
 
 def _retired_conflicts(path: str, retired: list[RetiredCase], active: dict[str, str]) -> list[str]:

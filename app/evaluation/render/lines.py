@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from app.evaluation.compare.baselines import passing_report_path
 from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.compare.gate import GateCheck
-from app.evaluation.golden.audit import summary_line as audit_summary
+from app.evaluation.golden.audit.checks import summary_line as audit_summary
 from app.evaluation.report.model import BaselineUpdate, Comparison, Report, Summary, Sweep
 from app.evaluation.scoring.measures import fmt, fmt_p
 from app.evaluation.scoring.measures import label as measure_label
@@ -73,8 +73,8 @@ def summary_line(report: Report) -> str:
         f"avgRecall={f(s.recall)} avgMRR={f(s.mrr)} avgNDCG={f(s.ndcg)} hitRate={f(s.hit_rate)} "
         f"p50={lat.get('p50', 0):.0f}ms p95={lat.get('p95', 0):.0f}ms"
     )
-    if na["cases"]:
-        line += f" noAnswer={na['cases']} correctAbstention={f(na['correctAbstentionRate'])}"
+    if na.cases:
+        line += f" noAnswer={na.cases} correctAbstention={f(na.correct_abstention_rate)}"
     if s.forbidden["hits"]:
         line += f" forbiddenHits={s.forbidden['hits']}"
     return line

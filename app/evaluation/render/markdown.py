@@ -10,11 +10,11 @@ escapes, so the file stays one readable text in a terminal (`grep` never calls i
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
 
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
 from app.evaluation.compare.gate import GATE_RULE
-from app.evaluation.golden.audit import audit_markdown
+from app.evaluation.render.audit import audit_markdown
 from app.evaluation.render.lines import origin_line
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
@@ -23,11 +23,14 @@ from app.evaluation.report.model import (
     CaseRecord,
     Comparison,
     Gate,
+    Group,
     Loss,
     MetricComparison,
     RankedDocument,
     Ranks,
     Report,
+    Segment,
+    StageStat,
     Summary,
     worst_cases,
 )
@@ -38,6 +41,15 @@ from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_ms as _ms
 from app.evaluation.scoring.measures import fmt_p as p_text
+
+# a summary figure's JSON name -> its Summary field ("top1Accuracy" -> "top1_accuracy")
+_SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fields.items()}
+
+
+def summary_figure(s: Summary, key: str) -> float | None:
+    """A headline figure of the summary by its measure key (`hitRate` reads `Summary.hit_rate`)."""
+    value: float | None = getattr(s, _SUMMARY_FIELDS.get(key, key))
+    return value
 
 
 def k_label(report: Report) -> str:
@@ -70,7 +82,9 @@ def render_markdown(report: Report, case_detail: bool = False) -> str:
     lines += _summary_markdown(s, kl)
     lines += _run_markdown(report, s)
     lines += _stages_markdown(report, s, kl)
-    lines += _segments_markdown(report)
+    lines += _segments_markdown(report.segments)
+    lines += _origin_lines(report)
+    lines += _groups_markdown(report.groups)
     lines += sweep_markdown(report.sweep)
     audit = audit_markdown(report.audit)
     if audit:
@@ -119,7 +133,7 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         against = "not comparable with the baseline"
     else:
         against = f"no baseline ({report.baseline_note or 'none'})"
-    no_answer = s.no_answer.get("cases", 0)
+    no_answer = s.no_answer.cases
     unscorable = f", {len(s.unscorable_case_ids)} unscorable" if s.unscorable_case_ids else ""
     lines = [
         f"**Gate {verdict}.** {figures} over {s.scored_cases} scored cases "
@@ -172,7 +186,7 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
         "## Compared with baseline",
         "",
         f"Baseline{kind} `{base.path}`, evaluated {base.evaluated_at or '?'} "
-        f"(code {base.run.get('codeVersion', '?')}); {comp.paired_cases} paired scored cases.",
+        f"(code {base.run.code_version or '?'}); {comp.paired_cases} paired scored cases.",
         "",
     ]
     if not comp.comparable:
@@ -492,30 +506,29 @@ def _risk_lines(cases: list[CaseRecord]) -> list[str]:
 
 def _summary_markdown(s: Summary, kl: str) -> list[str]:
     lines = ["## Summary", "", "| Metric | Value |", "|---|---|"]
-    scored, hits = s.counts.get("scoredCases"), s.counts.get("hits")
-    found, total = s.counts.get("relevantFound"), s.counts.get("relevantTotal")
+    scored, hits = s.counts.scored_cases, s.counts.hits
+    found, total = s.counts.relevant_found, s.counts.relevant_total
     extras = {
         "recall": f" (mean per case; {found} of {total} relevant found)" if total else "",
         "hitRate": f" = {hits}/{scored}" if scored else "",
         "duplicateRate": " (ids and content)",
     }
-    headline = s.to_json()
     for key in measures.HEADLINE:
         lines.append(
             f"| {measures.label(key, kl)} | "
-            f"{measures.measure(key).format(headline[key])}{extras.get(key, '')} |"
+            f"{measures.measure(key).format(summary_figure(s, key))}{extras.get(key, '')} |"
         )
     lat = s.latency_ms or {}
     batch = s.batch_latency_ms or {}
     na = s.no_answer
-    na_n = na.get("cases", 0)
-    abst = round((na.get("correctAbstentionRate") or 0) * na_n) if na_n else 0
+    na_n = na.cases
+    abst = round((na.correct_abstention_rate or 0) * na_n) if na_n else 0
     lines += [
         f"| Latency p50 / p95 / max (single query, {s.latency_sample_cases} cases) | "
         f"{_ms(lat.get('p50'))} / {_ms(lat.get('p95'))} / {_ms(lat.get('max'))} |",
         f"| Batched run per case p50 / p95 | {_ms(batch.get('p50'))} / {_ms(batch.get('p95'))} |",
-        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na.get('correctAbstentionRate'))} "
-        f"({abst}/{na_n}) / {_f(na.get('falseAnswerRate'))} ({na_n - abst}/{na_n}) |",
+        f"| No-answer: CorrectAbstention / FalseAnswerRate | {_f(na.correct_abstention_rate)} "
+        f"({abst}/{na_n}) / {_f(na.false_answer_rate)} ({na_n - abst}/{na_n}) |",
         f"| Forbidden documents in top K | {s.forbidden.get('hits', 0)} "
         f"(in {s.forbidden.get('cases', 0)} cases) |",
         f"| Expected ids missing from the index | {s.expected_missing_from_index}{_unscorable_note(s)} |",
@@ -562,13 +575,13 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
             f"{_f(cond.get('recall'))} / {_f(cond.get('mrr'))} |"
         )
     ev = s.evidence
-    if ev.get("cases"):
-        lost = ", ".join(f"`{k}` {v}" for k, v in (ev.get("lostBy") or {}).items()) or "none lost"
-        stale = ev.get("unscorable") or []
+    if ev.cases:
+        lost = ", ".join(f"`{k}` {v}" for k, v in ev.lost_by.items()) or "none lost"
+        stale = ev.unscorable
         not_scored = f"; not scored, no group whole in the index: {_ids(stale)}" if stale else ""
         rows.append(
-            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev['cases']} cases) | "
-            f"{_f(ev.get('evidenceRecall'))} / {_f(ev.get('evidenceHit'))} ({lost}{not_scored}) |"
+            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
+            f"{_f(ev.evidence_recall)} / {_f(ev.evidence_hit)} ({lost}{not_scored}) |"
         )
     return rows
 
@@ -588,8 +601,7 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         "|---|---|",
         f"| Golden set | `{run.golden_set}` (version {run.dataset_version or 'n/a'}, "
         f"sha256 {(run.golden_set_sha256 or '')[:12]}) |",
-        f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.get('cases', 0)} no-answer, "
-        f"{s.failed} failed) |",
+        f"| Cases | {s.cases} ({s.scored_cases} scored, {s.no_answer.cases} no-answer, {s.failed} failed) |",
         f"| K | {k_note} |",
         f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use"
         f"{_own_dates(report)}) |",
@@ -652,74 +664,105 @@ def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     return lines + [""]
 
 
-def _segments_markdown(report: Report) -> list[str]:
-    segs = report.segments
-    out: list[str] = []
-    if segs:
-        with_delta = any(sg.delta is not None for sg in segs)
+def _segments_markdown(segs: list[Segment]) -> list[str]:
+    """The segments section: a row per segment of at least `SMALL_SEGMENT` cases (with Δ nDCG and p when
+    compared), then the small ones on one line; nothing without segments."""
+    if not segs:
+        return []
+    with_delta = any(sg.delta is not None for sg in segs)
+    out = [
+        "## Segments",
+        "",
+        f"Means of the per-case figures over each segment's scored cases with at least {SMALL_SEGMENT} "
+        "cases; the smaller ones, too small to read much into, share one line below."
+        + (
+            " Δ nDCG and its p-value against the baseline are exploratory (uncorrected)."
+            if with_delta
+            else ""
+        ),
+        "",
+        "| Kind | Segment | Cases | Recall | HitRate | MRR | nDCG |"
+        + (" Δ nDCG | p |" if with_delta else ""),
+        "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
+    ]
+    out += [_segment_row(sg, with_delta) for sg in segs if not sg.small]
+    small = [sg for sg in segs if sg.small]
+    if small:
         out += [
-            "## Segments",
             "",
-            f"Means of the per-case figures over each segment's scored cases with at least {SMALL_SEGMENT} "
-            "cases; the smaller ones, too small to read much into, share one line below."
-            + (
-                " Δ nDCG and its p-value against the baseline are exploratory (uncorrected)."
-                if with_delta
-                else ""
-            ),
-            "",
-            "| Kind | Segment | Cases | Recall | HitRate | MRR | nDCG |"
-            + (" Δ nDCG | p |" if with_delta else ""),
-            "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
+            f"Small segments (fewer than {SMALL_SEGMENT} cases, nDCG): "
+            + ", ".join(f"{sg.kind} {sg.name} {_f(sg.metrics.get('ndcg'))} ({sg.cases})" for sg in small)
+            + ".",
         ]
-        for sg in (sg for sg in segs if not sg.small):
-            m = sg.metrics
-            row = (
-                f"| {sg.kind} | {sg.name} | {sg.cases} | "
-                f"{_f(m.get('recall'))} | {_f(m.get('hitRate'))} | {_f(m.get('mrr'))} | {_f(m.get('ndcg'))} |"
-            )
-            if with_delta:
-                d = sg.delta.metrics.get("ndcg") if sg.delta is not None else None
-                row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
-            out.append(row)
-        small = [sg for sg in segs if sg.small]
-        if small:
-            out += [
-                "",
-                f"Small segments (fewer than {SMALL_SEGMENT} cases, nDCG): "
-                + ", ".join(f"{sg.kind} {sg.name} {_f(sg.metrics.get('ndcg'))} ({sg.cases})" for sg in small)
-                + ".",
-            ]
-        out.append("")
+    return out + [""]
+
+
+def _segment_row(sg: Segment, with_delta: bool) -> str:
+    """A segment's row: its means and, `with_delta`, its nDCG difference from the baseline and the p-value."""
+    m = sg.metrics
+    row = (
+        f"| {sg.kind} | {sg.name} | {sg.cases} | "
+        f"{_f(m.get('recall'))} | {_f(m.get('hitRate'))} | {_f(m.get('mrr'))} | {_f(m.get('ndcg'))} |"
+    )
+    if with_delta:
+        d = sg.delta.metrics.get("ndcg") if sg.delta is not None else None
+        row += f" {d['delta']:+.3f} | {p_text(d['pValue'])} |" if d else " n/a | n/a |"
+    return row
+
+
+def _origin_lines(report: Report) -> list[str]:
+    """Where the cases came from (manual, generated, the query log), as a sentence."""
     origin = origin_line(report.origins)
-    if origin:
-        out += [origin[0].upper() + origin[1:] + ".", ""]
-    grps = report.groups
-    if grps:
-        spread = sorted((g for g in grps if (g.spread or 0) > 0), key=lambda g: (-(g.spread or 0), g.name))
+    return [origin[0].upper() + origin[1:] + ".", ""] if origin else []
+
+
+def _groups_markdown(grps: list[Group]) -> list[str]:
+    """The paraphrase groups: how many return the same top document, and the groups whose phrasings differ
+    in nDCG, widest spread first."""
+    if not grps:
+        return []
+    spread = sorted((g for g in grps if (g.spread or 0) > 0), key=lambda g: (-(g.spread or 0), g.name))
+    out = [
+        "## Paraphrase groups",
+        "",
+        f"{len(grps)} groups; {sum(1 for g in grps if g.same_top1)} return the same top document for "
+        f"every phrasing; {len(spread)} differ in nDCG between phrasings" + (":" if spread else "."),
+        "",
+    ]
+    if spread:
         out += [
-            "## Paraphrase groups",
-            "",
-            f"{len(grps)} groups; {sum(1 for g in grps if g.same_top1)} return the same top document for "
-            f"every phrasing; {len(spread)} differ in nDCG between phrasings" + (":" if spread else "."),
-            "",
+            "| Group | Cases | HitRate | nDCG min | nDCG max | Spread | Same top 1 |",
+            "|---|---|---|---|---|---|---|",
         ]
-        if spread:
-            out += [
-                "| Group | Cases | HitRate | nDCG min | nDCG max | Spread | Same top 1 |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for g in spread:
-                out.append(
-                    f"| {_cell(g.name, None)} | {_cell(', '.join(g.cases), None)} | {_f(g.hit_rate)} | "
-                    f"{_f(g.ndcg_min)} | "
-                    f"{_f(g.ndcg_max)} | {_f(g.spread)} | {'yes' if g.same_top1 else 'no'} |"
-                )
-            out.append("")
+        for g in spread:
+            out.append(
+                f"| {_cell(g.name, None)} | {_cell(', '.join(g.cases), None)} | {_f(g.hit_rate)} | "
+                f"{_f(g.ndcg_min)} | "
+                f"{_f(g.ndcg_max)} | {_f(g.spread)} | {'yes' if g.same_top1 else 'no'} |"
+            )
+        out.append("")
     return out
 
 
 def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
+    """A case in full: what it asks and expects, then (unless it failed) how it went, its figures, what
+    each stage removed, where its expected ids were lost, its judgments and its ranked documents."""
+    out = _case_question(c, run_as_of)
+    if c.error:
+        return out + ["", f"**Failed:** `{c.error}`", ""]
+    out += _case_outcome(c)
+    out += _case_metrics_table(c)
+    out += [f"Filter stats: {_filter_stats(c.filter_stats) or 'nothing removed'}", ""]
+    if c.lost:
+        out += ["Lost: " + _losses(c.lost), ""]
+    out += _case_judgment_lines(c)
+    out += _ranked_table(c.ranked_documents) if c.ranked_documents else ["No documents returned."]
+    return out + [""]
+
+
+def _case_question(c: CaseRecord, run_as_of: str | None) -> list[str]:
+    """The case as the golden set states it: query, tag, topK, note, what it expects (or no answer), its own
+    asOf, its stale ids and its forbidden documents."""
     out = [f"### {md_text(c.id)}", "", f"- Query: {md_text(c.query)}"]
     if c.knowledge_tag:
         out.append(f"- Knowledge tag: {md_text(c.knowledge_tag)}")
@@ -744,11 +787,12 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     if c.forbidden_doc_ids:
         found = _ids(c.forbidden_found) or "none found"
         out.append(f"- Forbidden: {_ids(c.forbidden_doc_ids)} ({found})")
-    if c.error:
-        out += ["", f"**Failed:** `{c.error}`", ""]
-        return out
-    if c.group:
-        out.append(f"- Group: {md_text(c.group)}")
+    return out
+
+
+def _case_outcome(c: CaseRecord) -> list[str]:
+    """How the case's retrieval went: its group, what it found and returned, its latency and trace id."""
+    out = [f"- Group: {md_text(c.group)}"] if c.group else []
     out.append(
         f"- Found {c.hit_count} of {c.expected_count} expected; first hit at rank "
         f"{c.first_hit_rank or '-'}; {c.final_count} returned of {c.original_count} candidates"
@@ -756,52 +800,57 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     out.append(f"- Latency: {_ms(c.latency_ms)}" + ("; fallback used" if c.fallback_used else ""))
     if c.trace_id:
         out.append(f"- Trace id: {c.trace_id}")
-    out.append("")
-    if c.metrics:
-        kl = measures.k_label(c.top_k)
-        out += [
-            "| " + " | ".join(measures.label(key, kl) for key in measures.HEADLINE) + " |",
-            "|" + "---|" * len(measures.HEADLINE),
-            "| "
-            + " | ".join(measures.measure(key).format(c.metrics.get(key)) for key in measures.HEADLINE)
-            + " |",
-            "",
-        ]
-    stats = ", ".join(
+    return out + [""]
+
+
+def _case_metrics_table(c: CaseRecord) -> list[str]:
+    """The case's headline figures at its own K, as a one-row table (nothing for an unscored case)."""
+    if not c.metrics:
+        return []
+    kl = measures.k_label(c.top_k)
+    return [
+        "| " + " | ".join(measures.label(key, kl) for key in measures.HEADLINE) + " |",
+        "|" + "---|" * len(measures.HEADLINE),
+        "| "
+        + " | ".join(measures.measure(key).format(c.metrics.get(key)) for key in measures.HEADLINE)
+        + " |",
+        "",
+    ]
+
+
+def _filter_stats(stats: list[StageStat]) -> str:
+    """`similarity_threshold -3 (1 relevant), fallback +2`: the stages that removed or added candidates."""
+    return ", ".join(
         f"{s.name} -{s.removed}"
         + (f" ({s.removed_relevant} relevant)" if s.removed_relevant else "")
         + (f" +{s.added}" if s.added else "")
-        for s in c.filter_stats
+        for s in stats
         if s.removed or s.added
     )
-    out += [f"Filter stats: {stats or 'nothing removed'}", ""]
-    if c.lost:
-        out += ["Lost: " + _losses(c.lost), ""]
-    out += _case_judgment_lines(c)
-    if c.ranked_documents:
-        out += [
-            "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank "
-            "| dense# | bm25# | fused# | rerank# | Matched | Reason | Snippet |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for d in c.ranked_documents:
-            sc, rk = d.scores, d.ranks
-            places = " | ".join(
-                str(r) if r is not None else "-" for r in (rk.dense, rk.bm25, rk.fused, rk.rerank)
-            )
-            out.append(
-                f"| {d.rank} | {_cell(d.doc_id, None)} | {_cell(d.source, None)} | {_cell(d.title)} | "
-                f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
-                f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {places} | "
-                f"{'yes' if d.matched else 'no'} | "
-                f"{_cell(d.reason, None)} | {_cell(d.snippet, 200)}"
-                + (f" (+ attached {_ids(d.attached)})" if d.attached else "")
-                + " |"
-            )
-    else:
-        out.append("No documents returned.")
-    out.append("")
-    return out
+
+
+def _ranked_table(docs: list[RankedDocument]) -> list[str]:
+    """The case's ranked documents: scores, ranks in the candidate lists, verdict and snippet."""
+    return [
+        "| Rank | docId | Source | Title | Fused | Dense | BM25 | Rerank "
+        "| dense# | bm25# | fused# | rerank# | Matched | Reason | Snippet |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(_ranked_row(d) for d in docs),
+    ]
+
+
+def _ranked_row(d: RankedDocument) -> str:
+    sc, rk = d.scores, d.ranks
+    places = " | ".join(str(r) if r is not None else "-" for r in (rk.dense, rk.bm25, rk.fused, rk.rerank))
+    return (
+        f"| {d.rank} | {_cell(d.doc_id, None)} | {_cell(d.source, None)} | {_cell(d.title)} | "
+        f"{_f(sc.get('fused'))} | {_f(sc.get('dense'))} | "
+        f"{_f(sc.get('bm25'), 2)} | {_f(sc.get('rerank'), 2)} | {places} | "
+        f"{'yes' if d.matched else 'no'} | "
+        f"{_cell(d.reason, None)} | {_cell(d.snippet, 200)}"
+        + (f" (+ attached {_ids(d.attached)})" if d.attached else "")
+        + " |"
+    )
 
 
 def _losses(lost: list[Loss]) -> str:
@@ -831,13 +880,13 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
     return out
 
 
-def _ident(embedder: Any) -> str:
+def _ident(embedder: object) -> str:
     if not isinstance(embedder, dict):
         return str(embedder or "")
     return f"{embedder.get('name')} (dim {embedder.get('dimension')}, checksum {embedder.get('checksum')})"
 
 
-def _ids(ids: Any) -> str:
+def _ids(ids: Iterable[str]) -> str:
     return ", ".join(md_text(i) for i in ids)
 
 

@@ -5,12 +5,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from app.evaluation.report.model import PointFigures, Sweep, SweepPoint, SweepRow
 from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.tune.grid import GAIN_METRICS, MIN_DENSE, fmt_value
-from app.evaluation.tune.holdout import HELD_OUT, TUNING
+from app.evaluation.tune.model import (
+    Agreement,
+    Carried,
+    FoldsAnalysis,
+    FoldSplit,
+    HoldoutAnalysis,
+    HoldoutSplit,
+    Kind,
+    KindMeans,
+    ParamValue,
+    PartCounts,
+    PartScores,
+    SideScores,
+    TuneReport,
+    figure,
+)
 from app.evaluation.tune.replay import POINT_METRICS
 from app.files import atomic_write_text, file_stamp
 
@@ -26,37 +40,26 @@ _METRIC_HEADERS = (
 )
 
 
-def _table(keys: list[str], rows: list[dict[str, Any]]) -> list[str]:
+def _table(keys: list[str], rows: list[SweepRow]) -> list[str]:
+    """One row per replayed point: its values of `keys`, its figures, the gate's verdict and the front."""
     head = [k.removeprefix("chain.") for k in keys] + list(_METRIC_HEADERS) + ["Gate", "Pareto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        m = r["metrics"]
-        cells = [fmt_value(r["params"][k]) for k in keys]
-        cells += [_f(m[name]) for name in POINT_METRICS[:6]]
-        cells += [str(m["forbiddenHits"]), _f(m["meanResults"], 2)]
-        cells += ["pass" if r["passesGate"] else "FAIL", "★" if r["pareto"] else ""]
+        m = r.metrics
+        cells = [fmt_value(r.params[k]) for k in keys]
+        cells += [_f(figure(m, name)) for name in POINT_METRICS[:6]]
+        cells += [str(m.forbidden_hits), _f(m.mean_results, 2)]
+        cells += ["pass" if r.passes_gate else "FAIL", "★" if r.pareto else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def _point_text(point: dict[str, Any]) -> str:
+def _point_text(point: dict[str, ParamValue]) -> str:
     return ", ".join(f"`{k.removeprefix('chain.')}={fmt_value(v)}`" for k, v in point.items())
 
 
-def _describe(rec: dict[str, Any] | None, current: dict[str, Any]) -> str:
-    if rec is None:
-        return "none"
-    m = rec["metrics"]
-    point = _point_text(rec["point"])
-    return (
-        f"{point}: nDCG {_f(current['ndcg'])} -> {_f(m['ndcg'])}, recall {_f(current['recall'])} -> "
-        f"{_f(m['recall'])}, correct abstention {m['correctAbstentions']}/{m['noAnswerCases']} "
-        f"(now {current['correctAbstentions']}/{current['noAnswerCases']}), mean results "
-        f"{_f(current['meanResults'], 2)} -> {_f(m['meanResults'], 2)}"
-    )
-
-
-def _sweep_point_text(rec: SweepPoint | None, current: PointFigures) -> str:
+def _describe(rec: SweepPoint | None, current: PointFigures) -> str:
+    """A recommended point against the current configuration's figures ("none" without one)."""
     if rec is None:
         return "none"
     m = rec.metrics
@@ -66,22 +69,6 @@ def _sweep_point_text(rec: SweepPoint | None, current: PointFigures) -> str:
         f"(now {current.correct_abstentions}/{current.no_answer_cases}), mean results "
         f"{_f(current.mean_results, 2)} -> {_f(m.mean_results, 2)}"
     )
-
-
-def _sweep_table(param: str, rows: list[SweepRow]) -> list[str]:
-    """`_table`'s columns for the sweep's typed rows."""
-    head = [param.removeprefix("chain."), *_METRIC_HEADERS, "Gate", "Pareto"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        m = r.metrics
-        cells = [fmt_value(r.params[param])]
-        cells += [
-            _f(v) for v in (m.recall, m.hit_rate, m.mrr, m.ndcg, m.correct_abstention, m.false_answer_rate)
-        ]
-        cells += [str(m.forbidden_hits), _f(m.mean_results, 2)]
-        cells += ["pass" if r.passes_gate else "FAIL", "★" if r.pareto else ""]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
 
 
 def sweep_markdown(sweep: Sweep | None) -> list[str]:
@@ -102,11 +89,11 @@ def sweep_markdown(sweep: Sweep | None) -> list[str]:
         "",
         f"- Current configuration: nDCG {_f(current.ndcg)}, recall {_f(current.recall)}, correct "
         f"abstention {current.correct_abstentions}/{current.no_answer_cases}",
-        f"- Recommended abstention threshold: {_sweep_point_text(sweep.recommendation.abstention, current)}",
-        f"- Best nDCG passing the gate: {_sweep_point_text(sweep.recommendation.best, current)}",
+        f"- Recommended abstention threshold: {_describe(sweep.recommendation.abstention, current)}",
+        f"- Best nDCG passing the gate: {_describe(sweep.recommendation.best, current)}",
         "",
     ]
-    lines += _sweep_table(MIN_DENSE, sweep.rows)
+    lines += _table([MIN_DENSE], sweep.rows)
     return lines + [""]
 
 
@@ -126,18 +113,17 @@ def _signed(value: float | None) -> str:
     return "n/a" if value is None else f"{round(value, 3) + 0.0:+.3f}"  # + 0.0: no "-0.000"
 
 
-def _figure(name: str, metrics: dict[str, Any]) -> str:
-    value = metrics[name]
+def _figure(name: str, metrics: PointFigures) -> str:
     if name == "forbiddenHits":
-        return str(value)
-    return _f(value, 2 if name == "meanResults" else 3)
+        return str(metrics.forbidden_hits)
+    return _f(figure(metrics, name), 2 if name == "meanResults" else 3)
 
 
-def _part_text(counts: dict[str, int]) -> str:
-    return f"{counts['cases']} cases ({counts['scoredCases']} scored, {counts['noAnswerCases']} no-answer)"
+def _part_text(counts: PartCounts) -> str:
+    return f"{counts.cases} cases ({counts.scored_cases} scored, {counts.no_answer_cases} no-answer)"
 
 
-def _holdout_table(current: dict[str, Any], rec: dict[str, Any]) -> list[str]:
+def _holdout_table(current: SideScores, rec: Carried) -> list[str]:
     head = [
         "Figure",
         "Current (tuning)",
@@ -149,26 +135,30 @@ def _holdout_table(current: dict[str, Any], rec: dict[str, Any]) -> list[str]:
         "Optimism",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    sides = (
+        (current.tuning, rec.tuning, rec.gain.tuning),
+        (current.held_out, rec.held_out, rec.gain.held_out),
+    )
     for name, label in _FIGURE_ROWS:
         differenced = name in GAIN_METRICS
         cells = [label]
-        for side in (TUNING, HELD_OUT):
-            cells += [_figure(name, current[side]["metrics"]), _figure(name, rec[side]["metrics"])]
-            cells.append(_signed(rec["gain"][side][name]) if differenced else "")
-        cells.append(_signed(rec["optimism"][name]) if differenced else "")
+        for now, then, gain in sides:
+            cells += [_figure(name, now.metrics), _figure(name, then.metrics)]
+            cells.append(_signed(gain[name]) if differenced else "")
+        cells.append(_signed(rec.optimism[name]) if differenced else "")
         lines.append("| " + " | ".join(cells) + " |")
     gate = ["Gate"]
-    for side in (TUNING, HELD_OUT):
-        gate += [_gate(current[side]), _gate(rec[side]), ""]
+    for now, then, _ in sides:
+        gate += [_gate(now), _gate(then), ""]
     lines.append("| " + " | ".join(gate + [""]) + " |")
     return lines
 
 
-def _gate(scores: dict[str, Any]) -> str:
-    return "pass" if scores["passesGate"] else "FAIL"
+def _gate(scores: PartScores) -> str:
+    return "pass" if scores.passes_gate else "FAIL"
 
 
-_KINDS = (
+_KINDS: tuple[tuple[Kind, str, tuple[str, str]], ...] = (
     ("best", "Best (highest nDCG passing the gate)", ("ndcg", "recall")),
     (
         "abstention",
@@ -184,15 +174,13 @@ _GAIN_DEFINITION = (
 )
 
 
-def _holdout_markdown(doc: dict[str, Any]) -> list[str]:
-    split, holdout = doc["split"], doc["holdout"]
-    parts = holdout["parts"]
+def _holdout_markdown(split: HoldoutSplit, holdout: HoldoutAnalysis) -> list[str]:
+    parts = holdout.parts
     lines = [
-        f"## Holdout: recommended on {parts[TUNING]['cases']} cases, checked on "
-        f"{parts[HELD_OUT]['cases']} held out",
+        f"## Holdout: recommended on {parts.tuning.cases} cases, checked on {parts.held_out.cases} held out",
         "",
-        f"Split with seed {split['seed']} (`rag.evaluate.seed`), holdout fraction {split['fraction']}: "
-        f"tuning {_part_text(parts[TUNING])}, held out {_part_text(parts[HELD_OUT])}; stratified by "
+        f"Split with seed {split.seed} (`rag.evaluate.seed`), holdout fraction {split.fraction}: "
+        f"tuning {_part_text(parts.tuning)}, held out {_part_text(parts.held_out)}; stratified by "
         "knowledge tag and case kind, a group's paraphrases on one side (the case ids are in the JSON's "
         "`split.parts`). The points and the recommendation above use the tuning part only.",
         "",
@@ -200,27 +188,26 @@ def _holdout_markdown(doc: dict[str, Any]) -> list[str]:
         "",
     ]
     for kind, title, _ in _KINDS:
-        rec = holdout[kind]
+        rec = holdout.carried(kind)
         if rec is None:
             lines += [f"### {title}: none on the tuning part", ""]
             continue
-        lines += [f"### {title}: {_point_text(rec['point'])}", ""]
-        lines += _holdout_table(holdout["current"], rec) + [""]
+        lines += [f"### {title}: {_point_text(rec.point)}", ""]
+        lines += _holdout_table(holdout.current, rec) + [""]
     return lines
 
 
-def _arrow(current: dict[str, Any], rec: dict[str, Any], name: str) -> str:
-    return f"{_f(current['metrics'][name])} → {_f(rec['metrics'][name])}"
+def _arrow(current: PartScores, rec: PartScores, name: str) -> str:
+    return f"{_f(figure(current.metrics, name))} → {_f(figure(rec.metrics, name))}"
 
 
-def _folds_markdown(doc: dict[str, Any]) -> list[str]:
-    split, folds = doc["split"], doc["folds"]
-    k = folds["k"]
-    sizes = ", ".join(str(f[HELD_OUT]["cases"]) for f in folds["perFold"])
+def _folds_markdown(split: FoldSplit, folds: FoldsAnalysis) -> list[str]:
+    k = folds.k
+    sizes = ", ".join(str(f.held_out.cases) for f in folds.per_fold)
     lines = [
         f"## Cross-validation: {k} folds",
         "",
-        f"Folds with seed {split['seed']} (`rag.evaluate.seed`), of {sizes} cases, stratified by knowledge "
+        f"Folds with seed {split.seed} (`rag.evaluate.seed`), of {sizes} cases, stratified by knowledge "
         "tag and case kind, a group's paraphrases in one fold (the case ids are in the JSON's "
         f"`split.parts`). For each fold the same rule recommends on the other {k - 1} folds (tuning) and the "
         "choice is scored on the fold (held-out). The points and the recommendation above use every case.",
@@ -228,67 +215,71 @@ def _folds_markdown(doc: dict[str, Any]) -> list[str]:
         _GAIN_DEFINITION + " Mean = over the folds where the figure is defined.",
         "",
     ]
-    for kind, title, (first, second) in _KINDS:
-        labels = dict(_FIGURE_ROWS)
-        lines += [f"### {title}", ""]
-        head = [
-            "Fold",
-            "Held-out cases",
-            "Recommended",
-            f"{labels[first]} tuning (current → recommended)",
-            f"{labels[first]} held-out",
-            f"Optimism {labels[first]}",
-            f"{labels[second]} held-out",
-            f"Optimism {labels[second]}",
-        ]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for fold in folds["perFold"]:
-            rec, current = fold[kind], fold["current"]
-            cells = [str(fold["fold"]), _part_text(fold[HELD_OUT])]
-            if rec is None:
-                cells += ["none"] + [""] * 5
-            else:
-                cells += [
-                    _point_text(rec["point"]),
-                    _arrow(current[TUNING], rec[TUNING], first),
-                    _arrow(current[HELD_OUT], rec[HELD_OUT], first),
-                    _signed(rec["optimism"][first]),
-                    _arrow(current[HELD_OUT], rec[HELD_OUT], second),
-                    _signed(rec["optimism"][second]),
-                ]
-            lines.append("| " + " | ".join(cells) + " |")
-        mean = folds["mean"][kind]
-        agreement = folds["agreement"][kind]
-        lines.append("")
-        if mean is None:
-            lines += ["No fold had a recommendation.", ""]
-            continue
-        lines += [f"Recommended points: {_agreement_text(agreement)}.", ""]
-        lines += _mean_table(mean) + [""]
+    for kind, title, names in _KINDS:
+        lines += _fold_kind_markdown(folds, kind, title, names)
     return lines
+
+
+def _fold_kind_markdown(folds: FoldsAnalysis, kind: Kind, title: str, names: tuple[str, str]) -> list[str]:
+    """One kind of recommendation fold by fold, the folds' agreement and the means over folds."""
+    first, second = names
+    labels = dict(_FIGURE_ROWS)
+    lines = [f"### {title}", ""]
+    head = [
+        "Fold",
+        "Held-out cases",
+        "Recommended",
+        f"{labels[first]} tuning (current → recommended)",
+        f"{labels[first]} held-out",
+        f"Optimism {labels[first]}",
+        f"{labels[second]} held-out",
+        f"Optimism {labels[second]}",
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for fold in folds.per_fold:
+        rec, current = fold.carried(kind), fold.current
+        cells = [str(fold.fold), _part_text(fold.held_out)]
+        if rec is None:
+            cells += ["none"] + [""] * 5
+        else:
+            cells += [
+                _point_text(rec.point),
+                _arrow(current.tuning, rec.tuning, first),
+                _arrow(current.held_out, rec.held_out, first),
+                _signed(rec.optimism[first]),
+                _arrow(current.held_out, rec.held_out, second),
+                _signed(rec.optimism[second]),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    mean, agreement = folds.mean.of(kind), folds.agreement.of(kind)
+    lines.append("")
+    if mean is None:
+        return lines + ["No fold had a recommendation.", ""]
+    lines += [f"Recommended points: {_agreement_text(agreement)}.", ""]
+    return lines + _mean_table(mean) + [""]
 
 
 def _folds_text(folds: list[int]) -> str:
     return f"fold{'s' if len(folds) > 1 else ''} {', '.join(str(f) for f in folds)}"
 
 
-def _agreement_text(agreement: dict[str, Any]) -> str:
-    of = agreement["of"]
+def _agreement_text(agreement: Agreement) -> str:
+    of = agreement.of
     parts = [
-        f"{_point_text(p['point'])} in {len(p['folds'])} of {of} folds ({_folds_text(p['folds'])})"
-        for p in agreement["points"]
+        f"{_point_text(p.point)} in {len(p.folds)} of {of} folds ({_folds_text(p.folds)})"
+        for p in agreement.points
     ]
-    if agreement["none"]:
-        parts.append(f"none in {_folds_text(agreement['none'])}")
+    if agreement.none:
+        parts.append(f"none in {_folds_text(agreement.none)}")
     text = "; ".join(parts)
-    if agreement["allCasesPoint"] is not None:
-        text += f"; the all-cases recommendation in {agreement['allCasesPoint']} of {agreement['of']} folds"
+    if agreement.all_cases_point is not None:
+        text += f"; the all-cases recommendation in {agreement.all_cases_point} of {agreement.of} folds"
     return text
 
 
-def _mean_table(mean: dict[str, Any]) -> list[str]:
+def _mean_table(mean: KindMeans) -> list[str]:
     head = [
-        f"Mean over folds {', '.join(str(f) for f in mean['folds'])}",
+        f"Mean over folds {', '.join(str(f) for f in mean.folds)}",
         "Current (held-out)",
         "Recommended (held-out)",
         "Gain (held-out)",
@@ -301,50 +292,51 @@ def _mean_table(mean: dict[str, Any]) -> list[str]:
         digits = 2 if name in ("meanResults", "forbiddenHits") else 3
         cells = [
             label,
-            _f(mean["current"][HELD_OUT][name], digits),
-            _f(mean["recommended"][HELD_OUT][name], digits),
+            _f(mean.current.held_out[name], digits),
+            _f(mean.recommended.held_out[name], digits),
         ]
         cells += [
-            _signed(mean["gain"][HELD_OUT][name]) if differenced else "",
-            _signed(mean["gain"][TUNING][name]) if differenced else "",
-            _signed(mean["optimism"][name]) if differenced else "",
+            _signed(mean.gain.held_out[name]) if differenced else "",
+            _signed(mean.gain.tuning[name]) if differenced else "",
+            _signed(mean.optimism[name]) if differenced else "",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def tune_markdown(doc: dict[str, Any]) -> str:
-    run, cost = doc["run"], doc["costMs"]
-    current = doc["current"]["metrics"]
-    keys = list(doc["grid"])
-    split = doc.get("split")
+def tune_markdown(report: TuneReport) -> str:
+    run, cost, split = report.run, report.cost_ms, report.split
+    current = report.current.metrics
+    keys = list(report.grid)
     scope = ""
-    if split is not None and split["mode"] == "holdout":
-        scope = f" (on the tuning part: {doc['holdout']['parts'][TUNING]['cases']} of {run['cases']} cases)"
+    if report.holdout is not None:
+        scope = f" (on the tuning part: {report.holdout.parts.tuning.cases} of {run.cases} cases)"
     lines = [
-        f"# Sieve tune — {run['startedAt']}",
+        f"# Sieve tune — {run.started_at}",
         "",
-        f"Golden set `{run['goldenSet']}` ({run['cases']} cases), K={run['k']}, as of {run['asOf']}, "
-        f"nDCG gain {run.get('gain') or 'linear'}; "
-        f"{len(doc['rows'])} points over " + ", ".join(f"`{k}`" for k in keys) + ".",
+        f"Golden set `{run.golden_set}` ({run.cases} cases), K={run.k}, as of {run.as_of}, "
+        f"nDCG gain {run.gain or 'linear'}; "
+        f"{len(report.rows)} points over " + ", ".join(f"`{k}`" for k in keys) + ".",
         "",
-        f"Cost: candidates {cost['candidates']:.0f} ms once (one real evaluation of the current "
-        f"configuration: {cost['realEvaluation']:.0f} ms), then {cost['perPoint']:.1f} ms per point.",
+        f"Cost: candidates {cost.candidates:.0f} ms once (one real evaluation of the current "
+        f"configuration: {cost.real_evaluation:.0f} ms), then {cost.per_point:.1f} ms per point.",
         "",
-        f"Check: {run['selfCheck']}",
+        f"Check: {run.self_check}",
         "",
         f"## Recommendation{scope}",
         "",
-        f"- Current configuration ({_point_text(doc['current']['point'])}):"
-        f" nDCG {_f(current['ndcg'])}, recall {_f(current['recall'])}, correct abstention "
-        f"{current['correctAbstentions']}/{current['noAnswerCases']}",
-        f"- Best (highest nDCG passing the gate): {_describe(doc['recommendation']['best'], current)}",
-        f"- Abstention (most correct abstentions, recall and nDCG within {run['tolerance']} of the current): "
-        f"{_describe(doc['recommendation']['abstention'], current)}",
+        f"- Current configuration ({_point_text(report.current.point)}):"
+        f" nDCG {_f(current.ndcg)}, recall {_f(current.recall)}, correct abstention "
+        f"{current.correct_abstentions}/{current.no_answer_cases}",
+        f"- Best (highest nDCG passing the gate): {_describe(report.recommendation.best, current)}",
+        f"- Abstention (most correct abstentions, recall and nDCG within {run.tolerance} of the current): "
+        f"{_describe(report.recommendation.abstention, current)}",
         "",
     ]
-    if split is not None:
-        lines += _holdout_markdown(doc) if split["mode"] == "holdout" else _folds_markdown(doc)
+    if isinstance(split, HoldoutSplit) and report.holdout is not None:
+        lines += _holdout_markdown(split, report.holdout)
+    elif isinstance(split, FoldSplit) and report.folds is not None:
+        lines += _folds_markdown(split, report.folds)
     lines += [
         f"## Points{scope}",
         "",
@@ -352,20 +344,22 @@ def tune_markdown(doc: dict[str, Any]) -> str:
         "★ = on the Pareto front of nDCG against correct abstention.",
         "",
     ]
-    lines += _table(keys, doc["rows"])
+    lines += _table(keys, report.rows)
     return "\n".join(lines) + "\n"
 
 
-def write_tune(doc: dict[str, Any], output_dir: str, prefix: str, stamp: str | None = None) -> list[Path]:
+def tune_text(report: TuneReport) -> str:
+    """The tune JSON file's text: indented by 2, non-ASCII as is, ending in a newline."""
+    return json.dumps(report.to_json(), ensure_ascii=False, indent=2) + "\n"
+
+
+def write_tune(report: TuneReport, output_dir: str, prefix: str, stamp: str | None = None) -> list[Path]:
     """`<prefix>-tune-<stamp>.json/.md` and `<prefix>-tune-latest.json/.md`, each written atomically."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = stamp or file_stamp()
     written = []
-    for suffix, text in (
-        ("json", json.dumps(doc, ensure_ascii=False, indent=2) + "\n"),
-        ("md", tune_markdown(doc)),
-    ):
+    for suffix, text in (("json", tune_text(report)), ("md", tune_markdown(report))):
         for name in (f"{prefix}-tune-{stamp}.{suffix}", f"{prefix}-tune-latest.{suffix}"):
             path = out / name
             atomic_write_text(path, text)

@@ -12,7 +12,7 @@ import json
 from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
@@ -165,13 +165,58 @@ class StageDelta(Model):
     recall_after: BeforeAfter
 
 
+# rag.models, rag.ingest, rag.store, rag.retrieval and rag.chain as the fingerprint keeps them: section ->
+# setting -> its value as JSON (a setting of rag.chain is itself a tree: `bm25` -> {"enabled": true, ...})
+RunSettings = dict[str, dict[str, JsonValue]]
+
+
+def _unset(value: object) -> bool:
+    """A fingerprint field without a value: left out of the JSON, as a report that never recorded it."""
+    return value is None
+
+
+class CorpusFingerprint(Model):
+    """The chunks the store held: how many, and the SHA-256 of their sorted ids joined by newlines."""
+
+    chunks: int
+    sha256: str
+
+
+class EmbedderIdentity(Model):
+    """The embedder as the vector store records it (`Embedder.identity`)."""
+
+    name: str | None = None
+    dimension: int | None = None
+    checksum: str | None = None
+
+
+class RunFingerprint(Model):
+    """What exactly was run (`run.fingerprint.run_fingerprint`): the golden set's, the corpus's, the chain's
+    and the settings' hashes, the embedder, `settings` (every setting that can move a result), K, asOf,
+    nDCG's gain, the code version and when it was evaluated. A report's `run` holds these keys beside its
+    header; a field without a value (a report written before it was recorded) is left out of the JSON."""
+
+    golden_set_sha256: str | None = Field(None, exclude_if=_unset)
+    corpus_fingerprint: CorpusFingerprint | None = Field(None, exclude_if=_unset)
+    embedder: EmbedderIdentity | str | None = Field(None, exclude_if=_unset)
+    chain_sha256: str | None = Field(None, exclude_if=_unset)
+    settings_sha256: str | None = Field(None, exclude_if=_unset)
+    settings: RunSettings | None = Field(None, exclude_if=_unset)
+    k: int | None = Field(None, exclude_if=_unset)
+    code_version: str | None = Field(None, exclude_if=_unset)
+    evaluated_at: str | None = Field(None, exclude_if=_unset)
+    as_of: str | None = Field(None, exclude_if=_unset)
+    gain: str | None = Field(None, exclude_if=_unset)
+
+
 class BaselineRef(Model):
-    """The baseline a comparison read: its file, when it was evaluated, its run description, and how it was
-    chosen (`kind`: pinned, last passing, previous, a file; `note`: the sentence the log prints)."""
+    """The baseline a comparison read: its file, when it was evaluated, its run's fingerprint (without the
+    settings tree, which the baseline file keeps), and how it was chosen (`kind`: pinned, last passing,
+    previous, a file; `note`: the sentence the log prints)."""
 
     path: str
     evaluated_at: str | None
-    run: dict[str, Any]
+    run: RunFingerprint
     kind: str | None = None
     note: str | None = None
 
@@ -264,9 +309,12 @@ class Comparison(Model):
 
 
 class GateFailure(Model):
+    """A gate check that did not hold: its name, the figure (None: it could not be computed), the limit and
+    the check described."""
+
     check: str
-    actual: Any
-    limit: Any
+    actual: float | None
+    limit: float
     message: str
 
 
@@ -359,7 +407,7 @@ class CaseRecord(Model):
     trace_id: str | None = None
     ranked_documents: list[RankedDocument] = Field(default_factory=list)
     filter_stats: list[StageStat] = Field(default_factory=list)
-    after_stage: dict[str, Any] = Field(default_factory=dict)
+    after_stage: dict[str, dict[str, float]] = Field(default_factory=dict)
     lost: list[Loss] = Field(default_factory=list)
     forbidden_found: list[str] = Field(default_factory=list)
     missing_from_index: list[str] = Field(default_factory=list)
@@ -378,7 +426,7 @@ class CaseRecord(Model):
     # stages, model calls (the query embedding and each cross-encoder pair)
     budget: CaseBudget | None = None
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
-    expected_content: dict[str, Any] = Field(default_factory=dict)
+    expected_content: dict[str, str] = Field(default_factory=dict)
     # the date the case was judged as of (its own asOf, else the run's)
     as_of: str | None = None
     # why a case that names expectations has no figures (status "unscorable"), else None
@@ -387,9 +435,45 @@ class CaseRecord(Model):
     alternatives: list[dict[str, float]] = Field(default_factory=list)
 
 
+class SummaryCounts(Model):
+    """The counts behind the summary's ratios: the scored cases, those with a relevant document in the top K
+    (`hits`), and the relevant ids found in the top K over those expected (`relevant_found`,
+    `relevant_total`)."""
+
+    scored_cases: int = 0
+    hits: int = 0
+    relevant_found: int = 0
+    relevant_total: int = 0
+
+
+class NoAnswerFigures(Model):
+    """Over the no-answer cases that ran: their number, the share that returned nothing and the share that
+    returned documents (None without such a case)."""
+
+    cases: int = 0
+    correct_abstention_rate: float | None = None
+    false_answer_rate: float | None = None
+
+
+class EvidenceFigures(Model):
+    """Over the cases that name evidence chunks and ran: their number, the mean EvidenceRecall and
+    EvidenceHit, where the evidence chunks of the unanswered ones were lost (`lost_by`), and the cases none of
+    whose groups the index holds whole (`unscorable`: no evidence figure)."""
+
+    cases: int = 0
+    evidence_recall: float | None = None
+    evidence_hit: float | None = None
+    lost_by: dict[str, int] = Field(default_factory=dict)
+    unscorable: list[str] = Field(default_factory=list)
+
+
 class Summary(Model):
     """The run's headline figures: macro means over the scored cases (those with relevant documents);
-    no-answer cases, forbidden hits and where expected ids were lost are counted apart."""
+    no-answer cases, forbidden hits and where expected ids were lost are counted apart. Each headline
+    measure of the registry (`scoring.measures.HEADLINE`) is a figure under its key: those below as fields,
+    a measure registered beyond them as an extra figure of the same shape (`figure`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     cases: int = 0
     succeeded: int = 0
@@ -402,13 +486,13 @@ class Summary(Model):
     precision: float | None = None
     top1_accuracy: float | None = None
     duplicate_rate: float | None = None
-    counts: dict[str, int] = Field(default_factory=dict)  # scoredCases, hits, relevantFound, relevantTotal
+    counts: SummaryCounts = Field(default_factory=SummaryCounts)
     k_mixed: bool = False
     at_k: dict[str, dict[str, float | None]] = Field(default_factory=dict)
     latency_ms: dict[str, float] | None = None  # single-query retrieve() over the timed sample
     latency_sample_cases: int = 0
     batch_latency_ms: dict[str, float] | None = None
-    no_answer: dict[str, Any] = Field(default_factory=dict)
+    no_answer: NoAnswerFigures = Field(default_factory=NoAnswerFigures)
     forbidden: dict[str, int] = Field(default_factory=dict)
     expected_missing_from_index: int = 0
     lost_by: dict[str, int] = Field(default_factory=dict)
@@ -419,10 +503,15 @@ class Summary(Model):
     unjudged_in_top_k: int = 0  # distinct (case, id) pairs in the scored cases' top K with no judgment
     # mean metrics of the condensed lists (recall, hitRate, mrr, ndcg, precision)
     condensed: dict[str, float | None] = Field(default_factory=dict)
-    # cases, evidenceRecall, evidenceHit, lostBy, unscorable (cases whose every evidence group is stale)
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: EvidenceFigures = Field(default_factory=EvidenceFigures)
     # means over the cases that ran: contextChars, candidates, modelCalls (CaseBudget)
     budget: dict[str, float] = Field(default_factory=dict)
+
+    def figure(self, key: str) -> float | None:
+        """The headline figure of the measure with JSON key `key`, field or extra."""
+        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
+        value = getattr(self, name, None)
+        return value if isinstance(value, float) else None
 
 
 class GateCheckRecord(Model):

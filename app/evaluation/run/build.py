@@ -5,13 +5,14 @@ table included; the segments and paraphrase groups are computed here, once."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from statistics import fmean
-from typing import Any
+from typing import Any, TypedDict
 
-from app.evaluation.golden.audit import AuditResult
+from app.evaluation.golden.audit.checks import AuditResult
+from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
     Audit,
@@ -19,12 +20,16 @@ from app.evaluation.report.model import (
     CaseBudget,
     CaseRecord,
     Comparison,
+    EvidenceFigures,
     Gate,
+    Loss,
+    NoAnswerFigures,
     RankedDocument,
     Report,
     RunInfo,
     StageRow,
     Summary,
+    SummaryCounts,
     Sweep,
 )
 from app.evaluation.run.fingerprint import case_sha256
@@ -54,84 +59,97 @@ def summary_record(evaluation: Evaluation) -> Summary:
     """Macro averages over the cases with relevant documents; no-answer cases get their own figures."""
     cases = evaluation.cases
     scored = [c for c in cases if c.metrics is not None]
-    no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
-    batch_latencies = [c.latency_ms for c in cases if c.latency_ms is not None]
-    single_latencies = [c.single_latency_ms for c in cases if c.single_latency_ms is not None]
-
-    def mean_of(name: str) -> float | None:
-        return fmean(c.metrics[name] for c in scored) if scored else None  # type: ignore[index]
-
-    lost: dict[str, int] = {}
-    for c in cases:
-        for item in c.lost:
-            lost[item.where] = lost.get(item.where, 0) + 1
-    return Summary(
-        cases=len(cases),
-        succeeded=sum(1 for c in cases if c.error is None),
-        failed=sum(1 for c in cases if c.error is not None),
-        scored_cases=len(scored),
-        recall=mean_of("recall"),
-        hit_rate=mean_of("hitRate"),
-        mrr=mean_of("mrr"),
-        ndcg=mean_of("ndcg"),
-        precision=mean_of("precision"),
-        top1_accuracy=mean_of("top1Accuracy"),
-        duplicate_rate=mean_of("duplicateRate"),
-        counts={
-            "scoredCases": len(scored),
-            "hits": sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
-            "relevantFound": sum(int(c.counts.get("hitCount") or 0) for c in scored),
-            "relevantTotal": sum(int(c.counts.get("expectedCount") or 0) for c in scored),
-        },
-        k_mixed=evaluation.k_mixed,
-        at_k={
-            str(k): {
-                m: (
-                    fmean(c.at_k[k][m] for c in scored if k in c.at_k)
-                    if any(k in c.at_k for c in scored)
-                    else None
-                )
-                for m in measures.RANKING
-            }
-            for k in evaluation.k_values
-        },
-        latency_ms=metrics.latency_summary(single_latencies) if single_latencies else None,
-        latency_sample_cases=len(single_latencies),
-        batch_latency_ms=metrics.latency_summary(batch_latencies) if batch_latencies else None,
-        no_answer={
-            "cases": len(no_answer),
-            "correctAbstentionRate": fmean(1.0 if c.abstained else 0.0 for c in no_answer)
-            if no_answer
-            else None,
-            "falseAnswerRate": fmean(0.0 if c.abstained else 1.0 for c in no_answer) if no_answer else None,
-        },
-        forbidden={
-            "hits": sum(len(c.forbidden_found) for c in cases),
-            "cases": sum(1 for c in cases if c.forbidden_found),
-        },
-        expected_missing_from_index=sum(len(c.missing_from_index) for c in cases),
-        lost_by=dict(sorted(lost.items())),
-        failed_case_ids=[
-            c.case.id
-            for c in cases
-            if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
-        ],
-        unscorable_case_ids=[c.case.id for c in cases if c.unscorable is not None],
-        judged=fmean(c.judged for c in scored if c.judged is not None)
-        if any(c.judged is not None for c in scored)
-        else None,
-        unjudged_in_top_k=sum(len(c.unjudged) for c in scored),
-        condensed={
-            m: (
-                fmean(c.condensed[m] for c in scored if c.condensed)
-                if any(c.condensed for c in scored)
-                else None
-            )
-            for m in measures.RANKING
-        },
-        evidence=_evidence_summary(cases),
-        budget=_budget_summary(cases),
+    return Summary.model_validate(
+        {
+            **_measure_means(scored),
+            "cases": len(cases),
+            "succeeded": sum(1 for c in cases if c.error is None),
+            "failed": sum(1 for c in cases if c.error is not None),
+            "scored_cases": len(scored),
+            "counts": _counts(scored),
+            "k_mixed": evaluation.k_mixed,
+            "at_k": {str(k): _means_at(scored, k) for k in evaluation.k_values},
+            **_latencies(cases),
+            "no_answer": _no_answer(cases),
+            "forbidden": {
+                "hits": sum(len(c.forbidden_found) for c in cases),
+                "cases": sum(1 for c in cases if c.forbidden_found),
+            },
+            "expected_missing_from_index": sum(len(c.missing_from_index) for c in cases),
+            "lost_by": _lost_by(c.lost for c in cases),
+            "failed_case_ids": [
+                c.case.id
+                for c in cases
+                if c.error is not None or (c.metrics is not None and c.metrics["recall"] < 1.0)
+            ],
+            "unscorable_case_ids": [c.case.id for c in cases if c.unscorable is not None],
+            "judged": _mean_or_none([c.judged for c in scored if c.judged is not None]),
+            "unjudged_in_top_k": sum(len(c.unjudged) for c in scored),
+            "condensed": _table_means([c.condensed for c in scored if c.condensed], measures.RANKING),
+            "evidence": _evidence_summary(cases),
+            "budget": _budget_summary(cases),
+        }
     )
+
+
+def _measure_means(scored: list[CaseResult]) -> dict[str, float | None]:
+    """The summary's headline figures: per `HEADLINE` measure, its aggregation (the mean) of the scored
+    cases' values, by the measure's key (None when no case is scored)."""
+    return _table_means([c.metrics for c in scored if c.metrics is not None], measures.HEADLINE)
+
+
+def _table_means(tables: list[dict[str, float]], keys: tuple[str, ...]) -> dict[str, float | None]:
+    """Per key, the mean over the case tables that have it (None when none has)."""
+    return {key: _mean_or_none([t[key] for t in tables if key in t]) for key in keys}
+
+
+def _means_at(scored: list[CaseResult], k: int) -> dict[str, float | None]:
+    """The `RANKING` means at the extra cut-off `k`."""
+    return _table_means([c.at_k[k] for c in scored if k in c.at_k], measures.RANKING)
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return fmean(values) if values else None
+
+
+def _counts(scored: list[CaseResult]) -> SummaryCounts:
+    """The counts behind the ratios: scored cases, those with a hit, relevant ids found and expected."""
+    return SummaryCounts(
+        scored_cases=len(scored),
+        hits=sum(1 for c in scored if (c.counts.get("hitCount") or 0) > 0),
+        relevant_found=sum(int(c.counts.get("hitCount") or 0) for c in scored),
+        relevant_total=sum(int(c.counts.get("expectedCount") or 0) for c in scored),
+    )
+
+
+def _latencies(cases: list[CaseResult]) -> dict[str, dict[str, float] | int | None]:
+    """The single-query latency over the timed sample, its size, and the batched run's per-case latency."""
+    batch = [c.latency_ms for c in cases if c.latency_ms is not None]
+    single = [c.single_latency_ms for c in cases if c.single_latency_ms is not None]
+    return {
+        "latency_ms": metrics.latency_summary(single) if single else None,
+        "latency_sample_cases": len(single),
+        "batch_latency_ms": metrics.latency_summary(batch) if batch else None,
+    }
+
+
+def _no_answer(cases: list[CaseResult]) -> NoAnswerFigures:
+    """Over the no-answer cases that ran: their count and the shares that abstained and that answered."""
+    no_answer = [c for c in cases if c.case.expect_no_answer and c.error is None]
+    return NoAnswerFigures(
+        cases=len(no_answer),
+        correct_abstention_rate=_mean_or_none([1.0 if c.abstained else 0.0 for c in no_answer]),
+        false_answer_rate=_mean_or_none([0.0 if c.abstained else 1.0 for c in no_answer]),
+    )
+
+
+def _lost_by(losses: Iterable[list[Loss]]) -> dict[str, int]:
+    """How many losses there are at each `where`, sorted by it."""
+    lost: dict[str, int] = {}
+    for case_losses in losses:
+        for item in case_losses:
+            lost[item.where] = lost.get(item.where, 0) + 1
+    return dict(sorted(lost.items()))
 
 
 def case_budget(c: CaseResult) -> CaseBudget | None:
@@ -159,26 +177,18 @@ def _budget_summary(cases: list[CaseResult]) -> dict[str, float]:
     }
 
 
-def _evidence_summary(cases: list[CaseResult]) -> dict[str, Any]:
+def _evidence_summary(cases: list[CaseResult]) -> EvidenceFigures:
     """Over the cases that name evidence and ran: their count, mean evidenceRecall and evidenceHit, and
     where the evidence chunks of the unanswered ones were lost; `unscorable`: the cases that name evidence
     but none of whose groups the index holds whole (no evidence figure)."""
-    with_evidence = [c for c in cases if c.evidence is not None]
-    lost: dict[str, int] = {}
-    for c in with_evidence:
-        for item in c.evidence_lost:
-            lost[item.where] = lost.get(item.where, 0) + 1
-    return {
-        "cases": len(with_evidence),
-        "evidenceRecall": fmean(c.evidence["evidenceRecall"] for c in with_evidence)  # type: ignore[index]
-        if with_evidence
-        else None,
-        "evidenceHit": fmean(c.evidence["evidenceHit"] for c in with_evidence)  # type: ignore[index]
-        if with_evidence
-        else None,
-        "lostBy": dict(sorted(lost.items())),
-        "unscorable": [c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
-    }
+    tables = [c.evidence for c in cases if c.evidence is not None]
+    return EvidenceFigures(
+        cases=len(tables),
+        evidence_recall=_mean_or_none([t["evidenceRecall"] for t in tables]),
+        evidence_hit=_mean_or_none([t["evidenceHit"] for t in tables]),
+        lost_by=_lost_by(c.evidence_lost for c in cases if c.evidence is not None),
+        unscorable=[c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
+    )
 
 
 def stage_table(evaluation: Evaluation) -> list[StageRow]:
@@ -217,11 +227,10 @@ def stage_table(evaluation: Evaluation) -> list[StageRow]:
 
 
 def _after(scored: list[CaseResult], stage: str) -> dict[str, float | None]:
-    values = [c.after_stage[stage] for c in scored if stage in c.after_stage]
-    return {
-        m: (fmean(v[m] for v in values if m in v) if any(m in v for v in values) else None)
-        for m in measures.AFTER_STAGE
-    }
+    """The `AFTER_STAGE` means of the list after `stage`."""
+    return _table_means(
+        [c.after_stage[stage] for c in scored if stage in c.after_stage], measures.AFTER_STAGE
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -248,8 +257,6 @@ def measure_report(
                 origins[k] = origins.get(k, 0) + v
     started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
     records = [_with_content(case_record(c), audit) for c in evaluation.cases]
-    cases = [r.to_json() for r in records]
-    base_cases = [c.to_json() for c in baseline.cases] if baseline is not None else None
     run = RunInfo.model_validate(
         {
             **run_info,
@@ -273,9 +280,9 @@ def measure_report(
         sweep=sweep,
         audit=_audit_record(audit) if audit is not None else None,
         stages=stage_table(evaluation),
-        segments=segments(cases, base_cases, seed),
-        origins=origin_comparison(cases),
-        groups=groups(cases),
+        segments=segments(records, baseline.cases if baseline is not None else None, seed),
+        origins=origin_comparison(records),
+        groups=groups(records),
         candidate_origins=origins,
         warnings=list(evaluation.warnings),
         cases=records,
@@ -389,15 +396,34 @@ def ranked_documents(c: CaseResult) -> list[RankedDocument]:
     return ranked
 
 
-def case_record(c: CaseResult) -> CaseRecord:
-    case = c.case
-    ranked = ranked_documents(c)
-    result = c.result
-    return CaseRecord(
+class _CaseFields(TypedDict):
+    """The fields of a case record that the golden case alone gives."""
+
+    id: str
+    query: str
+    knowledge_tag: str | None
+    note: str
+    tags: list[str]
+    group: str | None
+    language: str
+    origin: str
+    generator: str | None
+    passage_chunk_id: str | None
+    literalness: float | None
+    case_sha256: str
+    forbidden_doc_ids: list[str]
+    expect_no_answer: bool
+    case_set: str
+    risk: str | None
+    owner: str | None
+    rationale: str
+
+
+def _case_fields(case: GoldenCase) -> _CaseFields:
+    return _CaseFields(
         id=case.id,
         query=case.query,
         knowledge_tag=case.knowledge_tag,
-        top_k=c.k,
         note=case.note,
         tags=case.tags,
         group=case.group,
@@ -407,10 +433,25 @@ def case_record(c: CaseResult) -> CaseRecord:
         passage_chunk_id=case.passage_chunk_id,
         literalness=case.literalness,
         case_sha256=case_sha256(case),
-        match_on=c.key,
-        expected=dict(c.relevance),
         forbidden_doc_ids=case.forbidden_doc_ids,
         expect_no_answer=case.expect_no_answer,
+        case_set=case.case_set,
+        risk=case.risk,
+        owner=case.owner,
+        rationale=case.rationale,
+    )
+
+
+def case_record(c: CaseResult) -> CaseRecord:
+    """The report's record of one case, composed of its parts: the golden case (`_case_fields`), the case
+    as resolved against the index, the chain's outcome, its scores (`runner.score_ranking`) and its trace
+    analysis (`runner.analyse_trace`)."""
+    result = c.result
+    return CaseRecord(
+        **_case_fields(c.case),
+        top_k=c.k,
+        match_on=c.key,
+        expected=dict(c.relevance),
         status=c.status,
         error=c.error,
         metrics=c.metrics,
@@ -420,12 +461,12 @@ def case_record(c: CaseResult) -> CaseRecord:
         first_hit_rank=c.counts.get("firstHitRank"),
         original_count=result.original_count if result else None,
         final_count=len(result.documents) if result else None,
-        abstained=c.abstained if case.expect_no_answer else None,
+        abstained=c.abstained if c.case.expect_no_answer else None,
         latency_ms=c.latency_ms,
         single_latency_ms=c.single_latency_ms,
         fallback_used=result.fallback_used if result else None,
         trace_id=c.trace_id,
-        ranked_documents=ranked,
+        ranked_documents=ranked_documents(c),
         filter_stats=list(c.stage_stats),
         after_stage=c.after_stage,
         lost=list(c.lost),
@@ -438,10 +479,6 @@ def case_record(c: CaseResult) -> CaseRecord:
         evidence=c.evidence,
         evidence_lost=list(c.evidence_lost),
         expanded_sources=c.expanded_sources,
-        case_set=case.case_set,
-        risk=case.risk,
-        owner=case.owner,
-        rationale=case.rationale,
         budget=case_budget(c),
         as_of=c.as_of.isoformat() if c.as_of else None,
         unscorable=c.unscorable,

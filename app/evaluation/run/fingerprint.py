@@ -6,15 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import date
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.report.model import CorpusFingerprint, EmbedderIdentity, RunFingerprint, RunSettings
+from app.settings import RagSettings
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: object) -> str:
     """Sorted keys, no whitespace, UTF-8 as is: the same data always gives the same text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -23,7 +26,7 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def case_json(case: GoldenCase) -> dict[str, Any]:
+def case_json(case: GoldenCase) -> dict[str, JsonValue]:
     """One case as canonical data: JSON names, fields at their default value left out (so writing a
     default out, or a new optional field in a later Sieve, changes nothing)."""
     return case.model_dump(mode="json", by_alias=True, exclude_defaults=True)
@@ -40,11 +43,11 @@ def golden_set_sha256(golden: GoldenSet) -> str:
     return sha256_text(canonical_json([case_json(case) for case in golden.cases]))
 
 
-def corpus_fingerprint(chunk_ids: Iterable[str]) -> dict[str, Any]:
-    """{"chunks": n, "sha256": SHA-256 of the sorted chunk ids joined by newlines}. Chunk ids are derived
-    from the chunk's content, so a changed text changes the fingerprint."""
+def corpus_fingerprint(chunk_ids: Iterable[str]) -> CorpusFingerprint:
+    """The chunks: how many, and the SHA-256 of the sorted chunk ids joined by newlines. Chunk ids are
+    derived from the chunk's content, so a changed text changes the fingerprint."""
     ids = sorted(chunk_ids)
-    return {"chunks": len(ids), "sha256": sha256_text("\n".join(ids))}
+    return CorpusFingerprint(chunks=len(ids), sha256=sha256_text("\n".join(ids)))
 
 
 # The keys of rag.models, rag.ingest and rag.store that can move a result, and those that only move speed,
@@ -88,11 +91,11 @@ SPEED_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def result_settings(rag: Any) -> dict[str, Any]:
+def result_settings(rag: RagSettings) -> RunSettings:
     """The settings that can move a result, as the report's `run.settings`: {"models": {...}, "ingest":
-    {...}, "store": {...}} with the `RESULT_KEYS` of those sections, then rag.retrieval and rag.chain whole.
-    `rag` is a `RagSettings`."""
-    out: dict[str, Any] = {}
+    {...}, "store": {...}} with the `RESULT_KEYS` of those sections, then rag.retrieval and rag.chain
+    whole."""
+    out: RunSettings = {}
     for section, keys in RESULT_KEYS.items():
         dumped = getattr(rag, section).model_dump(mode="json")
         out[section] = {key: dumped[key] for key in keys}
@@ -101,16 +104,17 @@ def result_settings(rag: Any) -> dict[str, Any]:
     return out
 
 
-def chain_settings(retrieval: dict[str, Any], chain: dict[str, Any]) -> dict[str, Any]:
-    return {"retrieval": retrieval, "chain": chain}
+def chain_settings(settings: RunSettings) -> RunSettings:
+    """The chain's part of `run.settings`: rag.retrieval and rag.chain."""
+    return {"retrieval": settings["retrieval"], "chain": settings["chain"]}
 
 
-def chain_sha256(settings: dict[str, Any]) -> str:
+def chain_sha256(settings: RunSettings) -> str:
     """SHA-256 of rag.retrieval + rag.chain in canonical JSON (`chain_settings`)."""
     return sha256_text(canonical_json(settings))
 
 
-def settings_sha256(settings: dict[str, Any]) -> str:
+def settings_sha256(settings: RunSettings) -> str:
     """SHA-256 of `run.settings` (every setting that can move a result, `result_settings`) in canonical
     JSON: two runs with the same hash ran the same configuration."""
     return sha256_text(canonical_json(settings))
@@ -142,26 +146,27 @@ def code_version() -> str:
 def run_fingerprint(
     golden: GoldenSet,
     chunk_ids: Iterable[str],
-    embedder: Any,
-    settings: dict[str, Any],
+    embedder: Mapping[str, object],
+    settings: RunSettings,
     k: int,
     as_of: date,
     evaluated_at: str,
     gain: str = "linear",
-) -> dict[str, Any]:
-    """What exactly was run. `settings` is `result_settings(rag)`; `chainSha256` covers its retrieval and
-    chain parts (as in reports before models, ingest and store were fingerprinted), `settingsSha256` all
-    of it. K, asOf and nDCG's gain (`rag.evaluate.gain`) have their own fields."""
-    return {
-        "goldenSetSha256": golden_set_sha256(golden),
-        "corpusFingerprint": corpus_fingerprint(chunk_ids),
-        "embedder": embedder,
-        "chainSha256": chain_sha256(chain_settings(settings["retrieval"], settings["chain"])),
-        "settingsSha256": settings_sha256(settings),
-        "settings": settings,
-        "k": k,
-        "codeVersion": code_version(),
-        "evaluatedAt": evaluated_at,
-        "asOf": as_of.isoformat(),
-        "gain": gain,
-    }
+) -> RunFingerprint:
+    """What exactly was run. `embedder` is `Embedder.identity()`, `settings` `result_settings(rag)`;
+    `chainSha256` covers its retrieval and chain parts (as in reports before models, ingest and store were
+    fingerprinted), `settingsSha256` all of it. K, asOf and nDCG's gain (`rag.evaluate.gain`) have their
+    own fields."""
+    return RunFingerprint(
+        golden_set_sha256=golden_set_sha256(golden),
+        corpus_fingerprint=corpus_fingerprint(chunk_ids),
+        embedder=EmbedderIdentity.model_validate(embedder),
+        chain_sha256=chain_sha256(chain_settings(settings)),
+        settings_sha256=settings_sha256(settings),
+        settings=settings,
+        k=k,
+        code_version=code_version(),
+        evaluated_at=evaluated_at,
+        as_of=as_of.isoformat(),
+        gain=gain,
+    )

@@ -39,7 +39,8 @@ from app.evaluation.golden.cases import (
     case_relevance_key,
 )
 from app.evaluation.report.model import Loss, Ranks, RemovedItem, StageStat
-from app.evaluation.scoring import metrics
+from app.evaluation.scoring import measures, metrics
+from app.evaluation.scoring.measures import Ranking
 from app.evaluation.scoring.metrics import Gain, Rank, match_key, rank_ids
 from app.ingest.ids import looks_like_chunk_id
 from app.retrieval.chain import RetrievalChain, RetrievalRequest
@@ -101,8 +102,46 @@ class KnownIds:
         return known
 
 
+@dataclass(frozen=True)
+class CaseScores:
+    """What one case's final ranking scores (`score_ranking`): `ranked`, the top K's ranks as matched
+    (`rank_key`); `counts`, the counts behind the ratios (expectedCount, hitCount, firstHitRank:
+    `metrics.hit_counts`); `metrics`, the case's measure table at K (`measures.HEADLINE`; None for a case
+    without a relevant id); `at_k`, the same table at each extra cut-off, from the same final ranking;
+    `forbidden_found`, the forbidden documents in the top K; `judged` and `unjudged`, Judged@K and the top
+    K's unjudged ids; `condensed`, the `measures.RANKING` table of the condensed list (unjudged ids
+    removed); `evidence`, evidenceRecall and evidenceHit at K (None for a case without evidence groups)."""
+
+    ranked: list[Rank]
+    counts: dict[str, int | None]
+    metrics: dict[str, float] | None
+    at_k: dict[int, dict[str, float]]
+    forbidden_found: list[str]
+    judged: float
+    unjudged: list[str]
+    condensed: dict[str, float] | None
+    evidence: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class TraceAnalysis:
+    """What one case's trace tells (`analyse_trace`): each stage's statistics, the `measures.AFTER_STAGE`
+    table of the list after each stage, where each relevant id not in the top K was lost, and where each
+    evidence chunk went when no evidence group is whole in the top K."""
+
+    stage_stats: list[StageStat]
+    after_stage: dict[str, dict[str, float]]
+    lost: list[Loss]
+    evidence_lost: list[Loss]
+
+
 @dataclass
 class CaseResult:
+    """One golden case of a run, in one shape: the case resolved against the index (its grades, judged
+    ids, evidence groups, alternatives and stale ids, set by `_prepare`), the chain's outcome (`result`, the
+    ranking and its trace, or `error`), and what pure functions made of it: `scores` (`score_ranking`) and
+    `analysis` (`analyse_trace`). The figures are read through the properties below."""
+
     case: GoldenCase
     k: int
     key: str  # "doc" | "chunk" | "source"
@@ -110,28 +149,14 @@ class CaseResult:
     relevance: dict[str, float]
     result: RetrievalResult | None = None
     error: str | None = None
-    metrics: dict[str, float] | None = None
-    after_stage: dict[str, dict[str, float]] = field(default_factory=dict)
-    stage_stats: list[StageStat] = field(default_factory=list)
-    lost: list[Loss] = field(default_factory=list)
-    forbidden_found: list[str] = field(default_factory=list)
+    scores: CaseScores | None = None
+    analysis: TraceAnalysis | None = None
     missing_from_index: list[str] = field(default_factory=list)
-    # the counts behind the ratios: expectedCount, hitCount, firstHitRank (metrics.hit_counts)
-    counts: dict[str, int | None] = field(default_factory=dict)
-    # metrics at each extra cut-off of k_values, from the same final ranking
-    at_k: dict[int, dict[str, float]] = field(default_factory=dict)
     single_latency_ms: float | None = None
     # every id at the matching level that carries a judgment (any grade, forbidden ones included)
     judged_ids: set[str] = field(default_factory=set)
-    # Judged@K of the top K and its unjudged ids (metrics.judged_at_k)
-    judged: float | None = None
-    unjudged: list[str] = field(default_factory=list)
-    # the metrics at K of the condensed list (unjudged ids removed; metrics.condensed)
-    condensed: dict[str, float] | None = None
-    # the acceptable evidence groups (chunk ids) and the evidence figures at K
+    # the acceptable evidence groups (chunk ids)
     evidence_groups: list[list[str]] = field(default_factory=list)
-    evidence: dict[str, float] | None = None
-    evidence_lost: list[Loss] = field(default_factory=list)
     # expectedSources expanded to the documents that carry them (doc-level cases only)
     expanded_sources: dict[str, list[str]] = field(default_factory=dict)
     # one relevance map per alternative evidence group (`case_alternatives`); empty: `relevance` alone
@@ -142,6 +167,54 @@ class CaseResult:
     unscorable: str | None = None
     # the date the case is judged as of: its own asOf, else the run's
     as_of: date | None = None
+
+    @property
+    def metrics(self) -> dict[str, float] | None:
+        return self.scores.metrics if self.scores else None
+
+    @property
+    def counts(self) -> dict[str, int | None]:
+        return self.scores.counts if self.scores else {}
+
+    @property
+    def at_k(self) -> dict[int, dict[str, float]]:
+        return self.scores.at_k if self.scores else {}
+
+    @property
+    def forbidden_found(self) -> list[str]:
+        return self.scores.forbidden_found if self.scores else []
+
+    @property
+    def judged(self) -> float | None:
+        return self.scores.judged if self.scores else None
+
+    @property
+    def unjudged(self) -> list[str]:
+        return self.scores.unjudged if self.scores else []
+
+    @property
+    def condensed(self) -> dict[str, float] | None:
+        return self.scores.condensed if self.scores else None
+
+    @property
+    def evidence(self) -> dict[str, float] | None:
+        return self.scores.evidence if self.scores else None
+
+    @property
+    def stage_stats(self) -> list[StageStat]:
+        return self.analysis.stage_stats if self.analysis else []
+
+    @property
+    def after_stage(self) -> dict[str, dict[str, float]]:
+        return self.analysis.after_stage if self.analysis else {}
+
+    @property
+    def lost(self) -> list[Loss]:
+        return self.analysis.lost if self.analysis else []
+
+    @property
+    def evidence_lost(self) -> list[Loss]:
+        return self.analysis.evidence_lost if self.analysis else []
 
     @property
     def status(self) -> str:
@@ -211,12 +284,44 @@ def evaluate(
     ks = tuple(sorted(set(k_values)))
     check_knowledge_tags(golden, known)
     cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
+    warnings = _run_warnings(golden, cases)
+    _run_batches(chain, cases, as_of, ks, gain, progress)
+    duration_ms = (time.perf_counter() - t0) * 1000
+    _time_single_queries(chain, cases, latency_sample)
+    return Evaluation(
+        golden=golden,
+        default_k=default_k,
+        cases=cases,
+        stage_names=chain.stage_names,
+        started_at=started,
+        duration_ms=duration_ms,
+        warnings=warnings,
+        as_of=as_of,
+        k_values=ks,
+        gain=gain,
+    )
+
+
+def _run_warnings(golden: GoldenSet, cases: list[CaseResult]) -> list[str]:
+    """The run's warnings (stale chunk ids, draft cases left out), each logged once."""
     warnings = _stale_warnings(cases)
     drafts = len(golden.cases) - len(cases)
     if drafts:
         warnings.append(f"{drafts} draft case(s) not scored (label them, then `sieve golden export`)")
     for warning in warnings:
         log.warning("[RetrievalEval] %s", warning)
+    return warnings
+
+
+def _run_batches(
+    chain: RetrievalChain,
+    cases: list[CaseResult],
+    as_of: date,
+    ks: tuple[int, ...],
+    gain: Gain,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Retrieve and score every case, batch by batch (`_batches`), logging each as it finishes."""
     total = len(cases)
     done = 0
     for day, batch in _batches(cases, as_of):
@@ -238,20 +343,6 @@ def evaluate(
                     _score(item, exc, ks, gain)
                     done += 1
                     _log_case(item, done, total)
-    duration_ms = (time.perf_counter() - t0) * 1000
-    _time_single_queries(chain, cases, latency_sample)
-    return Evaluation(
-        golden=golden,
-        default_k=default_k,
-        cases=cases,
-        stage_names=chain.stage_names,
-        started_at=started,
-        duration_ms=duration_ms,
-        warnings=warnings,
-        as_of=as_of,
-        k_values=ks,
-        gain=gain,
-    )
 
 
 def _batches(cases: list[CaseResult], as_of: date) -> list[tuple[date, list[CaseResult]]]:
@@ -505,55 +596,53 @@ def _score(
     if isinstance(outcome, Exception):
         item.error = f"{type(outcome).__name__}: {outcome}"
         return
-    ranked = _score_ranking(item, outcome, k_values, gain)
-    _score_trace(item, outcome, ranked, gain)
-
-
-_CONDENSED = (
-    ("recall", metrics.recall_at_k),
-    ("hitRate", metrics.hit_rate_at_k),
-    ("mrr", metrics.mrr_at_k),
-    ("ndcg", metrics.ndcg_at_k),
-    ("precision", metrics.precision_at_k),
-)
-
-
-def _score_ranking(
-    item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int], gain: Gain = "linear"
-) -> list[Rank]:
-    """What the final ranking scores: the counts, the metrics at K (and at each of `k_values`) and the
-    forbidden documents in the top K. Returns the top K's ranks as matched (`rank_key`; the trace reads
-    them too)."""
     item.result = outcome
+    item.scores = score_ranking(item, outcome, k_values, gain)
+    item.analysis = analyse_trace(item, outcome, item.scores, gain)
+
+
+def score_ranking(
+    item: CaseResult, outcome: RetrievalResult, k_values: Sequence[int], gain: Gain = "linear"
+) -> CaseScores:
+    """What the final ranking of `outcome` scores for the case `item` resolves: the counts, the measure
+    tables at K (and at each of `k_values`, and of the condensed list), the judged share and the forbidden
+    documents and evidence in the top K."""
     key, k, maps = item.key, item.k, item.relevance_maps
     ranked = [rank_key(c, key) for c in outcome.documents][:k]
     texts = [c.text for c in outcome.documents][:k]
-    item.counts = metrics.hit_counts(ranked, maps, k)
-    scorable = metrics.has_relevant_alternative(maps)
-    if scorable:
-        item.metrics = metrics.case_metrics(ranked, maps, k, texts, gain)
-        if k_values:
-            full = final_ranking(outcome)
-            full_keys = [rank_key(c, key) for c in full]
-            full_texts = [c.text for c in full]
-            item.at_k = {kk: metrics.case_metrics(full_keys, maps, kk, full_texts, gain) for kk in k_values}
     forbidden = set(item.case.forbidden_doc_ids)
-    item.forbidden_found = sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden})
-    item.judged = metrics.judged_at_k(ranked, item.judged_ids, k)
-    item.unjudged = metrics.unjudged_at_k(ranked, item.judged_ids, k)
-    if scorable:
-        kept = metrics.condensed([rank_key(c, key) for c in final_ranking(outcome)], item.judged_ids)
-        item.condensed = {
-            name: metrics.best_alternative(fn, kept, maps, k, **({"gain": gain} if name == "ndcg" else {}))
-            for name, fn in _CONDENSED
+    table, at_k, condensed = None, {}, None
+    if metrics.has_relevant_alternative(maps):
+        table = measures.table(Ranking(ranked, maps, k, texts, gain), measures.HEADLINE)
+        full = final_ranking(outcome)
+        full_keys = [rank_key(c, key) for c in full]
+        full_texts = [c.text for c in full]
+        at_k = {
+            kk: measures.table(Ranking(full_keys, maps, kk, full_texts, gain), measures.HEADLINE)
+            for kk in k_values
         }
-    if item.evidence_groups:
-        chunks = [c.chunk_ids_with_attached() for c in outcome.documents[:k]]
-        item.evidence = {
-            "evidenceRecall": metrics.evidence_recall_at_k(chunks, item.evidence_groups, k),
-            "evidenceHit": metrics.evidence_hit_at_k(chunks, item.evidence_groups, k),
-        }
-    return ranked
+        kept = metrics.condensed(full_keys, item.judged_ids)
+        condensed = measures.table(Ranking(kept, maps, k, gain=gain), measures.RANKING)
+    return CaseScores(
+        ranked=ranked,
+        counts=metrics.hit_counts(ranked, maps, k),
+        metrics=table,
+        at_k=at_k,
+        forbidden_found=sorted({c.doc_id for c in outcome.documents[:k] if c.doc_id in forbidden}),
+        judged=metrics.judged_at_k(ranked, item.judged_ids, k),
+        unjudged=metrics.unjudged_at_k(ranked, item.judged_ids, k),
+        condensed=condensed,
+        evidence=_evidence(item, outcome) if item.evidence_groups else None,
+    )
+
+
+def _evidence(item: CaseResult, outcome: RetrievalResult) -> dict[str, float]:
+    """evidenceRecall and evidenceHit of the chunks the top K returns (attached ones included)."""
+    chunks = [c.chunk_ids_with_attached() for c in outcome.documents[: item.k]]
+    return {
+        "evidenceRecall": metrics.evidence_recall_at_k(chunks, item.evidence_groups, item.k),
+        "evidenceHit": metrics.evidence_hit_at_k(chunks, item.evidence_groups, item.k),
+    }
 
 
 def _keys_after(
@@ -573,28 +662,39 @@ def _keys_after(
     }
 
 
-def _score_trace(
-    item: CaseResult, outcome: RetrievalResult, ranked: list[Rank], gain: Gain = "linear"
-) -> None:
-    """What the trace scores: each stage's statistics, the metrics of the list after each stage, and where
-    each missed relevant id was lost (`ranked`: the top K's ranks as matched, from `_score_ranking`)."""
-    key, k, maps = item.key, item.k, item.relevance_maps
-    relevant = metrics.relevant_ids(item.relevance)
-    by_chunk = {c.chunk_id: match_key(c, key) for c in outcome.raw_candidates}
-    trace = outcome.trace
+def analyse_trace(
+    item: CaseResult, outcome: RetrievalResult, scores: CaseScores, gain: Gain = "linear"
+) -> TraceAnalysis:
+    """What the trace of `outcome` tells for the case `item` resolves: each stage's statistics, the measures
+    of the list after each stage, and where each missed relevant id (and evidence chunk) was lost
+    (`scores`: what its final ranking scored, `score_ranking`)."""
+    by_chunk = {c.chunk_id: match_key(c, item.key) for c in outcome.raw_candidates}
     # every list of the trace as ranks matched, and as a set of the ids it returns, once (the stage rows, the
-    # metrics after each stage and the losses all read them)
+    # measures after each stage and the losses all read them)
     keys_after = _keys_after(item, outcome, by_chunk)
     present_after = {name: set(_returned_ids(keys)) for name, keys in keys_after.items()}
+    stats = _stage_stats(outcome.trace, by_chunk, metrics.relevant_ids(item.relevance), present_after)
+    after = (
+        _after_stage(item, keys_after, gain) if metrics.has_relevant_alternative(item.relevance_maps) else {}
+    )
+    lost, evidence_lost = _locate_losses(item, outcome, scores, by_chunk, present_after)
+    return TraceAnalysis(stage_stats=stats, after_stage=after, lost=lost, evidence_lost=evidence_lost)
+
+
+def _stage_stats(
+    trace: RetrievalTrace, by_chunk: dict[str, str], relevant: set[str], present_after: dict[str, set[str]]
+) -> list[StageStat]:
+    """Each stage's row for one case: its counts, and which of its removals were relevant."""
     no_list: set[str] = set()
     before = present_after.get("candidates", no_list)
+    rows = []
     for stage in trace.stages:
         after = present_after.get(stage.name, no_list)
         # a relevant id the stage made disappear; dropping a second chunk of a document that stays is no loss
         removed_relevant = len((before - after) & relevant)
         before = after
         flags = [by_chunk.get(r.chunk_id) in relevant for r in stage.removed]
-        item.stage_stats.append(
+        rows.append(
             StageStat(
                 name=stage.name,
                 enabled=stage.enabled,
@@ -612,35 +712,53 @@ def _score_trace(
                 ],
             )
         )
-    if metrics.has_relevant_alternative(maps):
-        # the metrics read a list's first K keys only, and consecutive stages often leave those alone
-        by_head: dict[tuple[Rank, ...], dict[str, float]] = {}
-        for name, keys in keys_after.items():
-            head = tuple(keys[:k])
-            if head not in by_head:
-                by_head[head] = {
-                    "recall": metrics.best_alternative(metrics.recall_at_k, head, maps, k),
-                    "mrr": metrics.best_alternative(metrics.mrr_at_k, head, maps, k),
-                    "ndcg": metrics.best_alternative(metrics.ndcg_at_k, head, maps, k, gain=gain),
-                    "judged": metrics.judged_at_k(head, item.judged_ids, k),
-                }
-            item.after_stage[name] = dict(by_head[head])
+    return rows
+
+
+def _after_stage(
+    item: CaseResult, keys_after: dict[str, list[Rank]], gain: Gain
+) -> dict[str, dict[str, float]]:
+    """The `AFTER_STAGE` measures of the list after each stage, at the case's K."""
+    # the measures read a list's first K keys only, and consecutive stages often leave those alone
+    by_head: dict[tuple[Rank, ...], dict[str, float]] = {}
+    out = {}
+    for name, keys in keys_after.items():
+        head = tuple(keys[: item.k])
+        if head not in by_head:
+            ranking = Ranking(head, item.relevance_maps, item.k, gain=gain, judged=item.judged_ids)
+            by_head[head] = measures.table(ranking, measures.AFTER_STAGE)
+        out[name] = dict(by_head[head])
+    return out
+
+
+def _locate_losses(
+    item: CaseResult,
+    outcome: RetrievalResult,
+    scores: CaseScores,
+    by_chunk: dict[str, str],
+    present_after: dict[str, set[str]],
+) -> tuple[list[Loss], list[Loss]]:
+    """Where each relevant id not in the top K was lost, and each evidence chunk when no group was found
+    whole, with their ranks in the candidate lists."""
+    trace, k, maps, ranked = outcome.trace, item.k, item.relevance_maps, scores.ranked
     positions = candidate_positions(trace)
-    key_positions = positions if key == "chunk" else best_positions(positions, by_chunk)
+    key_positions = positions if item.key == "chunk" else best_positions(positions, by_chunk)
     # the ids lost are those of the alternative the counts tell (its relevant ids not in the top K)
     counted = metrics.relevant_ids(maps[metrics.counted_alternative(ranked, maps, k)])
-    item.lost = _with_ranks(
+    lost = _with_ranks(
         _where_lost(item, outcome, by_chunk, counted, _returned_ids(ranked), present_after), key_positions
     )
-    if item.evidence is not None and item.evidence["evidenceHit"] < 1.0:
-        # where each evidence chunk that is not in the top K went, at chunk level
-        chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
-        identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
-        wanted = {c for group in item.evidence_groups for c in group}
-        top_chunks = [i for c in outcome.documents[:k] for i in c.chunk_ids_with_attached()]
-        item.evidence_lost = _with_ranks(
-            _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after), positions
-        )
+    if scores.evidence is None or scores.evidence["evidenceHit"] >= 1.0:
+        return lost, []
+    # where each evidence chunk that is not in the top K went, at chunk level
+    chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
+    identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
+    wanted = {c for group in item.evidence_groups for c in group}
+    top_chunks = [i for c in outcome.documents[:k] for i in c.chunk_ids_with_attached()]
+    evidence_lost = _with_ranks(
+        _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after), positions
+    )
+    return lost, evidence_lost
 
 
 def candidate_positions(trace: RetrievalTrace) -> dict[str, dict[str, int]]:
@@ -702,14 +820,15 @@ def score_case(
 ) -> None:
     """Score one case's outcome into `item` exactly as `evaluate` does (the replay scores its points so).
 
-    `trace=False` scores the final ranking only (`counts`, `metrics`, `at_k`, `forbidden_found`, and the
-    result, which tells an abstention), with the same functions: every figure of the summary that reads
-    nothing else comes out the same, while `stage_stats`, `after_stage` and `lost` stay empty. That is
-    what a grid point of `sieve tune` shows, at a fraction of the cost. `gain` is nDCG's."""
+    `trace=False` scores the final ranking only (`scores`, and the result, which tells an abstention), with
+    the same functions: every figure of the summary that reads nothing else comes out the same, while
+    `analysis` (stage statistics, after-stage figures, losses) stays None. That is what a grid point of
+    `sieve tune` shows, at a fraction of the cost. `gain` is nDCG's."""
     if trace or isinstance(outcome, Exception):
         _score(item, outcome, k_values, gain)
     else:
-        _score_ranking(item, outcome, k_values, gain)
+        item.result = outcome
+        item.scores = score_ranking(item, outcome, k_values, gain)
 
 
 def _where_lost(

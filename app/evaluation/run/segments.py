@@ -1,7 +1,7 @@
 """Segments (per tag, knowledge tag, query language, origin and literalness band), paraphrase groups and
 the generated-vs-manual comparison, over report case records.
 
-Pure functions over the case records of the report JSON, so a baseline read from a file segments the
+Pure functions over the report's case records (`CaseRecord`), so a baseline read from a file segments the
 same way.
 """
 
@@ -11,13 +11,11 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any
 
-from app.evaluation.golden.build.literalness import band
+from app.evaluation.golden.authoring.literalness import band
 from app.evaluation.golden.language import query_language
-from app.evaluation.report.model import Group, Segment, SegmentDelta
-from app.evaluation.scoring import stats
-from app.evaluation.scoring.measures import COMPARED
+from app.evaluation.report.model import CaseRecord, Group, Segment, SegmentDelta
+from app.evaluation.scoring import measures, stats
 
-SEGMENT_METRICS = COMPARED
 SMALL_SEGMENT = 10
 SEGMENT_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness")
 ORIGINS = ("manual", "generated", "log")
@@ -30,21 +28,21 @@ _NAME_ORDER = {
 }
 
 
-def _members(cases: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    out: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    parts = {c.get("set") or "core" for c in cases}
+def _members(cases: list[CaseRecord]) -> dict[tuple[str, str], list[CaseRecord]]:
+    out: dict[tuple[str, str], list[CaseRecord]] = defaultdict(list)
+    parts = {c.case_set or "core" for c in cases}
     for c in cases:
-        if c.get("risk"):
-            out[("risk", c["risk"])].append(c)
+        if c.risk:
+            out[("risk", c.risk)].append(c)
         if len(parts) > 1:  # a set of one part: its segment would be the whole set
-            out[("set", c.get("set") or "core")].append(c)
-        for tag in dict.fromkeys(c.get("tags") or []):
+            out[("set", c.case_set or "core")].append(c)
+        for tag in dict.fromkeys(c.tags):
             out[("tag", tag)].append(c)
-        if c.get("knowledgeTag"):
-            out[("knowledgeTag", c["knowledgeTag"])].append(c)
-        out[("language", c.get("language") or query_language(c.get("query", "")))].append(c)
-        out[("origin", c.get("origin") or "manual")].append(c)
-        literal = band(c.get("literalness"))
+        if c.knowledge_tag:
+            out[("knowledgeTag", c.knowledge_tag)].append(c)
+        out[("language", c.language or query_language(c.query))].append(c)
+        out[("origin", c.origin or "manual")].append(c)
+        literal = band(c.literalness)
         if literal is not None:
             out[("literalness", literal)].append(c)
     return out
@@ -56,43 +54,26 @@ def _segment_order(key: tuple[str, str]) -> tuple[int, int, str]:
     return (SEGMENT_KINDS.index(kind), names.index(name) if name in names else len(names), name)
 
 
-def segment_means(cases: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per metric, the mean of the per-case figures over the cases that have metrics (scored cases);
-    None when none has."""
-    scored = [c["metrics"] for c in cases if c.get("metrics")]
-    return {m: (fmean(float(s[m]) for s in scored) if scored else None) for m in SEGMENT_METRICS}
+def segment_means(cases: list[CaseRecord]) -> dict[str, float | None]:
+    """Per compared measure (`measures.COMPARED`), the mean of the per-case figures over the cases that have
+    metrics (scored cases); None when none has."""
+    scored = [c.metrics for c in cases if c.metrics]
+    return {m: (fmean(float(s[m]) for s in scored) if scored else None) for m in measures.COMPARED}
 
 
 def segments(
-    cases: list[dict[str, Any]], baseline_cases: list[dict[str, Any]] | None = None, seed: int = 42
+    cases: list[CaseRecord], baseline_cases: list[CaseRecord] | None = None, seed: int = 42
 ) -> list[Segment]:
     """One segment per tag value, knowledge tag, risk (high, medium, low; a case without one is in none),
     golden-set part (core, incremental; only when the set has both), query language, origin (manual,
     generated, log; a case without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
-    `app.evaluation.golden.build.literalness.band`; a case without literalness is in none), sorted by kind in
+    `golden.authoring.literalness.band`; a case without literalness is in none), sorted by kind in
     that order, then by name (origins and bands in the order just given). `cases` is the number of cases
     in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
     paired difference over the segment's cases scored on both sides and its uncorrected sign-flip p-value
     (exploratory: many segments, no correction)."""
-    base = {c["id"]: c for c in baseline_cases or []}
     out = []
     for (kind, name), members in sorted(_members(cases).items(), key=lambda kv: _segment_order(kv[0])):
-        delta = None
-        if baseline_cases is not None:
-            paired = [
-                (base[c["id"]]["metrics"], c["metrics"])
-                for c in members
-                if c.get("metrics") and c["id"] in base and base[c["id"]].get("metrics")
-            ]
-            per_metric = {}
-            for m in SEGMENT_METRICS:
-                diffs = [float(cur[m]) - float(old[m]) for old, cur in paired]
-                if diffs:
-                    per_metric[m] = {
-                        "delta": fmean(diffs),
-                        "pValue": stats.sign_flip_p_value(diffs, seed=seed),
-                    }
-            delta = SegmentDelta(paired_cases=len(paired), metrics=per_metric)
         out.append(
             Segment(
                 kind=kind,
@@ -100,30 +81,42 @@ def segments(
                 cases=len(members),
                 small=len(members) < SMALL_SEGMENT,
                 metrics=segment_means(members),
-                delta=delta,
+                delta=_delta(members, baseline_cases, seed) if baseline_cases is not None else None,
             )
         )
     return out
 
 
-def groups(cases: list[dict[str, Any]]) -> list[Group]:
+def _delta(members: list[CaseRecord], baseline_cases: list[CaseRecord], seed: int) -> SegmentDelta:
+    """The segment's exploratory paired differences against the baseline's cases of the same ids."""
+    base = {c.id: c.metrics for c in baseline_cases}
+    paired = [(old, c.metrics) for c in members if c.metrics and (old := base.get(c.id))]
+    per_metric = {}
+    for m in measures.COMPARED:
+        diffs = [float(cur[m]) - float(old[m]) for old, cur in paired]
+        if diffs:
+            per_metric[m] = {"delta": fmean(diffs), "pValue": stats.sign_flip_p_value(diffs, seed=seed)}
+    return SegmentDelta(paired_cases=len(paired), metrics=per_metric)
+
+
+def groups(cases: list[CaseRecord]) -> list[Group]:
     """One record per golden `group` (paraphrases of one need), sorted by name: hitRate = mean hit over
     its scored cases; ndcgMin / ndcgMax over them; spread = ndcgMax - ndcgMin; sameTop1 = every case of
     the group returned the same document at rank 1 (false when one returned nothing)."""
-    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_group: dict[str, list[CaseRecord]] = defaultdict(list)
     for c in cases:
-        if c.get("group"):
-            by_group[c["group"]].append(c)
+        if c.group:
+            by_group[c.group].append(c)
     out = []
     for name in sorted(by_group):
         members = by_group[name]
-        scored = [c["metrics"] for c in members if c.get("metrics")]
+        scored = [c.metrics for c in members if c.metrics]
         ndcgs = [float(m["ndcg"]) for m in scored]
-        tops = [c["rankedDocuments"][0]["docId"] if c.get("rankedDocuments") else None for c in members]
+        tops = [c.ranked_documents[0].doc_id if c.ranked_documents else None for c in members]
         out.append(
             Group(
                 name=name,
-                cases=[c["id"] for c in members],
+                cases=[c.id for c in members],
                 hit_rate=fmean(float(m["hitRate"]) for m in scored) if scored else None,
                 ndcg_min=min(ndcgs) if ndcgs else None,
                 ndcg_max=max(ndcgs) if ndcgs else None,
@@ -134,7 +127,7 @@ def groups(cases: list[dict[str, Any]]) -> list[Group]:
     return out
 
 
-def origin_comparison(cases: list[dict[str, Any]], metric: str = "ndcg") -> dict[str, Any]:
+def origin_comparison(cases: list[CaseRecord], metric: str = "ndcg") -> dict[str, Any]:
     """How generated cases score against manual ones, the report's `origins`:
 
     * `byOrigin`: for each origin present (manual, generated, log; a case without one is manual), its
@@ -144,12 +137,12 @@ def origin_comparison(cases: list[dict[str, Any]], metric: str = "ndcg") -> dict
       manualCases} over the scored cases of each side, or None unless both have scored cases. The two sides
       are different queries: an unpaired difference of means, with no test of significance.
     """
-    by_origin: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_origin: dict[str, list[CaseRecord]] = defaultdict(list)
     for c in cases:
-        by_origin[c.get("origin") or "manual"].append(c)
+        by_origin[c.origin or "manual"].append(c)
     figures: dict[str, dict[str, Any]] = {}
     for origin in sorted(by_origin, key=lambda o: (ORIGINS.index(o) if o in ORIGINS else len(ORIGINS), o)):
-        scored = [float(c["metrics"][metric]) for c in by_origin[origin] if c.get("metrics")]
+        scored = [float(c.metrics[metric]) for c in by_origin[origin] if c.metrics]
         figures[origin] = {
             "cases": len(by_origin[origin]),
             "scored": len(scored),

@@ -8,22 +8,79 @@ ir_measures name of the same quantity where there is one (`R`, `RR`, `P`, `Succe
 `Recall@10` here is ir_measures' `R@10`. When the cases carry their own K the label is `<Name>@K` ("at each
 case's K"); a measure without a cut-off (`Top1Accuracy`) is written bare.
 
+The registry computes, as ir_measures' and ranx's do: a measure scored per case carries its function
+(`Measure.score`, over one case's `Ranking`), and `table` fills a case's table {key: value} from it.
+What reads a measure finds it by its roles: the tuples `RANKING`, `HEADLINE`, `COMPARED`, `AFTER_STAGE`,
+`GATED` and `POINT` are derived from the registry, so a measure registered once (`registered`) is computed,
+summarised, compared and shown wherever its roles say.
+
 The formulas, the duplicate and empty-case conventions and their reference tests live with the functions in
 `app.evaluation.scoring.metrics`; the definitions below are their one-line summaries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import re
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.evaluation.scoring import metrics
+from app.evaluation.scoring.metrics import Gain, Rank, RelevanceMaps
 
 Direction = Literal["higher", "lower"]
+Aggregation = Literal["mean"]
+# What a measure is read for: "ranking" a figure of a case with relevant documents, also at each extra
+# cut-off and on the condensed list; "headline" in the summary and a case's `metrics`; "compared" tested
+# by the paired comparison; "afterStage" a figure of the list after each stage; "gated" a gate's
+# max_drop check; "point" a figure of a tune point.
+Role = Literal["ranking", "headline", "compared", "afterStage", "gated", "point"]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What a per-case measure reads: one case's ranked list as matched (`ranks`, best first; a measure cuts
+    it at `k`), its relevance maps (one per alternative), the texts aligned with `ranks` (the duplicate rate
+    reads them), nDCG's `gain` and the ids that carry a judgment of any grade."""
+
+    ranks: Sequence[Rank]
+    relevance: RelevanceMaps
+    k: int
+    texts: Sequence[str] | None = None
+    gain: Gain = "linear"
+    judged: Collection[str] = frozenset()
+
+
+def _best(measure: Callable[..., float]) -> Callable[[Ranking], float]:
+    """The per-case function of `measure` at K: the best over the case's alternatives
+    (`metrics.best_alternative`)."""
+    return lambda r: metrics.best_alternative(measure, r.ranks, r.relevance, r.k)
+
+
+def _ndcg(r: Ranking) -> float:
+    return metrics.best_alternative(metrics.ndcg_at_k, r.ranks, r.relevance, r.k, gain=r.gain)
+
+
+def _top1(r: Ranking) -> float:
+    return metrics.best_alternative(metrics.hit_rate_at_k, r.ranks, r.relevance, 1)
+
+
+def _duplicates(r: Ranking) -> float:
+    return metrics.duplicate_rate_at_k(r.ranks, r.k, r.texts)
+
+
+def _judged(r: Ranking) -> float:
+    return metrics.judged_at_k(r.ranks, r.judged, r.k)
 
 
 @dataclass(frozen=True)
 class Measure:
     """One measure: `key` is its JSON key in `summary`, a case's `metrics` and `comparison.metrics`;
-    `name` its ir_measures-style name; `at_k` whether it is cut at K; `higher`: whether more is better."""
+    `name` its ir_measures-style name; `at_k` whether it is cut at K; `direction`: whether more is better;
+    `score` its per-case function (None for a measure taken over something else than one ranking: the
+    no-answer cases, the evidence groups); `aggregation` how the cases' values make the run's figure;
+    `roles` what reads it (`Role`)."""
 
     key: str
     name: str
@@ -32,14 +89,19 @@ class Measure:
     digits: int
     direction: Direction
     definition: str
+    score: Callable[[Ranking], float] | None = None
+    roles: frozenset[Role] = field(default_factory=frozenset)
+    aggregation: Aggregation = "mean"
 
     def label(self, k_text: str = "") -> str:
         """`nDCG@5` for `k_text` "@5"; the bare name for a measure without a cut-off."""
         return f"{self.name}{k_text}" if self.at_k else self.name
 
-    def format(self, value: Any) -> str:
+    def format(self, value: float | None) -> str:
         return fmt(value, self.digits)
 
+
+_GAUGED: frozenset[Role] = frozenset({"ranking", "headline", "compared", "gated", "point"})
 
 MEASURES: tuple[Measure, ...] = (
     Measure(
@@ -51,6 +113,8 @@ MEASURES: tuple[Measure, ...] = (
         "higher",
         "|relevant ids the top K returns| / |relevant ids| (each relevant id counted once; at chunk level a "
         "rank returns its attached chunks too)",
+        score=_best(metrics.recall_at_k),
+        roles=_GAUGED | {"afterStage"},
     ),
     Measure(
         "hitRate",
@@ -60,6 +124,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "1 when at least one relevant id is in the top K, else 0",
+        score=_best(metrics.hit_rate_at_k),
+        roles=_GAUGED,
     ),
     Measure(
         "mrr",
@@ -69,6 +135,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "1 / rank of the first relevant id in the top K (0 when there is none)",
+        score=_best(metrics.mrr_at_k),
+        roles=_GAUGED | {"afterStage"},
     ),
     Measure(
         "ndcg",
@@ -80,6 +148,8 @@ MEASURES: tuple[Measure, ...] = (
         "Σ gain / log2(rank + 1) over the first hits of relevant ids in the top K, divided by the same sum "
         "of the ideal ranking (the gains sorted, cut at K); gain = grade, or 2^grade − 1 with "
         "rag.evaluate.gain: exponential",
+        score=_ndcg,
+        roles=_GAUGED | {"afterStage"},
     ),
     Measure(
         "precision",
@@ -89,6 +159,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "|relevant ids in the top K, first occurrences| / K (a duplicate keeps its slot)",
+        score=_best(metrics.precision_at_k),
+        roles=frozenset({"ranking", "headline", "compared"}),
     ),
     Measure(
         "top1Accuracy",
@@ -98,6 +170,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "1 when the first result is relevant, else 0",
+        score=_top1,
+        roles=frozenset({"headline", "compared"}),
     ),
     Measure(
         "duplicateRate",
@@ -107,6 +181,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "lower",
         "share of the top K that repeats a higher-ranked id or its normalised text",
+        score=_duplicates,
+        roles=frozenset({"headline"}),
     ),
     Measure(
         "judged",
@@ -116,6 +192,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "share of the top K that carries a judgment (relevant or not) in the golden set",
+        score=_judged,
+        roles=frozenset({"afterStage"}),
     ),
     Measure(
         "correctAbstention",
@@ -125,6 +203,7 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "over the no-answer cases: the share where the chain returned nothing",
+        roles=frozenset({"point"}),
     ),
     Measure(
         "falseAnswerRate",
@@ -134,6 +213,7 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "lower",
         "over the no-answer cases: the share where the chain returned documents (1 − CorrectAbstention)",
+        roles=frozenset({"point"}),
     ),
     Measure(
         "evidenceRecall",
@@ -158,18 +238,95 @@ MEASURES: tuple[Measure, ...] = (
 
 BY_KEY: dict[str, Measure] = {m.key: m for m in MEASURES}
 
+
+def with_role(role: Role) -> tuple[str, ...]:
+    """The keys of the registered measures that play `role`, in registry order (the order every table
+    shows them)."""
+    return tuple(m.key for m in MEASURES if role in m.roles)
+
+
 # The ranking measures of a case with relevant documents, in the order every table shows them.
-RANKING = ("recall", "hitRate", "mrr", "ndcg", "precision")
-# The headline measures of a run (the summary, the comparison's paired statistics adds nothing else).
-HEADLINE = (*RANKING, "top1Accuracy", "duplicateRate")
+RANKING = with_role("ranking")
+# The headline measures of a run (the summary, and a case's `metrics`).
+HEADLINE = with_role("headline")
 # What the paired comparison tests (duplicates are a property of the chain, not of relevance).
-COMPARED = (*RANKING, "top1Accuracy")
+COMPARED = with_role("compared")
 # The measures of the list after each stage.
-AFTER_STAGE = ("recall", "mrr", "ndcg", "judged")
+AFTER_STAGE = with_role("afterStage")
+# The measures the gate checks for a drop against the baseline (`rag.evaluate.thresholds.max_drop`).
+GATED = with_role("gated")
+# The measures of a tune point that are the registry's (a point adds counts of its own).
+POINT = with_role("point")
+
+
+def _derive() -> None:
+    """Rebuild the registry's index and its role tuples from `MEASURES`."""
+    global RANKING, HEADLINE, COMPARED, AFTER_STAGE, GATED, POINT
+    BY_KEY.clear()
+    BY_KEY.update((m.key, m) for m in MEASURES)
+    RANKING, HEADLINE, COMPARED = with_role("ranking"), with_role("headline"), with_role("compared")
+    AFTER_STAGE, GATED, POINT = with_role("afterStage"), with_role("gated"), with_role("point")
+
+
+@contextmanager
+def registered(extra: Measure) -> Iterator[Measure]:
+    """`extra` added to the registry (after the others) for the duration of the block, then removed: the
+    one place a test registers a measure. Code that reads a role tuple reads it as `measures.<ROLE>` at call
+    time, so it sees the measure while the block runs."""
+    global MEASURES
+    if extra.key in BY_KEY:
+        raise ValueError(f"a measure with key {extra.key!r} is registered already")
+    before = MEASURES
+    MEASURES = (*before, extra)
+    _derive()
+    try:
+        yield extra
+    finally:
+        MEASURES = before
+        _derive()
+
+
+def table(ranking: Ranking, keys: Sequence[str]) -> dict[str, float]:
+    """One case's table {measure key: value}: each of `keys` scored by its `Measure.score`, in the order of
+    `keys`.
+
+    Raises `metrics.UndefinedMetricError` when a measure of relevance meets a case without a relevant id
+    (check `metrics.has_relevant_alternative` first), `ValueError` for a K < 1."""
+    metrics.check_k(ranking.k)
+    return {key: _scorer(key)(ranking) for key in keys}
+
+
+def case_metrics(
+    ranked_ids: Sequence[Rank],
+    relevance: RelevanceMaps,
+    k: int,
+    texts: Sequence[str] | None = None,
+    gain: Gain = "linear",
+) -> dict[str, float]:
+    """A case's `metrics`: the `table` of the `HEADLINE` measures at K (recall, hitRate, mrr, ndcg,
+    precision, top1Accuracy, duplicateRate). Each ranking measure is the best over the alternatives
+    (`metrics.best_alternative`; `relevance` is one map or one per alternative); `texts`, aligned with
+    `ranked_ids`, lets the duplicate rate count content duplicates; `gain` is nDCG's.
+
+    Raises `metrics.UndefinedMetricError` when the case has no relevant id (check
+    `metrics.has_relevant_alternative` first)."""
+    return table(Ranking(ranked_ids, relevance, k, texts, gain), HEADLINE)
+
+
+def _scorer(key: str) -> Callable[[Ranking], float]:
+    score = BY_KEY[key].score
+    if score is None:
+        raise ValueError(f"measure {key!r} is not scored per case")
+    return score
 
 
 def measure(key: str) -> Measure:
     return BY_KEY[key]
+
+
+def snake_name(key: str) -> str:
+    """The measure's key as a settings field names it: "hitRate" -> "hit_rate"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
 def label(key: str, k_text: str = "") -> str:
@@ -184,12 +341,12 @@ def k_label(k: int | str | None, mixed: bool = False) -> str:
     return "@K" if mixed or k is None else f"@{k}"
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
     """The one number format of the reports: fixed `digits` decimals, "n/a" for a missing value."""
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def fmt_ms(value: Any) -> str:
+def fmt_ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f} ms"
 
 

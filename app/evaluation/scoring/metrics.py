@@ -66,7 +66,8 @@ class UndefinedMetricError(ValueError):
     """The metric has no value for this case: it has no relevant document."""
 
 
-def _check_k(k: int) -> None:
+def check_k(k: int) -> None:
+    """Refuse a cut-off that is not an int >= 1 (`ValueError`)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
 
@@ -140,7 +141,7 @@ def recall_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: i
     returns several ids (a chunk and its attached chunks) counts each: for one evidence group this is
     `evidence_recall_at_k`. Raises `UndefinedMetricError` when R is empty.
     """
-    _check_k(k)
+    check_k(k)
     relevant = _require_relevant(relevance)
     return len(_first_hits(ranked_ids, relevant, k)) / len(relevant)
 
@@ -150,7 +151,7 @@ def hit_rate_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k:
 
     Raises `UndefinedMetricError` when R is empty.
     """
-    _check_k(k)
+    check_k(k)
     relevant = _require_relevant(relevance)
     return 1.0 if _first_hits(ranked_ids, relevant, k) else 0.0
 
@@ -162,7 +163,7 @@ def mrr_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k: int)
     Averaged over cases by the caller, this is MRR@K (trec_eval `recip_rank` on the list cut at K).
     Raises `UndefinedMetricError` when R is empty.
     """
-    _check_k(k)
+    check_k(k)
     relevant = _require_relevant(relevance)
     hits = _first_hits(ranked_ids, relevant, k)
     return 1.0 / hits[0] if hits else 0.0
@@ -194,7 +195,7 @@ def ndcg_at_k(
     With only grade-1 judgements (expected ids without grades) this is binary nDCG, whichever the gain.
     Raises `UndefinedMetricError` when R is empty.
     """
-    _check_k(k)
+    check_k(k)
     relevant = _require_relevant(relevance)
     dcg = sum(
         gain_of(relevance[doc_id], gain) / math.log2(position + 1)
@@ -213,7 +214,7 @@ def precision_at_k(ranked_ids: Sequence[Rank], relevance: Mapping[str, float], k
     its rank on, as nDCG places them (`_positions`), so Precision@K stays <= 1. Raises
     `UndefinedMetricError` when R is empty.
     """
-    _check_k(k)
+    check_k(k)
     relevant = _require_relevant(relevance)
     return len(_positions(ranked_ids, relevance, relevant, k)) / k
 
@@ -243,7 +244,7 @@ def duplicate_rate_at_k(ranked_ids: Sequence[Rank], k: int, texts: Sequence[str]
     `[c1, c1, c2]` at K=2 is 1/2; ids `[a, b]` with equal texts is 1/2. An empty list has no positions
     and no duplicates: 0.0. Independent of relevance, so always defined.
     """
-    _check_k(k)
+    check_k(k)
     top = [rank_ids(item)[0] for item in ranked_ids[:k]]
     if not top:
         return 0.0
@@ -299,36 +300,6 @@ def best_alternative(
     return max(measure(ranked_ids, r, k, **options) for r in usable)
 
 
-def case_metrics(
-    ranked_ids: Sequence[Rank],
-    relevance: RelevanceMaps,
-    k: int,
-    texts: Sequence[str] | None = None,
-    gain: Gain = "linear",
-) -> dict[str, float]:
-    """All per-case ranking metrics at K, keyed recall, hitRate, mrr, ndcg, precision, top1Accuracy,
-    duplicateRate. Each follows the function of the same name above, the best over the alternatives
-    (`best_alternative`; `relevance` is one map or one per alternative); `texts`, aligned with
-    `ranked_ids`, lets the duplicate rate count content duplicates; `gain` is nDCG's.
-
-    Raises `UndefinedMetricError` when the case has no relevant id (check `has_relevant_alternative` first).
-    """
-    _check_k(k)
-
-    def best(measure: Callable[..., float], **options: Any) -> float:
-        return best_alternative(measure, ranked_ids, relevance, k, **options)
-
-    return {
-        "recall": best(recall_at_k),
-        "hitRate": best(hit_rate_at_k),
-        "mrr": best(mrr_at_k),
-        "ndcg": best(ndcg_at_k, gain=gain),
-        "precision": best(precision_at_k),
-        "top1Accuracy": best_alternative(hit_rate_at_k, ranked_ids, relevance, 1),
-        "duplicateRate": duplicate_rate_at_k(ranked_ids, k, texts),
-    }
-
-
 def counted_alternative(ranked_ids: Sequence[Rank], relevance: RelevanceMaps, k: int) -> int:
     """The index of the alternative the case's counts and losses are told against: the one with the highest
     Recall@K (the first on a tie); 0 when none has a relevant id."""
@@ -343,7 +314,7 @@ def hit_counts(ranked_ids: Sequence[Rank], relevance: RelevanceMaps, k: int) -> 
     case's Recall@K); firstHitRank = the 1-based rank of the first rank that returns an id relevant in some
     alternative (None when there is none; 1 / firstHitRank is the case's MRR). Defined for an empty R too
     (0, 0, None)."""
-    _check_k(k)
+    check_k(k)
     alternatives = alternatives_of(relevance)
     relevant = (
         relevant_ids(alternatives[counted_alternative(ranked_ids, alternatives, k)])
@@ -404,13 +375,13 @@ def judged_at_k(ranked_ids: Sequence[Rank], judged: Collection[str], k: int) -> 
     As ir_measures' `Judged@k`: the denominator is K even when fewer than K results come back, and a
     duplicate counts at each of its positions (it is judged when its id is). Defined for every case,
     relevant ids or not. Example: top 4 = [a, x, b, y], J = {a, b}, K = 4 -> 2/4."""
-    _check_k(k)
+    check_k(k)
     return sum(1 for i in ranked_ids[:k] if _is_judged(i, judged)) / k
 
 
 def unjudged_at_k(ranked_ids: Sequence[Rank], judged: Collection[str], k: int) -> list[str]:
     """The distinct ids of the top K ranks that carry no judgment, in rank order (a rank by its own id)."""
-    _check_k(k)
+    check_k(k)
     seen: list[str] = []
     for item in ranked_ids[:k]:
         own = rank_ids(item)[0]
@@ -436,7 +407,7 @@ def evidence_recall_at_k(
     stage attached to it (`attach_per_document`); the cut is at K ranks. Groups are sets of chunk ids (anyOf:
     any one group answers). Raises `UndefinedMetricError` without a group. Example: groups [{a, b}, {c}],
     top 2 = [[a], [x]] -> max(1/2, 0/1) = 0.5; top 1 = [[x, c]] -> 1/1."""
-    _check_k(k)
+    check_k(k)
     if not groups or any(not g for g in groups):
         raise UndefinedMetricError("the case names no evidence group")
     top = {chunk for rank in ranked_chunks[:k] for chunk in rank}

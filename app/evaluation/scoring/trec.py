@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.evaluation.scoring import metrics
+from app.evaluation.scoring import measures, metrics
 
 Qrels = dict[str, dict[str, int]]
 Run = dict[str, list[tuple[str, float]]]
@@ -176,13 +176,16 @@ def write_qrels(path: str | Path, qrels: Mapping[str, Mapping[str, float]]) -> N
     Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
-_MEASURES = (
-    ("recall", metrics.recall_at_k),
-    ("ndcg", metrics.ndcg_at_k),
-    ("mrr", metrics.mrr_at_k),
-    ("precision", metrics.precision_at_k),
-    ("hitRate", metrics.hit_rate_at_k),
-)
+# The registry's ranking measures a run file is scored on, in the order of `evaluate_run`'s keys.
+_MEASURES = ("recall", "ndcg", "mrr", "precision", "hitRate")
+
+
+def _check_ks(ks: list[int]) -> None:
+    if not ks:
+        raise ValueError("ks must name at least one cut-off")
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"every K must be an integer >= 1, got {k!r}")
 
 
 def evaluate_run(
@@ -204,12 +207,8 @@ def evaluate_run(
     "convention": QUERY_CONVENTION}. With no scored query the aggregate values are None.
     Raises `ValueError` for an empty `ks` or a K < 1.
     """
-    if not ks:
-        raise ValueError("ks must name at least one cut-off")
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"every K must be an integer >= 1, got {k!r}")
-    keys = [f"{name}@{k}" for k in ks for name, _ in _MEASURES]
+    _check_ks(ks)
+    keys = [f"{name}@{k}" for k in ks for name in _MEASURES]
 
     per_query: dict[str, dict[str, float]] = {}
     missing: list[str] = []
@@ -226,7 +225,9 @@ def evaluate_run(
             continue
         ranked_ids = [docid for docid, _score in trec_order(run[qid])]
         per_query[qid] = {
-            f"{name}@{k}": measure(ranked_ids, relevance, k) for k in ks for name, measure in _MEASURES
+            f"{name}@{k}": value
+            for k in ks
+            for name, value in measures.table(measures.Ranking(ranked_ids, relevance, k), _MEASURES).items()
         }
 
     aggregate: dict[str, float | None] = {

@@ -48,10 +48,42 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.evaluation.golden.cases import GoldenCase
-from app.evaluation.report.model import Sweep
+from app.evaluation.report.model import (
+    PointFigures,
+    Sweep,
+    SweepCost,
+    SweepPoint,
+    SweepRecommendation,
+    SweepRow,
+)
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import Evaluation
+from app.evaluation.scoring.measures import POINT
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
+from app.evaluation.tune.model import (
+    AgreedPoint,
+    Agreement,
+    Agreements,
+    Carried,
+    Figures,
+    FoldMeans,
+    FoldResult,
+    FoldsAnalysis,
+    GridResult,
+    HeldOut,
+    HoldoutAnalysis,
+    HoldoutSplit,
+    Kind,
+    KindMeans,
+    ParamValue,
+    PartCounts,
+    PartScores,
+    SideCounts,
+    SideFigures,
+    SideScores,
+    Split,
+    figure,
+)
 from app.evaluation.tune.replay import (
     POINT_METRICS,
     Recording,
@@ -101,8 +133,8 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class Grid:
     keys: list[str]
-    values: dict[str, list[Any]]
-    points: list[dict[str, Any]]
+    values: dict[str, list[ParamValue]]
+    points: list[dict[str, ParamValue]]
     settings: list[ChainSettings]
 
 
@@ -132,7 +164,7 @@ def normalise_key(raw: str) -> str:
     raise GridError(f"{raw}: not replayable ({why}); replayable: {replayable_list()}")
 
 
-def parse_spec(key: str, spec: str) -> list[Any]:
+def parse_spec(key: str, spec: str) -> list[ParamValue]:
     """The raw values of one GRID: `start:stop:step` (inclusive, decimal arithmetic) or `a,b,c`."""
     spec = spec.strip()
     if not spec:
@@ -163,7 +195,8 @@ def parse_spec(key: str, spec: str) -> list[Any]:
     return [None if t.lower() in ("null", "none") else t for t in tokens]
 
 
-def _with(base: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+def _with(base: dict[str, Any], key: str, value: ParamValue) -> dict[str, Any]:
+    """A copy of the settings JSON `base` with `key` set to `value`."""
     out = json.loads(json.dumps(base))  # a deep copy of plain JSON data
     parts = key.split(".")[1:]  # without "chain"
     if key.startswith(PER_TAG):
@@ -176,20 +209,23 @@ def _with(base: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _get(chain: ChainSettings, key: str) -> Any:
+def _get(chain: ChainSettings, key: str) -> ParamValue:
+    """The value of the replayable setting `key` in `chain`."""
     if key.startswith(PER_TAG):
         return chain.similarity_threshold.per_knowledge_tag.get(key[len(PER_TAG) :])
-    node: Any = chain
+    node: object = chain
     for part in key.split(".")[1:]:
         node = getattr(node, part)
-    return node
+    if node is None or isinstance(node, bool | int | float | str):
+        return node
+    raise GridError(f"{key}: not a single value")
 
 
-def _show(value: Any) -> str:
+def _show(value: ParamValue) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
-def _validate(base: dict[str, Any], assignments: dict[str, Any]) -> ChainSettings:
+def _validate(base: dict[str, Any], assignments: dict[str, ParamValue]) -> ChainSettings:
     data = base
     for key, value in assignments.items():
         data = _with(data, key, value)
@@ -208,7 +244,7 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
     if not specs:
         raise GridError(f"give at least one PARAM=GRID; replayable: {replayable_list()}")
     base = current.model_dump(mode="json")
-    values: dict[str, list[Any]] = {}
+    values: dict[str, list[ParamValue]] = {}
     for spec in specs:
         if "=" not in spec:
             raise GridError(f"{spec}: expected PARAM=GRID, e.g. chain.bm25.dense_weight=0:1:0.05")
@@ -216,7 +252,7 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
         key = normalise_key(raw_key)
         if key in values:
             raise GridError(f"{key}: given twice")
-        typed: list[Any] = []
+        typed: list[ParamValue] = []
         for raw in parse_spec(key, grid):
             value = _get(_validate(base, {key: raw}), key)  # the setting's own type, or a clear error
             if value not in typed:
@@ -235,39 +271,28 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
     return Grid(keys, values, points, settings)
 
 
-@dataclass
-class TuneResult:
-    grid: dict[str, list[Any]]
-    rows: list[dict[str, Any]]
-    current: dict[str, Any]
-    recommendation: dict[str, Any]
-    cost_ms: dict[str, float]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "grid": self.grid,
-            "rows": self.rows,
-            "recommendation": self.recommendation,
-            "costMs": self.cost_ms,
-            "current": self.current,
-        }
-
-
-def _figures(evaluation: Evaluation, thresholds: EvaluateThresholds) -> tuple[dict[str, Any], bool]:
+def _figures(evaluation: Evaluation, thresholds: EvaluateThresholds) -> PartScores:
     """A point's row figures and its gate verdict, from one summary of its evaluation."""
     summary = summarize(evaluation)
-    return point_metrics(evaluation, summary), passes_gate(evaluation, thresholds, summary)
+    return PartScores(
+        metrics=PointFigures.model_validate(point_metrics(evaluation, summary)),
+        passes_gate=passes_gate(evaluation, thresholds, summary),
+    )
+
+
+Parts = dict[str, frozenset[str] | None]  # a part's name -> its case ids (None: every case)
+Scores = dict[str, PartScores]  # a part's name -> one point's figures over it
 
 
 def _score_points(
     recording: Recording,
     settings: list[ChainSettings],
-    parts: dict[str, frozenset[str] | None],
+    parts: Parts,
     thresholds: EvaluateThresholds,
-) -> tuple[list[dict[str, dict[str, Any]]], float]:
-    """Replay each of `settings` once over every recorded case; for each named part (its case ids, None =
-    every case) the figures and gate verdict of that part's cases alone: `{part: {"metrics",
-    "passesGate"}}` per settings, and the ms each settings cost (its replay, summaries and gate checks).
+) -> tuple[list[Scores], float]:
+    """Replay each of `settings` once over every recorded case; for each named part the figures and gate
+    verdict of that part's cases alone, per settings, and the ms each settings cost (its replay, summaries
+    and gate checks).
 
     The cyclic garbage collector is paused meanwhile: a replay allocates many short-lived objects, none in
     a cycle (reference counting frees them), and each collection would walk the whole heap (a loaded model's
@@ -286,8 +311,7 @@ def _score_points(
                     if ids is None
                     else replace(evaluation, cases=[c for c in evaluation.cases if c.case.id in ids])
                 )
-                figures, passes = _figures(part, thresholds)
-                scores[name] = {"metrics": figures, "passesGate": passes}
+                scores[name] = _figures(part, thresholds)
             out.append(scores)
         per_point_ms = (time.perf_counter() - started) * 1000 / len(settings) if settings else 0.0
     finally:
@@ -300,27 +324,26 @@ def _tune_result(
     recording: Recording,
     grid: Grid,
     current: ChainSettings,
-    current_scores: dict[str, Any],
-    point_scores: list[dict[str, Any]],
+    current_scores: PartScores,
+    point_scores: list[PartScores],
     tolerance: float,
     per_point_ms: float,
-) -> TuneResult:
+) -> GridResult:
+    front = pareto_front([s.metrics for s in point_scores])
     rows = [
-        {"params": point, "metrics": s["metrics"], "passesGate": s["passesGate"], "pareto": False}
-        for point, s in zip(grid.points, point_scores, strict=True)
+        SweepRow(params=point, metrics=s.metrics, passes_gate=s.passes_gate, pareto=on_front)
+        for point, s, on_front in zip(grid.points, point_scores, front, strict=True)
     ]
-    for row, on_front in zip(rows, pareto_front([r["metrics"] for r in rows]), strict=True):
-        row["pareto"] = on_front
-    return TuneResult(
+    return GridResult(
         grid={k: list(v) for k, v in grid.values.items()},
         rows=rows,
-        current={"point": {k: _get(current, k) for k in grid.keys}, "metrics": current_scores["metrics"]},
-        recommendation=recommend(rows, current_scores["metrics"], tolerance),
-        cost_ms={
-            "candidates": round(recording.candidates_ms, 3),
-            "perPoint": round(per_point_ms, 3),
-            "realEvaluation": round(recording.evaluation_ms, 3),
-        },
+        current=SweepPoint(point={k: _get(current, k) for k in grid.keys}, metrics=current_scores.metrics),
+        recommendation=recommend(rows, current_scores.metrics, tolerance),
+        cost_ms=SweepCost(
+            candidates=round(recording.candidates_ms, 3),
+            per_point=round(per_point_ms, 3),
+            real_evaluation=round(recording.evaluation_ms, 3),
+        ),
     )
 
 
@@ -330,9 +353,9 @@ def run_grid(
     current: ChainSettings,
     thresholds: EvaluateThresholds,
     tolerance: float = DEFAULT_TOLERANCE,
-) -> TuneResult:
+) -> GridResult:
     """Replay every point of `grid` and the current configuration over every case; rank and recommend."""
-    every: dict[str, frozenset[str] | None] = {ALL: None}
+    every: Parts = {ALL: None}
     (current_scores,), _ = _score_points(recording, [current], every, thresholds)
     scores, per_point_ms = _score_points(recording, grid.settings, every, thresholds)
     return _tune_result(
@@ -340,98 +363,107 @@ def run_grid(
     )
 
 
-def _num(value: Any) -> float:
+def _num(value: float | None) -> float:
     return float(value) if value is not None else float("-inf")
 
 
-def recommend(rows: list[dict[str, Any]], current: dict[str, Any], tolerance: float) -> dict[str, Any]:
+def _close(m: PointFigures, current: PointFigures, name: str, tolerance: float) -> bool:
+    """`m`'s figure `name` is at most `tolerance` below the current one (or the current one is undefined)."""
+    now, then = figure(current, name), figure(m, name)
+    if now is None:
+        return True
+    return then is not None and then >= now - tolerance - 1e-12
+
+
+def recommend(rows: list[SweepRow], current: PointFigures, tolerance: float) -> SweepRecommendation:
     """`best` and `abstention` (see the module docstring); each None when no point qualifies."""
-    passing = [(i, r) for i, r in enumerate(rows) if r["passesGate"] and r["metrics"]["ndcg"] is not None]
+    passing = [(i, r) for i, r in enumerate(rows) if r.passes_gate and r.metrics.ndcg is not None]
     best = None
     if passing:
-        _, row = min(passing, key=lambda p: (-_num(p[1]["metrics"]["ndcg"]), p[0]))
-        best = {"point": row["params"], "metrics": row["metrics"]}
-
-    def close(m: dict[str, Any], name: str) -> bool:
-        if current[name] is None:
-            return True
-        return m[name] is not None and m[name] >= current[name] - tolerance - 1e-12
-
+        _, row = min(passing, key=lambda p: (-_num(p[1].metrics.ndcg), p[0]))
+        best = SweepPoint(point=row.params, metrics=row.metrics)
     candidates = [
         (i, r)
         for i, r in enumerate(rows)
-        if r["passesGate"]
-        and r["metrics"]["correctAbstentions"] > 0
-        and close(r["metrics"], "recall")
-        and close(r["metrics"], "ndcg")
+        if r.passes_gate
+        and r.metrics.correct_abstentions > 0
+        and _close(r.metrics, current, "recall", tolerance)
+        and _close(r.metrics, current, "ndcg", tolerance)
     ]
     abstention = None
     if candidates:
         _, row = min(
             candidates,
             key=lambda p: (
-                -p[1]["metrics"]["correctAbstentions"],
-                -_num(p[1]["metrics"]["ndcg"]),
-                -_num(p[1]["metrics"]["recall"]),
+                -p[1].metrics.correct_abstentions,
+                -_num(p[1].metrics.ndcg),
+                -_num(p[1].metrics.recall),
                 p[0],
             ),
         )
-        abstention = {"point": row["params"], "metrics": row["metrics"]}
-    return {"best": best, "abstention": abstention}
+        abstention = SweepPoint(point=row.params, metrics=row.metrics)
+    return SweepRecommendation(best=best, abstention=abstention)
 
 
 # -- holdout and folds ----------------------------------------------------------------------------------
 
 # The figures whose gain and optimism are reported: each a mean over a part's cases, so a part of any size
 # gives a comparable value (forbiddenHits, a count, is shown but not differenced).
-GAIN_METRICS = ("recall", "hitRate", "mrr", "ndcg", "correctAbstention", "falseAnswerRate", "meanResults")
+GAIN_METRICS = (*POINT, "meanResults")
 
 
-def _gain(minuend: dict[str, Any], subtrahend: dict[str, Any]) -> dict[str, float | None]:
+def _difference(minuend: Figures, subtrahend: Figures) -> Figures:
     """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
-    return {
-        m: None if minuend[m] is None or subtrahend[m] is None else minuend[m] - subtrahend[m]
-        for m in GAIN_METRICS
-    }
+    out: Figures = {}
+    for m in GAIN_METRICS:
+        a, b = minuend[m], subtrahend[m]
+        out[m] = None if a is None or b is None else a - b
+    return out
+
+
+def _gain(minuend: PointFigures, subtrahend: PointFigures) -> Figures:
+    """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
+    names = GAIN_METRICS
+    return _difference({m: figure(minuend, m) for m in names}, {m: figure(subtrahend, m) for m in names})
 
 
 def _carried(
-    rec: dict[str, Any] | None,
+    rec: SweepPoint | None,
     grid: Grid,
-    point_scores: list[dict[str, Any]],
-    current_scores: dict[str, Any],
+    point_scores: list[Scores],
+    current_scores: Scores,
     tuning: str,
     held_out: str,
-) -> dict[str, Any] | None:
+) -> Carried | None:
     """A recommendation made on part `tuning`, with its figures on both parts, its gains there over the
     current configuration and its optimism (see the module docstring); None when nothing was recommended."""
     if rec is None:
         return None
-    scores = point_scores[grid.points.index(rec["point"])]
-    gain = {
-        side: _gain(scores[part]["metrics"], current_scores[part]["metrics"])
-        for side, part in ((TUNING, tuning), (HELD_OUT, held_out))
-    }
-    return {
-        "point": rec["point"],
-        TUNING: scores[tuning],
-        HELD_OUT: scores[held_out],
-        "gain": gain,
-        "optimism": _gain(gain[TUNING], gain[HELD_OUT]),
-    }
+    scores = point_scores[grid.points.index(rec.point)]
+    gain = SideFigures(
+        tuning=_gain(scores[tuning].metrics, current_scores[tuning].metrics),
+        held_out=_gain(scores[held_out].metrics, current_scores[held_out].metrics),
+    )
+    return Carried(
+        point=rec.point,
+        tuning=scores[tuning],
+        held_out=scores[held_out],
+        gain=gain,
+        optimism=_difference(gain.tuning, gain.held_out),
+    )
 
 
-def _part_counts(cases: Sequence[GoldenCase], ids: Sequence[str]) -> dict[str, int]:
+def _part_counts(cases: Sequence[GoldenCase], ids: Sequence[str]) -> PartCounts:
     members = set(ids)
     kinds = Counter(case_kind(c) for c in cases if c.id in members)
-    return {"cases": len(ids), "scoredCases": kinds["answer"], "noAnswerCases": kinds["noAnswer"]}
+    return PartCounts(cases=len(ids), scored_cases=kinds["answer"], no_answer_cases=kinds["noAnswer"])
 
 
 @dataclass
 class SplitResult:
-    result: TuneResult  # rows and recommendation: on the tuning part (holdout) or every case (folds)
-    analysis: dict[str, Any]  # the doc's "holdout" or "folds"
-    all_current: dict[str, Any]  # the current configuration's figures over every case (the self-check)
+    result: GridResult  # rows and recommendation: on the tuning part (holdout) or every case (folds)
+    analysis: HoldoutAnalysis | FoldsAnalysis | None  # the JSON's "holdout" or "folds"
+    all_current: PointFigures  # the current configuration's figures over every case (the self-check)
 
 
 def run_holdout(
@@ -445,49 +477,100 @@ def run_holdout(
     """Recommend on `parts[0]` (tuning) alone; the current configuration and each recommendation on both
     parts, with gains and optimism."""
     cases = recording.golden.cases
-    named: dict[str, frozenset[str] | None] = {TUNING: frozenset(parts[0]), HELD_OUT: frozenset(parts[1])}
+    named: Parts = {TUNING: frozenset(parts[0]), HELD_OUT: frozenset(parts[1])}
     (current_scores,), _ = _score_points(recording, [current], {ALL: None, **named}, thresholds)
     scores, per_point_ms = _score_points(recording, grid.settings, named, thresholds)
     result = _tune_result(
         recording, grid, current, current_scores[TUNING], [s[TUNING] for s in scores], tolerance, per_point_ms
     )
-    analysis = {
-        "parts": {TUNING: _part_counts(cases, parts[0]), HELD_OUT: _part_counts(cases, parts[1])},
-        "current": {TUNING: current_scores[TUNING], HELD_OUT: current_scores[HELD_OUT]},
-        **{
-            kind: _carried(result.recommendation[kind], grid, scores, current_scores, TUNING, HELD_OUT)
-            for kind in ("best", "abstention")
-        },
-    }
-    return SplitResult(result, analysis, current_scores[ALL]["metrics"])
+    rec = result.recommendation
+    analysis = HoldoutAnalysis(
+        parts=SideCounts(tuning=_part_counts(cases, parts[0]), held_out=_part_counts(cases, parts[1])),
+        current=SideScores(tuning=current_scores[TUNING], held_out=current_scores[HELD_OUT]),
+        best=_carried(rec.best, grid, scores, current_scores, TUNING, HELD_OUT),
+        abstention=_carried(rec.abstention, grid, scores, current_scores, TUNING, HELD_OUT),
+    )
+    return SplitResult(result, analysis, current_scores[ALL].metrics)
 
 
-def _mean_over(values: list[dict[str, Any]], names: Sequence[str]) -> dict[str, float | None]:
-    """Each figure's mean over the dicts where it is defined (None where it is nowhere)."""
-    out: dict[str, float | None] = {}
+def _mean_over(values: list[Figures], names: Sequence[str]) -> Figures:
+    """Each figure's mean over the figure sets where it is defined (None where it is nowhere)."""
+    out: Figures = {}
     for m in names:
-        defined = [v[m] for v in values if v[m] is not None]
+        defined = [x for x in (v[m] for v in values) if x is not None]
         out[m] = fmean(defined) if defined else None
     return out
 
 
-def _agreement(entries: list[dict[str, Any] | None], grid: Grid, everyone: dict[str, Any] | None) -> dict:
+def _named(metrics: PointFigures, names: Sequence[str]) -> Figures:
+    return {m: figure(metrics, m) for m in names}
+
+
+def _agreement(entries: list[Carried | None], grid: Grid, everyone: SweepPoint | None) -> Agreement:
     """Which point each fold recommended: the points with their folds (most folds first, then grid order),
     the folds without a recommendation, and in how many folds the all-cases recommendation was made."""
     folds_of: dict[int, list[int]] = {}
     for fold, entry in enumerate(entries, start=1):
         if entry is not None:
-            folds_of.setdefault(grid.points.index(entry["point"]), []).append(fold)
+            folds_of.setdefault(grid.points.index(entry.point), []).append(fold)
     ranked = sorted(folds_of, key=lambda i: (-len(folds_of[i]), i))
-    return {
-        "points": [{"point": grid.points[i], "folds": folds_of[i]} for i in ranked],
-        "none": [fold for fold, entry in enumerate(entries, start=1) if entry is None],
-        "mostOften": len(folds_of[ranked[0]]) if ranked else 0,
-        "allCasesPoint": (
-            len(folds_of.get(grid.points.index(everyone["point"]), [])) if everyone is not None else None
+    return Agreement(
+        points=[AgreedPoint(point=grid.points[i], folds=folds_of[i]) for i in ranked],
+        none=[fold for fold, entry in enumerate(entries, start=1) if entry is None],
+        most_often=len(folds_of[ranked[0]]) if ranked else 0,
+        all_cases_point=(
+            len(folds_of.get(grid.points.index(everyone.point), [])) if everyone is not None else None
         ),
-        "of": len(entries),
-    }
+        of=len(entries),
+    )
+
+
+def _kind_means(per_fold: list[FoldResult], kind: Kind) -> KindMeans | None:
+    """The means of recommendation `kind` over the folds that made one (None when none did)."""
+    made = [(f, rec) for f in per_fold if (rec := f.carried(kind)) is not None]
+    if not made:
+        return None
+    return KindMeans(
+        folds=[f.fold for f, _ in made],
+        current=HeldOut(
+            held_out=_mean_over(
+                [_named(f.current.held_out.metrics, POINT_METRICS) for f, _ in made], POINT_METRICS
+            )
+        ),
+        recommended=HeldOut(
+            held_out=_mean_over([_named(r.held_out.metrics, POINT_METRICS) for _, r in made], POINT_METRICS)
+        ),
+        gain=SideFigures(
+            tuning=_mean_over([r.gain.tuning for _, r in made], GAIN_METRICS),
+            held_out=_mean_over([r.gain.held_out for _, r in made], GAIN_METRICS),
+        ),
+        optimism=_mean_over([r.optimism for _, r in made], GAIN_METRICS),
+    )
+
+
+def _fold_result(
+    i: int,
+    fold: list[str],
+    cases: Sequence[GoldenCase],
+    grid: Grid,
+    scores: list[Scores],
+    current_scores: Scores,
+    tolerance: float,
+) -> FoldResult:
+    """Fold i held out: the rule recommends on the other folds (part `tune{i}`), scored on it (`fold{i}`)."""
+    tuning, held = f"tune{i}", f"fold{i}"
+    rows = [
+        SweepRow(params=p, metrics=s[tuning].metrics, passes_gate=s[tuning].passes_gate, pareto=False)
+        for p, s in zip(grid.points, scores, strict=True)
+    ]
+    rec = recommend(rows, current_scores[tuning].metrics, tolerance)
+    return FoldResult(
+        fold=i + 1,
+        held_out=_part_counts(cases, fold),
+        current=SideScores(tuning=current_scores[tuning], held_out=current_scores[held]),
+        best=_carried(rec.best, grid, scores, current_scores, tuning, held),
+        abstention=_carried(rec.abstention, grid, scores, current_scores, tuning, held),
+    )
 
 
 def run_folds(
@@ -502,7 +585,7 @@ def run_folds(
     recommendation made on the other folds and scored on fold i; the means over folds and the agreement."""
     cases = recording.golden.cases
     every = frozenset(c.id for c in cases)
-    named: dict[str, frozenset[str] | None] = {ALL: None}
+    named: Parts = {ALL: None}
     for i, fold in enumerate(folds):
         named[f"tune{i}"] = every - frozenset(fold)
         named[f"fold{i}"] = frozenset(fold)
@@ -511,48 +594,25 @@ def run_folds(
     result = _tune_result(
         recording, grid, current, current_scores[ALL], [s[ALL] for s in scores], tolerance, per_point_ms
     )
-    per_fold: list[dict[str, Any]] = []
-    for i, fold in enumerate(folds):
-        tuning, held = f"tune{i}", f"fold{i}"
-        rows = [
-            {"params": p, "metrics": s[tuning]["metrics"], "passesGate": s[tuning]["passesGate"]}
-            for p, s in zip(grid.points, scores, strict=True)
-        ]
-        rec = recommend(rows, current_scores[tuning]["metrics"], tolerance)
-        per_fold.append(
-            {
-                "fold": i + 1,
-                HELD_OUT: _part_counts(cases, fold),
-                "current": {TUNING: current_scores[tuning], HELD_OUT: current_scores[held]},
-                **{kind: _carried(rec[kind], grid, scores, current_scores, tuning, held) for kind in rec},
-            }
-        )
-    current_held = [f["current"][HELD_OUT]["metrics"] for f in per_fold]
-    mean: dict[str, Any] = {"current": {HELD_OUT: _mean_over(current_held, POINT_METRICS)}}
-    agreement = {}
-    for kind in ("best", "abstention"):
-        made = [f for f in per_fold if f[kind] is not None]  # the means of a kind: over these folds
-        mean[kind] = (
-            {
-                "folds": [f["fold"] for f in made],
-                "current": {
-                    HELD_OUT: _mean_over([f["current"][HELD_OUT]["metrics"] for f in made], POINT_METRICS)
-                },
-                "recommended": {
-                    HELD_OUT: _mean_over([f[kind][HELD_OUT]["metrics"] for f in made], POINT_METRICS)
-                },
-                "gain": {
-                    side: _mean_over([f[kind]["gain"][side] for f in made], GAIN_METRICS)
-                    for side in (TUNING, HELD_OUT)
-                },
-                "optimism": _mean_over([f[kind]["optimism"] for f in made], GAIN_METRICS),
-            }
-            if made
-            else None
-        )
-        agreement[kind] = _agreement([f[kind] for f in per_fold], grid, result.recommendation[kind])
-    analysis = {"k": len(folds), "perFold": per_fold, "mean": mean, "agreement": agreement}
-    return SplitResult(result, analysis, current_scores[ALL]["metrics"])
+    per_fold = [
+        _fold_result(i, fold, cases, grid, scores, current_scores, tolerance) for i, fold in enumerate(folds)
+    ]
+    current_held = [_named(f.current.held_out.metrics, POINT_METRICS) for f in per_fold]
+    rec = result.recommendation
+    analysis = FoldsAnalysis(
+        k=len(folds),
+        per_fold=per_fold,
+        mean=FoldMeans(
+            current=HeldOut(held_out=_mean_over(current_held, POINT_METRICS)),
+            best=_kind_means(per_fold, "best"),
+            abstention=_kind_means(per_fold, "abstention"),
+        ),
+        agreement=Agreements(
+            best=_agreement([f.best for f in per_fold], grid, rec.best),
+            abstention=_agreement([f.abstention for f in per_fold], grid, rec.abstention),
+        ),
+    )
+    return SplitResult(result, analysis, current_scores[ALL].metrics)
 
 
 def run_split(
@@ -561,16 +621,16 @@ def run_split(
     current: ChainSettings,
     thresholds: EvaluateThresholds,
     tolerance: float,
-    split: dict[str, Any] | None,
+    split: Split | None,
 ) -> SplitResult:
     """`run_grid`, `run_holdout` or `run_folds`, as `split` (from `make_split`) says."""
     if split is None:
         result = run_grid(recording, grid, current, thresholds, tolerance)
-        return SplitResult(result, {}, result.current["metrics"])
-    if split["mode"] == "holdout":
-        parts = [split["parts"][TUNING], split["parts"][HELD_OUT]]
+        return SplitResult(result, None, result.current.metrics)
+    if isinstance(split, HoldoutSplit):
+        parts = [split.parts.tuning, split.parts.held_out]
         return run_holdout(recording, grid, current, thresholds, tolerance, parts)
-    return run_folds(recording, grid, current, thresholds, tolerance, split["parts"]["folds"])
+    return run_folds(recording, grid, current, thresholds, tolerance, split.parts.folds)
 
 
 # -- the startup sweep ----------------------------------------------------------------------------------
@@ -596,11 +656,11 @@ def threshold_sweep(
 ) -> Sweep | None:
     """The report's `sweep`: min_dense over the observed dense scores, with the fallback off (with it on,
     a threshold can never make the chain abstain: the fallback refills the best raw candidate)."""
-    values = sweep_values(recording.dense_scores)
+    values: list[ParamValue] = list(sweep_values(recording.dense_scores))
     if not values:
         return None
     base = current.model_dump(mode="json")
-    points = [{MIN_DENSE: v, FALLBACK: False} for v in values]
+    points: list[dict[str, ParamValue]] = [{MIN_DENSE: v, FALLBACK: False} for v in values]
     grid = Grid(
         [MIN_DENSE, FALLBACK],
         {MIN_DENSE: values, FALLBACK: [False]},
@@ -608,10 +668,17 @@ def threshold_sweep(
         [_validate(base, p) for p in points],
     )
     result = run_grid(recording, grid, current, thresholds, tolerance)
-    return Sweep.model_validate({"param": MIN_DENSE, **result.to_json()})
+    return Sweep(
+        param=MIN_DENSE,
+        grid=result.grid,
+        rows=result.rows,
+        recommendation=result.recommendation,
+        cost_ms=result.cost_ms,
+        current=result.current,
+    )
 
 
-def fmt_value(value: Any) -> str:
+def fmt_value(value: ParamValue) -> str:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, float):

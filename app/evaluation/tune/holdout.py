@@ -13,9 +13,9 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from app.evaluation.golden.cases import GoldenCase
+from app.evaluation.tune.model import FoldParts, FoldSplit, HoldoutParts, HoldoutSplit, Split
 
 TUNING, HELD_OUT = "tuning", "heldOut"
 
@@ -136,11 +136,11 @@ def check_split_flags(holdout: float | None, folds: int | None) -> None:
 
 def make_split(
     cases: Sequence[GoldenCase], holdout: float | None, folds: int | None, seed: int
-) -> dict[str, Any] | None:
+) -> Split | None:
     """The tune JSON's `split` for `--holdout` or `--folds` (None for neither): mode, seed, fraction or k,
     and the case ids of each part; a SplitError when a part has no scored case."""
     check_split_flags(holdout, folds)
-    base = {"seed": seed, "stratifiedBy": ["knowledgeTag", "kind"], "groupsTogether": True}
+    strata = ["knowledgeTag", "kind"]
     if holdout is not None:
         parts = holdout_split(cases, holdout, seed)
         check_parts(
@@ -149,12 +149,13 @@ def make_split(
             [f"--holdout {holdout}: the tuning part", f"--holdout {holdout}: the held-out part"],
             ["use a smaller fraction", "use a larger fraction"],
         )
-        return {
-            "mode": "holdout",
-            "fraction": holdout,
-            **base,
-            "parts": {TUNING: parts[0], HELD_OUT: parts[1]},
-        }
+        return HoldoutSplit(
+            fraction=holdout,
+            seed=seed,
+            stratified_by=strata,
+            groups_together=True,
+            parts=HoldoutParts(tuning=parts[0], held_out=parts[1]),
+        )
     if folds is not None:
         parts = fold_split(cases, folds, seed)
         check_parts(
@@ -163,5 +164,7 @@ def make_split(
             [f"--folds {folds}: fold {i} of {folds}" for i in range(1, folds + 1)],
             ["use fewer folds"] * folds,
         )
-        return {"mode": "folds", "k": folds, **base, "parts": {"folds": parts}}
+        return FoldSplit(
+            k=folds, seed=seed, stratified_by=strata, groups_together=True, parts=FoldParts(folds=parts)
+        )
     return None

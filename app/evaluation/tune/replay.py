@@ -28,39 +28,32 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from statistics import fmean
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel
 
 from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
-from app.evaluation.report.model import Report, RunInfo, Summary
+from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
 from app.evaluation.run.build import summarize
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
+from app.evaluation.scoring.measures import POINT
 from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
-from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest
-from app.retrieval.stages import build_stages, stage_order
+from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest, RetrievalResult
+from app.retrieval.stages import build_stages
+from app.retrieval.stages._common import ReplayFacts, Rule
 from app.retrieval.stages.bm25 import Bm25Stage
-from app.retrieval.stages.fallback import FallbackStage
-from app.retrieval.stages.hard_filter import HardFilterStage
-from app.retrieval.stages.rerank import RerankStage
-from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
+from app.retrieval.stages.rerank import PassageScorer, RerankStage
+from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, Stage, StageOutcome
 from app.settings import ChainSettings, EvaluateThresholds
 
 # The figures of one point, in the order the tables show them.
-POINT_METRICS = (
-    "recall",
-    "hitRate",
-    "mrr",
-    "ndcg",
-    "correctAbstention",
-    "falseAnswerRate",
-    "forbiddenHits",
-    "meanResults",
-)
+POINT_METRICS = (*POINT, "forbiddenHits", "meanResults")
 
 
 class ReplayError(RuntimeError):
@@ -91,7 +84,7 @@ class RecordedLexical:
     def __init__(self) -> None:
         self.table: dict[str, dict[str, float]] = {}
 
-    def scores(self, query: str, ids: Any) -> dict[str, float]:
+    def scores(self, query: str, ids: Sequence[str]) -> dict[str, float]:
         known = self.table.get(query, {})
         try:
             return {i: known[i] for i in ids}
@@ -135,13 +128,50 @@ class Recording:
     evaluation_ms: float  # the evaluation the candidates came from
     dense_scores: list[float] = field(default_factory=list)
     # stage outcomes already computed, by stage settings and input (see _MemoStage)
-    memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    memo: dict[MemoKey, _Memo] = field(default_factory=dict)
+    # the answers of the stages' per-candidate rules (see _cached_rule)
+    rule_answers: dict[MemoKey, str | None] = field(default_factory=dict)
     gain: Gain = "linear"  # nDCG's, as the recorded evaluation's
 
     @property
     def candidates_ms(self) -> float:
         """What it cost to get the candidates into memory: the evaluation plus the extra scoring."""
         return self.evaluation_ms + self.record_ms
+
+
+def _recorded_case(item: CaseResult, request: RetrievalRequest, cset: CandidateSet | None) -> RecordedCase:
+    """`item`'s golden-set facts and its candidates (None: it failed before its stages ran)."""
+    return RecordedCase(
+        case=item.case,
+        k=item.k,
+        key=item.key,
+        relevance=dict(item.relevance),
+        missing_from_index=list(item.missing_from_index),
+        request=request,
+        judged_ids=set(item.judged_ids),
+        evidence_groups=[list(g) for g in item.evidence_groups],
+        candidates=cset,
+        error=item.error if cset is None else None,
+        alternatives=[dict(a) for a in item.alternatives],
+        stale_chunk_ids=list(item.stale_chunk_ids),
+        unscorable=item.unscorable,
+        as_of=item.as_of,
+    )
+
+
+def _record_rerank(
+    reranker: RecordedReranker, scorer: PassageScorer, query: str, raw: list[Candidate]
+) -> None:
+    """The reranker's score of every distinct candidate text of `query`, added to what is recorded (None
+    once the reranker returned no scores for the query)."""
+    texts = list(dict.fromkeys(c.text for c in raw))
+    values = scorer.score(query, texts) if texts else []
+    previous = reranker.table.get(query, {})
+    if values is None or previous is None:
+        reranker.table[query] = None
+    else:
+        scores = dict(zip(texts, (float(v) for v in values), strict=True))
+        reranker.table[query] = {**previous, **scores}
 
 
 def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
@@ -163,37 +193,14 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
             cset = CandidateSet(raw, dict(result.trace.candidate_origins), dict(result.trace.search_hits))
             dense += [c.scores[SCORE_DENSE] for c in raw if SCORE_DENSE in c.scores]
             ids = [c.chunk_id for c in raw]
+            known = lexical.table.setdefault(request.query, {})
             if lexical_index is not None and ids:
-                lexical.table.setdefault(request.query, {}).update(lexical_index.scores(request.query, ids))
+                known.update(lexical_index.scores(request.query, ids))
             else:
-                lexical.table.setdefault(request.query, {}).update(dict.fromkeys(ids, 0.0))
+                known.update(dict.fromkeys(ids, 0.0))
             if reranker is not None and scorer is not None:
-                texts = list(dict.fromkeys(c.text for c in raw))
-                values = scorer.score(request.query, texts) if texts else []
-                previous = reranker.table.get(request.query, {})
-                if values is None or previous is None:
-                    reranker.table[request.query] = None
-                else:
-                    scores = dict(zip(texts, (float(v) for v in values), strict=True))
-                    reranker.table[request.query] = {**previous, **scores}
-        cases.append(
-            RecordedCase(
-                case=item.case,
-                k=item.k,
-                key=item.key,
-                relevance=dict(item.relevance),
-                missing_from_index=list(item.missing_from_index),
-                request=request,
-                judged_ids=set(item.judged_ids),
-                evidence_groups=[list(g) for g in item.evidence_groups],
-                candidates=cset,
-                error=item.error if result is None else None,
-                alternatives=[dict(a) for a in item.alternatives],
-                stale_chunk_ids=list(item.stale_chunk_ids),
-                unscorable=item.unscorable,
-                as_of=item.as_of,
-            )
-        )
+                _record_rerank(reranker, scorer, request.query, raw)
+        cases.append(_recorded_case(item, request, cset))
     return Recording(
         golden=evaluation.golden,
         default_k=evaluation.default_k,
@@ -218,12 +225,24 @@ class _NoCandidates:
         raise ReplayError("replay: the store must not be called")
 
 
-MEMO_LIMIT = 200_000  # stage outcomes kept per recording; past it, stages just run
+MEMO_LIMIT = 200_000  # stage outcomes (and rule answers) kept per recording; past it, stages just run
 
-# The stages that write scores (or, for the fallback, bring back raw candidates): what they return is a new
-# source of scores for the stages after them. The others only drop or reorder the candidates they are given.
-_SCORE_SOURCES = frozenset({"bm25", "rerank", "fallback"})
 _SOURCE_NUMBERS = itertools.count()  # each score-writing outcome's source number, never reused
+
+# Where a list's scores come from: ("raw", query, tag) for the raw candidates, else a score-writing
+# outcome's number (see `_Lineage`).
+Source = tuple[str, str, str | None] | int
+MemoKey = tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class _Memo:
+    """A stage outcome kept for reuse: the ids it kept and added, the outcome, the source of its scores."""
+
+    kept_ids: list[str]
+    added_ids: list[str]
+    outcome: StageOutcome
+    source: Source | None
 
 
 @dataclass
@@ -238,9 +257,22 @@ class _Lineage:
 
     ctx: QueryContext | None = None
     last: list[Candidate] | None = None
-    source: Any = None
+    source: Source | None = None
     # rows only: how many documents the case's final list must hold (its top K), else None (see _MemoStage)
     need: int | None = None
+
+
+@runtime_checkable
+class Declaring(Protocol):
+    """A stage that declares what its replay needs (every stage of `build_stages` does)."""
+
+    def replay_facts(self) -> ReplayFacts: ...
+
+
+def replay_facts(stage: Stage) -> ReplayFacts:
+    """What `stage` declares for the replay (`ReplayFacts`); a stage that declares nothing is taken to write
+    scores, so its outcome is reused only for the very list it was given."""
+    return stage.replay_facts() if isinstance(stage, Declaring) else ReplayFacts(writes_scores=True)
 
 
 class _MemoStage:
@@ -249,39 +281,38 @@ class _MemoStage:
     the same list). The stages are deterministic functions of their settings, the query and their input, so a
     reused outcome is the outcome.
 
-    The key of the input is its chunk ids in order plus its lineage's score source (see `_Lineage`), which is
-    exact and costs a tuple of ids, where hashing every score of every candidate cost more than many a
-    stage. A reused outcome of a stage that only drops or reorders is rebuilt from this input's own objects
-    (and the raw candidates, for the fallback's refills); a score-writing stage's is its stored objects,
-    which stages never modify.
+    The key of the input is its chunk ids in order plus its lineage's score source (see `_Lineage`), plus
+    the chunk ids of the removals the stage reads (`ReplayFacts.reads_removals`), which is exact and costs a
+    tuple of ids, where hashing every score of every candidate cost more than many a stage. A reused outcome
+    of a stage that only drops or reorders is rebuilt from this input's own objects (and the raw candidates,
+    for refills); a score-writing stage's is its stored objects, which stages never modify.
 
-    `prefix_floor` (rows only, set for the diversity stage when it may stop early): the diversity stage
-    without MMR walks its input in order and decides each candidate from the ones kept before it, so run
-    over the first n candidates it keeps exactly the first candidates the whole walk keeps. When a case
-    needs only its top K (`_Lineage.need`) and nothing after diversity but the fallback reads the list, a
-    walk over a prefix that keeps at least max(K, `prefix_floor`) candidates (`prefix_floor` = the
-    fallback's min_results, or 0 when it is off) gives the same final top K: the fallback adds nothing to
-    a list that long. The prefix starts at twice that and doubles until it keeps enough or is the whole
-    input. Its outcome is the stage's outcome for that prefix, so the memo stays exact for every replay;
-    only the trace of such a point is short (it is not scored)."""
+    `prefix_floor` (rows only, for a stage that declares `prefix_stable`, when every stage after it declares
+    `passes_from`): such a stage run over the first n candidates keeps exactly the first candidates the whole
+    walk keeps. When a case needs only its top K (`_Lineage.need`), a walk over a prefix that keeps at least
+    max(K, `prefix_floor`) candidates (`prefix_floor` = the largest `passes_from` after it) gives the same
+    final top K: no later stage changes a list that long. The prefix starts at twice that and doubles until
+    it keeps enough or is the whole input. Its outcome is the stage's outcome for that prefix, so the memo
+    stays exact for every replay; only the trace of such a point is short (it is not scored)."""
 
     def __init__(
         self,
-        stage: Any,
-        memo: dict[tuple[Any, ...], Any],
+        stage: Stage,
+        memo: dict[MemoKey, _Memo],
         settings_key: str,
         lineage: _Lineage,
         prefix_floor: int | None = None,
     ) -> None:
+        facts = replay_facts(stage)
         self.stage = stage
         self.name = stage.name
         self.memo = memo
         self.settings_key = settings_key
         self.lineage = lineage
         self.prefix_floor = prefix_floor
-        self.writes_scores = self.name in _SCORE_SOURCES
-        # rerank without a scorer hands its input on untouched: cheaper to run than to look up
-        self.passes_through = isinstance(stage, RerankStage) and stage.scorer is None
+        self.writes_scores = facts.writes_scores
+        self.passes_through = facts.passes_through
+        self.reads_removals = facts.reads_removals
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         lineage = self.lineage
@@ -294,23 +325,26 @@ class _MemoStage:
             lineage.last = outcome.kept  # the same candidates, so the same source of scores
             return outcome
         if self.prefix_floor is not None and lineage.need is not None:
-            enough = max(lineage.need, self.prefix_floor)
-            size = 2 * max(enough, 1)
-            while True:
-                outcome = self._run(query, candidates[:size])
-                if len(outcome.kept) >= enough or size >= len(candidates):
-                    break
-                size *= 2
+            outcome = self._run_prefix(query, candidates, max(lineage.need, self.prefix_floor))
         else:
             outcome = self._run(query, candidates)
         lineage.last = outcome.kept
         return outcome
 
+    def _run_prefix(self, query: QueryContext, candidates: list[Candidate], enough: int) -> StageOutcome:
+        """The stage over the shortest doubling prefix of `candidates` that keeps `enough` (see above)."""
+        size = 2 * max(enough, 1)
+        while True:
+            outcome = self._run(query, candidates[:size])
+            if len(outcome.kept) >= enough or size >= len(candidates):
+                return outcome
+            size *= 2
+
     def _run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         lineage = self.lineage
-        barred: tuple[str, ...] = ()
-        if self.name == "fallback":
-            barred = tuple(r.chunk_id for r in query.removed_by_stage.get("hard_filter", []))
+        barred = tuple(
+            r.chunk_id for stage in self.reads_removals for r in query.removed_by_stage.get(stage, [])
+        )
         key = (
             self.name,
             self.settings_key,
@@ -328,80 +362,78 @@ class _MemoStage:
             if len(self.memo) < MEMO_LIMIT:
                 kept_ids = [c.chunk_id for c in outcome.kept]
                 added_ids = [c.chunk_id for c in outcome.added]
-                self.memo[key] = (kept_ids, added_ids, outcome, source)
+                self.memo[key] = _Memo(kept_ids, added_ids, outcome, source)
         else:
-            kept_ids, added_ids, old, source = hit
-            if self.writes_scores:
-                outcome = StageOutcome(
-                    list(old.kept), list(old.removed), list(old.added), old.skipped, old.score_key
-                )
-            else:
-                given = {c.chunk_id: c for c in candidates}
-                raw = {c.chunk_id: c for c in query.raw_candidates} if added_ids else {}
-                outcome = StageOutcome(
-                    kept=[given[i] if i in given else raw[i] for i in kept_ids],
-                    removed=list(old.removed),
-                    added=[raw[i] for i in added_ids],
-                    skipped=old.skipped,
-                    score_key=old.score_key,
-                )
+            outcome, source = self._reused(hit, query, candidates), hit.source
         lineage.source = source
         return outcome
 
+    def _reused(self, hit: _Memo, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+        """A kept outcome for this input: its own objects for a score-writing stage, else rebuilt from the
+        input's objects (and the raw candidates, for the ones it added)."""
+        old = hit.outcome
+        if self.writes_scores:
+            return StageOutcome(
+                list(old.kept), list(old.removed), list(old.added), old.skipped, old.score_key
+            )
+        given = {c.chunk_id: c for c in candidates}
+        raw = {c.chunk_id: c for c in query.raw_candidates} if hit.added_ids else {}
+        return StageOutcome(
+            kept=[given[i] if i in given else raw[i] for i in hit.kept_ids],
+            removed=list(old.removed),
+            added=[raw[i] for i in hit.added_ids],
+            skipped=old.skipped,
+            score_key=old.score_key,
+        )
 
-def _cached_rules(
-    rules: Callable[[QueryContext, Candidate], str | None],
-    settings_key: str,
-    memo: dict[tuple[Any, ...], Any],
-) -> Callable[[QueryContext, Candidate], str | None]:
-    """The hard filter's rules (`HardFilterStage.reason`), each answer kept: within one recording a chunk id
+
+def _cached_rule(rule: Rule, settings_key: str, answers: dict[MemoKey, str | None]) -> Rule:
+    """A stage's per-candidate rule (`ReplayFacts.rule`), each answer kept: within one recording a chunk id
     stands for one chunk (its metadata and text), so the answer depends only on the settings, the query's
     tag and date and the chunk id. The stage's own loop still asks for every candidate it is given."""
 
     def reason(query: QueryContext, candidate: Candidate) -> str | None:
-        key = ("hard_filter.reason", settings_key, query.knowledge_tag, query.today, candidate.chunk_id)
-        if key in memo:
-            return memo[key]
-        why = rules(query, candidate)
-        if len(memo) < MEMO_LIMIT:
-            memo[key] = why
+        key = ("rule", settings_key, query.knowledge_tag, query.today, candidate.chunk_id)
+        if key in answers:
+            return answers[key]
+        why = rule(query, candidate)
+        if len(answers) < MEMO_LIMIT:
+            answers[key] = why
         return why
 
     return reason
 
 
-def _diversity_prefix_floor(chain_settings: ChainSettings) -> int | None:
-    """`_MemoStage.prefix_floor` for the diversity stage: None when it must walk its whole input (MMR
-    reorders every survivor; a stage after it other than the fallback could read the rest)."""
-    order = stage_order()
-    if chain_settings.diversity.mmr or order[order.index("diversity") + 1 :] != ["fallback"]:
+def _settings_json(chain_settings: ChainSettings, name: str) -> str:
+    settings: BaseModel = getattr(chain_settings, name)
+    return settings.model_dump_json()
+
+
+def _prefix_floor(facts: list[ReplayFacts], i: int) -> int | None:
+    """`_MemoStage.prefix_floor` for the i-th stage: None unless it is prefix-stable and every stage after it
+    leaves a long enough list as it is."""
+    if not facts[i].prefix_stable:
         return None
-    fallback = chain_settings.fallback
-    return fallback.min_results if fallback.enabled else 0
+    after = [f.passes_from for f in facts[i + 1 :]]
+    if any(n is None for n in after):
+        return None
+    return max((n for n in after if n is not None), default=0)
 
 
 def _memoised(
-    stages: list[ChainStage],
-    chain_settings: ChainSettings,
-    memo: dict[tuple[Any, ...], Any],
-    lineage: _Lineage,
+    stages: list[ChainStage], chain_settings: ChainSettings, recording: Recording, lineage: _Lineage
 ) -> list[ChainStage]:
-    rules_key = chain_settings.hard_filter.model_dump_json()
-    for item in stages:
-        if isinstance(item.stage, HardFilterStage):
-            # an instance attribute shadowing the method for this replay; mypy checks the assignment against
-            # the method's unbound signature (self included), so it reports both codes
-            item.stage.reason = _cached_rules(item.stage.reason, rules_key, memo)  # type: ignore[method-assign, assignment]
-        elif isinstance(item.stage, FallbackStage) and item.stage.rules is not None:
-            item.stage.rules = _cached_rules(item.stage.rules, rules_key, memo)
+    """`stages` wrapped for reuse (`_MemoStage`), their per-candidate rules cached."""
     out = []
-    for item in stages:
-        own = getattr(chain_settings, item.name)
-        key = own.model_dump_json()
-        if item.name == "fallback":  # its refills must pass the hard filter's rules
-            key += chain_settings.hard_filter.model_dump_json()
-        floor = _diversity_prefix_floor(chain_settings) if item.name == "diversity" else None
-        out.append(ChainStage(_MemoStage(item.stage, memo, key, lineage, floor), item.enabled))
+    facts = [replay_facts(item.stage) for item in stages]
+    for i, (item, own) in enumerate(zip(stages, facts, strict=True)):
+        stage = item.stage
+        if own.rule is not None and own.with_rule is not None:
+            rule_key = _settings_json(chain_settings, own.rule_key)
+            stage = own.with_rule(_cached_rule(own.rule, rule_key, recording.rule_answers))
+        key = "".join(_settings_json(chain_settings, name) for name in (item.name, *own.reads))
+        memo_stage = _MemoStage(stage, recording.memo, key, lineage, _prefix_floor(facts, i))
+        out.append(ChainStage(memo_stage, item.enabled))
     return out
 
 
@@ -413,12 +445,8 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
     grid (`tune.run_grid`) replays so; its results' traces may be short (see `_MemoStage`)."""
     t0 = time.perf_counter()
     lineage = _Lineage()
-    stages = _memoised(
-        build_stages(chain_settings, recording.lexical, recording.reranker),
-        chain_settings,
-        recording.memo,
-        lineage,
-    )
+    built = build_stages(chain_settings, recording.lexical, recording.reranker)
+    stages = _memoised(built, chain_settings, recording, lineage)
     chain = RetrievalChain(_NoEmbedder(), _NoCandidates(), stages)  # type: ignore[arg-type]
     cases: list[CaseResult] = []
     for rc in recording.cases:
@@ -441,7 +469,7 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             lineage.need = None if trace else rc.k
             try:
                 # the registry's stages never write into a candidate: no defensive copies of the raw ones
-                outcome: Any = chain.run_stages(
+                outcome: RetrievalResult | Exception = chain.run_stages(
                     rc.request, rc.candidates, rc.as_of or recording.as_of, copy_raw=False
                 )
             except ReplayError:
@@ -497,14 +525,14 @@ def passes_gate(
     return check_gate(point, thresholds.model_copy(update={"max_p95_ms": None}), "replay").passed
 
 
-def pareto_front(points: list[dict[str, Any]]) -> list[bool]:
-    """For each point's metrics: True when no other point is at least as good on both nDCG and correct
+def pareto_front(points: list[PointFigures]) -> list[bool]:
+    """For each point's figures: True when no other point is at least as good on both nDCG and correct
     abstention and strictly better on one (a missing figure counts as the worst)."""
 
-    def pair(m: dict[str, Any]) -> tuple[float, float]:
+    def pair(m: PointFigures) -> tuple[float, float]:
         return (
-            m["ndcg"] if m["ndcg"] is not None else float("-inf"),
-            m["correctAbstention"] if m["correctAbstention"] is not None else float("-inf"),
+            m.ndcg if m.ndcg is not None else float("-inf"),
+            m.correct_abstention if m.correct_abstention is not None else float("-inf"),
         )
 
     pairs = [pair(m) for m in points]

@@ -1,4 +1,4 @@
-"""The RetrievalQualityFilter stages, one file each, and the one registry the chain is built from.
+"""The retrieval chain's stages, one file each, and the one registry the chain is built from.
 
 `build_stages` makes every stage in `rag.chain` order, which is the field order of `ChainSettings` (and
 the order of config/application.yml); there is no other copy of the order. A stage's `name` is its

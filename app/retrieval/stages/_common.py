@@ -1,8 +1,45 @@
-"""Small helpers shared by the stages: reason formatting and score-carrying copies."""
+"""Small helpers shared by the stages: reason formatting, score-carrying copies, and what a stage declares
+for a replay (`ReplayFacts`)."""
 
 from __future__ import annotations
 
-from app.retrieval.types import Candidate
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.retrieval.types import Candidate, QueryContext, Stage
+
+Rule = Callable[[QueryContext, Candidate], str | None]
+
+
+@dataclass(frozen=True)
+class ReplayFacts:
+    """What a stage declares so that a replay of the chain (`app.evaluation.tune.replay`) can reuse its
+    outcomes without knowing the stage by name.
+
+    - `writes_scores`: what it returns carries scores its input did not (scores it writes, or raw
+      candidates it brings back), so its output is a new source of scores for the stages after it;
+      a stage that only drops or reorders its input declares False.
+    - `passes_through`: it hands its input on as it is (cheaper to run than to look up).
+    - `prefix_stable`: run over the first n candidates of its input, it keeps exactly the first candidates
+      a run over the whole input keeps.
+    - `passes_from`: a list of at least this many candidates leaves it unchanged and it reads nothing
+      else of it; None when any list may change.
+    - `reads`: the `rag.chain` keys, besides its own, whose settings decide its outcome.
+    - `reads_removals`: the stages whose removals (`QueryContext.removed_by_stage`) it reads.
+    - `rule`: its per-candidate rule, a function of `rule_key`'s settings, the query's knowledge tag and
+      date and the candidate alone (None when it has none); `with_rule` builds the same stage deciding
+      by another rule of that meaning (the replay passes the rule with its answers kept).
+    """
+
+    writes_scores: bool = False
+    passes_through: bool = False
+    prefix_stable: bool = False
+    passes_from: int | None = None
+    reads: tuple[str, ...] = ()
+    reads_removals: tuple[str, ...] = ()
+    rule: Rule | None = None
+    rule_key: str = ""
+    with_rule: Callable[[Rule], Stage] | None = None
 
 
 def format_pair(value: float, bound: float) -> tuple[str, str]:

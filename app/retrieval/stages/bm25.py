@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from app.retrieval.stages._common import format_pair
+from app.retrieval.stages._common import ReplayFacts, format_pair
 from app.retrieval.types import (
     SCORE_BM25,
     SCORE_DENSE,
@@ -48,6 +48,10 @@ class Bm25Stage:
             raise TypeError(f"bm25: the index must have .scores(query, ids), got {type(index).__name__}")
         self.settings = settings
         self.index = index
+
+    def replay_facts(self) -> ReplayFacts:
+        """It writes `bm25` and `fused`."""
+        return ReplayFacts(writes_scores=True)
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         if not candidates:

@@ -9,7 +9,7 @@ import unicodedata
 
 import numpy as np
 
-from app.retrieval.stages._common import format_pair
+from app.retrieval.stages._common import ReplayFacts, format_pair
 from app.retrieval.types import (
     SCORE_DENSE,
     SCORE_FUSED,
@@ -63,94 +63,168 @@ class DiversityStage:
     def __init__(self, settings: DiversitySettings):
         self.settings = settings
 
+    def replay_facts(self) -> ReplayFacts:
+        """Without MMR it decides each candidate from the ones kept before it, so a prefix of its input keeps
+        a prefix of what the whole input keeps; MMR reorders every survivor."""
+        return ReplayFacts(prefix_stable=not self.settings.mmr)
+
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
-        kept: list[Candidate] = []
+        kept = _Kept(self.settings, len(candidates))
         removed: list[Removal] = []
-        seen_text: dict[str, str] = {}
-        kept_documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
-        # The kept unit vectors, row after row, in a buffer allocated once: `kept_matrix[:m] @ vector` is the
-        # very product (same values, same C layout, same m x d shape) an np.stack of the m kept vectors gave,
-        # without re-stacking them after every keep. Rows are copied in only when a cosine check needs
-        # them (`filled` so far): most candidates never get one.
-        kept_matrix: np.ndarray | None = None
-        kept_vectors: list[np.ndarray] = []
-        kept_ids: list[str] = []
-        filled = 0
-        slack_width, near_bound = -1, 0.0  # the vector length `near_bound` was computed for
-        per_source: dict[str, int] = {}
-        per_doc: dict[str, int] = {}
-        cap = self.settings.max_per_source
-        doc_cap = self.settings.max_per_document
-        max_cosine = self.settings.max_cosine
-
-        attach_limit = self.settings.attach_per_document
-        first_kept: dict[str, str] = {}  # doc id -> chunk id of its first kept chunk
-        attachments: dict[str, list[Candidate]] = {}
-        exact_duplicates = self.settings.drop_exact_duplicates
-        document_copies = self.settings.drop_document_copies
-
         for candidate in candidates:
-            why = None
             text_key = normalise_text(candidate.text)
-            vector = candidate.unit
-            doc_hash = candidate.doc_sha256
-            original = kept_documents.get(doc_hash) if doc_hash is not None else None
-            if exact_duplicates and text_key in seen_text:
-                why = f"duplicate of {seen_text[text_key]} (same text)"
-            elif document_copies and original is not None and original != candidate.doc_id:
-                why = f"copy of doc {original}"
-            elif max_cosine is not None and vector is not None and kept_ids:
-                if len(vector) != slack_width:
-                    slack_width = len(vector)
-                    near_bound = max_cosine - nearest_slack(slack_width)
-                # Skipped when no candidate of its set comes near max_cosine: its exact cosines below
-                # could then not exceed it either (`nearest_slack`), and nothing else reads them.
-                if candidate.nearest is None or candidate.nearest > near_bound:
-                    for row in range(filled, len(kept_ids)):
-                        kept_matrix[row] = kept_vectors[row]  # type: ignore[index]
-                    filled = len(kept_ids)
-                    sims = kept_matrix[: len(kept_ids)] @ vector  # type: ignore[index]
-                    best = int(sims.argmax())
-                    if sims[best] > max_cosine:
-                        shown, bound = format_pair(float(sims[best]), max_cosine)
-                        why = f"cosine={shown} > {bound} with {kept_ids[best]}"
-            source = candidate.source if cap is not None else ""  # sources are counted only for a cap
-            if why is None and source and per_source.get(source, 0) >= cap:  # type: ignore[operator]
-                why = f"source={source} already has {per_source[source]}"
-            if why is None and doc_cap is not None and per_doc.get(candidate.doc_id, 0) >= doc_cap:
-                why = f"doc={candidate.doc_id} already has {per_doc[candidate.doc_id]}"
-                host = first_kept[candidate.doc_id]
-                if len(attachments.get(host, ())) < attach_limit:
-                    attachments.setdefault(host, []).append(candidate)
-                    why += f"; attached to {host}"
-
+            why = (
+                kept.same_text(text_key)
+                or kept.copied_document(candidate)
+                or kept.too_similar(candidate)
+                or kept.source_full(candidate)
+                or kept.document_full(candidate)
+            )
             if why is not None:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
-                continue
-            kept.append(candidate)
-            seen_text.setdefault(text_key, candidate.chunk_id)
-            if doc_hash is not None:
-                kept_documents.setdefault(doc_hash, candidate.doc_id)
-            if vector is not None:
-                if kept_matrix is None:
-                    kept_matrix = np.empty((len(candidates), len(vector)))
-                elif len(vector) != kept_matrix.shape[1]:
-                    kept_matrix[len(kept_ids)] = vector  # raises, as copying it in at once always did
-                kept_vectors.append(vector)
-                kept_ids.append(candidate.chunk_id)
-            if source:
-                per_source[source] = per_source.get(source, 0) + 1
-            per_doc[candidate.doc_id] = per_doc.get(candidate.doc_id, 0) + 1
-            first_kept.setdefault(candidate.doc_id, candidate.chunk_id)
+            else:
+                kept.keep(candidate, text_key)
+        survivors = kept.with_attachments()
+        if self.settings.mmr and len(survivors) > 1:
+            survivors = mmr_order(survivors, self.settings.mmr_lambda)
+        return StageOutcome(kept=survivors, removed=removed)
 
-        if attachments:
-            kept = [
-                c.with_attached(tuple(attachments[c.chunk_id])) if c.chunk_id in attachments else c
-                for c in kept
-            ]
-        if self.settings.mmr and len(kept) > 1:
-            kept = mmr_order(kept, self.settings.mmr_lambda)
-        return StageOutcome(kept=kept, removed=removed)
+
+class _Kept:
+    """The candidates kept so far, and what each rule of `DiversityStage` compares a new candidate with.
+
+    A rule is a method that returns the reason a candidate fails it, or None when it passes (or the rule is
+    off); `keep` records a candidate that passed them all."""
+
+    def __init__(self, settings: DiversitySettings, size: int):
+        self.drop_exact_duplicates = settings.drop_exact_duplicates
+        self.drop_document_copies = settings.drop_document_copies
+        self.max_per_source = settings.max_per_source
+        self.max_per_document = settings.max_per_document
+        self.attach_per_document = settings.attach_per_document
+        self.candidates: list[Candidate] = []
+        self.seen_text: dict[str, str] = {}  # normalised text -> chunk id of the first kept chunk with it
+        self.documents: dict[str, str] = {}  # doc_sha256 -> doc id of the first kept chunk with it
+        self.vectors = _KeptVectors(settings.max_cosine, size)
+        self.per_source: dict[str, int] = {}
+        self.per_doc: dict[str, int] = {}
+        self.first_kept: dict[str, str] = {}  # doc id -> chunk id of its first kept chunk
+        self.attachments: dict[str, list[Candidate]] = {}
+
+    def same_text(self, text_key: str) -> str | None:
+        """Rule 1, `drop_exact_duplicates`."""
+        if self.drop_exact_duplicates and text_key in self.seen_text:
+            return f"duplicate of {self.seen_text[text_key]} (same text)"
+        return None
+
+    def copied_document(self, candidate: Candidate) -> str | None:
+        """Rule 2, `drop_document_copies`."""
+        doc_hash = candidate.doc_sha256
+        original = self.documents.get(doc_hash) if doc_hash is not None else None
+        if self.drop_document_copies and original is not None and original != candidate.doc_id:
+            return f"copy of doc {original}"
+        return None
+
+    def too_similar(self, candidate: Candidate) -> str | None:
+        """Rule 3, `max_cosine`."""
+        return self.vectors.too_similar(candidate)
+
+    def source_full(self, candidate: Candidate) -> str | None:
+        """Rule 4, `max_per_source`."""
+        source = self._counted_source(candidate)
+        if source and self.per_source.get(source, 0) >= self.max_per_source:  # type: ignore[operator]
+            return f"source={source} already has {self.per_source[source]}"
+        return None
+
+    def document_full(self, candidate: Candidate) -> str | None:
+        """Rule 5, `max_per_document`, attaching the chunk to its document's first kept chunk while that one
+        has room (`attach_per_document`)."""
+        doc_id = candidate.doc_id
+        if self.max_per_document is None or self.per_doc.get(doc_id, 0) < self.max_per_document:
+            return None
+        why = f"doc={doc_id} already has {self.per_doc[doc_id]}"
+        host = self.first_kept[doc_id]
+        if len(self.attachments.get(host, ())) < self.attach_per_document:
+            self.attachments.setdefault(host, []).append(candidate)
+            why += f"; attached to {host}"
+        return why
+
+    def keep(self, candidate: Candidate, text_key: str) -> None:
+        self.candidates.append(candidate)
+        self.seen_text.setdefault(text_key, candidate.chunk_id)
+        if candidate.doc_sha256 is not None:
+            self.documents.setdefault(candidate.doc_sha256, candidate.doc_id)
+        self.vectors.add(candidate)
+        source = self._counted_source(candidate)
+        if source:
+            self.per_source[source] = self.per_source.get(source, 0) + 1
+        self.per_doc[candidate.doc_id] = self.per_doc.get(candidate.doc_id, 0) + 1
+        self.first_kept.setdefault(candidate.doc_id, candidate.chunk_id)
+
+    def with_attachments(self) -> list[Candidate]:
+        """The kept candidates in order, each document's first kept chunk carrying its attached ones."""
+        if not self.attachments:
+            return self.candidates
+        return [
+            c.with_attached(tuple(self.attachments[c.chunk_id])) if c.chunk_id in self.attachments else c
+            for c in self.candidates
+        ]
+
+    def _counted_source(self, candidate: Candidate) -> str:
+        """The candidate's source, or "" when sources are not capped (they are counted only for a cap)."""
+        return candidate.source if self.max_per_source is not None else ""
+
+
+class _KeptVectors:
+    """The unit vectors of the kept candidates, for rule 3 (`max_cosine`).
+
+    Row after row in a buffer allocated once: `matrix[:m] @ vector` is the very product (same values, same C
+    layout, same m x d shape) an np.stack of the m kept vectors gave, without re-stacking them after every
+    keep. Rows are copied in only when a cosine check needs them (`filled` so far): most candidates never
+    get one."""
+
+    def __init__(self, max_cosine: float | None, size: int):
+        self.max_cosine = max_cosine
+        self.size = size
+        self.matrix: np.ndarray | None = None
+        self.vectors: list[np.ndarray] = []
+        self.ids: list[str] = []
+        self.filled = 0
+        self.slack_width, self.near_bound = -1, 0.0  # the vector length `near_bound` was computed for
+
+    def too_similar(self, candidate: Candidate) -> str | None:
+        """`cosine=0.99 > 0.97 with c1` for the most similar kept one, when over `max_cosine`. A candidate
+        without an embedding, or with none kept yet, passes."""
+        max_cosine, vector = self.max_cosine, candidate.unit
+        if max_cosine is None or vector is None or not self.ids:
+            return None
+        if len(vector) != self.slack_width:
+            self.slack_width = len(vector)
+            self.near_bound = max_cosine - nearest_slack(self.slack_width)
+        # Skipped when no candidate of its set comes near max_cosine: its exact cosines below could then
+        # not exceed it either (`nearest_slack`), and nothing else reads them.
+        if candidate.nearest is not None and candidate.nearest <= self.near_bound:
+            return None
+        for row in range(self.filled, len(self.ids)):
+            self.matrix[row] = self.vectors[row]  # type: ignore[index]
+        self.filled = len(self.ids)
+        sims = self.matrix[: len(self.ids)] @ vector  # type: ignore[index]
+        best = int(sims.argmax())
+        if sims[best] > max_cosine:
+            shown, bound = format_pair(float(sims[best]), max_cosine)
+            return f"cosine={shown} > {bound} with {self.ids[best]}"
+        return None
+
+    def add(self, candidate: Candidate) -> None:
+        vector = candidate.unit
+        if vector is None:
+            return
+        if self.matrix is None:
+            self.matrix = np.empty((self.size, len(vector)))
+        elif len(vector) != self.matrix.shape[1]:
+            self.matrix[len(self.ids)] = vector  # raises, as copying it in at once always did
+        self.vectors.append(vector)
+        self.ids.append(candidate.chunk_id)
 
 
 def mmr_order(candidates: list[Candidate], lam: float) -> list[Candidate]:

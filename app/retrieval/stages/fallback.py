@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from app.retrieval.stages._common import ReplayFacts, Rule
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, StageOutcome
 from app.settings import FallbackSettings
 
@@ -21,12 +20,27 @@ class FallbackStage:
     def __init__(
         self,
         settings: FallbackSettings,
-        rules: Callable[[QueryContext, Candidate], str | None] | None = None,
+        rules: Rule | None = None,
     ):
         self.settings = settings
         # the hard filter's rules (HardFilterStage.reason): a refill must pass them even when an earlier
         # stage removed the candidate before the hard filter could see it
         self.rules = rules
+
+    def replay_facts(self) -> ReplayFacts:
+        """It brings back raw candidates (a new source of scores) and leaves a list of `min_results` or more
+        as it is; what it brings back depends on the hard filter's settings and removals, and on its
+        rules."""
+        settings = self.settings
+        return ReplayFacts(
+            writes_scores=True,
+            passes_from=settings.min_results if settings.enabled else 0,
+            reads=("hard_filter",),
+            reads_removals=("hard_filter",),
+            rule=self.rules,
+            rule_key="hard_filter",
+            with_rule=lambda rule: FallbackStage(settings, rule),
+        )
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         need = self.settings.min_results - len(candidates)

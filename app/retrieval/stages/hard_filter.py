@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import date, datetime
 from typing import Any
 
+from app.retrieval.stages._common import ReplayFacts, Rule
 from app.retrieval.types import Candidate, QueryContext, Removal, StageOutcome
 from app.settings import HardFilterSettings
 
@@ -26,11 +27,22 @@ class HardFilterStage:
 
     name = "hard_filter"
 
-    def __init__(self, settings: HardFilterSettings):
+    def __init__(self, settings: HardFilterSettings, rule: Rule | None = None):
         # HardFilterSettings rejects blank rule entries at load time.
         self.settings = settings
         self._excluded = {status.strip().casefold() for status in settings.excluded_statuses}
         self._denied = set(settings.denied_sources)
+        # what `run` asks of each candidate: `reason`, or a rule of the same meaning (see `replay_facts`)
+        self.rule: Rule = rule if rule is not None else self.reason
+
+    def replay_facts(self) -> ReplayFacts:
+        """It only drops candidates, each by `reason`, a function of the settings, the query's tag and date
+        and the candidate."""
+        return ReplayFacts(
+            rule=self.rule,
+            rule_key=self.name,
+            with_rule=lambda rule: HardFilterStage(self.settings, rule),
+        )
 
     def reason(self, query: QueryContext, candidate: Candidate) -> str | None:
         """Why `candidate` must go, or None when it passes every rule."""
@@ -76,7 +88,7 @@ class HardFilterStage:
         kept: list[Candidate] = []
         removed: list[Removal] = []
         for candidate in candidates:
-            why = self.reason(query, candidate)
+            why = self.rule(query, candidate)
             if why is None:
                 kept.append(candidate)
             else:

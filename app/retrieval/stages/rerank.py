@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from app.retrieval.stages._common import format_pair, with_score
+from app.retrieval.stages._common import ReplayFacts, format_pair, with_score
 from app.retrieval.types import SCORE_RERANK, Candidate, QueryContext, Removal, StageOutcome
 from app.settings import RerankSettings
 
@@ -34,6 +34,10 @@ class RerankStage:
             )
         self.settings = settings
         self.scorer = scorer
+
+    def replay_facts(self) -> ReplayFacts:
+        """It writes `rerank`; without a scorer it hands its input on as it is."""
+        return ReplayFacts(writes_scores=True, passes_through=self.scorer is None)
 
     def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
         if self.scorer is None:

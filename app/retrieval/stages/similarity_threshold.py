@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.retrieval.stages._common import format_pair
+from app.retrieval.stages._common import ReplayFacts, format_pair
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, Removal, StageOutcome
 from app.settings import SimilarityThresholdSettings
 
@@ -20,6 +20,10 @@ class SimilarityThresholdStage:
     def __init__(self, settings: SimilarityThresholdSettings):
         # SimilarityThresholdSettings holds every threshold to a finite cosine in [-1, 1] at load time.
         self.settings = settings
+
+    def replay_facts(self) -> ReplayFacts:
+        """It only drops candidates, each by its own dense score."""
+        return ReplayFacts()
 
     def threshold_for(self, candidate: Candidate) -> float:
         tag = candidate.knowledge_tag

@@ -340,7 +340,7 @@ class Bm25Index:
             tags = list(self._tags)
             self._restore(state, tags)
 
-    # -- persistence (the files themselves: app/retrieval/lexical_files.py) ---------------------------
+    # -- persistence (the files themselves: app/lexical/files.py) ---------------------------
 
     def _export_arrays(self) -> dict[str, Any]:
         """The live slots, renumbered densely, as flat arrays (postings in CSR form) and string lists
@@ -408,7 +408,7 @@ class Bm25Index:
             raise ValueError("lexical index: the saved arrays do not agree in length")
 
     def export_state(self) -> tuple[dict[str, Any], list[str]]:
-        """(arrays and string lists of the live chunks, tag names), for `lexical_files.save`.
+        """(arrays and string lists of the live chunks, tag names), for `files.save_snapshot`.
 
         The lock is held only while the index's arrays are copied (211 MiB, 0.1 s at 1M chunks);
         the sort that puts the postings in CSR form runs after it, beside queries and writes. Held for the

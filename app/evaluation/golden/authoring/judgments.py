@@ -29,7 +29,7 @@ The merge, as pure functions over parsed values:
    A draft whose id is already in the golden set was promoted by an earlier export; its judgments merge
    into that case. Judgments of unknown cases, or of a case whose query has changed since, are skipped
    with a warning. `export_files` writes the result; when its cases differ from the file's, the set's
-   `datasetVersion` moves on (app/evaluation/golden/build/dataset_version.py).
+   `datasetVersion` moves on (app/evaluation/golden/authoring/dataset_version.py).
 
 The export is idempotent: the judgments file is never emptied, and exporting it again gives the same set.
 """
@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from app.evaluation.golden.build.dataset_version import next_dataset_version
+from app.evaluation.golden.authoring.dataset_version import next_dataset_version
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
 from app.files import atomic_write_text, change_line
 from app.jsonl import (
@@ -372,54 +372,21 @@ def merge_case(
     `doc_of` maps chunk ids to their documents beyond the verdict's own (the chunks of earlier judgments),
     so a document whose chunk the case already grades relevant is not forbidden. The field order of `raw`
     is kept; new fields go at the end."""
-    case = GoldenCase.model_validate(dict(raw))
-    doc_of = {**(doc_of or {}), **verdict.doc_of}
+    check = _Against(GoldenCase.model_validate(dict(raw)), verdict, {**(doc_of or {}), **verdict.doc_of})
+    grades = check.grades()
+    forbidden = check.forbidden(grades)
+    no_answer = check.no_answer()
     out = json.loads(json.dumps(dict(raw)))  # a deep copy, the same JSON types
-    conflicts: list[Conflict] = []
-    evidence = {c for group in case.evidence_groups() for c in group} | set(case.expected_chunk_ids)
-    expected_docs = {d for d, g in case.relevance_map().items() if g > 0}
-    expected_docs |= {k for k, g in case.judgments.items() if g > 0}
-    forbidden_docs = set(case.forbidden_doc_ids)
-
-    def against(key: str | None, said: Sequence[Judgment], detail: str) -> None:
-        conflicts.append(Conflict(case.id, key, "against the golden set", tuple(said), detail))
-
-    grades: dict[str, int] = {}
-    for chunk, grade in verdict.grades.items():
-        said = verdict.sources.get(chunk, [])
-        doc = doc_of.get(chunk, "")
-        if grade == 0 and chunk in evidence:
-            against(chunk, said, "graded 0, but the case names this chunk as its evidence")
-        elif grade > 0 and case.expect_no_answer and not verdict.no_answer:
-            against(chunk, said, "graded > 0, but the case expects no answer")
-        elif grade > 0 and doc in forbidden_docs:
-            against(chunk, said, f"graded > 0, but the case forbids its document {doc!r}")
-        else:
-            grades[chunk] = grade
-    relevant_chunks = {c for c, g in case.judgments.items() if g > 0} | evidence
-    relevant_chunks |= {c for c, g in grades.items() if g > 0}
-    relevant_docs = expected_docs | {doc_of[c] for c in relevant_chunks if c in doc_of}
-    forbidden: list[str] = []
-    for doc, marks in verdict.forbidden.items():
-        if doc in relevant_docs:
-            against(doc, marks, "forbidden, but the case expects this document")
-        else:
-            forbidden.append(doc)
-    no_answer = bool(verdict.no_answer)
-    if no_answer and case.has_expectation() and not case.expect_no_answer:
-        against(None, verdict.no_answer, "no answer, but the case names expected results")
-        no_answer = False
-
     if grades:
         judgments = dict(out.get("judgments") or {})
         judgments.update(grades)
         out["judgments"] = judgments
-    new_forbidden = [d for d in forbidden if d not in forbidden_docs]
+    new_forbidden = [d for d in forbidden if d not in check.forbidden_docs]
     if new_forbidden:
         out["forbiddenDocIds"] = [*(out.get("forbiddenDocIds") or []), *new_forbidden]
     if no_answer:
         out["expectNoAnswer"] = True
-    promoted = case.draft and (no_answer or any(g > 0 for g in grades.values()))
+    promoted = check.case.draft and (no_answer or any(g > 0 for g in grades.values()))
     if promoted:
         out.pop("draft", None)
     applied = len(grades) + len(forbidden) + int(no_answer)
@@ -429,11 +396,68 @@ def merge_case(
         said = [j for js in verdict.sources.values() for j in js]
         said += [j for js in verdict.forbidden.values() for j in js] + verdict.no_answer
         reason = "; ".join(e["msg"] for e in exc.errors())
-        return CaseMerge(
-            dict(raw),
-            conflicts=[*conflicts, Conflict(case.id, None, "against the golden set", tuple(said), reason)],
-        )
-    return CaseMerge(out, applied=applied, promoted=promoted, conflicts=conflicts)
+        conflict = Conflict(check.case.id, None, "against the golden set", tuple(said), reason)
+        return CaseMerge(dict(raw), conflicts=[*check.conflicts, conflict])
+    return CaseMerge(out, applied=applied, promoted=promoted, conflicts=check.conflicts)
+
+
+class _Against:
+    """A case's verdict checked against what the case already says: each part of the verdict that
+    contradicts the case becomes a conflict ("against the golden set") and is left out."""
+
+    def __init__(self, case: GoldenCase, verdict: CaseVerdict, doc_of: Mapping[str, str]):
+        self.case = case
+        self.verdict = verdict
+        self.doc_of = doc_of
+        self.conflicts: list[Conflict] = []
+        self.evidence = {c for group in case.evidence_groups() for c in group} | set(case.expected_chunk_ids)
+        self.forbidden_docs = set(case.forbidden_doc_ids)
+
+    def against(self, key: str | None, said: Sequence[Judgment], detail: str) -> None:
+        self.conflicts.append(Conflict(self.case.id, key, "against the golden set", tuple(said), detail))
+
+    def grades(self) -> dict[str, int]:
+        """The chunk grades that agree with the case: not 0 for its evidence, not > 0 when it expects no
+        answer (and the verdict does not say no answer) or forbids the chunk's document."""
+        case, verdict = self.case, self.verdict
+        grades: dict[str, int] = {}
+        for chunk, grade in verdict.grades.items():
+            said = verdict.sources.get(chunk, [])
+            doc = self.doc_of.get(chunk, "")
+            if grade == 0 and chunk in self.evidence:
+                self.against(chunk, said, "graded 0, but the case names this chunk as its evidence")
+            elif grade > 0 and case.expect_no_answer and not verdict.no_answer:
+                self.against(chunk, said, "graded > 0, but the case expects no answer")
+            elif grade > 0 and doc in self.forbidden_docs:
+                self.against(chunk, said, f"graded > 0, but the case forbids its document {doc!r}")
+            else:
+                grades[chunk] = grade
+        return grades
+
+    def forbidden(self, grades: Mapping[str, int]) -> list[str]:
+        """The documents marked forbidden that the case (with the accepted `grades`) does not expect."""
+        case = self.case
+        expected_docs = {d for d, g in case.relevance_map().items() if g > 0}
+        expected_docs |= {k for k, g in case.judgments.items() if g > 0}
+        relevant_chunks = {c for c, g in case.judgments.items() if g > 0} | self.evidence
+        relevant_chunks |= {c for c, g in grades.items() if g > 0}
+        relevant_docs = expected_docs | {self.doc_of[c] for c in relevant_chunks if c in self.doc_of}
+        forbidden: list[str] = []
+        for doc, marks in self.verdict.forbidden.items():
+            if doc in relevant_docs:
+                self.against(doc, marks, "forbidden, but the case expects this document")
+            else:
+                forbidden.append(doc)
+        return forbidden
+
+    def no_answer(self) -> bool:
+        """Whether "no answer" applies: said, and the case names no expected result (or already expects
+        no answer)."""
+        no_answer = bool(self.verdict.no_answer)
+        if no_answer and self.case.has_expectation() and not self.case.expect_no_answer:
+            self.against(None, self.verdict.no_answer, "no answer, but the case names expected results")
+            no_answer = False
+        return no_answer
 
 
 # -- the export ---------------------------------------------------------------------------------------------

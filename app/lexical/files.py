@@ -19,7 +19,6 @@ One process at a time: `lock` is held (flock) while the index is open.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import zlib
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from app import pidlock
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -50,33 +51,21 @@ class LexicalFilesError(RuntimeError):
 
 
 def lock(directory: Path) -> int:
+    """Hold the index directory (created when absent) for this process (app/pidlock.py); the descriptor, for
+    `pidlock.release`."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
+        return pidlock.acquire(directory / LOCK)
+    except pidlock.LockHeldError as held:
         raise LexicalFilesError(
-            f"the lexical index {directory} is open in another process (pid {holder}); give each Sieve "
+            f"the lexical index {directory} is open in another process (pid {held.holder}); give each Sieve "
             f"process its own rag.lexical.path"
         ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
 
 
 def check_free(directory: Path) -> None:
     """Raise LexicalFilesError now if another process holds the directory (take the lock, release it)."""
-    unlock(lock(directory))
-
-
-def unlock(fd: int | None) -> None:
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+    pidlock.release(lock(directory))
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

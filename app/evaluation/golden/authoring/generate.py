@@ -26,7 +26,7 @@ its passage again, written as golden cases with `origin: generated`.
      Passages alternate which kind comes first (the 1st, 3rd, ... picked passage: heading; the others: key
      terms), so a set holds both. The language is the passage text's (`query_language`); the template of
      a language is chosen by a hash of seed, chunk and kind.
-   - `LlmGenerator`: one chat completion per question (app/evaluation/golden/build/llm.py).
+   - `LlmGenerator`: one chat completion per question (app/evaluation/golden/authoring/llm.py).
 3. **Round trip**: each question is searched in the whole collection (no knowledge tag: a tag's few chunks
    would make the check trivial) by BM25 (the lexical index) and by dense search (the store's nearest
    chunks to the query vector), the top `round_trip_k` (20) of each. `either` keeps it when its passage is
@@ -53,10 +53,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from app.evaluation.golden.build.literalness import literalness
-from app.evaluation.golden.build.llm import ChatClient, clean_question, question_messages
+from app.evaluation.golden.authoring.literalness import literalness
+from app.evaluation.golden.authoring.llm import ChatClient, clean_question, question_messages
 from app.evaluation.golden.cases import load_golden_set
 from app.evaluation.golden.language import query_language
 from app.ingest.chunker import embedding_text, stored_chunk
@@ -64,6 +64,11 @@ from app.jsonl import append_lines
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
+
+if TYPE_CHECKING:
+    from app.lexical.index import Bm25Index
+    from app.models import Embedder
+    from app.store import ChromaStore
 
 Tokenizer = Callable[[str], list[str]]
 ExcludeRule = Callable[["Passage"], "str | None"]
@@ -100,7 +105,7 @@ GENERAL_WORDS = (
     "whenever where whether which while who whom whose why within without would yet you your"
 ).split()
 
-# The analyzer's split of a text into CJK runs and latin/digit runs (app/retrieval/lexical.py).
+# The analyzer's split of a text into CJK runs and latin/digit runs (app/lexical/index.py).
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUNS = re.compile(rf"([{_CJK}]+)|([^\W_{_CJK}]+)")
 
@@ -553,7 +558,7 @@ class StoreSearcher:
     """`Searcher` over a running service's parts: the BM25 index (`top`), the embedder
     (`embed_queries`) and the vector store (`query_ids`)."""
 
-    def __init__(self, lexical: Any, embedder: Any, store: Any):
+    def __init__(self, lexical: Bm25Index, embedder: Embedder, store: ChromaStore):
         self.lexical, self.embedder, self.store = lexical, embedder, store
 
     def bm25_top(self, queries: list[str], k: int) -> list[list[str]]:
@@ -564,7 +569,7 @@ class StoreSearcher:
         return [[chunk_id for chunk_id, _ in hits] for hits in self.store.query_ids(vectors, k)]
 
 
-def store_passages(store: Any) -> list[Passage]:
+def store_passages(store: ChromaStore) -> list[Passage]:
     """Every chunk of the store (`iter_all`) as a passage."""
     return [Passage.of(c.chunk_id, c.text, c.metadata) for c in store.iter_all(include_text=True)]
 

@@ -51,9 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from app.evaluation.golden.audit import NEAR_DUPLICATE_COSINE, normalise_query
-from app.evaluation.golden.build.generate import append_cases
+from app.evaluation.golden.audit.checks import normalise_query
+from app.evaluation.golden.authoring.generate import append_cases
 from app.evaluation.golden.cases import GoldenCase, load_golden_set
+from app.evaluation.report.model import NEAR_DUPLICATE_COSINE
 from app.files import change_line
 from app.jsonl import read_text, split_lines
 

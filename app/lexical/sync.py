@@ -1,7 +1,7 @@
 """Keeps a process's BM25 index equal to the store: loaded from disk at start, updated on every write, and
 caught up with other processes' writes through the store's change log.
 
-- Start (`open`): load the snapshot and replay the journal (app/retrieval/lexical_files.py), nothing read
+- Start (`open`): load the snapshot and replay the journal (app/lexical/files.py), nothing read
   back from the store, nothing re-tokenised but the journal's tail; then read the change log since the
   saved watermark and apply what is new; then compare the store's ids with the index's (ids only, no
   text) and repair the difference (fetch only the missing chunks, drop the extra ones): that catches a
@@ -42,16 +42,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.retrieval.lexical import ANALYZER_VERSION, Analyzer, Bm25Index
-from app.retrieval.lexical_files import (
+from app import pidlock
+from app.lexical.files import (
     Journal,
     LexicalFilesError,
     load_snapshot,
     lock,
     read_manifest,
     save_snapshot,
-    unlock,
 )
+from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
 from app.retrieval.types import knowledge_tag_of
 from app.store import ChangeEntry, ChromaStore, StoredChunk
 
@@ -469,7 +469,7 @@ class LexicalSync:
         with self._writing:
             if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
                 self._snapshot()
-            unlock(self._lock_fd)
+            pidlock.release(self._lock_fd)
             self._lock_fd = None
             self._journal = None
 

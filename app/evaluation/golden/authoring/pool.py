@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.jsonl import read_jsonl, render_jsonl
+from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.chain import RetrievalRequest
-from app.retrieval.lexical import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
+from app.store.types import StoredChunk
 
 log = logging.getLogger(__name__)
 
@@ -401,13 +402,15 @@ def read_queue_lenient(path: str | Path) -> tuple[list[QueueEntry], list[str]]:
 class ChunkSource(Protocol):
     """What the pools read of the store (`ChromaStore` has both)."""
 
-    def chunks(self, ids: Sequence[str]) -> Mapping[str, Any]: ...
+    def chunks(self, ids: Sequence[str]) -> Mapping[str, StoredChunk]: ...
 
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
 
 
 class Retriever(Protocol):
-    def retrieve_many(self, requests: Sequence[RetrievalRequest], today: date | None = None) -> list[Any]: ...
+    def retrieve_many(
+        self, requests: Sequence[RetrievalRequest], today: date | None = None
+    ) -> list[RetrievalResult | Exception]: ...
 
 
 @dataclass(frozen=True)
@@ -491,51 +494,65 @@ def build_pools(
     baseline = baseline or {}
     queued = queued or {}
     requests = [RetrievalRequest(q.query, q.k, q.knowledge_tag) for q in queries]
-    results: dict[str, list[Any]] = {
+    results: dict[str, list[RetrievalResult | Exception]] = {
         name: chain.retrieve_many(requests, today) if requests else [] for name, chain in chains.items()
     }
     pools: dict[str, Pool] = {}
     for index, query in enumerate(queries):
-        lists: dict[str, list[Ranked]] = {}
-        shown: dict[str, PoolChunk] = {}
-        errors: dict[str, str] = {}
-        for name, outcome in ((n, r[index]) for n, r in results.items()):
-            if not isinstance(outcome, RetrievalResult):
-                errors[name] = f"{type(outcome).__name__}: {outcome}"
-                continue
-            lists[name] = []
-            for c in outcome.documents[: query.k]:
-                lists[name].append(Ranked(c.chunk_id, c.doc_id))
-                shown.setdefault(
-                    c.chunk_id, PoolChunk(PoolEntry(c.chunk_id, c.doc_id), c.title, c.source, c.text)
-                )
+        lists, shown, errors = _variant_lists(query, {name: r[index] for name, r in results.items()})
         recorded = baseline.get(query.case_id)
         if recorded is not None and recorded[0] == query.query:
             lists[BASELINE] = list(recorded[1][: query.k])
         pooled = {r.chunk_id: r.doc_id for ranked in lists.values() for r in ranked if r.chunk_id}
         if query.case_id in queued:
             lists[QUEUED] = resolve_queued(queued[query.case_id], query.query, pooled, store, best_of)
-        entries = merge_pool(lists)
-        unread = [e.chunk_id for e in entries if e.chunk_id not in shown]
-        stored = store.chunks(unread) if unread else {}
-        chunks: list[PoolChunk] = []
-        for e in entries:
-            if e.chunk_id in shown:
-                chunks.append(
-                    PoolChunk(e, shown[e.chunk_id].title, shown[e.chunk_id].source, shown[e.chunk_id].text)
-                )
-            elif e.chunk_id in stored:
-                meta = stored[e.chunk_id].metadata
-                e.doc_id = e.doc_id or str(meta.get("doc_id", ""))
-                chunks.append(
-                    PoolChunk(
-                        e, str(meta.get("title", "")), str(meta.get("source", "")), stored[e.chunk_id].text
-                    )
-                )
-            else:
-                chunks.append(PoolChunk(e, "", "", "", in_index=False))
-        pools[query.case_id] = Pool(query, chunks, errors)
+        pools[query.case_id] = Pool(query, _pool_chunks(merge_pool(lists), shown, store), errors)
     return pools
+
+
+def _variant_lists(
+    query: PoolQuery, outcomes: Mapping[str, RetrievalResult | Exception]
+) -> tuple[dict[str, list[Ranked]], dict[str, PoolChunk], dict[str, str]]:
+    """(each variant's top K of `query`, the chunks they returned as shown, each failed variant's error)."""
+    lists: dict[str, list[Ranked]] = {}
+    shown: dict[str, PoolChunk] = {}
+    errors: dict[str, str] = {}
+    for name, outcome in outcomes.items():
+        if not isinstance(outcome, RetrievalResult):
+            errors[name] = f"{type(outcome).__name__}: {outcome}"
+            continue
+        lists[name] = []
+        for c in outcome.documents[: query.k]:
+            lists[name].append(Ranked(c.chunk_id, c.doc_id))
+            shown.setdefault(
+                c.chunk_id, PoolChunk(PoolEntry(c.chunk_id, c.doc_id), c.title, c.source, c.text)
+            )
+    return lists, shown, errors
+
+
+def _pool_chunks(
+    entries: list[PoolEntry], shown: Mapping[str, PoolChunk], store: ChunkSource
+) -> list[PoolChunk]:
+    """The pool's entries with their title, source and text: as a chain returned them, else read from
+    `store` (its document filled in from the chunk's metadata when unknown), else empty and not in the
+    index."""
+    unread = [e.chunk_id for e in entries if e.chunk_id not in shown]
+    stored = store.chunks(unread) if unread else {}
+    chunks: list[PoolChunk] = []
+    for e in entries:
+        if e.chunk_id in shown:
+            chunks.append(
+                PoolChunk(e, shown[e.chunk_id].title, shown[e.chunk_id].source, shown[e.chunk_id].text)
+            )
+        elif e.chunk_id in stored:
+            meta = stored[e.chunk_id].metadata
+            e.doc_id = e.doc_id or str(meta.get("doc_id", ""))
+            chunks.append(
+                PoolChunk(e, str(meta.get("title", "")), str(meta.get("source", "")), stored[e.chunk_id].text)
+            )
+        else:
+            chunks.append(PoolChunk(e, "", "", "", in_index=False))
+    return chunks
 
 
 def queue_report_file(report: str | Path, queue: str | Path, top_k: int | None = None) -> list[QueueEntry]:

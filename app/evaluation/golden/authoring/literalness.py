@@ -2,7 +2,7 @@
 
     literalness(q, p) = |T(q) ∩ T(p)| / |T(q)|
 
-T(x) is the set of distinct terms of x by the BM25 index's analyzer (`app.retrieval.lexical.Analyzer`):
+T(x) is the set of distinct terms of x by the BM25 index's analyzer (`app.lexical.index.Analyzer`):
 NFKC-normalised, CJK runs segmented by jieba in search mode, latin/digit words lowercased and
 Snowball-stemmed, punctuation, whitespace and the analyzer's Chinese and English stop words dropped.
 So a term counts once however often it occurs, "policies" in the query matches "policy" in the passage (both
