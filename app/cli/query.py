@@ -65,7 +65,7 @@ def ingest_command(args: argparse.Namespace) -> int:
 
 
 def query_command(args: argparse.Namespace) -> int:
-    from app.api.schemas import RetrieveResponse, retrieve_response, to_json
+    from app.retrieve_response import RetrieveResponse, retrieve_response
 
     text = args.text
     if not text.strip():
@@ -81,7 +81,7 @@ def query_command(args: argparse.Namespace) -> int:
     except ServerError as exc:
         return fail(exc.message, exc.code)
     if args.json:
-        print(json.dumps(to_json(response), ensure_ascii=False, indent=2))
+        print(json.dumps(response.model_dump(mode="json"), ensure_ascii=False, indent=2))
     else:
         print(render_result(response))
     return exit_codes.OK
