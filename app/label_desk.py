@@ -1,6 +1,6 @@
-"""The labelling desk behind the labelling page, which the HTTP API (`/api/label/*`) and `sieve golden label`
-share: where the page reads and writes (`LabelFiles`), and the state of one app (`LabelDesk`): the files,
-the judgments log and the pools of candidates (golden/authoring/pool.py), with each case as the page shows it."""
+"""The labelling desk behind the labelling page, which the HTTP API (`/api/label/*`) and `sieve label` share:
+where the page reads and writes (`LabelFiles`), and the state of one app (`LabelDesk`): the files, the
+judgments log and the pools of candidates (golden/authoring/pool.py), with each case as the page shows it."""
 
 from __future__ import annotations
 
