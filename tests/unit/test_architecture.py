@@ -13,9 +13,11 @@ its own.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
+DESIGN = APP.parent / "docs" / "design.md"
 
 # The layers of `app`, top first. A module may import modules of its own top-level part and of the layers
 # below; the parts of one layer do not import each other. docs/design.md (Layout) states the same list.
@@ -194,6 +196,20 @@ def test_no_import_goes_up_a_layer_or_across_one() -> None:
 
 def test_the_cli_and_the_api_do_not_import_each_other() -> None:
     assert [e for e in adapter_imports(module_graph()) if e not in KNOWN_EXCEPTIONS] == []
+
+
+def design_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The layers as docs/design.md's Layout states them: the list after "(top first):" up to the first full
+    stop, layers apart by "→", the backquoted names of each outside parentheses."""
+    listed = text.split("(top first):", 1)[1].split(". ", 1)[0]
+    return tuple(
+        tuple(f"app.{name}" for name in re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", layer)))
+        for layer in listed.split("→")
+    )
+
+
+def test_design_md_states_the_layers_this_test_checks() -> None:
+    assert design_layers(DESIGN.read_text(encoding="utf-8")) == LAYERS
 
 
 def test_every_known_exception_is_still_an_import() -> None:
