@@ -1,5 +1,6 @@
-"""scripts/compare_eval_reports.py: two reports are equal apart from clocks, trace ids and paths; any other
-changed figure is named by its JSON path; a ranked document's scores have their own, wider tolerance."""
+"""scripts/compare_eval_reports.py: two reports are equal apart from clocks, trace ids, paths and the commit;
+any other changed figure is named by its JSON path; a ranked document's scores have their own, wider
+tolerance."""
 
 from __future__ import annotations
 
@@ -19,9 +20,15 @@ from compare_eval_reports import differences, main  # noqa: E402
 def report() -> dict[str, Any]:
     """A small report of the shape `sieve eval` writes: its run, a summary and one case."""
     return {
-        "run": {"startedAt": "2026-01-01T00:00:00Z", "reportFile": "/a/report.json", "store": "/a/chroma"},
+        "run": {
+            "startedAt": "2026-01-01T00:00:00Z",
+            "reportFile": "/a/report.json",
+            "store": "/a/chroma",
+            "codeVersion": "0afd009",
+        },
         "summary": {"recall": 0.75, "mrr": 0.5, "budget": {"p95LatencyMs": 12.0, "topK": 5}},
         "audit": {"previousReport": "/a/previous.json", "findings": 2},
+        "comparison": {"budget": {"p95Ms": {"current": 21.1}}, "differences": ["code: 0afd009 -> 0afd009"]},
         "cases": [
             {
                 "id": "q1",
@@ -56,14 +63,23 @@ def test_equal_documents_have_no_difference() -> None:
         "run__startedAt",
         "run__reportFile",
         "run__store",
+        "run__codeVersion",
         "audit__previousReport",
         "summary__budget__p95LatencyMs",
         "cases__0__latencyMs",
         "cases__0__traceId",
+        "comparison__budget__p95Ms__current",
     ],
 )
 def test_clocks_trace_ids_and_paths_are_ignored(path: str) -> None:
     assert list(differences(report(), changed(**{path: "elsewhere"}))) == []
+
+
+def test_the_code_line_of_the_comparison_is_ignored_and_any_other_line_is_not() -> None:
+    moved = changed(comparison__differences=["code: 0afd009 -> c9bdb9f"])
+    assert list(differences(report(), moved)) == []
+    more = changed(comparison__differences=["code: 0afd009 -> c9bdb9f", "K: 5 -> 10"])
+    assert list(differences(report(), more)) == ["comparison.differences: 0 items, then 1"]
 
 
 def test_a_changed_figure_is_found_with_its_path() -> None:
