@@ -52,8 +52,8 @@ from app.lexical.files import (
     save_snapshot,
 )
 from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
-from app.retrieval.types import knowledge_tag_of
 from app.store import ChangeEntry, ChromaStore, StoredChunk
+from app.store.types import knowledge_tag_of
 
 log = logging.getLogger(__name__)
 
