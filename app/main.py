@@ -25,12 +25,12 @@ from app import exit_codes
 from app.api.admission import AdmissionGate
 from app.api.docs_ui import install_docs
 from app.api.errors import install_error_handlers
-from app.api.label import LabelDesk
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
 from app.api.routes import router
 from app.api.state import AppState
+from app.label_desk import LabelDesk
 from app.settings import Settings
 
 __all__ = ["AppState", "create_app", "create_label_app", "startup_sequence", "stop_writers"]

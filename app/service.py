@@ -200,7 +200,7 @@ class Sieve:
             self._sync.follow()
         # Embedded, this process holds the store's lock until it closes: no other process can write, so
         # after `open`'s catch-up every write is this process's own, applied through `on_commit`, and
-        # queries skip the change-log read (2-4 ms at 1M chunks, once every refresh_seconds).
+        # queries skip the change-log read (once every refresh_seconds; docs/benchmarks.md#code-figures).
         self.chain = self._build_chain()
 
     # -- retrieval ---------------------------------------------------------------------------------

@@ -190,8 +190,8 @@ class RetrievalSettings(_Strict):
     # A tagged query's dense search: when the BM25 index's tag counts say the nearest
     # ceil(2 * candidate_k / the tag's share) chunks are at most this many, those are fetched unfiltered
     # and filtered here, else (a rare tag) Chroma searches with `where` (0 = always Chroma's `where`).
-    # Measured at 1M chunks: Chroma's filtered search 0.5-2.3 s a query, an unfiltered one of 4,000 results
-    # 86 ms. See CandidateGenerator.
+    # At scale Chroma's filtered search costs far more than an unfiltered one of this many results
+    # (docs/benchmarks.md#code-figures). See CandidateGenerator.
     tag_post_filter_max: int = Field(4000, ge=0, le=100_000)
     max_query_chars: int = Field(1000, ge=1)
     jieba_user_dict: str | None = None

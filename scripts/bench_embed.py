@@ -19,8 +19,8 @@ the 1-minute load average is printed beside every figure):
    A B A B ..., `--rounds` times each, read from the ingest's own "in N s" line; the ratio of the medians,
    the smallest cosine between the vectors A and B stored, and the load average around each run.
 
-`--quick` (60 documents, 48 passages, two batch sizes) takes about 5 minutes on 2 idle cores. Prints a
-Markdown block and writes it between the `bench-embed` markers of `--doc` (unless --no-doc).
+`--quick` (60 documents, 48 passages, two batch sizes) takes minutes (docs/benchmarks.md#code-figures).
+Prints a Markdown block and writes it between the `bench-embed` markers of `--doc` (unless --no-doc).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ For each size N, under `--workdir`/n<N>/ (kept between runs, so "ready after the
    the persisted BM25 index (printed as the lexical build); the next start is the "ready" figure;
 3. writes over real HTTP with an admin token: one-document `POST /api/documents` latency (median and worst of
    20, each a new document of 3 chunks), and a 1,000-document batch (as a job: time until done);
-4. chain-only query time (the query's vector given: the hash embedder costs ~0.1 ms), p50/p95 of 200
+4. chain-only query time (the query's vector given: the hash embedder costs little beside it), p50/p95 of 200
    queries, without and with a knowledge tag, measured in a process of its own (`chain` command), after the
    BM25 index's background id check (its wait is printed as id_check_wait_s);
 5. dense recall@50 of Chroma's HNSW against exact search (numpy, over the vectors regenerated from the
@@ -348,7 +348,8 @@ def chain_and_recall(args: argparse.Namespace) -> int:
     store = ChromaStore.open(settings.rag.store, embedder.identity())
     sieve = Sieve(settings, embedder, store, None)  # type: ignore[arg-type]
     opened_s = time.perf_counter() - t0
-    # the background id check lists every id beside the first queries (34-39 s at 1M): time what follows it
+    # the background id check lists every id beside the first queries (tens of seconds at 1M,
+    # docs/benchmarks.md#code-figures): time what follows it
     sieve.wait_id_check(timeout=900)
     id_check_s = time.perf_counter() - t0 - opened_s
     corpus = Corpus()

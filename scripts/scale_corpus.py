@@ -10,8 +10,9 @@ Corpus (`Corpus(seed)`, same seed -> same chunks, generated in any order by chun
 
 Embedder (`HashEmbedder`): each token (a latin word, lowercased, or one CJK character) gets a fixed unit
 Gaussian vector seeded by crc32(token); a text's vector is the sum of its tokens' vectors weighted by
-1 + ln(count), normalised to unit length. Deterministic, no model, ~20 µs a chunk: what the benchmark measures
-is the store and the index, never a model. Texts that share words get similar vectors, as with a real model.
+1 + ln(count), normalised to unit length. Deterministic, no model, cheap (docs/benchmarks.md#code-figures):
+what the benchmark measures is the store and the index, never a model. Texts that share words get similar
+vectors, as with a real model.
 """
 
 from __future__ import annotations

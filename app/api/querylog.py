@@ -54,6 +54,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.jsonl import encode_line
+from app.querylog_files import log_files, rotated_file
 from app.retrieval.types import SCORE_BM25, SCORE_DENSE, SCORE_FUSED, SCORE_RERANK, RetrievalResult
 from app.settings import QueryLogSettings
 
@@ -444,21 +445,6 @@ def read_newest(path: Path, limit: int, files: list[Path] | None = None) -> list
             if isinstance(record, dict):
                 out.append(record)
     return out
-
-
-def rotated_file(path: Path, index: int) -> Path:
-    """The rotated file number `index` of the log at `path`: path.1 is the newest."""
-    return path.with_name(f"{path.name}.{index}")
-
-
-def log_files(path: Path) -> list[Path]:
-    """The files of the log at `path`, newest first: `path`, then path.1, path.2, ... while they exist."""
-    found = [path] if path.exists() else []
-    index = 1
-    while rotated_file(path, index).exists():
-        found.append(rotated_file(path, index))
-        index += 1
-    return found
 
 
 def _reverse_lines(path: Path) -> Iterator[bytes]:

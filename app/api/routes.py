@@ -37,13 +37,12 @@ from app.api.schemas import (
     JobAccepted,
     ReadyResponse,
     RetrieveRequest,
-    RetrieveResponse,
     error_responses,
-    retrieve_response,
 )
 from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
 from app.models import EmbeddingInterrupted
+from app.retrieve_response import RetrieveResponse, retrieve_response
 
 if TYPE_CHECKING:
     from app.api.state import AppState

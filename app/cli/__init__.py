@@ -1,7 +1,8 @@
 """The `sieve` command (also `python -m app`): one module per group of subcommands.
 
 - `app.cli.serve`: `serve`;
-- `app.cli.query`: `ingest`, `query`;
+- `app.cli.ingest`: `ingest`;
+- `app.cli.query`: `query`;
 - `app.cli.eval`: `eval`, `tune`, `compare`, `trec-eval`;
 - `app.cli.golden`: `golden ...`, `baseline ...`, `label`;
 - `app.cli.client`: `--server URL` (or `$SIEVE_SERVER`) on `query` and `eval`, which ask a running
@@ -29,7 +30,8 @@ from app.cli.common import (
 )
 from app.cli.eval import add_eval_commands
 from app.cli.golden import add_golden_commands
-from app.cli.query import add_query_commands, render_result
+from app.cli.ingest import add_ingest_command
+from app.cli.query import add_query_command, render_result
 from app.cli.serve import add_serve_command
 from app.settings import SettingsError
 
@@ -81,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_command(sub)
-    add_query_commands(sub)
+    add_ingest_command(sub)
+    add_query_command(sub)
     add_eval_commands(sub)
     add_golden_commands(sub)
     return parser

@@ -329,10 +329,10 @@ def _sample(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from app import exit_codes
-    from app.api.querylog import log_files
     from app.cli.common import settings_with
     from app.evaluation.golden.authoring import sample
     from app.models import load_embedder
+    from app.querylog_files import log_files
     from app.settings import nested
 
     settings = settings_with(nested("rag.models.trace_queries", False))
@@ -422,12 +422,12 @@ def _label(args: argparse.Namespace) -> int:
     import sys
 
     from app import exit_codes
-    from app.api.label import LabelDesk, LabelFiles
     from app.cli.common import settings_with
     from app.evaluation.golden.authoring.judgments import JudgmentsError
     from app.evaluation.golden.authoring.pool import QueueError
     from app.evaluation.golden.cases import GoldenSetError
     from app.files import change_line
+    from app.label_desk import LabelDesk, LabelFiles
     from app.settings import nested
 
     if not 0 <= args.port <= 65535:

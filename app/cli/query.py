@@ -1,4 +1,4 @@
-"""`sieve ingest` and `sieve query`: put documents in the store, ask the chain and show what each stage did.
+"""`sieve query`: ask the chain and show what each stage did.
 
 `sieve query --server URL` asks a running `sieve serve` (`app.cli.client`) and prints the same table or
 JSON as a query run here."""
@@ -7,29 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from typing import Any
 
 from app import exit_codes
 from app.cli.client import ServerError, SieveClient, server_token, server_url
 from app.cli.common import fail, open_sieve, settings_with
-from app.settings import nested
 
 # characters of a chunk's text shown after its title in the human table
 SNIPPET_CHARS = 60
 
 
-def add_query_commands(sub: Any) -> None:
-    ingest = sub.add_parser(
-        "ingest", help="ingest files or directories (Markdown, text, JSONL, BEIR corpus.jsonl)"
-    )
-    ingest.add_argument("paths", nargs="+")
-    ingest.add_argument(
-        "--rebuild", action="store_true", help="drop the collection first (e.g. a new embedder)"
-    )
-    ingest.set_defaults(func=ingest_command)
-
+def add_query_command(sub: Any) -> None:
     query = sub.add_parser("query", help="retrieve through the chain and show what each stage did")
     query.add_argument("text")
     query.add_argument("--top-k", type=int)
@@ -44,28 +32,8 @@ def add_query_commands(sub: Any) -> None:
     query.set_defaults(func=query_command)
 
 
-def ingest_command(args: argparse.Namespace) -> int:
-    # no query is made here: tracing the query model or reading every vector for the exact dense search
-    # would only add seconds to the start (and the exact search a read-back after every committed batch)
-    settings = settings_with(
-        nested("rag.models.trace_queries", False), nested("rag.store.exact_search_max_chunks", 0)
-    )
-    missing = [p for p in args.paths if not os.path.exists(p)]
-    if missing:
-        return fail(f"no such file or directory: {', '.join(missing)}")
-    sieve = open_sieve(settings, rebuild=args.rebuild)
-    try:
-        report = sieve.ingest(args.paths, progress=True)
-    finally:
-        sieve.close()
-    print(report.summary())
-    for error in report.errors:
-        print(f"error: {error}", file=sys.stderr)
-    return exit_codes.BAD_INPUT if report.errors else exit_codes.OK
-
-
 def query_command(args: argparse.Namespace) -> int:
-    from app.api.schemas import RetrieveResponse, retrieve_response, to_json
+    from app.retrieve_response import RetrieveResponse, retrieve_response
 
     text = args.text
     if not text.strip():
@@ -81,7 +49,7 @@ def query_command(args: argparse.Namespace) -> int:
     except ServerError as exc:
         return fail(exc.message, exc.code)
     if args.json:
-        print(json.dumps(to_json(response), ensure_ascii=False, indent=2))
+        print(json.dumps(response.model_dump(mode="json"), ensure_ascii=False, indent=2))
     else:
         print(render_result(response))
     return exit_codes.OK

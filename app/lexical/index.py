@@ -143,8 +143,8 @@ class Bm25Index:
     BM25Okapi's own order (terms by first appearance in the corpus), only when a query meets a term with a
     negative idf, and cached until the next write."""
 
-    # Scoring postings kept between queries, in postings (16 bytes each: 16M = 256 MB at most). At 1M
-    # chunks, 1,200 synthetic queries touched 14.7M postings; a bound of 8M made BM25 top 20% slower.
+    # Scoring postings kept between queries, in postings (16 bytes each: 16M = 256 MB at most): room for
+    # what queries at 1M chunks touch; a smaller bound made BM25 slower (docs/benchmarks.md#code-figures).
     POSTINGS_CACHE_LIMIT = 16_000_000
 
     def __init__(self, analyzer: Analyzer, k1: float = 1.2, b: float = 0.75, epsilon: float = 0.25):
@@ -410,9 +410,10 @@ class Bm25Index:
     def export_state(self) -> tuple[dict[str, Any], list[str]]:
         """(arrays and string lists of the live chunks, tag names), for `files.save_snapshot`.
 
-        The lock is held only while the index's arrays are copied (211 MiB, 0.1 s at 1M chunks);
-        the sort that puts the postings in CSR form runs after it, beside queries and writes. Held for the
-        whole export, it would stall every query for the export's 6-11 s at 1M chunks (docs/scaling.md)."""
+        The lock is held only while the index's arrays are copied, a small part of the export; the sort
+        that puts the postings in CSR form runs after it, beside queries and writes. Held for the whole
+        export, it would stall every query for seconds at 1M chunks (docs/benchmarks.md#code-figures,
+        docs/scaling.md)."""
         with self._lock:
             raw, tags = self._raw(copy=True), list(self._tags)
         return _export(raw), tags
@@ -523,7 +524,7 @@ class Bm25Index:
     def _all_scores(self, query_terms: list[int]) -> np.ndarray:
         """Every slot's score (dead slots included: callers mask them). The postings make scoring touch
         only the chunks that contain a query term: BM25Okapi.get_scores walks every chunk's dict in Python
-        for every query term (43 ms a query over 15,500 chunks here, against 0.4 ms from the postings). The
+        for every query term, far slower than the postings (docs/benchmarks.md#code-figures). The
         arithmetic is its own, term by term, so the scores are bit-for-bit equal
         (tests/unit/test_lexical.py)."""
         score = np.zeros(len(self._slot_ids))

@@ -52,8 +52,8 @@ from app.lexical.files import (
     save_snapshot,
 )
 from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
-from app.retrieval.types import knowledge_tag_of
 from app.store import ChangeEntry, ChromaStore, StoredChunk
+from app.store.types import knowledge_tag_of
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class LexicalSync:
     def _maybe_prune(self) -> None:
         """Delete change-log entries older than the retention, at most once per retention / 24 (and per
         minute), in a thread of its own: the write that triggers it does not wait (the first prune of a
-        log never pruned can take seconds: 86k entries in 18 s, docs/benchmarks.md)."""
+        log never pruned can take seconds: docs/benchmarks.md#change-log)."""
         if self.retention_ns <= 0:
             return
         now = time.time_ns()

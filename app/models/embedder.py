@@ -145,8 +145,8 @@ class Embedder:
 
         Passages are sliced in order of length (similar lengths pad little) and returned in input order.
         With `workers` > 1 the slices are handed out in that order to the worker threads, at most one each
-        at a time; every worker runs one torch intra-op thread (data parallelism: measured on 2 idle cores,
-        2 workers x 1 thread embedded 1.93x one thread, 2 intra-op threads only 1.64x).
+        at a time; every worker runs one torch intra-op thread (data parallelism gains more than intra-op
+        threads: docs/benchmarks.md#code-figures).
         `on_progress(done, total)` is called in this thread after each slice; `should_stop()` is asked
         before each slice is handed out and True raises `EmbeddingInterrupted` once the slices in progress
         are done (a shutdown does not wait for a long ingest to finish).
@@ -584,17 +584,17 @@ def configure_torch_threads() -> int:
     """Set torch up once per process and return the intra-op thread count queries run at:
     $OMP_NUM_THREADS if set, else half the cores this process may use (at least one); one inter-op thread.
 
-    The service shares its cores with Chroma, BM25 and the API; measured on a busy 2-core machine, two
-    torch threads encoded 3.5x slower than one (the OpenMP workers wait on each other for a core). Ingest
-    does not use this count: its workers run one thread each (see `Embedder.embed_passages`).
+    The service shares its cores with Chroma, BM25 and the API; on a busy machine two torch threads encode
+    slower than one, as the OpenMP workers wait on each other for a core (docs/benchmarks.md#code-figures).
+    Ingest does not use this count: its workers run one thread each (see `Embedder.embed_passages`).
     """
     global _query_threads
     if _query_threads is not None:
         return _query_threads
     # Idle OpenMP workers sleep instead of spinning (read once, when torch loads its OpenMP runtime): on a
     # shared machine a spinning worker takes the core another process needs, and ingest slices that run on
-    # several threads are then slower than on one (measured: 2 threads 0.56x of 1 thread spinning, 1.05-1.15x
-    # sleeping, at load 5-6 on 2 cores). Set OMP_WAIT_POLICY yourself to choose otherwise.
+    # several threads are then slower than on one (docs/benchmarks.md#code-figures). Set OMP_WAIT_POLICY
+    # yourself to choose otherwise.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 

@@ -2,9 +2,9 @@
 
 Why. In eager mode a forward pass of a transformer returns to Python between its operators, hundreds of
 times, and every return must take the GIL back. In a server other request threads hold the GIL for their
-chain and HTTP work, and each re-take can wait for the interpreter's switch interval (5 ms). Measured here
-in one process: one batch of 4 SciFact queries took 88 ms alone and 2,140 ms
-beside one thread running Python; traced, 101 and 227 ms. A trace
+chain and HTTP work, and each re-take can wait for the interpreter's switch interval (5 ms): beside one
+thread running Python an eager batch of queries takes many times as long as alone, a traced one a few
+times (docs/benchmarks.md#code-figures). A trace
 (`torch.jit.trace`) runs the forward pass in TorchScript's C++ interpreter, which holds the GIL only at its
 two ends.
 

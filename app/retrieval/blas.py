@@ -2,15 +2,15 @@
 
 OpenBLAS splits a product as small as a candidate set's 84 x 84 cosine matrix across every core (measured
 here at 384 dimensions: for 84 rows the second thread worked as long as the first; for 32, not). On a busy
-machine the threads wait for each other: measured here under load, 15 ms with 2 threads against 0.4 ms
-with one. Nothing the chain multiplies is large enough to gain from more threads (the exact dense search
-over the whole collection, app/store/exact.py, is, and runs on every thread).
+machine the threads wait for each other, and the product takes many times as long as on one thread
+(docs/benchmarks.md#code-figures). Nothing the chain multiplies is large enough to gain from more threads
+(the exact dense search over the whole collection, app/store/exact.py, is, and runs on every thread).
 
 How. numpy's OpenBLAS (a pthreads build, as numpy's wheels carry) has one process-wide thread count, set
 and read by its `openblas_set_num_threads` / `openblas_get_num_threads`. `one_thread` calls them itself,
-through ctypes: 7 µs to enter and leave, against 65 µs for threadpoolctl's `ThreadpoolController.limit`
-(measured back to back), which inspects every loaded library again at every call. It also keeps out of
-threadpoolctl's "controlling thread" rule (3.8): a thread that sets OpenBLAS's count outside a `limit`
+through ctypes, at a fraction of the cost of threadpoolctl's `ThreadpoolController.limit`
+(docs/benchmarks.md#code-figures), which inspects every loaded library again at every call. It also keeps
+out of threadpoolctl's "controlling thread" rule (3.8): a thread that sets OpenBLAS's count outside a `limit`
 block owns it while it lives, and other threads' settings are then ignored without a word. The libraries
 are threadpoolctl's findings at the first call: every BLAS loaded by then, numpy's among them (this module
 imports numpy first). A BLAS loaded after that (scipy's, which sentence-transformers brings) multiplies

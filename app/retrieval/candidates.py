@@ -111,7 +111,7 @@ class CandidateGenerator:
         """The dense top `candidate_k` of each query vector, among the chunks tagged `tag` if not None.
 
         Chroma's search with `where` (its filtered HNSW search) costs far more than an unfiltered one at
-        scale: 0.5-2.3 s a query at 1M chunks, against 86 ms for the nearest 4,000 (docs/scaling.md).
+        scale (docs/benchmarks.md#code-figures, docs/scaling.md).
         So, when the lexical index knows that `tag` has `count` of its `live` chunks, the nearest
         n = ceil(POST_FILTER_MARGIN * candidate_k * live / count) chunks are fetched unfiltered, if n is at
         most `tag_post_filter_max`, and the first `candidate_k` of them with the tag (by the index's tags)
@@ -234,8 +234,8 @@ def _geometry(
     so only the missing ones are computed (`unit_rows`, the same bits).
 
     The nearest cosines come from one float32 product of the units rounded to float32, on one BLAS
-    thread: half the time of the float64 product (90 against 160 µs for 84 x 384, measured), and only a
-    bound is needed, within `nearest_slack` of the float64 cosine (the diversity stage allows for it)."""
+    thread: faster than the float64 product (docs/benchmarks.md#code-figures), and only a bound is
+    needed, within `nearest_slack` of the float64 cosine (the diversity stage allows for it)."""
     if with_nearest and known is not None and len(known) > 1 and all(u is not None for u in known):
         try:  # the usual case: every unit known (so 1-D); a ValueError: they differ in length
             single = np.array(known, dtype=np.float32)

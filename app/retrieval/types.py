@@ -14,18 +14,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from app.store.types import knowledge_tag_of
+
 SCORE_DENSE = "dense"
 SCORE_BM25 = "bm25"
 SCORE_FUSED = "fused"
 SCORE_RERANK = "rerank"
 # Chunk metadata written at ingest (chunker.DOC_SHA256): sha256 of the normalised document text.
 META_DOC_SHA256 = "doc_sha256"
-
-
-def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
-    """A chunk's knowledge tag: its `knowledge` metadata as a string, None when absent or empty."""
-    tag = metadata.get("knowledge")
-    return str(tag) if tag not in (None, "") else None
 
 
 def unit_vector(vector: np.ndarray | None) -> np.ndarray | None:

@@ -228,8 +228,8 @@ class ChromaStore:
         """Run one nearest-neighbour query so the store loads its vector index now; returns its seconds.
 
         Chroma loads a collection's HNSW segment at the first query, not when the collection is opened
-        (measured: 5.3-5.8 s at 100k chunks), so without this a service would say it is ready and then
-        make its first user wait for that load. An empty collection has nothing to load."""
+        (seconds at 100k chunks: docs/benchmarks.md#code-figures), so without this a service would say it
+        is ready and then make its first user wait for that load. An empty collection has nothing to load."""
         started = time.perf_counter()
         if self.count() > 0:
             probe = np.zeros((1, dimension), dtype=np.float32)
@@ -451,8 +451,9 @@ class ChromaStore:
     def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Chunk id -> metadata of the stored chunks that have one of `chunk_ids` or whose `doc_id` is one
         of `doc_ids`: a `get` by ids, and one with `where: {doc_id: {$in: ...}}`. The first costs what is
-        asked; the second does not: any `where` took Chroma 150-166 ms at 1M chunks whatever it matched
-        (docs/scaling.md), still far less than re-reading the collection's metadata."""
+        asked; the second does not: any `where` took Chroma as long at 1M chunks whatever it matched
+        (docs/benchmarks.md#code-figures, docs/scaling.md), still far less than re-reading the
+        collection's metadata."""
         out: dict[str, dict[str, Any]] = {}
         batch = self._max_batch()
         for start in range(0, len(chunk_ids), batch):

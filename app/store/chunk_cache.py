@@ -1,8 +1,8 @@
 """The chunks a query needs (text, metadata, vector), kept in this process so that a query asks the store for
 ids and distances only (`rag.store.cache_chunks`).
 
-Measured on SciFact (embedded Chroma 1.5.9, 18k chunks): the dense top 50 costs about 1 ms with distances
-only and 12 ms with documents, metadata and vectors; the get of the ~34 BM25-only candidates another 7 ms.
+On SciFact the dense top 50 costs many times as much with documents, metadata and vectors as with distances
+only, and the get of the BM25-only candidates adds about as much again (docs/benchmarks.md#code-figures).
 A query's candidates are read from here; the ones not here are read with one `get` for all of them and kept.
 
 Exact, never a stale answer the lexical index would not also give:
@@ -19,7 +19,7 @@ Exact, never a stale answer the lexical index would not also give:
 Bounded: at most `max_chunks` entries, the least recently used leave first (0 = no cache: every read goes to
 the store). An entry holds the text, the metadata dict, the float32 vector and its float64 unit vector
 (`StoredChunk.unit`: about 5.7 KB at 384 dimensions besides the text; the unit vector, 3.2 KB of it, saves
-every query the conversion of its candidates' vectors, 0.25-0.3 ms for 84 measured in a query's context).
+every query the conversion of its candidates' vectors: docs/benchmarks.md#code-figures).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Exact nearest-neighbour search over every chunk's vector, held in this process, for a collection of up to
 `rag.store.exact_search_max_chunks` chunks (`ChromaStore.query_ids` uses it when it can).
 
-Why. Measured on SciFact (17,986 chunks, 384 dimensions, one query at a time, scripts/bench_chain.py):
-Chroma's HNSW search for the 50 nearest took 3.4-4.0 ms at `ef_search` 200, about 0.9 ms of it the call's
-fixed cost and the rest the graph walk (3.2 ms at `ef_search` 100, which found only 97.3% of the true top
-50). One float32 matrix-vector product over all the vectors and a partial sort took 0.7-2.1 ms, and finds
-the true top 50 by definition. The product grows with the collection, faster once the matrix outgrows the
-CPU's cache (3.0-3.7 ms at 30k, 5.7-5.9 at 50k, random vectors), and the graph walk much more slowly, so
-past the limit (30,000 by default) Chroma's own index serves.
+Why. On SciFact (17,986 chunks, 384 dimensions, one query at a time, scripts/bench_chain.py) one float32
+matrix-vector product over all the vectors and a partial sort is faster than Chroma's HNSW search for the
+50 nearest (a fixed cost per call, then the graph walk; at `ef_search` 100 it found only 97.3% of the true
+top 50), and finds the true top 50 by definition. The product grows with the collection, faster once the
+matrix outgrows the CPU's cache, and the graph walk much more slowly, so past the limit (30,000 by default)
+Chroma's own index serves (docs/benchmarks.md#code-figures).
 
 What it answers: what `query_ids` answers on a cosine collection, without approximation. For each query
 vector q and `n`: the `n` chunks of largest cosine(q, v) = (q / |q|) · (v / |v|), computed in float32 (the
@@ -24,11 +23,9 @@ after a newer one.
 
 Layout: one float32 matrix of dimension x capacity, each chunk's unit vector a column (a chunk's "row" below
 is its column number), so a query's scores are the product q @ matrix: the matrix-vector kernel for a
-transposed operand. Measured at 18k x 384 (300 queries, numpy's OpenBLAS on 2 threads), it took 0.77 ms
-against 1.01 for chunks as rows between reads of 4 MB of other memory, and 1.02 against 1.33 between
-pauses of 1 ms; in the chain (scripts/bench_chain.py, six runs alternated with the rows layout) the
-dense search took 1.53-1.88 ms against 2.09-2.40. It sums each cosine in another order than the rows
-layout: scores differ by at most 3.6e-7 over the 300 SciFact test queries, no query's top 10 differs.
+transposed operand, faster than chunks as rows, alone and in the chain (docs/benchmarks.md#code-figures).
+It sums each cosine in another order than the rows layout: scores differ by at most 3.6e-7 over the 300
+SciFact test queries, no query's top 10 differs.
 
 Memory: 4 bytes per dimension per chunk (1.5 KB at 384 dimensions; 46 MB at the default limit of 30,000),
 plus the ids.
@@ -165,15 +162,13 @@ class ExactSearch:
             lengths = np.sqrt(np.einsum("ij,ij->i", q, q))
             units = q / np.where(lengths > 0, lengths, 1.0)[:, None]
             # On every BLAS thread, unlike the chain's small products (app/retrieval/blas.py): this one
-            # gains, at 18k x 384 0.77 ms with 2 threads against 1.80 with one between reads of other
-            # memory (with chunks as rows: 1.1-2.5 against 3.0-4.2, alone and between pauses of 4 ms);
-            # 8 concurrent queries lost nothing measurable.
+            # gains from a second thread, and 8 concurrent queries lost nothing measurable
+            # (docs/benchmarks.md#code-figures).
             # One matrix-vector product per query, also in a batch: BLAS's matrix-matrix kernel, which a
             # batch's one product would get, sums in another order, so a query's scores would depend on
-            # the batch it came in (tests/unit/test_exact_search.py). Measured at 18k x 384 as rows, 2
-            # threads, between pauses: 1.5-1.8 ms a query either way alone; a batch of 8 costs 7.3 ms as
-            # 8 products against 4.6 as one (0.3 ms a query more), while padding a lone query to a
-            # two-column product, the other way to one kernel, cost 3.9-4.3 ms against 1.5-1.8.
+            # the batch it came in (tests/unit/test_exact_search.py). A batch's products cost a little more
+            # than its one product would, and padding a lone query to a two-column product, the other way
+            # to one kernel, costs more than the lone query's own product (docs/benchmarks.md#code-figures).
             matrix = columns[:, :used]
             return [_top(unit @ matrix, usable, n, self._ids) for unit in units]
 

@@ -22,6 +22,12 @@ class StoredChunk:
     unit: np.ndarray | None = None
 
 
+def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
+    """A chunk's knowledge tag: its `knowledge` metadata as a string, None when absent or empty."""
+    tag = metadata.get("knowledge")
+    return str(tag) if tag not in (None, "") else None
+
+
 def unit_of(vector: np.ndarray) -> np.ndarray | None:
     """`vector` / `vector_norm(vector)` in float64, read-only (bit for bit `unit_vector`); None when it
     has no length or is not finite."""

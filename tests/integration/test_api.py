@@ -10,7 +10,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,78 +20,27 @@ from fastapi.testclient import TestClient
 from app.ingest.types import Document
 from app.main import AppState, create_app
 from app.service import Sieve
-from app.settings import Settings, load_settings, merge, nested
+from app.settings import Settings, nested
 from app.store import ChromaStore
+from tests.fixtures.api_app import (
+    GOLDEN_SET,
+    MAX_QUERY_CHARS,
+    READY_TIMEOUT_S,
+    installs,
+    make_settings,
+    serving,
+    wait_ready,
+)
 from tests.fixtures.processes import chroma_run, stop_process
-from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS_CACHE = REPO / "target" / "models"
-GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
 ADMIN_TOKEN = "s3cret-admin-token"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-MAX_QUERY_CHARS = 200
 STAGE_NAMES = ["similarity_threshold", "hard_filter", "bm25", "rerank", "diversity", "fallback"]
-READY_TIMEOUT_S = 30.0
 
 
 # -- fixtures ----------------------------------------------------------------------------------------------
-
-
-def make_settings(store_path: Path, output_dir: Path, *overrides: dict[str, Any]) -> Settings:
-    return load_settings(
-        merge(
-            nested("rag.store.path", str(store_path)),
-            nested("rag.models.cache_dir", str(MODELS_CACHE)),
-            nested("rag.ingest.paths", [str(REPO / "golden_set" / "knowledge-base")]),
-            nested("rag.evaluate.resource_location", str(GOLDEN_SET)),
-            nested("rag.evaluate.output_dir", str(output_dir)),
-            nested("rag.retrieval.max_query_chars", MAX_QUERY_CHARS),
-            nested("rag.server.jobs_dir", str(output_dir / "jobs")),
-            *overrides,
-        )
-    )
-
-
-@pytest.fixture(scope="module")
-def sieve(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterator[Sieve]:
-    base = tmp_path_factory.mktemp("api")
-    store_path = seeded_store(base / "store")
-    settings = make_settings(store_path, base / "unused-eval")
-    store = ChromaStore.open(settings.rag.store, real_embedder.identity())
-    built = Sieve(settings, real_embedder, store, reranker=None)
-    assert built.store.count() > 0
-    yield built
-    built.close()
-
-
-def installs(sieve: Sieve) -> Callable[[AppState], None]:
-    """A startup sequence that hands the app the module's ready-made Sieve."""
-
-    def start(state: AppState) -> None:
-        state.sieve = sieve
-        state.phase = "ready"
-        state.ready = True
-
-    return start
-
-
-def wait_ready(client: TestClient) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if client.get("/ready").status_code == 200:
-            return
-        time.sleep(0.02)
-    pytest.fail(f"/ready still answers {client.get('/ready').json()} after {READY_TIMEOUT_S}s")
-
-
-@contextmanager
-def serving(settings: Settings, start: Callable[[AppState], None]) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, start=start)) as client:
-        wait_ready(client)
-        yield client
 
 
 @pytest.fixture

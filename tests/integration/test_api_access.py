@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.service import Sieve
 from app.settings import Settings, nested
-from tests.integration.test_api import installs, make_settings, serving, sieve  # noqa: F401  (fixture)
+from tests.fixtures.api_app import installs, make_settings, serving
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ QUERY = {"query": "工资什么时候发", "topK": 3}
 JOB_TIMEOUT_S = 120.0
 
 
-def settings_for(sieve: Sieve, tmp_path: Path, *overrides: dict[str, Any]) -> Settings:  # noqa: F811
+def settings_for(sieve: Sieve, tmp_path: Path, *overrides: dict[str, Any]) -> Settings:
     return make_settings(Path(sieve.settings.rag.store.path), tmp_path / "eval", *overrides)
 
 
@@ -40,7 +40,7 @@ def post_docs(client: TestClient, docs: list[dict[str, Any]], headers: dict[str,
 # -- writes need the admin token ---------------------------------------------------------------------------
 
 
-def test_writes_are_403_when_no_admin_token_is_configured(sieve: Sieve, tmp_path: Path) -> None:  # noqa: F811
+def test_writes_are_403_when_no_admin_token_is_configured(sieve: Sieve, tmp_path: Path) -> None:
     with serving(settings_for(sieve, tmp_path), installs(sieve)) as client:
         for response in (
             post_docs(client, [doc("x-doc", "some text")], ADMIN),
@@ -68,7 +68,7 @@ def test_writes_are_403_when_no_admin_token_is_configured(sieve: Sieve, tmp_path
     ],
 )
 def test_a_write_without_the_admin_token_is_401_and_changes_nothing(
-    sieve: Sieve,  # noqa: F811
+    sieve: Sieve,
     tmp_path: Path,
     headers: dict[str, Any],
 ) -> None:
@@ -92,7 +92,7 @@ def test_a_write_without_the_admin_token_is_401_and_changes_nothing(
 
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER"])
 def test_the_admin_token_writes_with_any_case_of_the_scheme(
-    sieve: Sieve,  # noqa: F811
+    sieve: Sieve,
     tmp_path: Path,
     scheme: str,
 ) -> None:
@@ -110,7 +110,7 @@ def test_the_admin_token_writes_with_any_case_of_the_scheme(
 # -- reads need the api token when one is set --------------------------------------------------------------
 
 
-def test_with_an_api_token_reads_need_it_and_ops_pages_stay_open(sieve: Sieve, tmp_path: Path) -> None:  # noqa: F811
+def test_with_an_api_token_reads_need_it_and_ops_pages_stay_open(sieve: Sieve, tmp_path: Path) -> None:
     settings = settings_for(
         sieve,
         tmp_path,
@@ -133,7 +133,7 @@ def test_with_an_api_token_reads_need_it_and_ops_pages_stay_open(sieve: Sieve, t
             assert client.get(path).status_code == 200, path
 
 
-def test_the_openapi_document_declares_the_bearer_scheme(sieve: Sieve, tmp_path: Path) -> None:  # noqa: F811
+def test_the_openapi_document_declares_the_bearer_scheme(sieve: Sieve, tmp_path: Path) -> None:
     with serving(settings_for(sieve, tmp_path), installs(sieve)) as client:
         spec = client.get("/openapi.json").json()
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
@@ -144,7 +144,7 @@ def test_the_openapi_document_declares_the_bearer_scheme(sieve: Sieve, tmp_path:
 # -- limits ------------------------------------------------------------------------------------------------
 
 
-def test_a_body_over_max_body_bytes_is_413_naming_the_limit(sieve: Sieve, tmp_path: Path) -> None:  # noqa: F811
+def test_a_body_over_max_body_bytes_is_413_naming_the_limit(sieve: Sieve, tmp_path: Path) -> None:
     settings = settings_for(
         sieve,
         tmp_path,
@@ -158,7 +158,7 @@ def test_a_body_over_max_body_bytes_is_413_naming_the_limit(sieve: Sieve, tmp_pa
         assert "rag.server.max_body_bytes=4096" in response.json()["error"]
 
 
-def test_a_document_over_max_document_chars_is_422_naming_it(sieve: Sieve, tmp_path: Path) -> None:  # noqa: F811
+def test_a_document_over_max_document_chars_is_422_naming_it(sieve: Sieve, tmp_path: Path) -> None:
     settings = settings_for(
         sieve,
         tmp_path,
@@ -199,7 +199,7 @@ def wait_job(client: TestClient, job_id: str) -> dict[str, Any]:
 
 
 def test_a_write_over_sync_write_chunks_becomes_a_job_with_progress_and_report(
-    sieve: Sieve,  # noqa: F811
+    sieve: Sieve,
     tmp_path: Path,
 ) -> None:
     settings = settings_for(
@@ -230,7 +230,7 @@ def test_a_write_over_sync_write_chunks_becomes_a_job_with_progress_and_report(
         assert missing.status_code == 404
 
 
-def test_access_is_enforced_over_a_real_server(sieve: Sieve, tmp_path: Path, free_port) -> None:  # noqa: F811
+def test_access_is_enforced_over_a_real_server(sieve: Sieve, tmp_path: Path, free_port) -> None:
     import threading
 
     import uvicorn

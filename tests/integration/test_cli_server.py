@@ -19,7 +19,7 @@ import pytest
 
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
-from tests.integration.test_querylog_server import EXIT_TIMEOUT_S, clean_env, wait_ready
+from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,6 +19,7 @@ from app.ingest.types import Document
 from app.models import load_embedder
 from app.settings import IngestSettings, ModelsSettings, StoreSettings
 from app.store import ChromaStore
+from tests.fixtures.embedders import CountingEmbedder
 
 pytestmark = pytest.mark.integration
 
@@ -66,18 +67,6 @@ JSONL = [
     },
     {"id": "j3", "title": "Weather", "text": "The weather is not a support topic.", "knowledge": "misc"},
 ]
-
-
-class CountingEmbedder:
-    """Wraps an embedder and remembers every passage it was asked to embed."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.embedded: list[str] = []
-
-    def embed_passages(self, texts: list[str], show_progress: bool = False, **slicing) -> np.ndarray:
-        self.embedded.extend(texts)
-        return self.inner.embed_passages(texts, show_progress=show_progress, **slicing)
 
 
 @pytest.fixture(scope="module")

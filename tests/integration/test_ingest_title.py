@@ -14,7 +14,7 @@ from app.ingest.loaders import load_paths
 from app.ingest.pipeline import Ingestor
 from app.settings import IngestSettings, StoreSettings
 from app.store import ChromaStore
-from tests.integration.test_ingest import CountingEmbedder
+from tests.fixtures.embedders import CountingEmbedder
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ import httpx
 import pytest
 
 from app.cli import main
+from tests.fixtures.browser import CHROMIUM_ARGS, chromium
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
-from tests.integration.test_report_browser import CHROMIUM_ARGS, chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

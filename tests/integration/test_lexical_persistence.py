@@ -11,44 +11,18 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from app.lexical.index import Analyzer
 from app.lexical.sync import LexicalSync
 from app.service import Sieve
 from app.settings import LexicalSettings, RagSettings, Settings, StoreSettings
 from app.store import ChromaStore, StoredChunk
+from tests.fixtures.lexical_store import ANALYZER, DIM, IDENTITY, chunk, open_sync, text_of, vectors
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-DIM = 8
-IDENTITY = {"name": "test-embedder", "dimension": DIM, "checksum": "0123456789abcdef"}
-WORDS = "vpn password reset travel expense lunch menu salary leave policy 报销 差旅 密码 工资".split()
-ANALYZER = Analyzer()
-
-
-def text_of(chunk: StoredChunk) -> str:
-    return chunk.text
-
-
-def chunk(i: int, seed: int = 0) -> StoredChunk:
-    rng = np.random.default_rng(i * 1000 + seed)
-    text = " ".join(rng.choice(WORDS, size=int(rng.integers(3, 12))))
-    return StoredChunk(f"c{i:05d}", text, {"doc_id": f"d{i}", "knowledge": "it" if i % 3 else "hr"})
-
-
-def vectors(n: int) -> np.ndarray:
-    v = np.random.default_rng(n).standard_normal((n, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True)
-
-
-def open_sync(store: ChromaStore, directory: Path) -> LexicalSync:
-    sync = LexicalSync(store, directory, ANALYZER, 1.2, 0.75, 0.0, text_of)
-    sync.open()
-    return sync
 
 
 def assert_matches_store(sync: LexicalSync, store: ChromaStore) -> None:
@@ -162,7 +136,7 @@ WRITER = textwrap.dedent(
     """
     import sys, numpy as np
     sys.path.insert(0, sys.argv[3])
-    from tests.integration.test_lexical_persistence import chunk, vectors, open_sync, IDENTITY
+    from tests.fixtures.lexical_store import chunk, vectors, open_sync, IDENTITY
     from app.settings import StoreSettings
     from app.store import ChromaStore
     from pathlib import Path

@@ -5,12 +5,10 @@ packaged embedder over the recorded sample log (golden_set/query-log.sample.json
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from app.evaluation.golden.cases import load_golden_set
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
+from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,8 +27,6 @@ MODELS_CACHE = REPO / "target" / "models"
 SIEVE = Path(sys.executable).with_name("sieve")
 SAMPLE_LOG = REPO / "golden_set" / "query-log.sample.jsonl"
 GOLDEN_SET = REPO / "golden_set" / "golden-set.json"
-READY_TIMEOUT_S = 180.0
-EXIT_TIMEOUT_S = 20.0
 ADMIN_TOKEN = "querylog-it-admin-token-0123"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 QUERIES = [
@@ -37,29 +34,6 @@ QUERIES = [
     {"query": "How do I request a new laptop?", "topK": 3},
     {"query": "???"},
 ]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG__") and k != "SIEVE_CONFIG"}
-    return env | {"RAG__MODELS__CACHE_DIR": str(MODELS_CACHE), **extra}
-
-
-def wait_ready(proc: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(
-                f"sieve serve exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}"
-            )
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(
-        f"sieve serve not ready after {READY_TIMEOUT_S:.0f}s:\n{log_path.read_text(errors='replace')[-3000:]}"
-    )
 
 
 def test_a_server_with_the_query_log_on_writes_a_line_per_query_that_only_the_admin_reads(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from app.cli import main
 from app.evaluation.render.html import render_html
 from app.evaluation.report.model import Report
+from tests.fixtures.browser import CHROMIUM_ARGS, chromium
 from tests.fixtures.reports import sample_sweep
 from tests.fixtures.seeded_store import seeded_store
 
@@ -26,34 +26,6 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 MODELS_CACHE = REPO / "target" / "models"
 SCREENSHOTS = REPO / "target" / "report-browser"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-HOW_TO_INSTALL = (
-    "needs Chromium and Playwright's Python package: `apt-get install -y chromium` (Debian) and "
-    "`pip install -e '.[test]'` (no `playwright install`: the test drives /usr/bin/chromium)"
-)
-
-
-def chromium() -> str:
-    """The Chromium executable; skipped (failed under CI=true) when it or Playwright is missing."""
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        path = None
-    if path is None:
-        message = f"the browser test {HOW_TO_INSTALL}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="module")

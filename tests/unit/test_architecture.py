@@ -1,18 +1,44 @@
-"""The import structure: no module imports itself back through others, and no two parts depend on each other.
+"""The import structure: imports go down the layers of docs/design.md (Layout), the two adapters do not import
+each other, no module imports itself back through others, and no two parts depend on each other.
 
-The graph has an edge a -> b when module a imports module b anywhere in its text (top level or inside a
-function: a deferred import is still a dependency). A *cycle* is a strongly connected component of more than
-one module. A *part* is a top-level package or module of `app` (`app.api`, `app.cli`, ...), and inside
-`app.evaluation` each subpackage (`app.evaluation.golden`, `app.evaluation.report`, ...); two parts are in a
-cycle when each imports the other.
+The graph has an edge a -> b when module a imports module b anywhere in its text (top level, inside a
+function or under `if TYPE_CHECKING:`: a deferred import is still a dependency). A *cycle* is a strongly
+connected component of more than one module. A *part* is a top-level package or module of `app`
+(`app.api`, `app.cli`, ...), and inside `app.evaluation` each subpackage (`app.evaluation.golden`,
+`app.evaluation.report`, ...); two parts are in a cycle when each imports the other. The *layers* (`LAYERS`)
+order the top-level parts: a module imports only modules of its own top-level part and of the layers below
+its own.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
+DESIGN = APP.parent / "docs" / "design.md"
+
+# The layers of `app`, top first. A module may import modules of its own top-level part and of the layers
+# below; the parts of one layer do not import each other. docs/design.md (Layout) states the same list.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("app.__main__",),  # `python -m app`
+    ("app.cli",),  # the `sieve` command
+    ("app.main",),  # the HTTP application, which `sieve serve` and `sieve label` start
+    ("app.api",),  # its routes, schemas, dependencies and state
+    ("app.label_desk", "app.retrieve_response"),  # what the API and the CLI both serve
+    ("app.service",),  # the composition root: embedder, store, BM25 index and the one chain
+    ("app.evaluation",),
+    ("app.retrieval", "app.ingest"),
+    ("app.lexical",),  # the BM25 index, which follows the store's change log
+    ("app.store", "app.models"),
+    ("app.settings", "app.exit_codes", "app.files", "app.jsonl", "app.querylog_files", "app.pidlock"),
+)
+# The two adapters, side by side: neither imports the other (the CLI starts the HTTP side through app.main).
+ADAPTERS = ("app.cli", "app.api")
+# Imports that break a rule today, each with what removes it; a test fails once one is gone, so the list
+# only shrinks.
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def module_graph(root: Path = APP) -> dict[str, set[str]]:
@@ -78,6 +104,36 @@ def part(module: str) -> str:
     return ".".join(pieces[:depth])
 
 
+def top_part(module: str) -> str:
+    """The top-level package or module of `app` that `module` is in."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_violations(
+    graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS
+) -> list[tuple[str, str]]:
+    """Every edge a -> b that goes up the layers, or across to another part of the same layer, sorted."""
+    depth = {p: i for i, layer in enumerate(layers) for p in layer}
+    return sorted(
+        (a, b)
+        for a, imported in graph.items()
+        for b in imported
+        if top_part(a) != top_part(b) and depth[top_part(b)] <= depth[top_part(a)]
+    )
+
+
+def adapter_imports(
+    graph: dict[str, set[str]], adapters: tuple[str, ...] = ADAPTERS
+) -> list[tuple[str, str]]:
+    """Every edge from one adapter into another, sorted."""
+    return sorted(
+        (a, b)
+        for a, imported in graph.items()
+        for b in imported
+        if top_part(a) in adapters and top_part(b) in adapters and top_part(a) != top_part(b)
+    )
+
+
 def part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     parts: dict[str, set[str]] = {}
     for module, imported in graph.items():
@@ -106,3 +162,52 @@ def test_no_module_import_cycle() -> None:
 
 def test_no_two_parts_import_each_other() -> None:
     assert cycles(part_graph(module_graph())) == []
+
+
+def test_layer_violations_are_imports_up_or_across_and_not_down() -> None:
+    layers = (("app.top",), ("app.left", "app.right"), ("app.bottom",))
+    graph = {
+        "app.top.a": {"app.left.b", "app.bottom"},
+        "app.left.b": {"app.left.c", "app.bottom", "app.right"},
+        "app.left.c": set(),
+        "app.right": {"app.top.a"},
+        "app.bottom": set(),
+    }
+    assert layer_violations(graph, layers) == [("app.left.b", "app.right"), ("app.right", "app.top.a")]
+
+
+def test_adapter_imports_are_the_edges_between_two_adapters() -> None:
+    graph = {"app.cli.x": {"app.api.y", "app.service"}, "app.api.y": {"app.service"}, "app.service": set()}
+    assert adapter_imports(graph) == [("app.cli.x", "app.api.y")]
+
+
+def test_every_part_of_app_has_a_layer() -> None:
+    placed = {p for layer in LAYERS for p in layer}
+    assert {top_part(m) for m in module_graph() if m != "app"} - placed == set()
+
+
+def test_no_import_goes_up_a_layer_or_across_one() -> None:
+    assert [e for e in layer_violations(module_graph()) if e not in KNOWN_EXCEPTIONS] == []
+
+
+def test_the_cli_and_the_api_do_not_import_each_other() -> None:
+    assert [e for e in adapter_imports(module_graph()) if e not in KNOWN_EXCEPTIONS] == []
+
+
+def design_layers(text: str) -> tuple[tuple[str, ...], ...]:
+    """The layers as docs/design.md's Layout states them: the list after "(top first):" up to the first full
+    stop, layers apart by "→", the backquoted names of each outside parentheses."""
+    listed = text.split("(top first):", 1)[1].split(". ", 1)[0]
+    return tuple(
+        tuple(f"app.{name}" for name in re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", layer)))
+        for layer in listed.split("→")
+    )
+
+
+def test_design_md_states_the_layers_this_test_checks() -> None:
+    assert design_layers(DESIGN.read_text(encoding="utf-8")) == LAYERS
+
+
+def test_every_known_exception_is_still_an_import() -> None:
+    graph = module_graph()
+    assert [(a, b) for a, b in sorted(KNOWN_EXCEPTIONS) if b not in graph.get(a, set())] == []

@@ -3,8 +3,8 @@ cut (to `SNIPPET_CHARS` characters, whitespace folded)."""
 
 from __future__ import annotations
 
-from app.api.schemas import RetrievedDocument, RetrieveResponse, Scores, StageReport
 from app.cli.query import SNIPPET_CHARS, render_result
+from app.retrieve_response import RetrievedDocument, RetrieveResponse, Scores, StageReport
 
 LONG_ID = "finance-expense-reimbursement-policy-for-contractors-zh"
 

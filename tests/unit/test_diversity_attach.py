@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import date
 
-from app.api.schemas import retrieve_response
 from app.retrieval.stages.diversity import DiversityStage
 from app.retrieval.types import Candidate, QueryContext
+from app.retrieve_response import retrieve_response
 from app.settings import DiversitySettings
 
 

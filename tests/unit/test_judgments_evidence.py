@@ -13,16 +13,9 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet, GoldenSetError
 from app.evaluation.run.build import case_record, summary_record
 from app.evaluation.run.runner import CaseResult, Evaluation, KnownIds, evaluate
 from app.evaluation.scoring import metrics
-from tests.unit.test_runner import FakeChain
-
-ROWS = [
-    ("c1", {"doc_id": "A", "source": "A.md", "knowledge": "hr"}),
-    ("c2", {"doc_id": "B", "source": "B.md", "knowledge": "hr"}),
-    ("c3", {"doc_id": "C", "source": "C.md", "knowledge": "finance"}),
-    ("c4", {"doc_id": "D", "source": "D.md", "knowledge": "finance"}),
-    ("c5", {"doc_id": "A", "source": "A.md", "knowledge": "hr"}),
-]
-KNOWN = KnownIds.from_metadata(ROWS)
+from tests.fixtures.traced_chain import TAGGED_KNOWN as KNOWN
+from tests.fixtures.traced_chain import TAGGED_ROWS as ROWS
+from tests.fixtures.traced_chain import FakeChain
 
 
 def run(*cases: dict, k: int = 3):

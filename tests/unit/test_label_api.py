@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings, load_settings, merge, nested
 from app.store.types import StoredChunk
-from tests.unit.test_label_pool import FakeChain, FakeStore
+from tests.fixtures.label_fakes import FakeChain, FakeStore
 
 TOKEN = "label-admin-token-0123456789"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}

@@ -5,7 +5,6 @@ the queue `sieve golden pool` writes from a report or a comparison. Fake chains 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,8 @@ from app.evaluation.golden.authoring.pool import (
 )
 from app.lexical.index import Analyzer
 from app.retrieval.chain import RetrievalRequest
-from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
 from app.settings import Settings
-from app.store.types import StoredChunk
+from tests.fixtures.label_fakes import FakeChain, FakeStore
 
 # -- variants ------------------------------------------------------------------------------------------------
 
@@ -340,44 +338,6 @@ def test_queue_report_file_reads_writes_and_names_a_bad_file(tmp_path: Path) -> 
 
 
 # -- building pools ------------------------------------------------------------------------------------------
-
-
-class FakeStore:
-    """Chunks `<doc>#<n>` with text "text of <chunk>"."""
-
-    def __init__(self, chunk_ids: Sequence[str]) -> None:
-        self.held = {
-            c: StoredChunk(c, f"text of {c}", {"doc_id": c.split("#")[0], "title": "T", "source": "S"})
-            for c in chunk_ids
-        }
-
-    def chunks(self, ids: Sequence[str]) -> dict[str, StoredChunk]:
-        return {i: self.held[i] for i in ids if i in self.held}
-
-    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        return {
-            c: s.metadata for c, s in self.held.items() if c in chunk_ids or s.metadata["doc_id"] in doc_ids
-        }
-
-
-class FakeChain:
-    def __init__(self, answers: dict[str, list[str] | Exception]) -> None:
-        self.answers = answers
-        self.seen: list[tuple[list[RetrievalRequest], date | None]] = []
-
-    def retrieve_many(self, requests: Sequence[RetrievalRequest], today: date | None = None) -> list[Any]:
-        self.seen.append((list(requests), today))
-        out: list[Any] = []
-        for req in requests:
-            answer = self.answers[req.query]
-            if isinstance(answer, Exception):
-                out.append(answer)
-                continue
-            docs = [
-                Candidate(c, c.split("#")[0], f"text of {c}", {"title": "T", "source": "S"}) for c in answer
-            ]
-            out.append(RetrievalResult(req.query, docs, len(docs), False, RetrievalTrace(), 0.0))
-        return out
 
 
 def test_resolve_queued_finds_a_chunk_for_each_queued_document() -> None:

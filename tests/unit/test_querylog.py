@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.api.querylog import ByteBudget, QueryLog, log_files, query_record, read_newest, utc_timestamp
+from app.api.querylog import ByteBudget, QueryLog, query_record, read_newest, utc_timestamp
 from app.main import AppState, create_app
+from app.querylog_files import log_files
 from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
 from app.settings import QueryLogSettings, load_settings, merge, nested
 

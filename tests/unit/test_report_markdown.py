@@ -12,8 +12,8 @@ from app.evaluation.render.markdown import comparison_markdown, md_text, render_
 from app.evaluation.report.model import Report
 from app.evaluation.run.build import measure_report
 from app.evaluation.run.runner import evaluate
-from tests.unit.test_judgments_evidence import KNOWN
-from tests.unit.test_runner import FakeChain
+from tests.fixtures.traced_chain import TAGGED_KNOWN as KNOWN
+from tests.fixtures.traced_chain import FakeChain
 
 
 def report(ndcg: dict[str, float], hit: dict[str, float], enabled: bool) -> dict:

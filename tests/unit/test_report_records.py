@@ -11,7 +11,7 @@ from app.evaluation.compare.comparison import load_report
 from app.evaluation.report.model import SCHEMA_VERSION, CaseRecord, Report, Summary, report_text
 from app.evaluation.run.build import case_record, measure_report, summary_record
 from app.evaluation.run.runner import evaluate
-from tests.unit.test_runner import KNOWN, FakeChain, golden
+from tests.fixtures.traced_chain import KNOWN, FakeChain, golden
 
 
 def one_case(**fields):

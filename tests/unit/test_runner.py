@@ -13,62 +13,12 @@ from app.evaluation.run.runner import (
     NOT_IN_INDEX,
     NOT_RETRIEVED,
     RANKED_OUT,
-    KnownIds,
     evaluate,
     latency_sample_indices,
 )
 from app.evaluation.session import run_evaluation
-from app.retrieval.types import Candidate, Removal, RetrievalResult, RetrievalTrace, StageTrace
 from app.settings import EvaluateSettings
-
-
-def cand(chunk: str, doc: str, text: str | None = None) -> Candidate:
-    return Candidate(
-        chunk_id=chunk, doc_id=doc, text=text or f"text of {chunk}", metadata={"source": f"{doc}.md"}
-    )
-
-
-class FakeChain:
-    """Candidates c1..c4 (docs A, B, C, D); `threshold` removes c3 (doc C); `diversity` removes c5, a
-    second chunk of doc A; the final list is [c1, c2, c4], cut to the request's top K."""
-
-    stage_names = ["threshold", "diversity"]
-
-    def __init__(self) -> None:
-        self.todays: list[date | None] = []
-        self.calls: list[int] = []
-
-    def retrieve_many(self, requests, today=None, on_result=None):
-        self.todays.append(today)
-        self.calls.append(len(requests))
-        out = []
-        for i, request in enumerate(requests):
-            raw = [cand("c1", "A"), cand("c2", "B"), cand("c3", "C"), cand("c4", "D"), cand("c5", "A")]
-            trace = RetrievalTrace(
-                stages=[
-                    StageTrace("threshold", 5, 4, [Removal("c3", "C", "dense=0.10 < 0.30")], [], 1.0),
-                    StageTrace("diversity", 4, 3, [Removal("c5", "A", "max_per_document=1")], [], 1.0),
-                ],
-                ranked_after={
-                    "candidates": ["c1", "c2", "c3", "c4", "c5"],
-                    "threshold": ["c1", "c2", "c4", "c5"],
-                    "diversity": ["c1", "c2", "c4"],
-                },
-            )
-            final = [raw[0], raw[1], raw[3]]
-            result = RetrievalResult(request.query, final[: request.top_k], 5, False, trace, 3.0, raw)
-            out.append(result)
-            if on_result:
-                on_result(i, result)
-        return out
-
-
-def golden(**fields) -> GoldenSet:
-    case = GoldenCase.model_validate({"id": "q1", "query": "where is A", **fields})
-    return GoldenSet(dataset_version="t", cases=[case], path="golden.json")
-
-
-KNOWN = KnownIds(doc={"A", "B", "C", "D", "F"}, chunk={"c1", "c2", "c3", "c4", "c5"}, source=set())
+from tests.fixtures.traced_chain import KNOWN, FakeChain, cand, golden
 
 
 def test_scoring_counts_and_where_each_missing_id_was_lost() -> None:
