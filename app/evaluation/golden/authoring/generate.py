@@ -64,6 +64,7 @@ from app.jsonl import append_lines
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
+from app.store.types import ChunkMetadata
 
 if TYPE_CHECKING:
     from app.lexical.index import Bm25Index
@@ -127,10 +128,10 @@ class Passage:
     heading_path: tuple[str, ...]
     knowledge_tag: str | None
     position: int
-    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    metadata: ChunkMetadata = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, chunk_id: str, text: str, metadata: dict[str, Any]) -> Passage:
+    def of(cls, chunk_id: str, text: str, metadata: ChunkMetadata) -> Passage:
         """A passage from a stored chunk's id, text and metadata (as ingest wrote them)."""
         chunk = stored_chunk(chunk_id, text, metadata)
         title = str(metadata.get("title", ""))

@@ -38,7 +38,7 @@ from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split
 from app.retrieval.chain import RetrievalRequest
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
-from app.store.types import StoredChunk
+from app.store.types import ChunkMetadata, StoredChunk
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ class ChunkSource(Protocol):
 
     def chunks(self, ids: Sequence[str]) -> Mapping[str, StoredChunk]: ...
 
-    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, ChunkMetadata]: ...
 
 
 class Retriever(Protocol):
