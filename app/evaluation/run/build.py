@@ -43,11 +43,6 @@ from app.evaluation.scoring.metrics import rank_ids
 SNIPPET_CHARS = 200
 
 
-def summarize(evaluation: Evaluation) -> dict[str, Any]:
-    """The report JSON's `summary`: `summary_record`'s model dump."""
-    return summary_record(evaluation).to_json()
-
-
 def summary_record(evaluation: Evaluation) -> Summary:
     """Macro averages over the cases with relevant documents; no-answer cases get their own figures."""
     cases = evaluation.cases
@@ -433,5 +428,5 @@ __all__ = [
     "RANKED_OUT",
     "build_report",
     "invalid_report",
-    "summarize",
+    "summary_record",
 ]
