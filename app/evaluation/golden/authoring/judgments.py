@@ -106,8 +106,9 @@ class Judgment:
     def verdict(self) -> str:
         return self.label if self.label is not None else f"grade {self.grade}"
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"caseId": self.case_id, "query": self.query, "id": self.id}
+    def to_json(self) -> dict[str, str | int | None]:
+        """The judgment's line: caseId, query, id, docId, its label or grade, who and at."""
+        out: dict[str, str | int | None] = {"caseId": self.case_id, "query": self.query, "id": self.id}
         out["docId"] = self.doc_id
         if self.label is not None:
             out["label"] = self.label

@@ -33,6 +33,8 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import JsonValue
+
 from app.jsonl import read_jsonl, render_jsonl
 from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.chain import RetrievalRequest
@@ -248,7 +250,8 @@ class QueueEntry:
     knowledge_tag: str | None
     ids: tuple[Ranked, ...]
 
-    def to_json(self, source: str, at: str) -> dict[str, Any]:
+    def to_json(self, source: str, at: str) -> dict[str, JsonValue]:
+        """The entry's line of the queue file, queued from `source` at `at`."""
         return {
             "caseId": self.case_id,
             "query": self.query,
