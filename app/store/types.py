@@ -8,6 +8,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# A chunk's metadata as the store holds it: scalar values by key.
+ChunkMetadata = dict[str, str | int | float | bool | None]
+
 
 @dataclass
 class StoredChunk:

@@ -86,14 +86,15 @@ def real_metrics(world, chain_settings):
         Settings(rag=sieve.settings.rag.model_copy(update={"chain": chain_settings}))
     )
     evaluation = run_evaluation(variant.chain, golden, known, ev)
-    return point_metrics(evaluation), [[d.chunk_id for d in c.result.documents] for c in evaluation.cases]
+    documents = [[d.chunk_id for d in c.result.documents] for c in evaluation.cases]
+    return point_metrics(evaluation).to_json(), documents
 
 
 def check_point(world, spec: list[str]) -> dict:
     sieve, *_, recording = world
     (settings,) = parse_grid(spec, sieve.settings.rag.chain).settings
     replayed = replay(recording, settings)
-    got = point_metrics(replayed)
+    got = point_metrics(replayed).to_json()
     expected, expected_ids = real_metrics(world, settings)
     for metric, value in expected.items():
         if value is None:
@@ -102,7 +103,7 @@ def check_point(world, spec: list[str]) -> dict:
             assert got[metric] == pytest.approx(value, abs=1e-9), (spec, metric, got[metric], value)
     assert [[d.chunk_id for d in c.result.documents] for c in replayed.cases] == expected_ids, spec
     rows = replay(recording, settings, trace=False)  # what a grid point of `sieve tune` runs
-    assert point_metrics(rows) == got, spec
+    assert point_metrics(rows).to_json() == got, spec
     assert [[d.chunk_id for d in c.result.documents] for c in rows.cases] == expected_ids, spec
     return got
 

@@ -12,7 +12,7 @@ from app.evaluation.compare.comparison import compare_reports
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.markdown import render_markdown
 from app.evaluation.report.model import Report
-from app.evaluation.run.build import build_report
+from app.evaluation.run.build import measure_report
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.scoring import measures, metrics
 from app.evaluation.scoring.measures import Measure, Ranking
@@ -75,7 +75,7 @@ def report_of(finals: dict[str, list[str]], baseline: Report | None = None) -> R
         path="golden.json",
     )
     evaluation = evaluate(ListChain(finals), golden, 3, KNOWN, today=date(2030, 1, 2))
-    return build_report(evaluation, {"evaluatedAt": "2030-01-02T00:00:00+00:00"}, baseline)
+    return measure_report(evaluation, {"evaluatedAt": "2030-01-02T00:00:00+00:00"}, baseline)
 
 
 def test_a_measure_registered_once_is_in_the_summary_the_comparison_the_markdown_and_the_json() -> None:

@@ -66,7 +66,8 @@ def test_origin_and_literalness_segments_in_reading_order() -> None:
 
 
 def test_generated_vs_manual() -> None:
-    origins = origin_comparison(CASES)
+    comparison = origin_comparison(CASES)
+    origins = comparison.to_json()
     assert origins["byOrigin"] == {
         "manual": {"cases": 3, "scored": 2, "ndcg": pytest.approx((1.0 + 0.5) / 2)},
         "generated": {"cases": 3, "scored": 3, "ndcg": pytest.approx((1.0 + 1.0 + 0.8) / 3)},
@@ -76,13 +77,15 @@ def test_generated_vs_manual() -> None:
     assert versus["delta"] == pytest.approx((1.0 + 1.0 + 0.8) / 3 - (1.0 + 0.5) / 2)
     assert (versus["metric"], versus["generatedCases"], versus["manualCases"]) == ("ndcg", 3, 2)
     # 0.9333 - 0.75 = +0.183
-    assert origin_line(origins) == "generated vs manual: nDCG +0.183 (0.933 vs 0.750, n=3 vs 2 scored cases)"
+    assert (
+        origin_line(comparison) == "generated vs manual: nDCG +0.183 (0.933 vs 0.750, n=3 vs 2 scored cases)"
+    )
 
 
 def test_no_comparison_without_scored_cases_on_both_sides() -> None:
     only_manual = origin_comparison([case("m1"), case("m2")])
-    assert only_manual["generatedVsManual"] is None and origin_line(only_manual) is None
-    unscored = origin_comparison([case("m1"), case("g1", origin="generated", scored=False)])
+    assert only_manual.to_json()["generatedVsManual"] is None and origin_line(only_manual) is None
+    unscored = origin_comparison([case("m1"), case("g1", origin="generated", scored=False)]).to_json()
     assert unscored["byOrigin"]["generated"] == {"cases": 1, "scored": 0, "ndcg": None}
     assert unscored["generatedVsManual"] is None
     assert origin_line(None) is None

@@ -33,6 +33,7 @@ from app.evaluation.report.model import (
     CaseRecord,
     Group,
     MetricComparison,
+    ParamValue,
     PointFigures,
     Report,
     RunInfo,
@@ -467,11 +468,11 @@ def sweep_chart(sweep: Sweep | None) -> SweepChart | None:
     param = sweep.param or next(iter(sweep.grid), "")
     rows = sorted(
         (r for r in sweep.rows if isinstance(r.params.get(param), int | float)),
-        key=lambda r: r.params[param],
+        key=lambda r: _numeric(r.params[param]),
     )
     if not rows:
         return None
-    xs = [float(r.params[param]) for r in rows]
+    xs = [float(_numeric(r.params[param])) for r in rows]
     axes = Axes(
         x0=min(xs), x1=max(xs), max_results=max([float(r.metrics.mean_results or 0) for r in rows] + [1.0])
     )
@@ -493,6 +494,13 @@ def sweep_chart(sweep: Sweep | None) -> SweepChart | None:
     )
 
 
+def _numeric(value: ParamValue) -> int | float:
+    """A swept value the chart plots: the chart keeps the rows whose value is a number."""
+    if isinstance(value, int | float):
+        return value
+    raise TypeError(f"not a number: {value!r}")
+
+
 def _quarters(start: float, span: float) -> list[float]:
     """The x axis' five ticks: the ends of the swept range and its quarters."""
     return [start + span * i / 4 for i in range(5)]
@@ -505,9 +513,9 @@ def _curve(
     top = axes.max_results if key == "meanResults" else 1.0
     points = [
         CurvePoint(
-            x=axes.x(float(r.params[param])),
+            x=axes.x(float(_numeric(r.params[param]))),
             y=axes.y(float(getattr(r.metrics, attr)), top),
-            param=r.params[param],
+            param=_numeric(r.params[param]),
             value=getattr(r.metrics, attr),
         )
         for r in rows

@@ -15,7 +15,7 @@ from app.evaluation.compare.baselines import passing_report_path
 from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.compare.gate import GateCheck
 from app.evaluation.golden.audit.checks import summary_line as audit_summary
-from app.evaluation.report.model import BaselineUpdate, Comparison, Report, Summary, Sweep
+from app.evaluation.report.model import BaselineUpdate, Comparison, Origins, Report, Summary, Sweep
 from app.evaluation.scoring.measures import fmt, fmt_p
 from app.evaluation.scoring.measures import label as measure_label
 from app.evaluation.tune.grid import MIN_DENSE, fmt_value
@@ -131,16 +131,16 @@ def sweep_line(sweep: Sweep | None) -> str | None:
     )
 
 
-def origin_line(origins: dict[str, Any] | None) -> str | None:
+def origin_line(origins: Origins | None) -> str | None:
     """ "generated vs manual: nDCG +0.070 (0.980 vs 0.910, n=30 vs 62 scored cases)", or None when the
-    comparison is not there (`origins`: the report's `origins`)."""
-    versus = (origins or {}).get("generatedVsManual")
-    if not versus:
+    comparison is not there."""
+    versus = origins.generated_vs_manual if origins is not None else None
+    if versus is None:
         return None
-    label = measure_label(versus["metric"])
+    label = measure_label(versus.metric)
     return (
-        f"generated vs manual: {label} {versus['delta']:+.3f} ({versus['generated']:.3f} vs "
-        f"{versus['manual']:.3f}, n={versus['generatedCases']} vs {versus['manualCases']} scored cases)"
+        f"generated vs manual: {label} {versus.delta:+.3f} ({versus.generated:.3f} vs "
+        f"{versus.manual:.3f}, n={versus.generated_cases} vs {versus.manual_cases} scored cases)"
     )
 
 

@@ -22,6 +22,7 @@ from app.evaluation.report.model import (
     CaseDetail,
     CaseRecord,
     Comparison,
+    EmbedderIdentity,
     Gate,
     Group,
     Loss,
@@ -593,7 +594,7 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         if s.k_mixed
         else ""
     )
-    corpus = run.corpus_fingerprint or {}
+    corpus = run.corpus_fingerprint
     return [
         "## Run",
         "",
@@ -605,10 +606,10 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
         f"| K | {k_note} |",
         f"| As of | {run.as_of or 'today'} (the date the hard filter's effective dates use"
         f"{_own_dates(report)}) |",
-        f"| Embedder | {_ident(run.models.get('embedder'))} |",
-        f"| Reranker | {run.models.get('reranker') or 'none (rerank stage skipped)'} |",
+        f"| Embedder | {_ident(run.models.embedder)} |",
+        f"| Reranker | {run.models.reranker or 'none (rerank stage skipped)'} |",
         f"| Store | {run.store or ''} ({run.chunks if run.chunks is not None else '?'} chunks, "
-        f"sha256 {str(corpus.get('sha256', ''))[:12]}) |",
+        f"sha256 {corpus.sha256[:12] if corpus is not None else ''}) |",
         f"| Chain | {run.chain_summary or ''} (sha256 {(run.chain_sha256 or '')[:12]}) |",
         f"| Chain settings | {_cell(run.chain_settings or '', None)} |",
         f"| Code version | {run.code_version or 'unknown'} |",
@@ -880,10 +881,10 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
     return out
 
 
-def _ident(embedder: object) -> str:
-    if not isinstance(embedder, dict):
+def _ident(embedder: EmbedderIdentity | str | None) -> str:
+    if not isinstance(embedder, EmbedderIdentity):
         return str(embedder or "")
-    return f"{embedder.get('name')} (dim {embedder.get('dimension')}, checksum {embedder.get('checksum')})"
+    return f"{embedder.name} (dim {embedder.dimension}, checksum {embedder.checksum})"
 
 
 def _ids(ids: Iterable[str]) -> str:

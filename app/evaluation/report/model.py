@@ -190,6 +190,14 @@ class EmbedderIdentity(Model):
     checksum: str | None = None
 
 
+class RunModels(Model):
+    """The models a run used, as the service described them: the embedder's identity and the reranker's
+    name (None: no reranker, the rerank stage is skipped)."""
+
+    embedder: EmbedderIdentity | str | None = None
+    reranker: str | None = None
+
+
 class RunFingerprint(Model):
     """What exactly was run (`run.fingerprint.run_fingerprint`): the golden set's, the corpus's, the chain's
     and the settings' hashes, the embedder, `settings` (every setting that can move a result), K, asOf,
@@ -547,13 +555,13 @@ class RunInfo(Model):
 
     model_config = ConfigDict(extra="allow")
 
-    models: dict[str, Any] = Field(default_factory=dict)  # embedder and reranker as described
+    models: RunModels = Field(default_factory=RunModels)
     store: str | None = None
     chunks: int | None = None
     chain_summary: str | None = None  # the enabled stages: "similarity_threshold → hard_filter → ..."
     chain_settings: str | None = None  # the chain's settings in one line
     golden_set_sha256: str | None = None
-    corpus_fingerprint: dict[str, Any] | None = None
+    corpus_fingerprint: CorpusFingerprint | None = None
     chain_sha256: str | None = None
     started_at: str | None = None
     evaluated_at: str | None = None
@@ -686,6 +694,10 @@ class Audit:
 # -- the threshold sweep (`tune.grid.threshold_sweep`) -----------------------------------------------------
 
 
+# a replayed chain setting's value, as the settings model typed it
+ParamValue = bool | int | float | str | None
+
+
 class PointFigures(Model):
     """A chain setting's figures over the replayed cases (`tune.replay.point_metrics`): the macro means of
     the report's summary, `correctAbstention` and `falseAnswerRate` over the no-answer cases, `forbiddenHits`
@@ -707,7 +719,7 @@ class PointFigures(Model):
 class SweepPoint(Model):
     """A point of the sweep (`point`: parameter -> value) and its figures."""
 
-    point: dict[str, Any]
+    point: dict[str, ParamValue]
     metrics: PointFigures
 
 
@@ -715,7 +727,7 @@ class SweepRow(Model):
     """One replayed point: its parameters, figures, the gate's verdict on them and whether no other point
     is at least as good on both nDCG and correct abstention and strictly better on one (`pareto`)."""
 
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     metrics: PointFigures
     passes_gate: bool
     pareto: bool
@@ -742,7 +754,7 @@ class Sweep(Model):
     row per point, the recommendations and the current setting."""
 
     param: str
-    grid: dict[str, list[Any]]
+    grid: dict[str, list[ParamValue]]
     rows: list[SweepRow]
     recommendation: SweepRecommendation
     cost_ms: SweepCost
@@ -767,6 +779,38 @@ def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseR
 
     bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
     return sorted(bad, key=badness)[:limit]
+
+
+class OriginFigures(Model):
+    """One origin's cases (manual, generated, log): how many, how many are scored (have metrics), and the
+    mean per-case figure of the compared metric over the scored ones, an extra key named after the metric
+    (`ndcg`; None when none is scored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    cases: int
+    scored: int
+
+
+class GeneratedVsManual(Model):
+    """The generated cases' mean `metric` against the manual ones' over the scored cases of each side
+    (`delta` = generated - manual): different queries, an unpaired difference of means, no test of
+    significance."""
+
+    metric: str
+    generated: float
+    manual: float
+    delta: float
+    generated_cases: int
+    manual_cases: int
+
+
+class Origins(Model):
+    """How generated cases score against manual ones (`run.segments.origin_comparison`): the figures of
+    each origin present, and the comparison, None unless both sides have scored cases."""
+
+    by_origin: dict[str, OriginFigures]
+    generated_vs_manual: GeneratedVsManual | None
 
 
 class BaselineUpdate(Model):
@@ -796,7 +840,7 @@ class Report(Model):
     audit: Audit | None = None
     stages: list[StageRow] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)
-    origins: dict[str, Any] | None = None
+    origins: Origins | None = None
     groups: list[Group] = Field(default_factory=list)
     candidate_origins: dict[str, int] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)

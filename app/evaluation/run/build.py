@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from statistics import fmean
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from app.evaluation.golden.audit.checks import AuditResult
 from app.evaluation.golden.cases import GoldenCase
@@ -48,11 +48,6 @@ from app.evaluation.scoring import measures, metrics
 from app.evaluation.scoring.metrics import rank_ids
 
 SNIPPET_CHARS = 200
-
-
-def summarize(evaluation: Evaluation) -> dict[str, Any]:
-    """The report JSON's `summary`: `summary_record`'s model dump."""
-    return summary_record(evaluation).to_json()
 
 
 def summary_record(evaluation: Evaluation) -> Summary:
@@ -494,5 +489,5 @@ __all__ = [
     "build_report",
     "invalid_report",
     "measure_report",
-    "summarize",
+    "summary_record",
 ]

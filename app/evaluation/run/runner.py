@@ -57,6 +57,7 @@ from app.retrieval.types import (
     RetrievalTrace,
     knowledge_tag_of,
 )
+from app.store.types import ChunkMetadata
 
 log = logging.getLogger("sieve.evaluation")
 
@@ -85,7 +86,7 @@ class KnownIds:
         return cls.from_metadata((c.chunk_id, c.metadata) for c in store.iter_all(include_text=False))
 
     @classmethod
-    def from_metadata(cls, rows: Iterable[tuple[str, dict[str, Any]]]) -> KnownIds:
+    def from_metadata(cls, rows: Iterable[tuple[str, ChunkMetadata]]) -> KnownIds:
         known = cls()
         for chunk_id, meta in rows:
             doc_id = str(meta.get("doc_id", ""))

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from statistics import fmean
-from typing import Any
 
 from app.evaluation.golden.authoring.literalness import band
 from app.evaluation.golden.language import query_language
-from app.evaluation.report.model import CaseRecord, Group, Segment, SegmentDelta
+from app.evaluation.report.model import (
+    CaseRecord,
+    GeneratedVsManual,
+    Group,
+    OriginFigures,
+    Origins,
+    Segment,
+    SegmentDelta,
+)
 from app.evaluation.scoring import measures, stats
 
 SMALL_SEGMENT = 10
@@ -127,7 +134,7 @@ def groups(cases: list[CaseRecord]) -> list[Group]:
     return out
 
 
-def origin_comparison(cases: list[CaseRecord], metric: str = "ndcg") -> dict[str, Any]:
+def origin_comparison(cases: list[CaseRecord], metric: str = "ndcg") -> Origins:
     """How generated cases score against manual ones, the report's `origins`:
 
     * `byOrigin`: for each origin present (manual, generated, log; a case without one is manual), its
@@ -140,23 +147,28 @@ def origin_comparison(cases: list[CaseRecord], metric: str = "ndcg") -> dict[str
     by_origin: dict[str, list[CaseRecord]] = defaultdict(list)
     for c in cases:
         by_origin[c.origin or "manual"].append(c)
-    figures: dict[str, dict[str, Any]] = {}
-    for origin in sorted(by_origin, key=lambda o: (ORIGINS.index(o) if o in ORIGINS else len(ORIGINS), o)):
-        scored = [float(c.metrics[metric]) for c in by_origin[origin] if c.metrics]
-        figures[origin] = {
-            "cases": len(by_origin[origin]),
-            "scored": len(scored),
-            metric: fmean(scored) if scored else None,
-        }
-    generated, manual = figures.get("generated"), figures.get("manual")
+    order = sorted(by_origin, key=lambda o: (ORIGINS.index(o) if o in ORIGINS else len(ORIGINS), o))
+    scores = {origin: [float(c.metrics[metric]) for c in by_origin[origin] if c.metrics] for origin in order}
+    figures = {
+        origin: OriginFigures.model_validate(
+            {
+                "cases": len(by_origin[origin]),
+                "scored": len(scored),
+                metric: fmean(scored) if scored else None,
+            }
+        )
+        for origin, scored in scores.items()
+    }
+    generated, manual = scores.get("generated"), scores.get("manual")
     versus = None
-    if generated and manual and generated["scored"] and manual["scored"]:
-        versus = {
-            "metric": metric,
-            "generated": generated[metric],
-            "manual": manual[metric],
-            "delta": generated[metric] - manual[metric],
-            "generatedCases": generated["scored"],
-            "manualCases": manual["scored"],
-        }
-    return {"byOrigin": figures, "generatedVsManual": versus}
+    if generated and manual:
+        generated_mean, manual_mean = fmean(generated), fmean(manual)
+        versus = GeneratedVsManual(
+            metric=metric,
+            generated=generated_mean,
+            manual=manual_mean,
+            delta=generated_mean - manual_mean,
+            generated_cases=len(generated),
+            manual_cases=len(manual),
+        )
+    return Origins(by_origin=figures, generated_vs_manual=versus)

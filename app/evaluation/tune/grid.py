@@ -43,9 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from statistics import fmean
-from typing import Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.report.model import (
@@ -56,7 +55,7 @@ from app.evaluation.report.model import (
     SweepRecommendation,
     SweepRow,
 )
-from app.evaluation.run.build import summarize
+from app.evaluation.run.build import summary_record
 from app.evaluation.run.runner import Evaluation
 from app.evaluation.scoring.measures import POINT
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
@@ -99,6 +98,8 @@ DEFAULT_TOLERANCE = 0.005
 MIN_DENSE = "chain.similarity_threshold.min_dense"
 FALLBACK = "chain.fallback.enabled"
 PER_TAG = "chain.similarity_threshold.per_knowledge_tag."
+# the chain settings as JSON (`ChainSettings.model_dump(mode="json")`): stage -> setting -> value
+ChainJson = dict[str, JsonValue]
 REPLAYABLE = (
     "chain.similarity_threshold.enabled",
     MIN_DENSE,
@@ -195,16 +196,18 @@ def parse_spec(key: str, spec: str) -> list[ParamValue]:
     return [None if t.lower() in ("null", "none") else t for t in tokens]
 
 
-def _with(base: dict[str, Any], key: str, value: ParamValue) -> dict[str, Any]:
-    """A copy of the settings JSON `base` with `key` set to `value`."""
-    out = json.loads(json.dumps(base))  # a deep copy of plain JSON data
+def _with(base: ChainJson, key: str, value: ParamValue) -> ChainJson:
+    """A copy of the chain settings JSON `base` with `key` set to `value`."""
+    out: ChainJson = json.loads(json.dumps(base))  # a deep copy of plain JSON data
     parts = key.split(".")[1:]  # without "chain"
     if key.startswith(PER_TAG):
-        out["similarity_threshold"]["per_knowledge_tag"][key[len(PER_TAG) :]] = value
-        return out
+        parts = ["similarity_threshold", "per_knowledge_tag", key[len(PER_TAG) :]]
     node = out
     for part in parts[:-1]:
-        node = node[part]
+        child = node[part]
+        if not isinstance(child, dict):
+            raise GridError(f"{key}: not a single value")
+        node = child
     node[parts[-1]] = value
     return out
 
@@ -225,7 +228,7 @@ def _show(value: ParamValue) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
-def _validate(base: dict[str, Any], assignments: dict[str, ParamValue]) -> ChainSettings:
+def _validate(base: ChainJson, assignments: dict[str, ParamValue]) -> ChainSettings:
     data = base
     for key, value in assignments.items():
         data = _with(data, key, value)
@@ -273,9 +276,9 @@ def parse_grid(specs: list[str], current: ChainSettings, max_points: int = DEFAU
 
 def _figures(evaluation: Evaluation, thresholds: EvaluateThresholds) -> PartScores:
     """A point's row figures and its gate verdict, from one summary of its evaluation."""
-    summary = summarize(evaluation)
+    summary = summary_record(evaluation)
     return PartScores(
-        metrics=PointFigures.model_validate(point_metrics(evaluation, summary)),
+        metrics=point_metrics(evaluation, summary),
         passes_gate=passes_gate(evaluation, thresholds, summary),
     )
 

@@ -14,6 +14,7 @@ from pydantic.alias_generators import to_snake
 
 from app.evaluation.report.model import (
     Model,
+    ParamValue,
     PointFigures,
     SweepCost,
     SweepPoint,
@@ -21,8 +22,6 @@ from app.evaluation.report.model import (
     SweepRow,
 )
 
-# a replayed setting's value, as the settings model typed it
-ParamValue = bool | int | float | str | None
 # figure name (a POINT_METRICS or GAIN_METRICS name) -> its value, None where it is undefined
 Figures = dict[str, float | None]
 # the two recommendations (see `tune.grid`)

@@ -8,7 +8,7 @@ vectors. So one real evaluation is recorded (`record`): each case's raw candidat
 every candidate, and, when a reranker is loaded, its score for every candidate's text. `replay` then builds
 the stages of any `ChainSettings` around recorded scorers and runs them through `RetrievalChain.run_stages`,
 the very code `retrieve_many` runs after its candidate generation, and scores each case with
-`runner.score_case` and the summary with `report.summarize`, the evaluation's own functions. A point's
+`runner.score_case` and the summary with `build.summary_record`, the evaluation's own functions. A point's
 figures are therefore those `sieve eval` reports with that setting (the tests check it to 1e-9).
 
 What a grid reuses between its points, none of which changes a figure: a stage's outcome when the same
@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
-from app.evaluation.run.build import summarize
+from app.evaluation.run.build import summary_record
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.evaluation.scoring.measures import POINT
 from app.evaluation.scoring.metrics import Gain
@@ -491,37 +491,37 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
     )
 
 
-def point_metrics(evaluation: Evaluation, summary: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A point's figures, from `report.summarize` (the evaluation's summary; pass it when it is made
+def point_metrics(evaluation: Evaluation, summary: Summary | None = None) -> PointFigures:
+    """A point's figures, from `build.summary_record` (the evaluation's summary; pass it when it is made
     already) plus two counts.
 
     meanResults = mean number of documents returned per case that ran (no-answer cases included);
     correctAbstentions / noAnswerCases: the counts behind correctAbstention.
     """
-    s = summary if summary is not None else summarize(evaluation)
+    s = summary if summary is not None else summary_record(evaluation)
     ran = [c for c in evaluation.cases if c.result is not None]
     no_answer = [c for c in evaluation.cases if c.case.expect_no_answer and c.error is None]
-    return {
-        "recall": s["recall"],
-        "hitRate": s["hitRate"],
-        "mrr": s["mrr"],
-        "ndcg": s["ndcg"],
-        "correctAbstention": s["noAnswer"]["correctAbstentionRate"],
-        "falseAnswerRate": s["noAnswer"]["falseAnswerRate"],
-        "forbiddenHits": s["forbidden"]["hits"],
-        "meanResults": fmean(len(c.result.documents) for c in ran) if ran else None,  # type: ignore[union-attr]
-        "correctAbstentions": sum(1 for c in no_answer if c.abstained),
-        "noAnswerCases": len(no_answer),
-    }
+    return PointFigures(
+        recall=s.recall,
+        hit_rate=s.hit_rate,
+        mrr=s.mrr,
+        ndcg=s.ndcg,
+        correct_abstention=s.no_answer.correct_abstention_rate,
+        false_answer_rate=s.no_answer.false_answer_rate,
+        forbidden_hits=s.forbidden["hits"],
+        mean_results=fmean(len(c.result.documents) for c in ran) if ran else None,  # type: ignore[union-attr]
+        correct_abstentions=sum(1 for c in no_answer if c.abstained),
+        no_answer_cases=len(no_answer),
+    )
 
 
 def passes_gate(
-    evaluation: Evaluation, thresholds: EvaluateThresholds, summary: dict[str, Any] | None = None
+    evaluation: Evaluation, thresholds: EvaluateThresholds, summary: Summary | None = None
 ) -> bool:
     """The configured gate's level and safety checks on a replayed point. Latency is not replayed, so
     `max_p95_ms` is left out; regressions need a baseline run and are not checked either."""
-    summary = summary if summary is not None else summarize(evaluation)
-    point = Report(run=RunInfo(), summary=Summary.model_validate(summary))
+    summary = summary if summary is not None else summary_record(evaluation)
+    point = Report(run=RunInfo(), summary=summary)
     return check_gate(point, thresholds.model_copy(update={"max_p95_ms": None}), "replay").passed
 
 

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from app.evaluation.golden.cases import GoldenCase
 from app.ingest.ids import text_sha256
 from app.retrieval.types import META_DOC_SHA256, knowledge_tag_of
-
-# A chunk's metadata as the store holds it: scalar values by key.
-ChunkMetadata = dict[str, str | int | float | bool | None]
+from app.store.types import ChunkMetadata
 
 # Fields that name ids, the level each id is looked up at ("docOrChunk": a judgments key judges a chunk
 # when the index holds a chunk of that id, else a document).

@@ -53,7 +53,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import JsonValue
 
 from app.evaluation.golden.authoring.literalness import literalness
 from app.evaluation.golden.authoring.llm import ChatClient, clean_question, question_messages
@@ -64,12 +66,15 @@ from app.jsonl import append_lines
 from app.retrieval.stages.hard_filter import HardFilterStage
 from app.retrieval.types import META_DOC_SHA256, Candidate, QueryContext, knowledge_tag_of
 from app.settings import HardFilterSettings
+from app.store.types import ChunkMetadata
 
 if TYPE_CHECKING:
     from app.lexical.index import Bm25Index
     from app.models import Embedder
     from app.store import ChromaStore
 
+# a golden case as a line of the golden-set file holds it: its JSON object
+CaseJson = dict[str, JsonValue]
 Tokenizer = Callable[[str], list[str]]
 ExcludeRule = Callable[["Passage"], "str | None"]
 
@@ -127,10 +132,10 @@ class Passage:
     heading_path: tuple[str, ...]
     knowledge_tag: str | None
     position: int
-    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    metadata: ChunkMetadata = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, chunk_id: str, text: str, metadata: dict[str, Any]) -> Passage:
+    def of(cls, chunk_id: str, text: str, metadata: ChunkMetadata) -> Passage:
         """A passage from a stored chunk's id, text and metadata (as ingest wrote them)."""
         chunk = stored_chunk(chunk_id, text, metadata)
         title = str(metadata.get("title", ""))
@@ -428,7 +433,7 @@ class GenerateOptions:
 @dataclass
 class GenerationResult:
     pick: Pick
-    cases: list[dict[str, Any]]  # the kept cases, as JSON objects, in pick order
+    cases: list[CaseJson]  # the kept cases, in pick order
     generated: Counter[str]  # generator -> questions made
     found: Counter[str]  # "both", "BM25 only", "dense only", "neither": where each question's passage was
     dropped: Counter[str]  # reason -> questions
@@ -483,9 +488,9 @@ def case_id(chunk_id: str, query: str) -> str:
     return CASE_ID_PREFIX + hashlib.sha256((chunk_id + query).encode("utf-8")).hexdigest()[:10]
 
 
-def make_case(passage: Passage, question: Question, tokens: Tokenizer) -> dict[str, Any]:
+def make_case(passage: Passage, question: Question, tokens: Tokenizer) -> CaseJson:
     """The golden case of one kept question (literalness against the passage's indexed text)."""
-    case: dict[str, Any] = {"id": case_id(passage.chunk_id, question.query), "query": question.query}
+    case: CaseJson = {"id": case_id(passage.chunk_id, question.query), "query": question.query}
     if passage.knowledge_tag is not None:
         case["knowledgeTag"] = passage.knowledge_tag
     case.update(
@@ -598,7 +603,7 @@ def existing_case_ids(path: Path) -> set[str]:
     return {case.id for case in load_golden_set(path).cases}
 
 
-def append_cases(path: Path, cases: list[dict[str, Any]]) -> None:
+def append_cases(path: Path, cases: list[CaseJson]) -> None:
     """Append `cases` to `path`, one JSON line each (`app.jsonl.append_lines`: UTF-8, the line-break
     characters escaped); creates the file and its folder when missing."""
     append_lines(path, cases)

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from app.evaluation.golden.authoring.dataset_version import next_dataset_version
+from app.evaluation.golden.authoring.generate import CaseJson
 from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
 from app.files import atomic_write_text, change_line
 from app.jsonl import (
@@ -106,8 +107,9 @@ class Judgment:
     def verdict(self) -> str:
         return self.label if self.label is not None else f"grade {self.grade}"
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"caseId": self.case_id, "query": self.query, "id": self.id}
+    def to_json(self) -> dict[str, str | int | None]:
+        """The judgment's line: caseId, query, id, docId, its label or grade, who and at."""
+        out: dict[str, str | int | None] = {"caseId": self.case_id, "query": self.query, "id": self.id}
         out["docId"] = self.doc_id
         if self.label is not None:
             out["label"] = self.label
@@ -359,7 +361,7 @@ def resolve(judgments: Iterable[Judgment]) -> tuple[dict[str, CaseVerdict], list
 class CaseMerge:
     """One case after the merge: its JSON object, what was applied, and the conflicts against it."""
 
-    case: dict[str, Any]
+    case: CaseJson
     applied: int = 0
     promoted: bool = False
     conflicts: list[Conflict] = field(default_factory=list)
@@ -465,7 +467,7 @@ class _Against:
 
 @dataclass
 class ExportResult:
-    cases: list[dict[str, Any]]  # the new golden set's case objects, in order
+    cases: list[CaseJson]  # the new golden set's case objects, in order
     applied: int  # judgments applied (grades, forbidden documents, noAnswer)
     promoted: list[str]  # draft case ids promoted into the golden set
     conflicts: list[Conflict]
@@ -496,7 +498,7 @@ def export(
                 f"{queries[case_id]!r}): its judgments are skipped (judge it again)"
             )
             del verdicts[case_id]
-    cases: list[dict[str, Any]] = []
+    cases: list[CaseJson] = []
     applied = 0
     promoted: list[str] = []
     for raw in golden_cases:
@@ -509,7 +511,7 @@ def export(
         applied += merged.applied
         conflicts += merged.conflicts
         if merged.promoted:
-            promoted.append(merged.case["id"])
+            promoted.append(str(merged.case["id"]))
     for case_id, raw in drafts.items():
         verdict = verdicts.get(case_id)
         if verdict is None:
@@ -532,9 +534,9 @@ class GoldenDocument:
     "array" or "jsonl"; `indent` of the JSON forms (None = one line); `top` the object's other keys."""
 
     kind: Literal["object", "array", "jsonl"]
-    cases: list[dict[str, Any]]
+    cases: list[CaseJson]
     indent: int | None = 2
-    top: dict[str, Any] = field(default_factory=dict)
+    top: CaseJson = field(default_factory=dict)
 
 
 def read_golden_document(text: str, path: str | Path) -> GoldenDocument:
@@ -556,6 +558,12 @@ def read_golden_document(text: str, path: str | Path) -> GoldenDocument:
     return GoldenDocument("object", document["cases"], indent, top)
 
 
+def _dataset_version(document: GoldenDocument) -> str | None:
+    """The file's datasetVersion (a string or null, as the golden set is validated); None without one."""
+    version = document.top.get("datasetVersion") if document.kind == "object" else None
+    return version if isinstance(version, str) else None
+
+
 def _indent_of(text: str) -> int | None:
     for line in text.split("\n")[1:]:
         stripped = line.lstrip(" ")
@@ -574,7 +582,7 @@ def render_golden_document(document: GoldenDocument, cases: Sequence[Mapping[str
     return dumps_json(value, document.indent)
 
 
-def read_drafts(path: str | Path) -> list[dict[str, Any]]:
+def read_drafts(path: str | Path) -> list[CaseJson]:
     """The case objects of the drafts file; a missing or empty file holds none. It must be a valid golden
     set otherwise (GoldenSetError naming file and line)."""
     try:
@@ -680,7 +688,7 @@ def export_files(
     before = {str(c["id"]): c for c in document.cases}
     added = sum(1 for c in result.cases if str(c["id"]) not in before)
     changed = sum(1 for c in result.cases if str(c["id"]) in before and c != before[str(c["id"])])
-    version = document.top.get("datasetVersion") if document.kind == "object" else None
+    version = _dataset_version(document)
     new_version = next_dataset_version(version, today or date.today()) if added or changed else version
     if new_version != version:
         document = replace(document, top={**document.top, "datasetVersion": new_version})

@@ -33,12 +33,14 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import JsonValue
+
 from app.jsonl import read_jsonl, render_jsonl
 from app.lexical.index import _RUNS as ANALYZER_RUNS  # the analyzer's own split into CJK / latin runs
 from app.retrieval.chain import RetrievalRequest
 from app.retrieval.types import RetrievalResult
 from app.settings import Settings
-from app.store.types import StoredChunk
+from app.store.types import ChunkMetadata, StoredChunk
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +250,8 @@ class QueueEntry:
     knowledge_tag: str | None
     ids: tuple[Ranked, ...]
 
-    def to_json(self, source: str, at: str) -> dict[str, Any]:
+    def to_json(self, source: str, at: str) -> dict[str, JsonValue]:
+        """The entry's line of the queue file, queued from `source` at `at`."""
         return {
             "caseId": self.case_id,
             "query": self.query,
@@ -404,7 +407,7 @@ class ChunkSource(Protocol):
 
     def chunks(self, ids: Sequence[str]) -> Mapping[str, StoredChunk]: ...
 
-    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, ChunkMetadata]: ...
 
 
 class Retriever(Protocol):

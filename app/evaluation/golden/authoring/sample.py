@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.evaluation.golden.audit.checks import normalise_query
-from app.evaluation.golden.authoring.generate import append_cases
+from app.evaluation.golden.authoring.generate import CaseJson, append_cases
 from app.evaluation.golden.cases import GoldenCase, load_golden_set
 from app.evaluation.report.model import NEAR_DUPLICATE_COSINE
 from app.files import change_line
@@ -332,7 +332,7 @@ class Pick:
     novelty: float
     seen: int  # its own entries and those of the near duplicates folded into it
 
-    def case(self) -> dict[str, Any]:
+    def case(self) -> CaseJson:
         times = "time" if self.seen == 1 else "times"
         return {
             "id": self.query.id,
