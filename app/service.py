@@ -226,8 +226,9 @@ class Sieve:
         """What an evaluation of this service needs: its chain, the ids its store holds, its description,
         and what the golden-set audit reads."""
         from app.evaluation.golden.audit.source import AuditSource
+        from app.evaluation.report.model import ServiceDescription
         from app.evaluation.run.runner import KnownIds
-        from app.evaluation.session import EvaluationTarget, ServiceDescription
+        from app.evaluation.session import EvaluationTarget
 
         return EvaluationTarget(
             chain=self.chain,  # one chain for the run and its sweep, even if an ingest rebuilds it meanwhile

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any, cast
 from app import exit_codes
 from app.cli.common import fail, open_sieve, settings_with
 from app.evaluation.compare.overrides import THRESHOLDS, EvaluationOverrides, flag, setting_key
-from app.settings import ChainSettings, EvaluateSettings, Settings, nested
+from app.settings import ChainSettings, Settings, nested
 
 if TYPE_CHECKING:
-    from app.evaluation.golden.cases import GoldenSet
     from app.evaluation.render.lines import EvaluationRunResponse
-    from app.evaluation.tune.run import Recorded
+    from app.service import Sieve
 
 
 def add_eval_commands(sub: Any) -> None:
@@ -241,9 +240,10 @@ def tune_command(args: argparse.Namespace) -> int:
 
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.render.tune import tune_markdown, tune_text, write_tune
+    from app.evaluation.session import tune
     from app.evaluation.tune.grid import GridError, parse_grid
     from app.evaluation.tune.holdout import SplitError, make_split
-    from app.evaluation.tune.run import TuneOptions, tune
+    from app.evaluation.tune.run import TuneOptions
 
     problem = _tune_flag_error(args)
     if problem is not None:
@@ -259,10 +259,14 @@ def tune_command(args: argparse.Namespace) -> int:
     except (GridError, SplitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    target = _record_for_tune(settings, overrides, grid.settings, golden, ev)
-    t0 = time.perf_counter()
-    report = tune(target, grid, split, settings.rag.chain, ev, TuneOptions(args.tolerance, args.max_points))
-    replay_s = time.perf_counter() - t0
+    sieve, current = _open_for_tune(settings, overrides, grid.settings)
+    try:
+        t0 = time.perf_counter()
+        options = TuneOptions(args.tolerance, args.max_points)
+        report = tune(current.evaluation_target(), golden, grid, split, ev, options)
+        replay_s = time.perf_counter() - t0
+    finally:
+        sieve.close()
     paths = write_tune(report, ev.output_dir, ev.report_prefix)
     if args.json:
         print(tune_text(report), end="")
@@ -308,35 +312,23 @@ def _tune_overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
     return overrides
 
 
-def _record_for_tune(
-    settings: Settings,
-    overrides: list[dict[str, Any]],
-    points: list[ChainSettings],
-    golden: GoldenSet,
-    ev: EvaluateSettings,
-) -> Recorded:
-    """The real evaluation of the current configuration, recorded; the reranker is loaded when a point
-    turns it on (the current configuration still runs without it)."""
-    from datetime import UTC, datetime
-
-    from app.evaluation.run.runner import KnownIds
-    from app.evaluation.session import run_evaluation
-    from app.evaluation.tune.replay import record
-    from app.evaluation.tune.run import Recorded
-
+def _open_for_tune(
+    settings: Settings, overrides: list[dict[str, Any]], points: list[ChainSettings]
+) -> tuple[Sieve, Sieve]:
+    """The Sieve to close and the one whose chain is the current configuration: the reranker is loaded when
+    a point turns it on (the current configuration still runs without it); the configured paths ingested
+    first, as `sieve eval` does."""
     opening = settings
     if any(s.rerank.enabled for s in points) and not settings.rag.chain.rerank.enabled:
         opening = settings_with(*overrides, nested("rag.chain.rerank.enabled", True))
-    started = datetime.now(UTC).isoformat(timespec="seconds")
     sieve = open_sieve(opening)
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        current = sieve.with_settings(settings) if opening is not settings else sieve
-        evaluation = run_evaluation(current.chain, golden, KnownIds.from_store(sieve.store), ev)
-        return Recorded(evaluation, record(evaluation, current.chain), started, sieve.describe())
-    finally:
+        return sieve, (sieve.with_settings(settings) if opening is not settings else sieve)
+    except BaseException:
         sieve.close()
+        raise
 
 
 def compare_command(args: argparse.Namespace) -> int:

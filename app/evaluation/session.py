@@ -1,7 +1,8 @@
-"""One evaluation run, the road every caller takes: start-up, `sieve eval`, `POST /api/evaluations` and
-`POST /api/evaluations/runs` are adapters over `evaluate`. The golden set, the baseline, the run through the
+"""The evaluation session, the road every caller takes. Start-up, `sieve eval`, `POST /api/evaluations` and
+`POST /api/evaluations/runs` are adapters over `evaluate`: the golden set, the baseline, the run through the
 chain, the threshold sweep, the golden-set audit, the report (built once, with its comparison, gate and
-baseline update), the files, and the log lines (`render.lines`), in that order."""
+baseline update), the files, and the log lines (`render.lines`), in that order. `sieve tune` is an adapter
+over `tune`: the real evaluation of the current configuration, recorded, then the grid replayed over it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from app.evaluation.compare.baselines import (
     Baseline,
@@ -30,13 +29,16 @@ from app.evaluation.render import lines
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import Comparison, Report, RunSettings, Sweep
+from app.evaluation.report.model import Comparison, Report, ServiceDescription, Sweep
 from app.evaluation.run import runner
 from app.evaluation.run.build import Verdict, build_report, invalid_report, measure_report
 from app.evaluation.run.fingerprint import run_fingerprint
 from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags
-from app.evaluation.tune.grid import threshold_sweep
+from app.evaluation.tune.grid import Grid, threshold_sweep
+from app.evaluation.tune.model import Split, TuneReport
 from app.evaluation.tune.replay import record
+from app.evaluation.tune.run import Recorded, TuneOptions
+from app.evaluation.tune.run import tune as replay_grid
 from app.files import utc_now
 from app.retrieval.chain import RetrievalChain
 from app.settings import ChainSettings, EvaluateSettings
@@ -50,23 +52,6 @@ __all__ = [
     "latest_report_path",
     "resolve_baseline",
 ]
-
-
-class ServiceDescription(BaseModel):
-    """What a report header says of the service (`Sieve.describe()`, typed once by the adapter): models,
-    store, the retrieval and chain settings as dumped, and `settings`, every setting that can move a result
-    (`result_settings`, for the fingerprint)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    embedder: dict[str, object]
-    reranker: str | None
-    store: str
-    collection: str
-    chunks: int
-    retrieval: dict[str, object]
-    chain: dict[str, dict[str, object]]
-    settings: RunSettings
 
 
 @dataclass
@@ -147,6 +132,22 @@ def evaluate(
     audit = audit_section(golden, target.audit, settings) if target.audit is not None else None
     run_info = run_description(target.described, evaluation, target.known)
     return finish_evaluation(evaluation, settings, run_info, baseline, sweep, audit)
+
+
+def tune(
+    target: EvaluationTarget,
+    golden: GoldenSet,
+    grid: Grid,
+    split: Split | None,
+    settings: EvaluateSettings,
+    options: TuneOptions,
+) -> TuneReport:
+    """Tune on `target`: run `golden` through its chain once for real, record the candidates, and replay
+    `grid` (on the parts of `split` when given) against `target.chain_settings`, the current configuration."""
+    started = utc_now().isoformat(timespec="seconds")
+    evaluation = run_evaluation(target.chain, golden, target.known, settings)
+    recorded = Recorded(evaluation, record(evaluation, target.chain), started, target.described)
+    return replay_grid(recorded, grid, split, target.chain_settings, settings, options)
 
 
 def _not_run(error: str, described: ServiceDescription, settings: EvaluateSettings) -> Outcome:

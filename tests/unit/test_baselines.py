@@ -21,9 +21,9 @@ from app.evaluation.compare.baselines import (
 )
 from app.evaluation.compare.comparison import BaselineError
 from app.evaluation.render.files import write_reports
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import Report, ServiceDescription
 from app.evaluation.run.build import invalid_report
-from app.evaluation.session import EvaluationTarget, ServiceDescription, evaluate
+from app.evaluation.session import EvaluationTarget, evaluate
 from app.settings import ChainSettings, EvaluateSettings
 
 PREFIX = "retrieval-eval"

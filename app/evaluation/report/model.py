@@ -170,6 +170,23 @@ class StageDelta(Model):
 RunSettings = dict[str, dict[str, JsonValue]]
 
 
+class ServiceDescription(BaseModel):
+    """What a report header says of the service (`Sieve.describe()`, typed once by the adapter): models,
+    store, the retrieval and chain settings as dumped, and `settings`, every setting that can move a result
+    (`result_settings`, for the fingerprint)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    embedder: dict[str, object]
+    reranker: str | None
+    store: str
+    collection: str
+    chunks: int
+    retrieval: dict[str, object]
+    chain: dict[str, dict[str, object]]
+    settings: RunSettings
+
+
 def _unset(value: object) -> bool:
     """A fingerprint field without a value: left out of the JSON, as a report that never recorded it."""
     return value is None

@@ -1,17 +1,17 @@
-"""`sieve tune` as one function: a recorded evaluation of the current configuration in, the `TuneReport` out.
+"""The tuning report from a recorded evaluation: a `Recorded` in, the `TuneReport` out.
 
-The caller runs the real evaluation of the current configuration (the only part that calls the models and
-the store) and records its candidates (`replay.record`): a `Recorded`. `tune` replays the grid over them
-(with a split when one is given) and builds the report, with the self-check: the replayed current
-configuration against the real evaluation, figure for figure.
+The evaluation session (`app.evaluation.session.tune`) runs the real evaluation of the current
+configuration (the only part that calls the models and the store) and records its candidates
+(`replay.record`): a `Recorded`. `tune` replays the grid over them (with a split when one is given) and
+builds the report, with the self-check: the replayed current configuration against the real evaluation,
+figure for figure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.evaluation.report.model import PointFigures
+from app.evaluation.report.model import PointFigures, ServiceDescription
 from app.evaluation.run.runner import Evaluation
 from app.evaluation.tune.grid import Grid, run_split
 from app.evaluation.tune.model import FoldsAnalysis, HoldoutAnalysis, Split, TuneReport, TuneRun, figure
@@ -27,7 +27,7 @@ class Recorded:
     evaluation: Evaluation
     recording: Recording
     started_at: str
-    described: Mapping[str, object]
+    described: ServiceDescription
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,11 @@ def _run(
             "tolerance": options.tolerance,
             "maxPoints": options.max_points,
             "points": len(grid.points),
-            "embedder": described["embedder"],
-            "reranker": described["reranker"],
-            "collection": described["collection"],
-            "chunks": described["chunks"],
-            "chain": described["chain"],
+            "embedder": described.embedder,
+            "reranker": described.reranker,
+            "collection": described.collection,
+            "chunks": described.chunks,
+            "chain": described.chain,
             "selfCheck": check,
         }
     )
