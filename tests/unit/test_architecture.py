@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
@@ -33,6 +34,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.lexical",),  # the BM25 index, which follows the store's change log
     ("app.store", "app.models"),
     ("app.settings", "app.exit_codes", "app.files", "app.jsonl", "app.querylog_files", "app.pidlock"),
+)
+# The parts of `app.evaluation`, top first, under the same rule: the session wires the parts, the renderers
+# read every part's results, the tuning replays runs and compares, a run and a comparison read the golden
+# set, the report model and the measures. docs/design.md (Layout) states the same list.
+EVALUATION_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("app.evaluation.session",),
+    ("app.evaluation.render",),
+    ("app.evaluation.tune",),
+    ("app.evaluation.compare", "app.evaluation.run"),
+    ("app.evaluation.golden",),
+    ("app.evaluation.report", "app.evaluation.scoring"),
 )
 # The two adapters, side by side: neither imports the other (the CLI starts the HTTP side through app.main).
 ADAPTERS = ("app.cli", "app.api")
@@ -110,15 +122,21 @@ def top_part(module: str) -> str:
 
 
 def layer_violations(
-    graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS
+    graph: dict[str, set[str]],
+    layers: tuple[tuple[str, ...], ...] = LAYERS,
+    part_of: Callable[[str], str] = top_part,
 ) -> list[tuple[str, str]]:
-    """Every edge a -> b that goes up the layers, or across to another part of the same layer, sorted."""
+    """Every edge a -> b between two layered parts (`part_of`) that goes up the layers, or across to another
+    part of the same layer, sorted. Modules of no layered part are not checked."""
     depth = {p: i for i, layer in enumerate(layers) for p in layer}
     return sorted(
         (a, b)
         for a, imported in graph.items()
         for b in imported
-        if top_part(a) != top_part(b) and depth[top_part(b)] <= depth[top_part(a)]
+        if part_of(a) in depth
+        and part_of(b) in depth
+        and part_of(a) != part_of(b)
+        and depth[part_of(b)] <= depth[part_of(a)]
     )
 
 
@@ -194,18 +212,35 @@ def test_the_cli_and_the_api_do_not_import_each_other() -> None:
     assert [e for e in adapter_imports(module_graph()) if e not in KNOWN_EXCEPTIONS] == []
 
 
-def design_layers(text: str) -> tuple[tuple[str, ...], ...]:
-    """The layers as docs/design.md's Layout states them: the list after "(top first):" up to the first full
-    stop, layers apart by "→", the backquoted names of each outside parentheses."""
-    listed = text.split("(top first):", 1)[1].split(". ", 1)[0]
+def design_layers(
+    text: str, marker: str = "(top first):", prefix: str = "app."
+) -> tuple[tuple[str, ...], ...]:
+    """The layers as docs/design.md's Layout states them: the list after `marker` up to the first full stop,
+    layers apart by "→", the backquoted names of each outside parentheses, each after `prefix`."""
+    listed = text.split(marker, 1)[1].split(". ", 1)[0]
     return tuple(
-        tuple(f"app.{name}" for name in re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", layer)))
+        tuple(f"{prefix}{name}" for name in re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", layer)))
         for layer in listed.split("→")
     )
 
 
 def test_design_md_states_the_layers_this_test_checks() -> None:
     assert design_layers(DESIGN.read_text(encoding="utf-8")) == LAYERS
+
+
+def test_design_md_states_the_evaluation_layers_this_test_checks() -> None:
+    text = DESIGN.read_text(encoding="utf-8")
+    assert design_layers(text, "its parts (top first):", "app.evaluation.") == EVALUATION_LAYERS
+
+
+def test_every_part_of_the_evaluation_has_a_layer() -> None:
+    placed = {p for layer in EVALUATION_LAYERS for p in layer}
+    found = {part(m) for m in module_graph() if m.startswith("app.evaluation.")}
+    assert found - placed == set()
+
+
+def test_no_evaluation_import_goes_up_its_layers_or_across_them() -> None:
+    assert layer_violations(module_graph(), EVALUATION_LAYERS, part) == []
 
 
 def test_every_known_exception_is_still_an_import() -> None:
