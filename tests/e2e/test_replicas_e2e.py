@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.fixtures.processes import chroma_run, stop_process
+from tests.fixtures.sieve_serve import wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -61,20 +62,6 @@ def _start(tmp_path: Path, name: str, chroma_port: int, port: int) -> tuple[subp
     return proc, f"http://127.0.0.1:{port}", log_path
 
 
-def _wait_ready(proc: subprocess.Popen, url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"sieve serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"sieve serve not ready:\n{log_path.read_text()[-3000:]}")
-
-
 def _bm25_hits(url: str, query: str) -> dict[str, float]:
     """docId -> bm25 score of the documents whose candidates BM25 found (origin has "bm25", score > 0)."""
     response = httpx.post(f"{url}/api/retrieve", json={"query": query, "topK": 10}, timeout=30)
@@ -105,7 +92,7 @@ def test_a_write_through_one_replica_reaches_the_other_replicas_bm25(
         b = _start(tmp_path, "b", chroma_port, free_port())
         try:
             for proc, url, log_path in (a, b):
-                _wait_ready(proc, url, log_path)
+                wait_ready(proc, url, log_path)
             a_url, b_url = a[1], b[1]
             written = httpx.post(
                 f"{a_url}/api/documents",
@@ -148,7 +135,7 @@ def test_a_write_through_one_replica_reaches_the_other_replicas_bm25(
         # B restarts from its persisted index: still in step with the store, nothing rebuilt
         b2 = _start(tmp_path, "b", chroma_port, free_port())
         try:
-            _wait_ready(*b2)
+            wait_ready(*b2)
             assert "quasar" in _bm25_hits(b2[1], "flimwobble pulsar")
             assert not _bm25_hits(b2[1], "zorblatt")
             log = b2[2].read_text()

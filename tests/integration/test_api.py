@@ -26,11 +26,11 @@ from tests.fixtures.api_app import (
     GOLDEN_SET,
     MAX_QUERY_CHARS,
     READY_TIMEOUT_S,
-    installs,
     make_settings,
     serving,
     wait_ready,
 )
+from tests.fixtures.api_server import installs
 from tests.fixtures.processes import chroma_run, stop_process
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from app.service import Sieve
 from app.settings import Settings, nested
-from tests.fixtures.api_app import installs, make_settings, serving
+from tests.fixtures.api_app import make_settings, serving
+from tests.fixtures.api_server import installs
 
 pytestmark = pytest.mark.integration
 
