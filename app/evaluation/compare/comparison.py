@@ -551,7 +551,7 @@ def new_in_top_k(before: CaseRecord, now: CaseRecord) -> tuple[list[str], list[s
     for key in _top_keys(now):
         if key not in old and key not in new:
             new.append(key)
-    if "unjudged" in now.model_fields_set:
+    if "unjudged" in now.scores.model_fields_set:
         unjudged = set(now.scores.unjudged)
     else:
         judged = set(now.resolved.expected) | set(now.case.forbidden_doc_ids)
