@@ -461,7 +461,7 @@ def test_attach_audit_moves_the_content_hashes_into_the_case_records() -> None:
         }
     )
     audit_source.attach_audit(report, sample_audit())
-    assert [(c.id, c.expected_content) for c in report.cases] == [
+    assert [(c.case.id, c.resolved.expected_content) for c in report.cases] == [
         ("v1", {"vpn": "sha-vpn", "travel-2022": "sha-travel-2022"}),
         ("unknown", {}),
     ]

@@ -151,7 +151,7 @@ def test_a_case_whose_every_expectation_is_stale_is_unscorable_not_zero() -> Non
     assert summary.unscorable_case_ids == ["gone"]
     assert summary.failed_case_ids == []
     record = case_record(gone)
-    assert (record.status, record.unscorable, record.missing_from_index) == (
+    assert (record.outcome.status, record.resolved.unscorable, record.resolved.missing_from_index) == (
         "unscorable",
         "every expectation it names is a chunk id not in the index: c9",
         ["c9"],
@@ -295,7 +295,7 @@ def test_at_chunk_level_an_attached_chunk_counts_at_its_hosts_rank_as_evidence_d
     assert c.after_stage["threshold"]["recall"] == 1 / 2  # before it c5 is rank 4: not in the top 3
     assert c.lost == []
     assert c.stage_stats[1].removed_relevant == 0  # c5 was attached, not lost
-    first = case_record(c).ranked_documents[0]
+    first = case_record(c).outcome.ranked_documents[0]
     assert (first.matched, first.reason) == (True, "relevant (grade 1, attached c5)")
 
 

@@ -110,11 +110,11 @@ def report_of(run_chain: RetrievalChain) -> Report:
 
 def test_each_document_and_lost_id_carries_its_place_in_every_candidate_list() -> None:
     (case,) = report_of(chain()).cases
-    assert [(d.doc_id, d.ranks) for d in case.ranked_documents] == [
+    assert [(d.doc_id, d.ranks) for d in case.outcome.ranked_documents] == [
         ("A", Ranks(dense=3, bm25=4, fused=2, rerank=1)),
         ("E", Ranks(dense=None, bm25=1, fused=3, rerank=2)),  # a BM25 hit only
     ]
-    lost = {x.id: (x.where, x.ranks) for x in case.lost}
+    lost = {x.id: (x.where, x.ranks) for x in case.analysis.lost}
     assert lost == {
         # each list's best placed chunk of B: b1 in the dense list and after rerank, b2 in BM25's and fused
         "B": (RANKED_OUT, Ranks(dense=1, bm25=2, fused=4, rerank=4)),
@@ -122,7 +122,7 @@ def test_each_document_and_lost_id_carries_its_place_in_every_candidate_list() -
         "F": (NOT_RETRIEVED, Ranks()),
     }
     # an evidence chunk is its own item: b2, not its document's best chunk
-    assert [(x.id, x.where, x.ranks) for x in case.evidence_lost] == [
+    assert [(x.id, x.where, x.ranks) for x in case.analysis.evidence_lost] == [
         ("b2", "REMOVED_BY_diversity", Ranks(dense=5, bm25=2, fused=4, rerank=5))
     ]
 
@@ -142,9 +142,9 @@ def test_each_document_and_lost_id_carries_its_place_in_every_candidate_list() -
 )
 def test_a_stage_that_did_not_run_gives_no_rank(run_chain, a_ranks, b_ranks) -> None:
     (case,) = report_of(run_chain).cases
-    assert case.ranked_documents[0].doc_id == "A"
-    assert case.ranked_documents[0].ranks == a_ranks
-    assert next(x.ranks for x in case.lost if x.id == "B") == b_ranks
+    assert case.outcome.ranked_documents[0].doc_id == "A"
+    assert case.outcome.ranked_documents[0].ranks == a_ranks
+    assert next(x.ranks for x in case.analysis.lost if x.id == "B") == b_ranks
 
 
 def test_the_markdown_shows_the_ranks_in_the_worst_cases_the_losses_and_the_ranking() -> None:
@@ -178,7 +178,7 @@ def test_the_ranks_and_the_trace_id_survive_the_json() -> None:
     again = Report.model_validate_json(report_text(report))
     assert again == report
     (case,) = again.cases
-    assert case.ranked_documents[1].ranks == Ranks(bm25=1, fused=3, rerank=2)
+    assert case.outcome.ranked_documents[1].ranks == Ranks(bm25=1, fused=3, rerank=2)
     assert report.to_json()["cases"][0]["lost"][0]["ranks"] == {
         "dense": 1,
         "bm25": 2,
@@ -193,10 +193,10 @@ def test_the_case_record_and_the_log_line_of_the_case_carry_the_same_trace_id(ca
     with caplog.at_level(logging.INFO, logger="sieve.evaluation"):
         report = report_of(chain())
     (case,) = report.cases
-    assert case.trace_id is not None and re.fullmatch("[0-9a-f]{16}", case.trace_id)
-    assert report.to_json()["cases"][0]["traceId"] == case.trace_id
+    assert case.outcome.trace_id is not None and re.fullmatch("[0-9a-f]{16}", case.outcome.trace_id)
+    assert report.to_json()["cases"][0]["traceId"] == case.outcome.trace_id
     lines = [r.getMessage() for r in caplog.records if "case done" in r.getMessage()]
     assert len(lines) == 1
-    assert f"caseId=q1, traceId={case.trace_id}, " in lines[0]
+    assert f"caseId=q1, traceId={case.outcome.trace_id}, " in lines[0]
     # each evaluation is a run of its own
-    assert report_of(chain()).cases[0].trace_id != case.trace_id
+    assert report_of(chain()).cases[0].outcome.trace_id != case.outcome.trace_id

@@ -91,3 +91,28 @@ def test_a_report_written_and_read_back_is_the_same_report(tmp_path) -> None:
     # keys of the run description the model does not name are kept as they came
     assert loaded.run.model_extra == {"collection": "kb-sample"}
     assert loaded.to_json()["run"]["collection"] == "kb-sample"
+
+
+def test_a_case_record_is_written_and_read_as_one_flat_object_of_its_parts() -> None:
+    flat = {
+        "id": "a",
+        "query": "pay day",
+        "topK": 3,
+        "status": "ok",
+        "metrics": {"ndcg": 0.5},
+        "unjudged": ["x"],
+        "lost": [{"id": "b", "where": "RANKED_OUT", "stage": "", "reason": ""}],
+        "set": "incremental",
+    }
+    record = CaseRecord.model_validate(flat)
+    assert (record.case.id, record.case.case_set, record.resolved.top_k) == ("a", "incremental", 3)
+    assert (record.outcome.status, record.scores.metrics, record.analysis.lost[0].id) == (
+        "ok",
+        {"ndcg": 0.5},
+        "b",
+    )
+    assert "unjudged" in record.scores.model_fields_set and "judged" not in record.scores.model_fields_set
+    dumped = record.to_json()
+    assert list(dumped)[:4] == ["id", "query", "knowledgeTag", "topK"]
+    assert list(dumped)[-5:] == ["budget", "expectedContent", "asOf", "unscorable", "alternatives"]
+    assert CaseRecord.model_validate(dumped) == record

@@ -131,7 +131,7 @@ def test_each_case_is_judged_as_of_its_own_date_in_batches_per_date() -> None:
     assert then.forbidden_found == ["OLD"] and then_too.forbidden_found == ["OLD"]
     assert then.metrics is not None and then.metrics["mrr"] == pytest.approx(1 / 2)  # A behind OLD
     assert ev.as_of == date(2026, 6, 1)  # the run's date stays the default
-    assert [case_record(c).as_of for c in ev.cases] == ["2026-06-01", "2025-06-30", "2025-06-30"]
+    assert [case_record(c).resolved.as_of for c in ev.cases] == ["2026-06-01", "2025-06-30", "2025-06-30"]
 
 
 def test_a_single_query_timing_uses_the_cases_own_date() -> None:

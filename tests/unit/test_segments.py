@@ -91,11 +91,16 @@ def test_groups_spread_hit_rate_and_same_top1() -> None:
     assert vpn.spread == 0.0 and vpn.same_top1
 
 
+def with_spec(record: CaseRecord, **update: object) -> CaseRecord:
+    """`record` with its golden-case part updated."""
+    return record.model_copy(update={"case": record.case.model_copy(update=update)})
+
+
 def test_risk_and_the_golden_set_parts_are_segments() -> None:
     cases = [
-        case("a", ndcg=1.0).model_copy(update={"risk": "high", "case_set": "core"}),
-        case("b", ndcg=0.5).model_copy(update={"risk": "high", "case_set": "incremental"}),
-        case("c", ndcg=0.0, hit=0.0).model_copy(update={"case_set": "core"}),
+        with_spec(case("a", ndcg=1.0), risk="high", case_set="core"),
+        with_spec(case("b", ndcg=0.5), risk="high", case_set="incremental"),
+        with_spec(case("c", ndcg=0.0, hit=0.0), case_set="core"),
     ]
     segs = {(s.kind, s.name): s for s in segments(cases)}
     assert segs[("risk", "high")].metrics["ndcg"] == pytest.approx((1.0 + 0.5) / 2)

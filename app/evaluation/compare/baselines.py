@@ -208,8 +208,8 @@ def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
     beside the baseline (K differs, no case scored on both sides) counts as worse, saying why."""
     if baseline.run.k != report.run.k:
         return [f"K differs ({baseline.run.k} -> {report.run.k}), so the runs cannot be compared"]
-    before = {c.id: c.metrics for c in baseline.cases if c.metrics}
-    after = {c.id: c.metrics for c in report.cases if c.metrics}
+    before = {c.case.id: c.scores.metrics for c in baseline.cases if c.scores.metrics}
+    after = {c.case.id: c.scores.metrics for c in report.cases if c.scores.metrics}
     paired = sorted(set(before) & set(after))
     if not paired:
         return ["no case is scored in both runs"]

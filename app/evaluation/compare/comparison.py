@@ -106,6 +106,8 @@ def validation_message(exc: ValidationError, data: JsonValue) -> str:
         case_id = case.get("id") if isinstance(case, dict) else None
         where = f"case {case_id!r} (cases[{loc[1]}])" if case_id is not None else f"cases[{loc[1]}]"
         loc = loc[2:]
+        if loc and loc[0] in CaseRecord.model_fields:
+            loc = loc[1:]  # the record's part: its JSON is flat
     field = ""
     for part in loc:
         field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
@@ -132,15 +134,15 @@ def _check_cases(p: Path, report: Report) -> None:
     of a scored case a finite number."""
     seen: set[str] = set()
     for index, case in enumerate(report.cases):
-        where = f"{p}: case {case.id!r} (cases[{index}])"
-        if case.id in seen:
+        where = f"{p}: case {case.case.id!r} (cases[{index}])"
+        if case.case.id in seen:
             raise BaselineError(f"{where}: duplicate case id")
-        seen.add(case.id)
-        if case.metrics is not None:
+        seen.add(case.case.id)
+        if case.scores.metrics is not None:
             for name in measures.COMPARED:
-                if not _is_number(case.metrics.get(name)):
+                if not _is_number(case.scores.metrics.get(name)):
                     raise BaselineError(
-                        f"{where}: metrics.{name} must be a number, got {case.metrics.get(name)!r}"
+                        f"{where}: metrics.{name} must be a number, got {case.scores.metrics.get(name)!r}"
                     )
 
 
@@ -154,8 +156,8 @@ def compare_reports(
     """Pair the cases by id; figures over the paired cases that have metrics on both sides (no-answer and
     failed cases excluded, as in the summary). With K different the runs are not comparable and no
     statistics are computed."""
-    b_cases = {c.id: c for c in baseline_report.cases}
-    c_cases = {c.id: c for c in current_report.cases}
+    b_cases = {c.case.id: c for c in baseline_report.cases}
+    c_cases = {c.case.id: c for c in current_report.cases}
     paired = sorted(set(b_cases) & set(c_cases))
     changes = CaseChanges(
         only_in_baseline=sorted(set(b_cases) - set(c_cases)),
@@ -189,15 +191,15 @@ def _with_statistics(
     """A copy of `comparison` (two comparable runs) with its statistics: the paired rows (also on the
     condensed lists, per golden-set part and per segment), the changed cases with their details, the
     unjudged account, the composition and the budget."""
-    b_cases = {c.id: c for c in baseline_report.cases}
-    c_cases = {c.id: c for c in current_report.cases}
+    b_cases = {c.case.id: c for c in baseline_report.cases}
+    c_cases = {c.case.id: c for c in current_report.cases}
     before, after = _scored_figures(b_cases, c_cases)
     scored = list(before)
     rows = _paired_rows(before, after, seed, alpha)
     changes = _classify(comparison.cases, b_cases, c_cases, before, after)
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
-    judged = [j for j in (c_cases[i].judged for i in dict.fromkeys(regressions)) if j is not None]
+    judged = [j for j in (c_cases[i].scores.judged for i in dict.fromkeys(regressions)) if j is not None]
     return comparison.model_copy(
         update={
             "cases": _unverified(changes, details),
@@ -223,7 +225,7 @@ def _scored_figures(
     before: Figures = {}
     after: Figures = {}
     for i in paired:
-        b_metrics, c_metrics = b_cases[i].metrics, c_cases[i].metrics
+        b_metrics, c_metrics = b_cases[i].scores.metrics, c_cases[i].scores.metrics
         if b_metrics and c_metrics:
             before[i], after[i] = b_metrics, c_metrics
     return before, after
@@ -233,10 +235,10 @@ def _condensed_rows(
     b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord], scored: list[str], seed: int, alpha: float
 ) -> dict[str, MetricComparison]:
     """The paired statistics on the condensed lists, over the scored cases that have them on both sides."""
-    both = [i for i in scored if b_cases[i].condensed and c_cases[i].condensed]
+    both = [i for i in scored if b_cases[i].scores.condensed and c_cases[i].scores.condensed]
     return _paired_rows(
-        {i: b_cases[i].condensed or {} for i in both},
-        {i: c_cases[i].condensed or {} for i in both},
+        {i: b_cases[i].scores.condensed or {} for i in both},
+        {i: c_cases[i].scores.condensed or {} for i in both},
         seed,
         alpha,
         RANKING,
@@ -306,7 +308,7 @@ def _case_details(
         new, unjudged = new_by_case[i]
         why = unverified_reason(b_cases[i], c_cases[i], metric, unjudged)
         details[i] = CaseDetail(
-            query=c_cases[i].query,
+            query=c_cases[i].case.query,
             before=_top(b_cases[i]),
             now=_top(c_cases[i]),
             before_fused=_top_fused(b_cases[i]),
@@ -333,16 +335,16 @@ def _hit_still_judged(before: CaseRecord, now: CaseRecord) -> bool:
     """Whether a broken case's baseline hit rested on judged documents: some document the baseline matched
     in its top K is still judged relevant (grade > 0) by the current golden set. When none is, the labels
     moved, not the chain."""
-    k = before.top_k or len(before.ranked_documents)
-    hits = {match_key(d, before.match_on) for d in before.ranked_documents[:k] if d.matched}
-    return any(now.expected.get(key, 0.0) > 0 for key in hits) or not hits
+    k = before.resolved.top_k or len(before.outcome.ranked_documents)
+    hits = {match_key(d, before.resolved.match_on) for d in before.outcome.ranked_documents[:k] if d.matched}
+    return any(now.resolved.expected.get(key, 0.0) > 0 for key in hits) or not hits
 
 
 def case_failed(case: CaseRecord) -> bool:
     """The failed-case rule of the summary: an error, or Recall@K < 1 on a scored case."""
-    if case.status == "failed" or case.error is not None:
+    if case.outcome.status == "failed" or case.outcome.error is not None:
         return True
-    return case.metrics is not None and float(case.metrics.get("recall", 1.0)) < 1.0
+    return case.scores.metrics is not None and float(case.scores.metrics.get("recall", 1.0)) < 1.0
 
 
 def case_hard(case: CaseRecord) -> bool:
@@ -350,9 +352,9 @@ def case_hard(case: CaseRecord) -> bool:
     ideally). A no-answer case is hard when it did not abstain."""
     if case_failed(case):
         return True
-    if case.metrics is not None:
-        return float(case.metrics.get("ndcg", 1.0)) < 1.0 - 1e-12
-    return case.expect_no_answer and case.abstained is False
+    if case.scores.metrics is not None:
+        return float(case.scores.metrics.get("ndcg", 1.0)) < 1.0 - 1e-12
+    return case.case.expect_no_answer and case.outcome.abstained is False
 
 
 def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, str]) -> list[CaseFigures]:
@@ -360,13 +362,13 @@ def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, s
     out = []
     for i in ids:
         case = cases[i]
-        figures = case.metrics
+        figures = case.scores.metrics
         out.append(
             CaseFigures(
                 id=i,
-                set=case.case_set,
-                risk=case.risk,
-                status=case.status,
+                set=case.case.case_set,
+                risk=case.case.risk,
+                status=case.outcome.status,
                 metrics={m: float(figures[m]) for m in GATED if m in figures} if figures else None,
                 failed=case_failed(case),
                 hard=case_hard(case),
@@ -442,7 +444,7 @@ def _by_set(
     """The paired statistics of each golden-set part, when the paired cases hold more than one."""
     parts: dict[str, list[str]] = {}
     for i in sorted(before):
-        parts.setdefault(c_cases[i].case_set, []).append(i)
+        parts.setdefault(c_cases[i].case.case_set, []).append(i)
     if len(parts) < 2:
         return {}
     return {
@@ -466,10 +468,10 @@ def segment_comparisons(
     members: dict[tuple[str, str], list[str]] = {}
     for i in sorted(before):
         c = c_cases[i]
-        keys = [("tag", t) for t in dict.fromkeys(c.tags)]
-        keys += [("knowledgeTag", c.knowledge_tag)] if c.knowledge_tag else []
-        keys += [("risk", c.risk)] if c.risk else []
-        keys.append(("set", c.case_set))
+        keys = [("tag", t) for t in dict.fromkeys(c.case.tags)]
+        keys += [("knowledgeTag", c.case.knowledge_tag)] if c.case.knowledge_tag else []
+        keys += [("risk", c.case.risk)] if c.case.risk else []
+        keys.append(("set", c.case.case_set))
         for key in keys:
             members.setdefault(key, []).append(i)
     if len({key for key in members if key[0] == "set"}) < 2:  # one part: its segment is the whole set
@@ -536,8 +538,8 @@ def _paired_rows(
 
 def _top_keys(case: CaseRecord) -> list[str]:
     """The case's top K at its matching level (docId, chunkId or source of each ranked document)."""
-    k = case.top_k or len(case.ranked_documents)
-    return [match_key(d, case.match_on) for d in case.ranked_documents[:k]]
+    k = case.resolved.top_k or len(case.outcome.ranked_documents)
+    return [match_key(d, case.resolved.match_on) for d in case.outcome.ranked_documents[:k]]
 
 
 def new_in_top_k(before: CaseRecord, now: CaseRecord) -> tuple[list[str], list[str]]:
@@ -549,10 +551,10 @@ def new_in_top_k(before: CaseRecord, now: CaseRecord) -> tuple[list[str], list[s
     for key in _top_keys(now):
         if key not in old and key not in new:
             new.append(key)
-    if "unjudged" in now.model_fields_set:
-        unjudged = set(now.unjudged)
+    if "unjudged" in now.scores.model_fields_set:
+        unjudged = set(now.scores.unjudged)
     else:
-        judged = set(now.expected) | set(now.forbidden_doc_ids)
+        judged = set(now.resolved.expected) | set(now.case.forbidden_doc_ids)
         unjudged = {key for key in new if key not in judged}
     return new, [key for key in new if key in unjudged]
 
@@ -572,11 +574,12 @@ def unverified_reason(
     drop; the reason starts "cannot tell" and names the documents to judge (`thinly_judged`)."""
     if not new_unjudged:
         return None
-    b_cond, c_cond = before.condensed, now.condensed
+    b_cond, c_cond = before.scores.condensed, now.scores.condensed
     shown = ", ".join(new_unjudged)
-    if now.judged is not None and now.judged < JUDGED_FLOOR:
+    judged = now.scores.judged
+    if judged is not None and judged < JUDGED_FLOOR:
         return (
-            f"{CANNOT_TELL}: Judged@K {now.judged:.2f} < {JUDGED_FLOOR}, too few judgments for the condensed "
+            f"{CANNOT_TELL}: Judged@K {judged:.2f} < {JUDGED_FLOOR}, too few judgments for the condensed "
             f"list to show a drop; judge the {len(new_unjudged)} unjudged new document(s) in the top K "
             f"({shown})"
         )
@@ -591,13 +594,13 @@ def unverified_reason(
 
 
 def _top(case: CaseRecord, n: int = 3) -> list[str]:
-    return [d.doc_id for d in case.ranked_documents[:n]]
+    return [d.doc_id for d in case.outcome.ranked_documents[:n]]
 
 
 def _top_fused(case: CaseRecord, n: int = 3) -> list[float | None]:
     """The fused score of each of `_top`'s documents (the score that decides the order; None when the
     report has none)."""
-    return [d.scores.get("fused") for d in case.ranked_documents[:n]]
+    return [d.scores.get("fused") for d in case.outcome.ranked_documents[:n]]
 
 
 def _evaluated_at(run: RunInfo) -> str | None:
@@ -622,8 +625,8 @@ def _k_changes(
     if b_run.k != c_run.k:
         out.append(f"K {b_run.k} -> {c_run.k}")
     for i in paired:
-        if b_cases[i].top_k != c_cases[i].top_k:
-            out.append(f"case {i} topK {b_cases[i].top_k} -> {c_cases[i].top_k}")
+        if b_cases[i].resolved.top_k != c_cases[i].resolved.top_k:
+            out.append(f"case {i} topK {b_cases[i].resolved.top_k} -> {c_cases[i].resolved.top_k}")
     return out
 
 
@@ -716,7 +719,7 @@ def _golden_changes(b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecor
     changed = sorted(
         i
         for i in set(b_cases) & set(c_cases)
-        if b_cases[i].case_sha256 and b_cases[i].case_sha256 != c_cases[i].case_sha256
+        if b_cases[i].case.case_sha256 and b_cases[i].case.case_sha256 != c_cases[i].case.case_sha256
     )
     parts = []
     for label, ids in (("added", added), ("removed", removed), ("changed", changed)):

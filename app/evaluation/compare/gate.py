@@ -270,7 +270,11 @@ def _forbidden(result: GateResult, summary: Summary, report: Report, thresholds:
     passed = hits <= limit
     message = f"forbidden documents in top K: {hits}, allowed {limit}"
     if hits:
-        where = [f"{', '.join(c.forbidden_found)} in case {c.id}" for c in report.cases if c.forbidden_found]
+        where = [
+            f"{', '.join(c.scores.forbidden_found)} in case {c.case.id}"
+            for c in report.cases
+            if c.scores.forbidden_found
+        ]
         message += " (" + "; ".join(where) + ")"
     result.checks.append(
         GateCheck("max_forbidden_hits", "forbidden.hits", "<=", float(limit), float(hits), passed, message)
@@ -441,7 +445,7 @@ def _broken_cases(
     if severity is None:
         return
     limit = 0 if limit is None else limit
-    sets = {c.id: c.case_set for c in report.cases}
+    sets = {c.case.id: c.case.case_set for c in report.cases}
     relabelled = sorted(comparison.cases.broken_by_relabelling)
     broken = [i for i in comparison.cases.broken if i not in relabelled]
     incremental = [i for i in broken if sets.get(i, "core") != "core"]
@@ -501,12 +505,12 @@ def _high_risk(
     """`high_risk_broken`: a broken case marked `risk: high`, in any set and whatever judged its new
     documents, has `high_risk_policy`'s severity (checked when the golden set has high-risk cases)."""
     severity = policy_severity(thresholds.high_risk_policy)
-    high = {c.id for c in report.cases if c.risk == "high"}
+    high = {c.case.id for c in report.cases if c.case.risk == "high"}
     if severity is None or not high:
         return
     relabelled = set(comparison.cases.broken_by_relabelling)
     broken = [i for i in comparison.cases.broken if i in high and i not in relabelled]
-    owners = {c.id: c.owner for c in report.cases}
+    owners = {c.case.id: c.case.owner for c in report.cases}
     named = ", ".join(f"{i} (owner {owners[i]})" if owners.get(i) else i for i in broken)
     message = f"broken high-risk cases: {len(broken)} of {len(high)}" + (f" ({named})" if broken else "")
     result.checks.append(
@@ -628,14 +632,18 @@ def _segment_levels(result: GateResult, report: Report, thresholds: EvaluateThre
     """Each configured segment's levels (`min_recall`, ... over the segment's scored cases); a segment
     no scored case belongs to fails its levels."""
     for key, config in thresholds.segments.items():
-        members = [c for c in report.cases if c.metrics and in_segment(c, key)]
+        members = [c for c in report.cases if c.scores.metrics and in_segment(c, key)]
         for name, (metric, _, _) in _LEVELS.items():
             if not name.startswith("min_") or not hasattr(config, name):
                 continue
             threshold = getattr(config, name)
             if threshold is None:
                 continue
-            value = fmean(float(c.metrics[metric]) for c in members if c.metrics) if members else None
+            value = (
+                fmean(float(c.scores.metrics[metric]) for c in members if c.scores.metrics)
+                if members
+                else None
+            )
             message = (
                 f"{key}: {metric}={fmt(value, 4)} over {len(members)} scored case(s), needs >= {threshold}"
                 if members
@@ -658,12 +666,12 @@ def in_segment(case: CaseRecord, key: str) -> bool:
     """Whether `case` belongs to the segment `<kind>:<name>` (tag, knowledgeTag, risk or set)."""
     kind, _, name = key.partition(":")
     if kind == "tag":
-        return name in case.tags
+        return name in case.case.tags
     if kind == "knowledgeTag":
-        return case.knowledge_tag == name
+        return case.case.knowledge_tag == name
     if kind == "risk":
-        return case.risk == name
-    return case.case_set == name
+        return case.case.risk == name
+    return case.case.case_set == name
 
 
 def _p95_increase(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:

@@ -234,7 +234,7 @@ class Funnel:
 
 def funnel(report: Report) -> Funnel:
     """The per-stage funnel (see the module docstring for what each figure means)."""
-    candidates = sum(c.original_count or 0 for c in report.cases)
+    candidates = sum(c.outcome.original_count or 0 for c in report.cases)
     relevant = _relevant_candidates(report.cases)
     counted = _kept_after_stages(report.stages, candidates, relevant)
     # the grey bar is scaled to the most candidates, the green one to the relevant ids among the
@@ -263,9 +263,9 @@ def funnel(report: Report) -> Funnel:
 def _relevant_candidates(cases: list[CaseRecord]) -> int:
     """The expected ids of the scored cases that were among the candidates (not lost before the chain)."""
     return sum(
-        c.expected_count - sum(1 for x in c.lost if x.where in (NOT_IN_INDEX, NOT_RETRIEVED))
+        c.scores.expected_count - sum(1 for x in c.analysis.lost if x.where in (NOT_IN_INDEX, NOT_RETRIEVED))
         for c in cases
-        if c.metrics is not None
+        if c.scores.metrics is not None
     )
 
 

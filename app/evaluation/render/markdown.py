@@ -474,19 +474,22 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         for c in worst:
-            got = _ranked_text(c.ranked_documents[:3])
-            lost = "; ".join(f"{md_text(x.id)}: {loss_text(x, c.top_k)}" for x in c.lost) or "-"
-            if c.unscorable:
-                lost = "; ".join(f"{i}: NOT_IN_INDEX" for i in c.missing_from_index)
-            if c.metrics:
-                nd = _f(c.metrics["ndcg"])
-            elif c.expect_no_answer:
+            got = _ranked_text(c.outcome.ranked_documents[:3])
+            lost = (
+                "; ".join(f"{md_text(x.id)}: {loss_text(x, c.resolved.top_k)}" for x in c.analysis.lost)
+                or "-"
+            )
+            if c.resolved.unscorable:
+                lost = "; ".join(f"{i}: NOT_IN_INDEX" for i in c.resolved.missing_from_index)
+            if c.scores.metrics:
+                nd = _f(c.scores.metrics["ndcg"])
+            elif c.case.expect_no_answer:
                 nd = "no answer expected"
             else:
-                nd = c.status
+                nd = c.outcome.status
             lines.append(
-                f"| {_cell(c.id, None)} | {_cell(c.query)} | {nd} | "
-                f"{_cell(', '.join(c.expected), None) or '-'} | "
+                f"| {_cell(c.case.id, None)} | {_cell(c.case.query)} | {nd} | "
+                f"{_cell(', '.join(c.resolved.expected), None) or '-'} | "
                 f"{got} | {_cell(lost or '-', None)} |"
             )
         lines += _risk_lines(worst)
@@ -497,11 +500,11 @@ def _risk_lines(cases: list[CaseRecord]) -> list[str]:
     """Risk, owner and rationale of the listed cases that carry any."""
     out = []
     for c in cases:
-        parts = [f"risk {c.risk}"] if c.risk else []
-        parts += [f"owner {c.owner}"] if c.owner else []
-        parts += [c.rationale] if c.rationale else []
+        parts = [f"risk {c.case.risk}"] if c.case.risk else []
+        parts += [f"owner {c.case.owner}"] if c.case.owner else []
+        parts += [c.case.rationale] if c.case.rationale else []
         if parts:
-            out.append(f"- {_cell(c.id, None)}: {_cell('; '.join(parts))}")
+            out.append(f"- {_cell(c.case.id, None)}: {_cell('; '.join(parts))}")
     return ["", *out] if out else []
 
 
@@ -619,7 +622,7 @@ def _run_markdown(report: Report, s: Summary) -> list[str]:
 
 
 def _own_dates(report: Report) -> str:
-    own = sum(1 for c in report.cases if c.as_of and c.as_of != report.run.as_of)
+    own = sum(1 for c in report.cases if c.resolved.as_of and c.resolved.as_of != report.run.as_of)
     return f"; {own} case(s) are judged as of their own asOf" if own else ""
 
 
@@ -749,71 +752,79 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     """A case in full: what it asks and expects, then (unless it failed) how it went, its figures, what
     each stage removed, where its expected ids were lost, its judgments and its ranked documents."""
     out = _case_question(c, run_as_of)
-    if c.error:
-        return out + ["", f"**Failed:** `{c.error}`", ""]
+    if c.outcome.error:
+        return out + ["", f"**Failed:** `{c.outcome.error}`", ""]
     out += _case_outcome(c)
     out += _case_metrics_table(c)
-    out += [f"Filter stats: {_filter_stats(c.filter_stats) or 'nothing removed'}", ""]
-    if c.lost:
-        out += ["Lost: " + _losses(c.lost), ""]
+    out += [f"Filter stats: {_filter_stats(c.analysis.filter_stats) or 'nothing removed'}", ""]
+    if c.analysis.lost:
+        out += ["Lost: " + _losses(c.analysis.lost), ""]
     out += _case_judgment_lines(c)
-    out += _ranked_table(c.ranked_documents) if c.ranked_documents else ["No documents returned."]
+    out += (
+        _ranked_table(c.outcome.ranked_documents)
+        if c.outcome.ranked_documents
+        else ["No documents returned."]
+    )
     return out + [""]
 
 
 def _case_question(c: CaseRecord, run_as_of: str | None) -> list[str]:
     """The case as the golden set states it: query, tag, topK, note, what it expects (or no answer), its own
     asOf, its stale ids and its forbidden documents."""
-    out = [f"### {md_text(c.id)}", "", f"- Query: {md_text(c.query)}"]
-    if c.knowledge_tag:
-        out.append(f"- Knowledge tag: {md_text(c.knowledge_tag)}")
-    out.append(f"- topK: {c.top_k}")
-    if c.note:
-        out.append(f"- Note: {md_text(c.note)}")
-    if c.expect_no_answer:
-        out.append(f"- Expected: no answer (abstained: {'yes' if c.abstained else 'no'})")
+    spec, resolved = c.case, c.resolved
+    out = [f"### {md_text(spec.id)}", "", f"- Query: {md_text(spec.query)}"]
+    if spec.knowledge_tag:
+        out.append(f"- Knowledge tag: {md_text(spec.knowledge_tag)}")
+    out.append(f"- topK: {resolved.top_k}")
+    if spec.note:
+        out.append(f"- Note: {md_text(spec.note)}")
+    if spec.expect_no_answer:
+        out.append(f"- Expected: no answer (abstained: {'yes' if c.outcome.abstained else 'no'})")
     else:
-        exp = ", ".join(f"{md_text(k)} ({v:g})" for k, v in c.expected.items())
-        out.append(f"- Expected ({c.match_on}): {exp}")
-        if c.alternatives:
+        exp = ", ".join(f"{md_text(k)} ({v:g})" for k, v in resolved.expected.items())
+        out.append(f"- Expected ({resolved.match_on}): {exp}")
+        if resolved.alternatives:
             out.append(
-                f"- Alternatives ({len(c.alternatives)} evidence groups): each figure is the best of them"
+                f"- Alternatives ({len(resolved.alternatives)} evidence groups): "
+                "each figure is the best of them"
             )
-    if c.as_of and c.as_of != run_as_of:
-        out.append(f"- As of: {c.as_of} (its own asOf)")
-    if c.missing_from_index:
-        out.append(f"- Not in the index: {_ids(c.missing_from_index)}")
-    if c.unscorable:
-        out += ["", f"**Not scored:** {c.unscorable}.", ""]
-    if c.forbidden_doc_ids:
-        found = _ids(c.forbidden_found) or "none found"
-        out.append(f"- Forbidden: {_ids(c.forbidden_doc_ids)} ({found})")
+    if resolved.as_of and resolved.as_of != run_as_of:
+        out.append(f"- As of: {resolved.as_of} (its own asOf)")
+    if resolved.missing_from_index:
+        out.append(f"- Not in the index: {_ids(resolved.missing_from_index)}")
+    if resolved.unscorable:
+        out += ["", f"**Not scored:** {resolved.unscorable}.", ""]
+    if spec.forbidden_doc_ids:
+        found = _ids(c.scores.forbidden_found) or "none found"
+        out.append(f"- Forbidden: {_ids(spec.forbidden_doc_ids)} ({found})")
     return out
 
 
 def _case_outcome(c: CaseRecord) -> list[str]:
     """How the case's retrieval went: its group, what it found and returned, its latency and trace id."""
-    out = [f"- Group: {md_text(c.group)}"] if c.group else []
+    scores, outcome = c.scores, c.outcome
+    out = [f"- Group: {md_text(c.case.group)}"] if c.case.group else []
     out.append(
-        f"- Found {c.hit_count} of {c.expected_count} expected; first hit at rank "
-        f"{c.first_hit_rank or '-'}; {c.final_count} returned of {c.original_count} candidates"
+        f"- Found {scores.hit_count} of {scores.expected_count} expected; first hit at rank "
+        f"{scores.first_hit_rank or '-'}; "
+        f"{outcome.final_count} returned of {outcome.original_count} candidates"
     )
-    out.append(f"- Latency: {_ms(c.latency_ms)}" + ("; fallback used" if c.fallback_used else ""))
-    if c.trace_id:
-        out.append(f"- Trace id: {c.trace_id}")
+    out.append(f"- Latency: {_ms(outcome.latency_ms)}" + ("; fallback used" if outcome.fallback_used else ""))
+    if outcome.trace_id:
+        out.append(f"- Trace id: {outcome.trace_id}")
     return out + [""]
 
 
 def _case_metrics_table(c: CaseRecord) -> list[str]:
     """The case's headline figures at its own K, as a one-row table (nothing for an unscored case)."""
-    if not c.metrics:
+    if not c.scores.metrics:
         return []
-    kl = measures.k_label(c.top_k)
+    kl = measures.k_label(c.resolved.top_k)
     return [
         "| " + " | ".join(measures.label(key, kl) for key in measures.HEADLINE) + " |",
         "|" + "---|" * len(measures.HEADLINE),
         "| "
-        + " | ".join(measures.measure(key).format(c.metrics.get(key)) for key in measures.HEADLINE)
+        + " | ".join(measures.measure(key).format(c.scores.metrics.get(key)) for key in measures.HEADLINE)
         + " |",
         "",
     ]
@@ -861,23 +872,24 @@ def _losses(lost: list[Loss]) -> str:
 def _case_judgment_lines(c: CaseRecord) -> list[str]:
     """A case's evidence figures, where its evidence was lost, Judged@K and its unjudged ids."""
     out = []
-    if c.evidence:
-        groups = " | ".join(", ".join(g) for g in c.evidence_groups)
+    if c.scores.evidence:
+        groups = " | ".join(", ".join(g) for g in c.resolved.evidence_groups)
         line = (
-            f"Evidence ({groups}): EvidenceRecall {_f(c.evidence.get('evidenceRecall'))}, "
-            f"EvidenceHit {_f(c.evidence.get('evidenceHit'))}"
+            f"Evidence ({groups}): EvidenceRecall {_f(c.scores.evidence.get('evidenceRecall'))}, "
+            f"EvidenceHit {_f(c.scores.evidence.get('evidenceHit'))}"
         )
-        if c.evidence_lost:
-            line += "; lost: " + _losses(c.evidence_lost)
+        if c.analysis.evidence_lost:
+            line += "; lost: " + _losses(c.analysis.evidence_lost)
         out += [line, ""]
-    if c.expanded_sources:
+    if c.resolved.expanded_sources:
         shown = "; ".join(
-            f"{md_text(src)} -> {_ids(docs) or '(no document)'}" for src, docs in c.expanded_sources.items()
+            f"{md_text(src)} -> {_ids(docs) or '(no document)'}"
+            for src, docs in c.resolved.expanded_sources.items()
         )
         out += [f"expectedSources expanded to documents: {shown}", ""]
-    if c.judged is not None:
-        unjudged = _ids(c.unjudged) or "none"
-        out += [f"Judged@K {_f(c.judged)}; unjudged in the top K: {unjudged}", ""]
+    if c.scores.judged is not None:
+        unjudged = _ids(c.scores.unjudged) or "none"
+        out += [f"Judged@K {_f(c.scores.judged)}; unjudged in the top K: {unjudged}", ""]
     return out
 
 

@@ -9,10 +9,19 @@ A leaf: it imports nothing from the rest of the app.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
@@ -394,15 +403,14 @@ class CaseBudget(Model):
     model_calls: int
 
 
-class CaseRecord(Model):
-    """One golden case as the report shows it: the case, its figures, its ranking and its trace (`trace_id`:
-    the id of its retrieval's trace, which the evaluation's log line of the case carries too; None when its
-    retrieval failed)."""
+class CaseSpec(Model):
+    """What the golden case says of itself: its id and query, its tags and group, where it came from (origin,
+    generator, passage, literalness), its hash, the documents it forbids, whether it expects no answer, and
+    its set, risk, owner and rationale."""
 
     id: str
     query: str
     knowledge_tag: str | None = None
-    top_k: int
     note: str | None = None
     tags: list[str] = Field(default_factory=list)
     group: str | None = None
@@ -412,44 +420,25 @@ class CaseRecord(Model):
     passage_chunk_id: str | None = None
     literalness: float | None = None
     case_sha256: str = ""
-    match_on: str = ""
-    expected: dict[str, float] = Field(default_factory=dict)
     forbidden_doc_ids: list[str] = Field(default_factory=list)
     expect_no_answer: bool = False
-    status: str = "ok"
-    error: str | None = None
-    metrics: dict[str, float] | None = None
-    at_k: dict[str, dict[str, float]] = Field(default_factory=dict)
-    expected_count: int = 0
-    hit_count: int | None = None
-    first_hit_rank: int | None = None
-    original_count: int | None = None
-    final_count: int | None = None
-    abstained: bool | None = None
-    latency_ms: float | None = None
-    single_latency_ms: float | None = None
-    fallback_used: bool | None = None
-    trace_id: str | None = None
-    ranked_documents: list[RankedDocument] = Field(default_factory=list)
-    filter_stats: list[StageStat] = Field(default_factory=list)
-    after_stage: dict[str, dict[str, float]] = Field(default_factory=dict)
-    lost: list[Loss] = Field(default_factory=list)
-    forbidden_found: list[str] = Field(default_factory=list)
-    missing_from_index: list[str] = Field(default_factory=list)
-    judged: float | None = None  # Judged@K of the top K (metrics.judged_at_k)
-    unjudged: list[str] = Field(default_factory=list)  # the top K's ids that carry no judgment
-    condensed: dict[str, float] | None = None  # metrics at K of the condensed (judged-only) list
-    evidence_groups: list[list[str]] = Field(default_factory=list)
-    evidence: dict[str, float] | None = None  # evidenceRecall, evidenceHit at K
-    evidence_lost: list[Loss] = Field(default_factory=list)
-    expanded_sources: dict[str, list[str]] = Field(default_factory=dict)
     case_set: str = Field("core", alias="set")  # core | incremental
     risk: str | None = None  # low | medium | high
     owner: str | None = None
     rationale: str = ""
-    # what the case's answer cost: characters handed on (top K with attached chunks), candidates before the
-    # stages, model calls (the query embedding and each cross-encoder pair)
-    budget: CaseBudget | None = None
+
+
+class CaseResolution(Model):
+    """The case as resolved against the index: its K and matching level, the ids it grades, those the index
+    does not hold, its evidence groups, its sources expanded to documents, its date and alternatives, and why
+    it has no figures (`unscorable`)."""
+
+    top_k: int
+    match_on: str = ""
+    expected: dict[str, float] = Field(default_factory=dict)
+    missing_from_index: list[str] = Field(default_factory=list)
+    evidence_groups: list[list[str]] = Field(default_factory=list)
+    expanded_sources: dict[str, list[str]] = Field(default_factory=dict)
     # per expected id, the content hash the golden-set audit recorded (stale ids are remapped with it)
     expected_content: dict[str, str] = Field(default_factory=dict)
     # the date the case was judged as of (its own asOf, else the run's)
@@ -458,6 +447,124 @@ class CaseRecord(Model):
     unscorable: str | None = None
     # one relevance map per alternative evidence group, when the case has two or more (figures: the best)
     alternatives: list[dict[str, float]] = Field(default_factory=list)
+
+
+class CaseOutcome(Model):
+    """What the chain did for the case: its status and error, the candidates and documents it returned,
+    whether it abstained, its latencies, whether the fallback was used, its trace id (None when the retrieval
+    failed), its ranking and what the answer cost."""
+
+    status: str = "ok"
+    error: str | None = None
+    original_count: int | None = None
+    final_count: int | None = None
+    abstained: bool | None = None
+    latency_ms: float | None = None
+    single_latency_ms: float | None = None
+    fallback_used: bool | None = None
+    trace_id: str | None = None
+    ranked_documents: list[RankedDocument] = Field(default_factory=list)
+    # what the case's answer cost: characters handed on (top K with attached chunks), candidates before the
+    # stages, model calls (the query embedding and each cross-encoder pair)
+    budget: CaseBudget | None = None
+
+
+class CaseMeasures(Model):
+    """What the case's final ranking scores: the measure table at K (None: no relevant id), the same at each
+    extra cut-off, the counts behind the ratios, the forbidden documents found, Judged@K, the condensed
+    table and the evidence figures."""
+
+    metrics: dict[str, float] | None = None
+    at_k: dict[str, dict[str, float]] = Field(default_factory=dict)
+    expected_count: int = 0
+    hit_count: int | None = None
+    first_hit_rank: int | None = None
+    forbidden_found: list[str] = Field(default_factory=list)
+    judged: float | None = None  # Judged@K of the top K (metrics.judged_at_k)
+    unjudged: list[str] = Field(default_factory=list)  # the top K's ids that carry no judgment
+    condensed: dict[str, float] | None = None  # metrics at K of the condensed (judged-only) list
+    evidence: dict[str, float] | None = None  # evidenceRecall, evidenceHit at K
+
+
+class CaseAnalysis(Model):
+    """What the case's trace tells: each stage's statistics, the measures of the list after each stage, and
+    where the relevant ids and the evidence chunks not in the top K were lost."""
+
+    filter_stats: list[StageStat] = Field(default_factory=list)
+    after_stage: dict[str, dict[str, float]] = Field(default_factory=dict)
+    lost: list[Loss] = Field(default_factory=list)
+    evidence_lost: list[Loss] = Field(default_factory=list)
+
+
+_CASE_PARTS: dict[str, type[Model]] = {
+    "case": CaseSpec,
+    "resolved": CaseResolution,
+    "outcome": CaseOutcome,
+    "scores": CaseMeasures,
+    "analysis": CaseAnalysis,
+}
+
+# the order of a case's keys in the report JSON, as reports have always written them
+_CASE_KEY_ORDER = (
+    "id query knowledgeTag topK note tags group language origin generator passageChunkId literalness "
+    "caseSha256 matchOn expected forbiddenDocIds expectNoAnswer status error metrics atK expectedCount "
+    "hitCount firstHitRank originalCount finalCount abstained latencyMs singleLatencyMs fallbackUsed traceId "
+    "rankedDocuments filterStats afterStage lost forbiddenFound missingFromIndex judged unjudged condensed "
+    "evidenceGroups evidence evidenceLost expandedSources set risk owner rationale budget expectedContent "
+    "asOf unscorable alternatives"
+).split()
+
+
+def _key_position(part: type[Model]) -> dict[str, int]:
+    """Each field of `part`, by alias and by name, at its key's place in `_CASE_KEY_ORDER`."""
+    places = {key: i for i, key in enumerate(_CASE_KEY_ORDER)}
+    return {
+        key: places[info.alias or name]
+        for name, info in part.model_fields.items()
+        for key in (name, info.alias or name)
+    }
+
+
+_KEY_POSITION = {key: place for part in _CASE_PARTS.values() for key, place in _key_position(part).items()}
+_KEY_PART = {key: name for name, part in _CASE_PARTS.items() for key in _key_position(part)}
+
+
+class CaseRecord(Model):
+    """One golden case as the report shows it, composed of its parts: what the golden case says (`case`),
+    the case as resolved against the index (`resolved`), what the chain did (`outcome`), what its ranking
+    scores (`scores`) and what its trace tells (`analysis`). Its JSON is one flat object of the parts' keys
+    (in `_CASE_KEY_ORDER`), and a flat object is read back into the parts."""
+
+    case: CaseSpec
+    resolved: CaseResolution
+    outcome: CaseOutcome = Field(default_factory=CaseOutcome)
+    scores: CaseMeasures = Field(default_factory=CaseMeasures)
+    analysis: CaseAnalysis = Field(default_factory=CaseAnalysis)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: object) -> object:
+        """A flat object (a report's case, or flat keyword arguments) split into its parts; a key of no part
+        stays at the top, for validation to refuse or ignore as before."""
+        if not isinstance(data, Mapping) or any(part in data for part in _CASE_PARTS):
+            return data
+        parts: dict[str, dict[str, object]] = {part: {} for part in _CASE_PARTS}
+        rest: dict[str, object] = {}
+        for key, value in data.items():
+            if key in _KEY_PART:
+                parts[_KEY_PART[key]][key] = value
+            else:
+                rest[key] = value
+        return {**rest, **parts}
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The parts' dumps merged into one flat object, its keys in `_CASE_KEY_ORDER`."""
+        dumped = handler(self)
+        flat: dict[str, object] = {}
+        for part in _CASE_PARTS:
+            flat.update(dumped.get(part, {}))
+        return dict(sorted(flat.items(), key=lambda item: _KEY_POSITION.get(item[0], len(_KEY_POSITION))))
 
 
 class SummaryCounts(Model):
@@ -787,14 +894,14 @@ def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseR
     that found everything at rank 1 (nDCG 1) and no-answer cases that abstained are not listed."""
 
     def badness(c: CaseRecord) -> tuple[float, float, str]:
-        if c.status == "failed":
-            return (-1.0, 0.0, c.id)
-        if c.expect_no_answer:
-            return (0.0 if not c.abstained else 2.0, 0.0, c.id)
-        m = c.metrics or {}
-        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.id)
+        if c.outcome.status == "failed":
+            return (-1.0, 0.0, c.case.id)
+        if c.case.expect_no_answer:
+            return (0.0 if not c.outcome.abstained else 2.0, 0.0, c.case.id)
+        m = c.scores.metrics or {}
+        return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.case.id)
 
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.forbidden_found]
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.scores.forbidden_found]
     return sorted(bad, key=badness)[:limit]
 
 

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from statistics import fmean
-from typing import TypedDict
 
 from app.evaluation.golden.audit.checks import AuditResult
 from app.evaluation.golden.cases import GoldenCase
@@ -17,8 +16,13 @@ from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import (
     Audit,
     BaselineUpdate,
+    CaseAnalysis,
     CaseBudget,
+    CaseMeasures,
+    CaseOutcome,
     CaseRecord,
+    CaseResolution,
+    CaseSpec,
     Comparison,
     EvidenceFigures,
     Gate,
@@ -294,7 +298,10 @@ def _with_content(record: CaseRecord, audit: AuditResult | None) -> CaseRecord:
     with them); as it is without an audit."""
     if audit is None:
         return record
-    return record.model_copy(update={"expected_content": dict(audit.expected_content.get(record.id, {}))})
+    content = dict(audit.expected_content.get(record.case.id, {}))
+    return record.model_copy(
+        update={"resolved": record.resolved.model_copy(update={"expected_content": content})}
+    )
 
 
 @dataclass(frozen=True)
@@ -391,31 +398,9 @@ def ranked_documents(c: CaseResult) -> list[RankedDocument]:
     return ranked
 
 
-class _CaseFields(TypedDict):
-    """The fields of a case record that the golden case alone gives."""
-
-    id: str
-    query: str
-    knowledge_tag: str | None
-    note: str
-    tags: list[str]
-    group: str | None
-    language: str
-    origin: str
-    generator: str | None
-    passage_chunk_id: str | None
-    literalness: float | None
-    case_sha256: str
-    forbidden_doc_ids: list[str]
-    expect_no_answer: bool
-    case_set: str
-    risk: str | None
-    owner: str | None
-    rationale: str
-
-
-def _case_fields(case: GoldenCase) -> _CaseFields:
-    return _CaseFields(
+def case_spec(case: GoldenCase) -> CaseSpec:
+    """What the golden case says of itself, as the report records it."""
+    return CaseSpec(
         id=case.id,
         query=case.query,
         knowledge_tag=case.knowledge_tag,
@@ -437,23 +422,27 @@ def _case_fields(case: GoldenCase) -> _CaseFields:
     )
 
 
-def case_record(c: CaseResult) -> CaseRecord:
-    """The report's record of one case, composed of its parts: the golden case (`_case_fields`), the case
-    as resolved against the index, the chain's outcome, its scores (`runner.score_ranking`) and its trace
-    analysis (`runner.analyse_trace`)."""
-    result = c.result
-    return CaseRecord(
-        **_case_fields(c.case),
+def case_resolution(c: CaseResult) -> CaseResolution:
+    """The case as the run resolved it against the index."""
+    return CaseResolution(
         top_k=c.k,
         match_on=c.key,
         expected=dict(c.relevance),
+        missing_from_index=c.missing_from_index,
+        evidence_groups=c.evidence_groups,
+        expanded_sources=c.expanded_sources,
+        as_of=c.as_of.isoformat() if c.as_of else None,
+        unscorable=c.unscorable,
+        alternatives=[dict(a) for a in c.alternatives],
+    )
+
+
+def case_outcome(c: CaseResult) -> CaseOutcome:
+    """What the chain did for the case: its result's counts, latencies, trace id, ranking and cost."""
+    result = c.result
+    return CaseOutcome(
         status=c.status,
         error=c.error,
-        metrics=c.metrics,
-        at_k={str(k): {m: v[m] for m in measures.RANKING} for k, v in c.at_k.items()},
-        expected_count=c.counts.get("expectedCount", len(metrics.relevant_ids(c.relevance))),
-        hit_count=c.counts.get("hitCount"),
-        first_hit_rank=c.counts.get("firstHitRank"),
         original_count=result.original_count if result else None,
         final_count=len(result.documents) if result else None,
         abstained=c.abstained if c.case.expect_no_answer else None,
@@ -462,22 +451,45 @@ def case_record(c: CaseResult) -> CaseRecord:
         fallback_used=result.fallback_used if result else None,
         trace_id=c.trace_id,
         ranked_documents=ranked_documents(c),
-        filter_stats=list(c.stage_stats),
-        after_stage=c.after_stage,
-        lost=list(c.lost),
+        budget=case_budget(c),
+    )
+
+
+def case_measures(c: CaseResult) -> CaseMeasures:
+    """The case's scores (`runner.score_ranking`) as the report records them."""
+    return CaseMeasures(
+        metrics=c.metrics,
+        at_k={str(k): {m: v[m] for m in measures.RANKING} for k, v in c.at_k.items()},
+        expected_count=c.counts.get("expectedCount", len(metrics.relevant_ids(c.relevance))),
+        hit_count=c.counts.get("hitCount"),
+        first_hit_rank=c.counts.get("firstHitRank"),
         forbidden_found=c.forbidden_found,
-        missing_from_index=c.missing_from_index,
         judged=c.judged,
         unjudged=list(c.unjudged),
         condensed=c.condensed,
-        evidence_groups=c.evidence_groups,
         evidence=c.evidence,
+    )
+
+
+def case_analysis(c: CaseResult) -> CaseAnalysis:
+    """The case's trace analysis (`runner.analyse_trace`) as the report records it."""
+    return CaseAnalysis(
+        filter_stats=list(c.stage_stats),
+        after_stage=c.after_stage,
+        lost=list(c.lost),
         evidence_lost=list(c.evidence_lost),
-        expanded_sources=c.expanded_sources,
-        budget=case_budget(c),
-        as_of=c.as_of.isoformat() if c.as_of else None,
-        unscorable=c.unscorable,
-        alternatives=[dict(a) for a in c.alternatives],
+    )
+
+
+def case_record(c: CaseResult) -> CaseRecord:
+    """The report's record of one case, composed of its parts: the golden case, the case as resolved
+    against the index, the chain's outcome, its scores and its trace analysis."""
+    return CaseRecord(
+        case=case_spec(c.case),
+        resolved=case_resolution(c),
+        outcome=case_outcome(c),
+        scores=case_measures(c),
+        analysis=case_analysis(c),
     )
 
 

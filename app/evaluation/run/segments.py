@@ -37,19 +37,19 @@ _NAME_ORDER = {
 
 def _members(cases: list[CaseRecord]) -> dict[tuple[str, str], list[CaseRecord]]:
     out: dict[tuple[str, str], list[CaseRecord]] = defaultdict(list)
-    parts = {c.case_set or "core" for c in cases}
+    parts = {c.case.case_set or "core" for c in cases}
     for c in cases:
-        if c.risk:
-            out[("risk", c.risk)].append(c)
+        if c.case.risk:
+            out[("risk", c.case.risk)].append(c)
         if len(parts) > 1:  # a set of one part: its segment would be the whole set
-            out[("set", c.case_set or "core")].append(c)
-        for tag in dict.fromkeys(c.tags):
+            out[("set", c.case.case_set or "core")].append(c)
+        for tag in dict.fromkeys(c.case.tags):
             out[("tag", tag)].append(c)
-        if c.knowledge_tag:
-            out[("knowledgeTag", c.knowledge_tag)].append(c)
-        out[("language", c.language or query_language(c.query))].append(c)
-        out[("origin", c.origin or "manual")].append(c)
-        literal = band(c.literalness)
+        if c.case.knowledge_tag:
+            out[("knowledgeTag", c.case.knowledge_tag)].append(c)
+        out[("language", c.case.language or query_language(c.case.query))].append(c)
+        out[("origin", c.case.origin or "manual")].append(c)
+        literal = band(c.case.literalness)
         if literal is not None:
             out[("literalness", literal)].append(c)
     return out
@@ -64,7 +64,7 @@ def _segment_order(key: tuple[str, str]) -> tuple[int, int, str]:
 def segment_means(cases: list[CaseRecord]) -> dict[str, float | None]:
     """Per compared measure (`measures.COMPARED`), the mean of the per-case figures over the cases that have
     metrics (scored cases); None when none has."""
-    scored = [c.metrics for c in cases if c.metrics]
+    scored = [c.scores.metrics for c in cases if c.scores.metrics]
     return {m: (fmean(float(s[m]) for s in scored) if scored else None) for m in measures.COMPARED}
 
 
@@ -96,8 +96,8 @@ def segments(
 
 def _delta(members: list[CaseRecord], baseline_cases: list[CaseRecord], seed: int) -> SegmentDelta:
     """The segment's exploratory paired differences against the baseline's cases of the same ids."""
-    base = {c.id: c.metrics for c in baseline_cases}
-    paired = [(old, c.metrics) for c in members if c.metrics and (old := base.get(c.id))]
+    base = {c.case.id: c.scores.metrics for c in baseline_cases}
+    paired = [(old, c.scores.metrics) for c in members if c.scores.metrics and (old := base.get(c.case.id))]
     per_metric = {}
     for m in measures.COMPARED:
         diffs = [float(cur[m]) - float(old[m]) for old, cur in paired]
@@ -112,18 +112,18 @@ def groups(cases: list[CaseRecord]) -> list[Group]:
     the group returned the same document at rank 1 (false when one returned nothing)."""
     by_group: dict[str, list[CaseRecord]] = defaultdict(list)
     for c in cases:
-        if c.group:
-            by_group[c.group].append(c)
+        if c.case.group:
+            by_group[c.case.group].append(c)
     out = []
     for name in sorted(by_group):
         members = by_group[name]
-        scored = [c.metrics for c in members if c.metrics]
+        scored = [c.scores.metrics for c in members if c.scores.metrics]
         ndcgs = [float(m["ndcg"]) for m in scored]
-        tops = [c.ranked_documents[0].doc_id if c.ranked_documents else None for c in members]
+        tops = [c.outcome.ranked_documents[0].doc_id if c.outcome.ranked_documents else None for c in members]
         out.append(
             Group(
                 name=name,
-                cases=[c.id for c in members],
+                cases=[c.case.id for c in members],
                 hit_rate=fmean(float(m["hitRate"]) for m in scored) if scored else None,
                 ndcg_min=min(ndcgs) if ndcgs else None,
                 ndcg_max=max(ndcgs) if ndcgs else None,
@@ -146,9 +146,12 @@ def origin_comparison(cases: list[CaseRecord], metric: str = "ndcg") -> Origins:
     """
     by_origin: dict[str, list[CaseRecord]] = defaultdict(list)
     for c in cases:
-        by_origin[c.origin or "manual"].append(c)
+        by_origin[c.case.origin or "manual"].append(c)
     order = sorted(by_origin, key=lambda o: (ORIGINS.index(o) if o in ORIGINS else len(ORIGINS), o))
-    scores = {origin: [float(c.metrics[metric]) for c in by_origin[origin] if c.metrics] for origin in order}
+    scores = {
+        origin: [float(c.scores.metrics[metric]) for c in by_origin[origin] if c.scores.metrics]
+        for origin in order
+    }
     figures = {
         origin: OriginFigures.model_validate(
             {

@@ -167,5 +167,5 @@ def attach_audit(report: Report, audit: AuditResult | None) -> None:
         report.audit = None
         return
     for record in report.cases:
-        record.expected_content = dict(audit.expected_content.get(record.id, {}))
+        record.resolved.expected_content = dict(audit.expected_content.get(record.case.id, {}))
     report.audit = Audit(**{f.name: getattr(audit, f.name) for f in fields(Audit)})
