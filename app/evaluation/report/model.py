@@ -504,7 +504,8 @@ _CASE_PARTS: dict[str, type[Model]] = {
     "analysis": CaseAnalysis,
 }
 
-# the order of a case's keys in the report JSON, as reports have always written them
+# the order of a case's keys in the report JSON, as reports have always written them; a field added to a part
+# and not listed here comes after these, in the parts' order
 _CASE_KEY_ORDER = (
     "id query knowledgeTag topK note tags group language origin generator passageChunkId literalness "
     "caseSha256 matchOn expected forbiddenDocIds expectNoAnswer status error metrics atK expectedCount "
@@ -516,10 +517,11 @@ _CASE_KEY_ORDER = (
 
 
 def _key_position(part: type[Model]) -> dict[str, int]:
-    """Each field of `part`, by alias and by name, at its key's place in `_CASE_KEY_ORDER`."""
+    """Each field of `part`, by alias and by name, at its key's place in `_CASE_KEY_ORDER` (after them all
+    when it is not listed)."""
     places = {key: i for i, key in enumerate(_CASE_KEY_ORDER)}
     return {
-        key: places[info.alias or name]
+        key: places.get(info.alias or name, len(places))
         for name, info in part.model_fields.items()
         for key in (name, info.alias or name)
     }
