@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from app.evaluation.compare.comparison import GATED, BaselineError, load_report
+from app.evaluation.compare.comparison import BaselineError, load_report
 from app.evaluation.report.model import BaselineUpdate, Report, report_text
+from app.evaluation.scoring import measures
 from app.files import atomic_write_text
 from app.settings import EvaluateSettings
 
@@ -169,9 +170,6 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | No
     return None
 
 
-PROMOTED_MEASURES = GATED
-
-
 def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: bool) -> BaselineUpdate:
     """Whether `report` may replace the last passing baseline (the module docstring's rule), and why.
     Decided before the files are written, so the report carries it."""
@@ -204,7 +202,7 @@ def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: boo
 
 def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
     """How `report` is worse than `baseline` beyond `tolerance`, one phrase per measure (empty: it is not).
-    Over the case ids both scored, the mean of each of `PROMOTED_MEASURES`; a run that cannot be set
+    Over the case ids both scored, the mean of each gated measure (`measures.GATED`); a run that cannot be set
     beside the baseline (K differs, no case scored on both sides) counts as worse, saying why."""
     if baseline.run.k != report.run.k:
         return [f"K differs ({baseline.run.k} -> {report.run.k}), so the runs cannot be compared"]
@@ -214,7 +212,7 @@ def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
     if not paired:
         return ["no case is scored in both runs"]
     out = []
-    for name in PROMOTED_MEASURES:
+    for name in measures.GATED:
         b = fmean(float(before[i].get(name, 0.0)) for i in paired)
         a = fmean(float(after[i].get(name, 0.0)) for i in paired)
         if b - a > tolerance + 1e-12:

@@ -45,8 +45,6 @@ SMALL_SAMPLE = 30
 # neither verified nor unverified, and the report says so
 JUDGED_FLOOR = 0.5
 CANNOT_TELL = "cannot tell"
-# the measures the gate guards by default (a significant drop of any fails), in the order tables show them
-GATED = ("recall", "hitRate", "mrr", "ndcg")
 # a segment is tested for a drop (Holm over segments) from this many paired cases
 MIN_TESTED_SEGMENT = 10
 # the cost figures the comparison shows beside the quality (`Comparison.budget`)
@@ -369,7 +367,7 @@ def _one_side(cases: dict[str, CaseRecord], ids: list[str], retired: dict[str, s
                 set=case.case.case_set,
                 risk=case.case.risk,
                 status=case.outcome.status,
-                metrics={m: float(figures[m]) for m in GATED if m in figures} if figures else None,
+                metrics={m: float(figures[m]) for m in measures.GATED if m in figures} if figures else None,
                 failed=case_failed(case),
                 hard=case_hard(case),
                 retired_reason=retired.get(i),
@@ -389,7 +387,7 @@ def _composition(
     """Per gated measure, the summaries' figures (every scored case) beside the paired figures (`rows`), and
     the part of the change the added and removed cases explain (`CompositionRow`)."""
     out: dict[str, CompositionRow] = {}
-    for name in GATED:
+    for name in measures.GATED:
         row = rows.get(name)
         b_all, c_all = summary_mean(baseline.summary, name), summary_mean(current.summary, name)
         b_common = row.baseline if row else None
@@ -477,7 +475,7 @@ def segment_comparisons(
     if len({key for key in members if key[0] == "set"}) < 2:  # one part: its segment is the whole set
         members = {key: ids for key, ids in members.items() if key[0] != "set"}
     out: list[SegmentComparison] = []
-    for name in GATED:
+    for name in measures.GATED:
         rows = []
         for (kind, segment), ids in sorted(members.items()):
             b = [float(before[i][name]) for i in ids]

@@ -499,7 +499,7 @@ def point_metrics(evaluation: Evaluation, summary: Summary | None = None) -> Poi
     correctAbstentions / noAnswerCases: the counts behind correctAbstention.
     """
     s = summary if summary is not None else summary_record(evaluation)
-    ran = [c for c in evaluation.cases if c.result is not None]
+    ran = [c.result for c in evaluation.cases if c.result is not None]
     no_answer = [c for c in evaluation.cases if c.case.expect_no_answer and c.error is None]
     return PointFigures(
         recall=s.recall,
@@ -509,7 +509,7 @@ def point_metrics(evaluation: Evaluation, summary: Summary | None = None) -> Poi
         correct_abstention=s.no_answer.correct_abstention_rate,
         false_answer_rate=s.no_answer.false_answer_rate,
         forbidden_hits=s.forbidden["hits"],
-        mean_results=fmean(len(c.result.documents) for c in ran) if ran else None,  # type: ignore[union-attr]
+        mean_results=fmean(len(result.documents) for result in ran) if ran else None,
         correct_abstentions=sum(1 for c in no_answer if c.abstained),
         no_answer_cases=len(no_answer),
     )

@@ -40,7 +40,7 @@ class TuneOptions:
 
 def self_check(replayed: PointFigures, evaluation: Evaluation) -> str:
     """The replayed current configuration against the real evaluation it was recorded from."""
-    real = PointFigures.model_validate(point_metrics(evaluation))
+    real = point_metrics(evaluation)
     off = []
     for name in POINT_METRICS:
         got, want = figure(replayed, name), figure(real, name)
