@@ -12,7 +12,11 @@ Facts this module is built around (measured on Chroma 1.5):
   and deleted), so every process sharing the store can bring its lexical index up to date by reading only
   what changed (`changes_since`, then `get` of those ids), see app/lexical/sync.py. Entries
   older than a retention are deleted (`prune_changes`) after a marker entry says so, so that a process
-  that had not read them yet knows it missed something.
+  that had not read them yet knows it missed something;
+- a rebuild (`sieve store rebuild`) writes a staging collection, `<collection>-rebuild`, then switches: the
+  staging one is marked complete in its metadata, the configured one dropped, the staging one renamed to the
+  configured name (`collection.modify(name=...)`, the same collection id). A switch stopped between the drop
+  and the rename is finished by the next `open`.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ _IN_BATCH = 500  # values per `$in` filter
 HEARTBEAT_TIMEOUT_S = 2.0
 # Metadata keys Chroma refuses ("#document" and other '#' keys, '$' operators) or silently drops ("chroma:*").
 RESERVED_KEY_PREFIXES = ("#", "$", "chroma:")
+REBUILD_SUFFIX = "-rebuild"
+REBUILD_OF_KEY = "sieve_rebuild_of"  # a staging collection's metadata: the collection it rebuilds
+REBUILD_COMPLETE_KEY = "sieve_rebuild_complete"  # ... and whether every recorded document is in it
+PROBE_ID_PREFIX = "sieve-probe-"
 
 
 class StoreError(RuntimeError):
@@ -166,8 +174,12 @@ class ChromaStore:
     # -- opening ---------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, settings: StoreSettings, embedder_identity: dict[str, Any]) -> ChromaStore:
-        """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}."""
+    def open(
+        cls, settings: StoreSettings, embedder_identity: dict[str, Any], check_embedder: bool = True
+    ) -> ChromaStore:
+        """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}.
+        `check_embedder=False` opens a collection built with another embedder too (`sieve store check` and
+        `sieve store rebuild`, which never query it with this one)."""
         lock_fd = None
         heartbeat_url = None
         telemetry_off = ChromaClientSettings(anonymized_telemetry=False, allow_reset=False)
@@ -183,7 +195,7 @@ class ChromaStore:
                 client = chromadb.HttpClient(host=settings.host, port=settings.port, settings=telemetry_off)
                 client.heartbeat()
                 heartbeat_url = f"http://{settings.host}:{settings.port}/api/v2/heartbeat"
-            collection = _get_or_create(client, settings, embedder_identity)
+            collection = _get_or_create(client, settings, embedder_identity, check_embedder)
         except StoreError:
             pidlock.release(lock_fd)
             raise
@@ -536,6 +548,95 @@ class ChromaStore:
             self.cache.invalidate(ids)
             self._exact_changed(ids)
 
+    # -- rebuilding: a staging collection, then the switch --------------------------------------------
+
+    def staging(self, settings: StoreSettings, embedder_identity: dict[str, Any]) -> ChromaStore:
+        """A store over this collection's staging collection (`staging_collection_name`) on the same
+        client, marked incomplete: the one a stopped rebuild left, when it was built with this embedder
+        (its chunks are kept: a rerun embeds only what is missing), else a new one. It holds no lock of
+        its own (this store's is held until this store closes) and has no chunk cache."""
+        name = staging_collection_name(self.name)
+        wanted = {**_Identity(dict(embedder_identity)).as_metadata(), REBUILD_OF_KEY: self.name}
+        collection = None
+        if _exists(self._client, name):
+            collection = self._call(self._client.get_collection, name)
+            kept = {k: v for k, v in (collection.metadata or {}).items() if k != REBUILD_COMPLETE_KEY}
+            if kept != wanted:
+                log.info("staging collection '%s' was built otherwise (%s): dropping it", name, kept)
+                self._call(self._client.delete_collection, name)
+                collection = None
+        if collection is None:
+            collection = self._call(
+                self._client.create_collection,
+                name,
+                configuration=_configuration(settings),
+                metadata={**wanted, REBUILD_COMPLETE_KEY: False},
+                embedding_function=None,
+            )
+        else:
+            self._call(collection.modify, metadata={**wanted, REBUILD_COMPLETE_KEY: False})
+        return ChromaStore(self._client, collection, f"{self.description}, collection '{name}'")
+
+    def switch_to(self, staging: ChromaStore) -> None:
+        """Make `staging` (from `staging`, complete) this collection: mark it complete, drop this one, rename
+        it to this one's name, then take it as this store's collection (a new collection id). Stopped after
+        the mark, this collection still serves and a rerun of the rebuild switches; stopped after the drop,
+        the next `open` renames the complete staging collection (`_finish_switch`)."""
+        name = self.name
+        metadata = dict(staging.metadata())
+        self._call(staging._collection.modify, metadata={**metadata, REBUILD_COMPLETE_KEY: True})
+        if _exists(self._client, name):
+            self._call(self._client.delete_collection, name)
+        _rename_staging(staging._collection, name)
+        self._collection = staging._collection
+        self.forget_all()
+
+    def rebuilt(self, previous_id: str) -> tuple[str, int]:
+        """Append the change-log entry a switch leaves for the other processes: a prune marker stamped now
+        (a process reading it re-reads every chunk's metadata, `LexicalSync._resync`), naming the collection
+        id before and after."""
+        before = time.time_ns()
+        body = {"put": [], "del": [], "pruned_before": before, "rebuilt": [previous_id, self.collection_id]}
+        return self._log_entry(body, {"pruned_before": before})
+
+    def sibling(self, name: str) -> ChromaStore | None:
+        """A store over another collection `name` of the same client (no lock, no cache, no embedder check),
+        or None when there is none: what `sieve store check` reads beside the configured collection."""
+        if not _exists(self._client, name):
+            return None
+        collection = self._call(self._client.get_collection, name)
+        return ChromaStore(self._client, collection, f"{self.description}, collection '{name}'")
+
+    def probe(self, dimension: int) -> list[str]:
+        """Read and write this collection once each, with a scratch chunk (`PROBE_ID_PREFIX` + a random hex,
+        an id no chunk id can have: those are `c_` + hex) written, read back and deleted; what failed, or
+        an empty list. The scratch chunk never enters the change log; it exists for milliseconds."""
+        problems = []
+        try:
+            self._call(self._collection.get, include=["metadatas"], limit=1)
+            self._call(self._collection.count)
+        except Exception as exc:
+            problems.append(f"read probe failed ({self.description}): {type(exc).__name__}: {exc}")
+        probe_id = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
+        vector = np.zeros((1, dimension), dtype=np.float32)
+        vector[0, -1] = 1.0
+        try:
+            self._call(
+                self._collection.upsert,
+                ids=[probe_id],
+                embeddings=vector,
+                documents=["sieve store check probe"],
+                metadatas=[{"doc_id": probe_id}],
+            )
+            if self._call(self._collection.get, ids=[probe_id], include=[])["ids"] != [probe_id]:
+                problems.append(f"write probe: {probe_id} was written but cannot be read back")
+            self._call(self._collection.delete, ids=[probe_id])
+            if self._call(self._collection.get, ids=[probe_id], include=[])["ids"]:
+                problems.append(f"write probe: {probe_id} was deleted but is still there")
+        except Exception as exc:
+            problems.append(f"write probe failed ({self.description}): {type(exc).__name__}: {exc}")
+        return problems
+
     # -- the change log ----------------------------------------------------------------------------
 
     def _change_log(self) -> Any:
@@ -634,20 +735,30 @@ class ChromaStore:
             raise
 
 
-def _get_or_create(client: Any, settings: StoreSettings, identity: dict[str, Any]) -> Any:
-    """The configured collection, created when it does not exist. Replicas starting together on an empty
-    Chroma server may both find it missing: the one whose create fails because the other's landed first
-    opens that one (checking its embedder like any existing collection)."""
-    wanted = _Identity(dict(identity)).as_metadata()
-    if not _exists(client, settings.collection):
-        configuration = {
-            "hnsw": {
-                "space": "cosine",
-                "ef_construction": settings.hnsw_construction_ef,
-                "ef_search": settings.hnsw_search_ef,
-                "max_neighbors": settings.hnsw_m,
-            }
+def _configuration(settings: StoreSettings) -> dict[str, Any]:
+    """The collection configuration every Sieve collection is created with: cosine space and HNSW parameters
+    (fixed at creation)."""
+    return {
+        "hnsw": {
+            "space": "cosine",
+            "ef_construction": settings.hnsw_construction_ef,
+            "ef_search": settings.hnsw_search_ef,
+            "max_neighbors": settings.hnsw_m,
         }
+    }
+
+
+def _get_or_create(
+    client: Any, settings: StoreSettings, identity: dict[str, Any], check_embedder: bool = True
+) -> Any:
+    """The configured collection, created when it does not exist (or renamed from a complete staging
+    collection whose switch was stopped after the drop: `_finish_switch`). Replicas starting together on an
+    empty Chroma server may both find it missing: the one whose create fails because the other's landed
+    first opens that one (checking its embedder like any existing collection)."""
+    wanted = _Identity(dict(identity)).as_metadata()
+    _finish_switch(client, settings.collection)
+    if not _exists(client, settings.collection):
+        configuration = _configuration(settings)
         log.info("creating Chroma collection '%s' (cosine, %s)", settings.collection, configuration["hnsw"])
         try:
             return client.create_collection(
@@ -661,16 +772,50 @@ def _get_or_create(client: Any, settings: StoreSettings, identity: dict[str, Any
             )
     collection = client.get_collection(settings.collection)
     stored = {k: v for k, v in (collection.metadata or {}).items() if k.startswith("embedder_")}
-    if stored and stored != wanted:
+    if check_embedder and stored and stored != wanted:
         raise EmbedderMismatchError(
             f"collection '{settings.collection}' was built with embedder "
             f"{stored.get('embedder_name')} (dim {stored.get('embedder_dimension')}, "
             f"checksum {stored.get('embedder_checksum')}), but rag.models.embedder is "
             f"{wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, checksum "
-            f"{wanted.get('embedder_checksum')}). Rebuild with `sieve ingest --rebuild PATH...`, or use "
-            f"another rag.store.collection / rag.store.path."
+            f"{wanted.get('embedder_checksum')}). Rebuild it with `sieve store rebuild` (every recorded "
+            f"document, re-embedded), or use another rag.store.collection / rag.store.path."
         )
     return collection
+
+
+def staging_collection_name(collection: str) -> str:
+    """The collection a rebuild of `collection` writes before the switch."""
+    return f"{collection}{REBUILD_SUFFIX}"
+
+
+def _finish_switch(client: Any, collection: str) -> None:
+    """Rename the complete staging collection of `collection` to `collection` when `collection` is missing:
+    a rebuild was stopped between the drop and the rename. A staging collection not marked complete is left
+    alone (a rebuild in progress, or stopped: the configured collection is then still there)."""
+    name = staging_collection_name(collection)
+    if _exists(client, collection) or not _exists(client, name):
+        return
+    staging = client.get_collection(name)
+    if not (staging.metadata or {}).get(REBUILD_COMPLETE_KEY):
+        return
+    log.warning(
+        "collection '%s' is missing and its rebuild '%s' is complete: finishing the switch a stopped "
+        "`sieve store rebuild` left",
+        collection,
+        name,
+    )
+    try:
+        _rename_staging(staging, collection)
+    except Exception:
+        if not _exists(client, collection):  # another process finished it meanwhile: nothing to do
+            raise
+
+
+def _rename_staging(staging: Any, name: str) -> None:
+    """Rename a complete staging collection to `name`, keeping only the embedder's keys in its metadata."""
+    kept = {k: v for k, v in (staging.metadata or {}).items() if k.startswith("embedder_")}
+    staging.modify(name=name, metadata=kept or None)
 
 
 def _exists(client: Any, name: str) -> bool:

@@ -181,7 +181,7 @@ def test_opening_with_another_embedder_is_refused_and_names_both(store_settings)
         ChromaStore.open(store_settings, other)
     message = str(info.value)
     assert "test-embedder" in message and "other-embedder" in message
-    assert "sieve ingest --rebuild" in message
+    assert "sieve store rebuild" in message
     ChromaStore.open(store_settings, IDENTITY).close()  # the failed open left no lock behind
 
 
