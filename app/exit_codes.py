@@ -6,6 +6,8 @@
   with `fail_on_invalid_golden_set: true` and a broken golden set.
 - 3 UNAVAILABLE: the service could not start (a model could not load, the store is unreachable); also
   `sieve serve` forced to exit because its shutdown took longer than `rag.server.shutdown_seconds`.
+- 4 STORE_DAMAGED: `sieve store check` found the index unlike the document record, or the store failing a
+  read or write probe; `sieve store rebuild` refusing to drop documents the record lacks.
 - 130 INTERRUPTED: stopped with Ctrl-C.
 """
 
@@ -15,6 +17,7 @@ OK = 0
 GATE_FAILED = 1
 BAD_INPUT = 2
 UNAVAILABLE = 3
+STORE_DAMAGED = 4
 INTERRUPTED = 130
 
 TABLE: dict[int, str] = {
@@ -22,5 +25,6 @@ TABLE: dict[int, str] = {
     GATE_FAILED: "an evaluation gate check failed",
     BAD_INPUT: "bad input: configuration, files, golden set, baseline report",
     UNAVAILABLE: "the service could not start (model or store unavailable)",
+    STORE_DAMAGED: "the index does not match the document record, or the store fails a probe",
     INTERRUPTED: "interrupted",
 }

@@ -5,13 +5,15 @@
 - `app.cli.query`: `query`;
 - `app.cli.eval`: `eval`, `tune`, `compare`, `trec-eval`;
 - `app.cli.golden`: `golden ...`, `baseline ...`, `label`;
+- `app.cli.store`: `store check`, `store rebuild` (the index against the document record);
 - `app.cli.client`: `--server URL` (or `$SIEVE_SERVER`) on `query` and `eval`, which ask a running
   `sieve serve` instead of loading the models here;
 - `app.cli.common`: the settings of this invocation, `open_sieve`, logging.
 
 Exit codes: one table for every subcommand and `sieve serve`, in `app.exit_codes`: 0 success; 1 an
 evaluation gate check failed; 2 bad input (configuration, files, golden set, baseline report, a token the
-server refuses); 3 the service could not start or the server could not be reached; 130 interrupted.
+server refuses); 3 the service could not start or the server could not be reached; 4 the index does not
+match the document record or the store fails a probe (`store check`, `store rebuild`); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from app.cli.golden import add_golden_commands
 from app.cli.ingest import add_ingest_command
 from app.cli.query import add_query_command, render_result
 from app.cli.serve import add_serve_command
+from app.cli.store import add_store_commands
 from app.settings import SettingsError
 
 __all__ = [
@@ -87,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     add_query_command(sub)
     add_eval_commands(sub)
     add_golden_commands(sub)
+    add_store_commands(sub)
     return parser
 
 

@@ -599,13 +599,9 @@ class ChromaStore:
         body = {"put": [], "del": [], "pruned_before": before, "rebuilt": [previous_id, self.collection_id]}
         return self._log_entry(body, {"pruned_before": before})
 
-    def sibling(self, name: str) -> ChromaStore | None:
-        """A store over another collection `name` of the same client (no lock, no cache, no embedder check),
-        or None when there is none: what `sieve store check` reads beside the configured collection."""
-        if not _exists(self._client, name):
-            return None
-        collection = self._call(self._client.get_collection, name)
-        return ChromaStore(self._client, collection, f"{self.description}, collection '{name}'")
+    def embedder_mismatch(self, embedder_identity: dict[str, Any]) -> str | None:
+        """Why this collection was not built with the embedder of `embedder_identity`, or None."""
+        return _embedder_mismatch(self.name, self._collection.metadata, embedder_identity)
 
     def probe(self, dimension: int) -> list[str]:
         """Read and write this collection once each, with a scratch chunk (`PROBE_ID_PREFIX` + a random hex,
@@ -771,17 +767,27 @@ def _get_or_create(
                 "collection '%s' was created by another process meanwhile: opening it", settings.collection
             )
     collection = client.get_collection(settings.collection)
-    stored = {k: v for k, v in (collection.metadata or {}).items() if k.startswith("embedder_")}
-    if check_embedder and stored and stored != wanted:
+    mismatch = _embedder_mismatch(settings.collection, collection.metadata, identity)
+    if check_embedder and mismatch:
         raise EmbedderMismatchError(
-            f"collection '{settings.collection}' was built with embedder "
-            f"{stored.get('embedder_name')} (dim {stored.get('embedder_dimension')}, "
-            f"checksum {stored.get('embedder_checksum')}), but rag.models.embedder is "
-            f"{wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, checksum "
-            f"{wanted.get('embedder_checksum')}). Rebuild it with `sieve store rebuild` (every recorded "
-            f"document, re-embedded), or use another rag.store.collection / rag.store.path."
+            f"{mismatch}. Rebuild it with `sieve store rebuild` (every recorded document, re-embedded), or "
+            f"use another rag.store.collection / rag.store.path."
         )
     return collection
+
+
+def _embedder_mismatch(name: str, metadata: dict[str, Any] | None, identity: dict[str, Any]) -> str | None:
+    """Why collection `name` (with `metadata`) was not built with the embedder of `identity`, or None."""
+    wanted = _Identity(dict(identity)).as_metadata()
+    stored = {k: v for k, v in (metadata or {}).items() if k.startswith("embedder_")}
+    if not stored or stored == wanted:
+        return None
+    return (
+        f"collection '{name}' was built with embedder {stored.get('embedder_name')} (dim "
+        f"{stored.get('embedder_dimension')}, checksum {stored.get('embedder_checksum')}), but "
+        f"rag.models.embedder is {wanted.get('embedder_name')} (dim {wanted.get('embedder_dimension')}, "
+        f"checksum {wanted.get('embedder_checksum')})"
+    )
 
 
 def staging_collection_name(collection: str) -> str:

@@ -1,0 +1,212 @@
+"""`sieve store check`: the chunk collection compared with the document record, and what fixes each
+difference.
+
+The record is the truth (every accepted document); the collection is derived from it. Chunk ids are content
+hashes of (document id, chunker version, position, title, headings, text): re-chunking a recorded document
+with the current settings gives exactly the ids its chunks must have in the collection, so comparing ids
+document by document compares content too (a changed text, title or chunking changes them). The comparison
+is a pure function of two maps (document id -> chunk ids), tested with fakes; `expected_chunk_ids` and
+`stored_chunk_ids` build them from the record's documents and the store's chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.ingest.chunker import chunk_document
+from app.ingest.types import Document
+from app.settings import IngestSettings
+from app.store import ChromaStore, StoredChunk
+
+REBUILD = "sieve store rebuild"
+SHOWN_IDS = 5  # document ids named in a problem's line (the JSON output lists them all)
+
+ChunkIds = Mapping[str, frozenset[str]]
+
+
+class RecordReader(Protocol):
+    """What the check and the rebuild read of the document record (app/store/record.py)."""
+
+    def iter_documents(self) -> Iterator[Document]: ...
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]: ...
+
+    def hashes(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class IndexComparison:
+    """The collection against the record, per document: `missing` recorded documents with no chunk in the
+    collection, `outdated` recorded documents whose stored chunk ids differ from the ids the current
+    settings make (partly indexed, an older version, another chunking), `unrecorded` documents the
+    collection holds and the record lacks, `orphans` chunks without a document id. Ids sorted."""
+
+    recorded: int
+    indexed: int
+    expected_chunks: int
+    stored_chunks: int
+    missing: list[str] = field(default_factory=list)
+    outdated: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)
+    orphans: int = 0
+
+    @property
+    def matches(self) -> bool:
+        return not (self.missing or self.outdated or self.unrecorded or self.orphans)
+
+
+def compare(expected: ChunkIds, stored: ChunkIds, orphans: int = 0) -> IndexComparison:
+    """Compare `expected` (recorded document id -> the chunk ids the current settings make) with `stored`
+    (document id -> the chunk ids the collection holds for it). A recorded document that makes no chunk
+    (an empty text) is expected to have none."""
+    return IndexComparison(
+        recorded=len(expected),
+        indexed=len(stored),
+        expected_chunks=sum(len(ids) for ids in expected.values()),
+        stored_chunks=sum(len(ids) for ids in stored.values()) + orphans,
+        missing=sorted(d for d, ids in expected.items() if ids and d not in stored),
+        outdated=sorted(d for d, ids in expected.items() if d in stored and stored[d] != ids),
+        unrecorded=sorted(d for d in stored if d not in expected),
+        orphans=orphans,
+    )
+
+
+def expected_chunk_ids(documents: Iterable[Document], settings: IngestSettings) -> dict[str, frozenset[str]]:
+    """Document id -> the ids of the chunks `settings`' chunking makes of it (no model, no store)."""
+    s = settings
+    return {
+        doc.doc_id: frozenset(
+            c.chunk_id for c in chunk_document(doc, s.chunk_size, s.chunk_overlap, s.min_chunk_chars)
+        )
+        for doc in documents
+    }
+
+
+def stored_chunk_ids(chunks: Iterable[StoredChunk]) -> tuple[dict[str, frozenset[str]], int]:
+    """(document id -> the ids of its stored chunks, how many chunks carry no `doc_id`)."""
+    by_doc: dict[str, set[str]] = {}
+    orphans = 0
+    for chunk in chunks:
+        doc_id = chunk.metadata.get("doc_id")
+        if doc_id is None:
+            orphans += 1
+        else:
+            by_doc.setdefault(str(doc_id), set()).add(chunk.chunk_id)
+    return {d: frozenset(ids) for d, ids in by_doc.items()}, orphans
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing `sieve store check` found wrong: what, and the command (or action) that fixes it."""
+
+    what: str
+    fix: str
+
+
+@dataclass
+class CheckReport:
+    """Everything `sieve store check` found: the comparison (None when the collection could not be read),
+    why the collection could not be read, an embedder mismatch, and the probes' failures."""
+
+    store: str
+    comparison: IndexComparison | None = None
+    read_error: str | None = None
+    embedder_mismatch: str | None = None
+    probe_failures: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[Problem]:
+        """What is wrong, each with its fix, most serious first."""
+        out = []
+        if self.read_error:
+            out.append(Problem(f"the collection cannot be read: {self.read_error}", REBUILD))
+        out += [Problem(failure, REBUILD) for failure in self.probe_failures]
+        if self.embedder_mismatch:
+            out.append(Problem(self.embedder_mismatch, REBUILD))
+        if self.comparison is not None:
+            out += comparison_problems(self.comparison)
+        return out
+
+    def as_json(self) -> dict[str, object]:
+        """The report for `sieve store check --json`."""
+        c = self.comparison
+        return {
+            "healthy": self.healthy,
+            "store": self.store,
+            "problems": [{"what": p.what, "fix": p.fix} for p in self.problems()],
+            "counts": None
+            if c is None
+            else {
+                "recordedDocuments": c.recorded,
+                "indexedDocuments": c.indexed,
+                "expectedChunks": c.expected_chunks,
+                "storedChunks": c.stored_chunks,
+            },
+            "missing": [] if c is None else c.missing,
+            "outdated": [] if c is None else c.outdated,
+            "unrecorded": [] if c is None else c.unrecorded,
+            "orphanChunks": 0 if c is None else c.orphans,
+        }
+
+
+def comparison_problems(c: IndexComparison) -> list[Problem]:
+    """The comparison's differences as problems, each naming the first few document ids and its fix."""
+    out = []
+    if c.missing:
+        out.append(
+            Problem(f"{_docs(c.missing)} of the record not in the collection: {_first(c.missing)}", REBUILD)
+        )
+    if c.outdated:
+        out.append(
+            Problem(
+                f"{_docs(c.outdated)} whose chunks differ from what the record and the current chunking make "
+                f"(partly indexed, an older version or another chunking): {_first(c.outdated)}",
+                REBUILD,
+            )
+        )
+    if c.unrecorded:
+        out.append(
+            Problem(
+                f"{_docs(c.unrecorded)} in the collection but not in the record (written before the record "
+                f"existed): {_first(c.unrecorded)}",
+                "send them again (POST /api/documents or `sieve ingest PATH`) so the record keeps them; "
+                f"`{REBUILD} --drop-unrecorded` drops them",
+            )
+        )
+    if c.orphans:
+        out.append(Problem(f"{c.orphans} chunk(s) in the collection carry no document id", REBUILD))
+    return out
+
+
+def _docs(ids: list[str]) -> str:
+    return f"{len(ids)} document{'s' if len(ids) != 1 else ''}"
+
+
+def _first(ids: list[str]) -> str:
+    shown = ", ".join(ids[:SHOWN_IDS])
+    return shown + (f" (and {len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else "")
+
+
+def check_store(
+    live: ChromaStore,
+    record: RecordReader,
+    settings: IngestSettings,
+    identity: dict[str, Any],
+) -> CheckReport:
+    """Everything `sieve store check` looks at: the embedder the collection was built with, every chunk's
+    document id against what the record's documents make with `settings`, and a read and a write probe."""
+    report = CheckReport(store=f"{live.description}, collection '{live.name}'")
+    report.embedder_mismatch = live.embedder_mismatch(identity)
+    try:
+        stored, orphans = stored_chunk_ids(live.iter_all(include_text=False))
+    except Exception as exc:  # a broken collection: said, with the fix, instead of a traceback
+        report.read_error = f"{type(exc).__name__}: {exc}"
+    else:
+        report.comparison = compare(expected_chunk_ids(record.iter_documents(), settings), stored, orphans)
+    report.probe_failures = live.probe(int(identity["dimension"]))
+    return report

@@ -1,0 +1,111 @@
+"""`sieve store check`'s comparison of the index with the document record (app/ingest/check.py), on plain
+maps and fake chunks: what each difference is called, the fix it names, and the JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.ingest.check import (
+    REBUILD,
+    CheckReport,
+    compare,
+    expected_chunk_ids,
+    stored_chunk_ids,
+)
+from app.ingest.types import Document
+from app.settings import IngestSettings
+from app.store import StoredChunk
+
+
+def ids(*chunk_ids: str) -> frozenset[str]:
+    return frozenset(chunk_ids)
+
+
+def test_an_index_equal_to_the_record_matches() -> None:
+    expected = {"a": ids("c1", "c2"), "b": ids("c3")}
+    comparison = compare(expected, dict(expected))
+    assert comparison.matches
+    assert (comparison.recorded, comparison.indexed) == (2, 2)
+    assert (comparison.expected_chunks, comparison.stored_chunks) == (3, 3)
+    assert CheckReport("s", comparison).healthy
+
+
+@pytest.mark.parametrize(
+    ("stored", "missing", "outdated", "unrecorded"),
+    [
+        ({"b": ids("c3")}, ["a"], [], []),  # a document lost entirely
+        ({"a": ids("c1"), "b": ids("c3")}, [], ["a"], []),  # one chunk of two
+        ({"a": ids("c1", "c2", "old"), "b": ids("c3")}, [], ["a"], []),  # an older version's chunk left
+        ({"a": ids("x1", "x2"), "b": ids("c3")}, [], ["a"], []),  # another chunking or content
+        ({"a": ids("c1", "c2"), "b": ids("c3"), "z": ids("c9")}, [], [], ["z"]),  # not in the record
+    ],
+)
+def test_each_difference_is_named_per_document(stored, missing, outdated, unrecorded) -> None:
+    comparison = compare({"a": ids("c1", "c2"), "b": ids("c3")}, stored)
+    assert (comparison.missing, comparison.outdated, comparison.unrecorded) == (missing, outdated, unrecorded)
+    assert not comparison.matches
+
+
+def test_a_document_that_makes_no_chunk_is_not_missing() -> None:
+    assert compare({"empty": ids()}, {}).matches
+
+
+def test_chunks_without_a_document_id_are_counted_and_need_a_rebuild() -> None:
+    stored, orphans = stored_chunk_ids(
+        [StoredChunk("c1", "", {"doc_id": "a"}), StoredChunk("c2", "", {}), StoredChunk("c3", "", {})]
+    )
+    assert (stored, orphans) == ({"a": ids("c1")}, 2)
+    comparison = compare({"a": ids("c1")}, stored, orphans)
+    assert comparison.stored_chunks == 3
+    problems = CheckReport("s", comparison).problems()
+    assert [(p.what, p.fix) for p in problems] == [
+        ("2 chunk(s) in the collection carry no document id", REBUILD)
+    ]
+
+
+def test_problems_name_the_first_ids_and_their_fix() -> None:
+    expected = {f"d{i}": ids(f"c{i}") for i in range(8)}
+    comparison = compare(expected, {"extra": ids("cx")})
+    problems = CheckReport("s", comparison).problems()
+    assert problems[0].what == (
+        "8 documents of the record not in the collection: d0, d1, d2, d3, d4 (and 3 more)"
+    )
+    assert problems[0].fix == REBUILD
+    assert problems[1].what.startswith("1 document in the collection but not in the record")
+    assert "extra" in problems[1].what
+    assert "--drop-unrecorded" in problems[1].fix and "POST /api/documents" in problems[1].fix
+
+
+def test_an_unreadable_store_a_failed_probe_and_another_embedder_are_each_a_problem() -> None:
+    report = CheckReport(
+        "s",
+        read_error="InternalError: Error in compaction",
+        embedder_mismatch="collection 'sieve' was built with embedder other",
+        probe_failures=["write probe failed: InternalError"],
+    )
+    assert not report.healthy
+    assert [p.fix for p in report.problems()] == [REBUILD, REBUILD, REBUILD]
+    assert report.problems()[0].what == "the collection cannot be read: InternalError: Error in compaction"
+    out = report.as_json()
+    assert out["healthy"] is False and out["counts"] is None and len(out["problems"]) == 3  # type: ignore[arg-type]
+
+
+def test_the_json_lists_every_id() -> None:
+    comparison = compare({f"d{i}": ids(f"c{i}") for i in range(8)}, {})
+    out = CheckReport("s", comparison).as_json()
+    assert out["missing"] == [f"d{i}" for i in range(8)]
+    assert out["counts"] == {
+        "recordedDocuments": 8,
+        "indexedDocuments": 0,
+        "expectedChunks": 8,
+        "storedChunks": 0,
+    }
+
+
+def test_expected_ids_are_the_chunkers_and_follow_the_chunk_size() -> None:
+    doc = Document("a", "word " * 400, title="A")
+    small = expected_chunk_ids([doc], IngestSettings(chunk_size=300, chunk_overlap=50))["a"]
+    large = expected_chunk_ids([doc], IngestSettings(chunk_size=1500, chunk_overlap=50))["a"]
+    assert len(small) > len(large) >= 1
+    assert small.isdisjoint(large)
+    assert expected_chunk_ids([doc], IngestSettings(chunk_size=300, chunk_overlap=50))["a"] == small
