@@ -24,7 +24,7 @@ from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
-from app.store import ChromaStore, StoredChunk, check_not_locked, drop_collection
+from app.store import ChromaStore, StoredChunk, check_not_locked
 from app.store.record import DocumentRecord, open_record
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class Sieve:
             self.chain = self._build_chain()
 
     @classmethod
-    def open(cls, settings: Settings, rebuild: bool = False) -> Sieve:
+    def open(cls, settings: Settings) -> Sieve:
         """Load the models and open the store (the slow part of startup); builds the BM25 index. An embedded
         store another process holds is a `StoreLockedError` before any model loads."""
         rag = settings.rag
@@ -82,8 +82,6 @@ class Sieve:
             embedder.query_slots,
             getattr(reranker, "name", None) or "none",
         )
-        if rebuild:
-            drop_collection(rag.store)
         store = ChromaStore.open(rag.store, embedder.identity())
         record = open_record(rag.store, store.client)
         log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))

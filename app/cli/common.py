@@ -33,7 +33,7 @@ def settings_with(*overrides: dict[str, Any]):
     return load_settings(merge(*overrides), config_path=_Invocation.config_path)
 
 
-def open_sieve(settings, rebuild: bool = False, suggest_server: Literal["query", "eval"] | None = None):
+def open_sieve(settings, suggest_server: Literal["query", "eval"] | None = None):
     """The Sieve of `settings`: models loaded, store opened, BM25 index built. An embedded store another
     process holds fails before the models load (`StoreLockedError`, exit 3); with `suggest_server` (the
     commands that take `--server`) its message says to ask that process, when it is `sieve serve`, instead."""
@@ -41,7 +41,7 @@ def open_sieve(settings, rebuild: bool = False, suggest_server: Literal["query",
     from app.store import StoreError, StoreLockedError
 
     try:
-        return Sieve.open(settings, rebuild=rebuild)
+        return Sieve.open(settings)
     except StoreLockedError as exc:
         if suggest_server is None:
             raise

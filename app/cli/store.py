@@ -62,13 +62,14 @@ def opened(settings: Settings) -> Iterator[tuple[Any, Any, Any]]:
     built it (`check_embedder=False`) and without a query (a broken collection opens)."""
     from app.models import load_embedder
     from app.store import ChromaStore, check_not_locked
+    from app.store.record import open_record
 
     check_not_locked(settings.rag.store)
     embedder = load_embedder(settings.rag.models)
     store = ChromaStore.open(settings.rag.store, embedder.identity(), check_embedder=False)
     record = None
     try:
-        record = open_record(settings, store)
+        record = open_record(settings.rag.store, store.client)
         yield embedder, store, record
     finally:
         if record is not None:
@@ -77,11 +78,6 @@ def opened(settings: Settings) -> Iterator[tuple[Any, Any, Any]]:
         close_embedder = getattr(embedder, "close", None)
         if close_embedder is not None:
             close_embedder()
-
-
-def open_record(settings: Settings, store: Any) -> Any:
-    """The document record of `settings`' store (app/store/record.py)."""
-    raise NotImplementedError("the document record is not on this branch yet")
 
 
 def check_command(args: argparse.Namespace) -> int:
@@ -116,37 +112,45 @@ def render_check(report: Any) -> str:
 
 
 def rebuild_command(args: argparse.Namespace) -> int:
-    from app.ingest.pipeline import Progress
-    from app.ingest.rebuild import UnrecordedDocumentsError, rebuild
+    from app.ingest.rebuild import UnrecordedDocumentsError
 
     settings = _settings()
-    progress: Progress = "bar" if sys.stderr.isatty() else "log"
     with opened(settings) as (embedder, store, record):
         try:
-            report = rebuild(
-                store,
-                record,
-                embedder,
-                embedder.identity(),
-                settings.rag.store,
-                settings.rag.ingest,
-                progress,
-                drop_unrecorded=args.drop_unrecorded,
-            )
+            sieve, report = rebuilt_sieve(settings, embedder, store, record, args.drop_unrecorded)
         except UnrecordedDocumentsError as exc:
             return fail(str(exc), exit_codes.STORE_DAMAGED)
-        rebuild_lexical(settings, embedder, store)
-    if report.unreadable:
-        print(f"note: the old collection could not be read ({report.unreadable})", file=sys.stderr)
-    if report.dropped_unrecorded:
-        print(f"dropped {len(report.dropped_unrecorded)} unrecorded document(s)", file=sys.stderr)
+        sieve.close()
     print(report.summary())
     return exit_codes.OK
 
 
-def rebuild_lexical(settings: Settings, embedder: Any, store: Any) -> None:
-    """Build and save the BM25 index of the rebuilt collection (its files name the old collection's id, so
-    the next start would otherwise build it itself, before it is ready)."""
+def rebuilt_sieve(
+    settings: Settings, embedder: Any, store: Any, record: Any, drop_unrecorded: bool
+) -> tuple[Any, Any]:
+    """Rebuild `store` from `record` (app/ingest/rebuild.py), with a progress bar in a terminal and log
+    lines otherwise; then a Sieve over the rebuilt collection, which builds and saves its BM25 index (the
+    old index's files name the old collection's id). (that Sieve, the rebuild's report)."""
+    from app.ingest.pipeline import Progress
+    from app.ingest.rebuild import rebuild
     from app.service import Sieve
 
-    Sieve(settings, embedder, store, reranker=None).close()
+    progress: Progress = "bar" if sys.stderr.isatty() else "log"
+    report = rebuild(
+        store,
+        record,
+        embedder,
+        embedder.identity(),
+        settings.rag.store,
+        settings.rag.ingest,
+        progress,
+        drop_unrecorded=drop_unrecorded,
+    )
+    if report.unreadable:
+        print(
+            f"note: the old collection could not be read ({report.unreadable}); rebuilt from the record",
+            file=sys.stderr,
+        )
+    if report.dropped_unrecorded:
+        print(f"dropped {len(report.dropped_unrecorded)} unrecorded document(s)", file=sys.stderr)
+    return Sieve(settings, embedder, store, reranker=None, record=record), report

@@ -833,28 +833,6 @@ def _exists(client: Any, name: str) -> bool:
     return name in {c if isinstance(c, str) else c.name for c in client.list_collections()}
 
 
-def drop_collection(settings: StoreSettings) -> None:
-    """Delete the configured collection (for `sieve ingest --rebuild`)."""
-    store_client = None
-    lock_fd = None
-    try:
-        if settings.mode == "embedded":
-            path = Path(settings.path)
-            path.mkdir(parents=True, exist_ok=True)
-            lock_fd = _lock(path)
-            store_client = chromadb.PersistentClient(
-                path=str(path), settings=ChromaClientSettings(anonymized_telemetry=False)
-            )
-        else:
-            store_client = chromadb.HttpClient(host=settings.host, port=settings.port)
-        names = {c if isinstance(c, str) else c.name for c in store_client.list_collections()}
-        for name in (settings.collection, changes_collection_name(settings.collection)):
-            if name in names:
-                store_client.delete_collection(name)
-    finally:
-        pidlock.release(lock_fd)
-
-
 def changes_collection_name(collection: str) -> str:
     return f"{collection}-changes"
 
