@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,3 +240,56 @@ def test_ingest_rebuild_keeps_the_api_written_documents(
         assert sorted(sieve.record.hashes()) == sorted([d.doc_id for d in api_documents[:4]] + ["file-1"])
     finally:
         sieve.close()
+
+
+KILL_DEADLINE_S = 300.0
+
+
+def rebuild_killed_midway(tmp_path: Path) -> None:
+    """`sieve store rebuild` in a process of its own, killed (SIGKILL) once its log says it has embedded
+    more than 96 chunks (committed in batches of about 32 whole documents' chunks: at least 32 of them are
+    committed then), before it could finish."""
+    log_path = tmp_path / "rebuild.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAG__INGEST__PROGRESS_LOG_SECONDS": "0.2"}
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "store", "rebuild"], cwd=REPO, env=env, stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + KILL_DEADLINE_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            done = re.findall(r"ingest progress: chunks (\d+)/", log_path.read_text(encoding="utf-8"))
+            if done and int(done[-1]) > 96:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the rebuild ended before it was killed:\n{log_path.read_text()}"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_killed_rebuild_leaves_the_old_collection_serving_and_a_rerun_resumes(
+    mode, capsys, monkeypatch, tmp_path, api_documents
+) -> None:
+    before = write_through_the_api(api_documents)
+    monkeypatch.setenv("RAG__INGEST__CHUNK_SIZE", "300")
+    monkeypatch.setenv("RAG__INGEST__COMMIT_CHUNKS", "32")
+    rebuild_killed_midway(tmp_path)
+
+    monkeypatch.delenv("RAG__INGEST__CHUNK_SIZE")
+    sieve = opened()  # the old collection, under the old settings: as it was
+    try:
+        assert ranked(sieve) == before
+    finally:
+        sieve.close()
+
+    monkeypatch.setenv("RAG__INGEST__CHUNK_SIZE", "300")
+    code, out, err = run(capsys, "store", "rebuild")
+    assert code == EXIT_OK, err
+    rebuilt = re.search(r"rebuilt: (\d+) documents, (\d+) chunks \((\d+) embedded by this run", out)
+    assert rebuilt is not None, out
+    assert int(rebuilt[1]) == len(api_documents)
+    assert 0 < int(rebuilt[3]) <= int(rebuilt[2]) - 32  # what the killed run committed was kept
+    assert run(capsys, "store", "check")[0] == EXIT_OK
+    assert_every_document_indexed(api_documents, 300)
