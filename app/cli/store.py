@@ -20,11 +20,19 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import exit_codes
 from app.cli.common import fail, settings_with
 from app.settings import Settings, nested
+
+if TYPE_CHECKING:
+    from app.ingest.check import CheckReport
+    from app.ingest.rebuild import RebuildReport
+    from app.models import Embedder
+    from app.service import Sieve
+    from app.store import ChromaStore
+    from app.store.record import DocumentRecord
 
 log = logging.getLogger("sieve")
 
@@ -57,7 +65,7 @@ def _settings() -> Settings:
 
 
 @contextmanager
-def opened(settings: Settings) -> Iterator[tuple[Any, Any, Any]]:
+def opened(settings: Settings) -> Iterator[tuple[Embedder, ChromaStore, DocumentRecord]]:
     """(embedder, store, record) of `settings`, closed on the way out. The store is opened whatever embedder
     built it (`check_embedder=False`) and without a query (a broken collection opens)."""
     from app.models import load_embedder
@@ -93,7 +101,7 @@ def check_command(args: argparse.Namespace) -> int:
     return exit_codes.OK if report.healthy else exit_codes.STORE_DAMAGED
 
 
-def render_check(report: Any) -> str:
+def render_check(report: CheckReport) -> str:
     """The check's findings for a terminal: the counts, then each problem and its fix (or "healthy")."""
     lines = [f"store: {report.store}"]
     c = report.comparison
@@ -126,8 +134,12 @@ def rebuild_command(args: argparse.Namespace) -> int:
 
 
 def rebuilt_sieve(
-    settings: Settings, embedder: Any, store: Any, record: Any, drop_unrecorded: bool
-) -> tuple[Any, Any]:
+    settings: Settings,
+    embedder: Embedder,
+    store: ChromaStore,
+    record: DocumentRecord,
+    drop_unrecorded: bool,
+) -> tuple[Sieve, RebuildReport]:
     """Rebuild `store` from `record` (app/ingest/rebuild.py), with a progress bar in a terminal and log
     lines otherwise; then a Sieve over the rebuilt collection, which builds and saves its BM25 index (the
     old index's files name the old collection's id). (that Sieve, the rebuild's report)."""

@@ -53,6 +53,7 @@ RESERVED_KEY_PREFIXES = ("#", "$", "chroma:")
 REBUILD_SUFFIX = "-rebuild"
 REBUILD_OF_KEY = "sieve_rebuild_of"  # a staging collection's metadata: the collection it rebuilds
 REBUILD_COMPLETE_KEY = "sieve_rebuild_complete"  # ... and whether every recorded document is in it
+REBUILT_FROM_KEY = "rebuilt_from"  # a change-log entry's metadata: the collection id a rebuild replaced
 PROBE_ID_PREFIX = "sieve-probe-"
 
 
@@ -592,17 +593,29 @@ class ChromaStore:
         self._call(staging._collection.modify, metadata={**metadata, REBUILD_COMPLETE_KEY: True})
         if _exists(self._client, name):
             self._call(self._client.delete_collection, name)
-        _rename_staging(staging._collection, name)
-        self._collection = staging._collection
+        try:
+            _rename_staging(staging._collection, name)
+        except Exception:
+            if not _exists(self._client, name):  # else a process opening the store finished the switch
+                raise
+        self._collection = self._call(self._client.get_collection, name)
         self.forget_all()
 
     def rebuilt(self, previous_id: str) -> tuple[str, int]:
         """Append the change-log entry a switch leaves for the other processes: a prune marker stamped now
-        (a process reading it re-reads every chunk's metadata, `LexicalSync._resync`), naming the collection
-        id before and after."""
+        (a process reading it re-reads every chunk's metadata, `LexicalSync._resync`) that names the
+        collection id it replaced (`REBUILT_FROM_KEY`: a process still on that one opens the new one first,
+        `changes_since`)."""
         before = time.time_ns()
         body = {"put": [], "del": [], "pruned_before": before, "rebuilt": [previous_id, self.collection_id]}
-        return self._log_entry(body, {"pruned_before": before})
+        return self._log_entry(body, {"pruned_before": before, REBUILT_FROM_KEY: previous_id})
+
+    def _follow_rebuild(self) -> None:
+        """Open the collection of this store's name again (a rebuild replaced it under another process: the
+        old id is gone) and forget every cached chunk and vector."""
+        log.warning("collection '%s' was rebuilt by another process: opening the new one", self.name)
+        self._collection = self._call(self._client.get_collection, self.name)
+        self.forget_all()
 
     def embedder_mismatch(self, embedder_identity: dict[str, Any]) -> str | None:
         """Why this collection was not built with the embedder of `embedder_identity`, or None."""
@@ -668,13 +681,17 @@ class ChromaStore:
         return entry, stamp
 
     def changes_since(self, stamp: int) -> list[ChangeEntry]:
-        """Every change-log entry stamped at or after `stamp`, oldest first."""
+        """Every change-log entry stamped at or after `stamp`, oldest first. An entry saying that this
+        store's collection was rebuilt (`rebuilt`) makes it open the new collection of the same name first
+        (`_follow_rebuild`)."""
         page = self._call(
             self._change_log().get, where={"stamp": {"$gte": int(stamp)}}, include=["metadatas"]
         )
         entries = []
         for cid, meta in zip(page["ids"], page["metadatas"], strict=True):
             meta = meta or {}
+            if meta.get(REBUILT_FROM_KEY) == self.collection_id:
+                self._follow_rebuild()
             pruned = meta.get("pruned_before")
             entries.append(
                 ChangeEntry(cid, int(meta.get("stamp", 0)), None if pruned is None else int(pruned))

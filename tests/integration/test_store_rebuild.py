@@ -293,3 +293,32 @@ def test_a_killed_rebuild_leaves_the_old_collection_serving_and_a_rerun_resumes(
     assert 0 < int(rebuilt[3]) <= int(rebuilt[2]) - 32  # what the killed run committed was kept
     assert run(capsys, "store", "check")[0] == EXIT_OK
     assert_every_document_indexed(api_documents, 300)
+
+
+FOLLOW_DEADLINE_S = 30.0
+
+
+def test_a_replica_on_a_chroma_server_follows_the_rebuild_through_the_change_log(
+    mode, capsys, monkeypatch, api_documents
+) -> None:
+    if mode == "embedded":
+        pytest.skip("an embedded store has one process: no replica to follow")
+    write_through_the_api(api_documents)
+    replica = opened()  # a serving replica, on the collection the rebuild replaces
+    try:
+        old_id = replica.store.collection_id
+        monkeypatch.setenv("RAG__INGEST__CHUNK_SIZE", "300")
+        code, _, err = run(capsys, "store", "rebuild")
+        assert code == EXIT_OK, err
+        deadline = time.monotonic() + FOLLOW_DEADLINE_S
+        while replica.store.collection_id == old_id and time.monotonic() < deadline:
+            time.sleep(0.2)
+            replica.retrieve(QUERIES[0])  # a query catches up too
+        assert replica.store.collection_id != old_id
+        new_ids = set(replica.store.iter_ids())
+        for query in QUERIES:
+            chunks = replica.retrieve(query).documents
+            assert chunks and {c.chunk_id for c in chunks} <= new_ids
+            assert all(len(c.text) <= 300 for c in chunks)
+    finally:
+        replica.close()

@@ -113,3 +113,27 @@ def test_the_probe_writes_reads_and_deletes_a_scratch_chunk(store_settings):
         assert [c.chunk_id for c in live.iter_all()] == ["c_a"]
     finally:
         live.close()
+
+
+def test_another_process_on_the_old_collection_follows_the_switch_through_the_change_log(store_settings):
+    if store_settings.mode == "embedded":
+        pytest.skip("an embedded store has one process: no other one to follow")
+    live = ChromaStore.open(store_settings, IDENTITY)
+    replica = ChromaStore.open(store_settings, IDENTITY)
+    try:
+        write(live, "c_old")
+        assert replica.count() == 1
+        staging = live.staging(store_settings, IDENTITY)
+        write(staging, "c_new1", "c_new2")
+        before = live.collection_id
+        live.switch_to(staging)
+        live.rebuilt(before)
+        assert replica.collection_id == before  # still on the dropped one
+        assert any(e.pruned_before is not None for e in replica.changes_since(0))
+        assert replica.collection_id == live.collection_id
+        assert sorted(replica.iter_ids()) == ["c_new1", "c_new2"]
+        replica.changes_since(0)  # the marker names the old id: read again, nothing is reopened
+        assert replica.collection_id == live.collection_id
+    finally:
+        replica.close()
+        live.close()
