@@ -322,3 +322,26 @@ def test_a_replica_on_a_chroma_server_follows_the_rebuild_through_the_change_log
             assert all(len(c.text) <= 300 for c in chunks)
     finally:
         replica.close()
+
+
+def test_a_new_embedder_is_taken_by_a_rebuild_without_opening_the_old_collection_with_it(
+    mode, capsys, monkeypatch, tiny_embedder_dir, api_documents
+) -> None:
+    from app.models.embedder import load_embedder  # the real one (`mode` replaced app.models')
+    from app.settings import ModelsSettings
+
+    if mode == "http":
+        pytest.skip("the store's mode changes nothing here; the embedded run covers it")
+    write_through_the_api(api_documents[:6])
+    tiny = load_embedder(ModelsSettings(embedder=str(tiny_embedder_dir), cache_dir=str(MODELS_CACHE)))
+    monkeypatch.setenv("RAG__MODELS__EMBEDDER", str(tiny_embedder_dir))
+    for where in ("app.service.load_embedder", "app.models.load_embedder"):
+        monkeypatch.setattr(where, lambda settings: tiny)
+
+    code, out, _ = run(capsys, "store", "check")
+    assert code == EXIT_STORE_DAMAGED, out
+    assert "was built with embedder multilingual-e5-small" in out and "fix: sieve store rebuild" in out
+    code, _, err = run(capsys, "store", "rebuild")
+    assert code == EXIT_OK, err
+    assert run(capsys, "store", "check")[0] == EXIT_OK
+    assert_every_document_indexed(api_documents[:6], 600)  # opened with the new embedder: no mismatch

@@ -87,7 +87,7 @@ def test_an_unreadable_store_a_failed_probe_and_another_embedder_are_each_a_prob
     assert [p.fix for p in report.problems()] == [REBUILD, REBUILD, REBUILD]
     assert report.problems()[0].what == "the collection cannot be read: InternalError: Error in compaction"
     out = report.as_json()
-    assert out["healthy"] is False and out["counts"] is None and len(out["problems"]) == 3  # type: ignore[arg-type]
+    assert out["healthy"] is False and out["counts"] is None and len(out["problems"]) == 3
 
 
 def test_the_json_lists_every_id() -> None:
