@@ -28,7 +28,7 @@ from app.api.errors import install_error_handlers
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
-from app.api.routes import router
+from app.api.routes import resume_jobs, router
 from app.api.state import AppState
 from app.label_desk import LabelDesk
 from app.settings import Settings
@@ -59,6 +59,12 @@ def create_app(
         state.stop_deadline = None
         for job in state.jobs.recover():
             log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
+        if waiting := state.jobs.unfinished():
+            log.info(
+                "%d unfinished jobs (%d documents) resume once the service is up",
+                len(waiting),
+                sum(j.documents for j in waiting),
+            )
         worker = threading.Thread(
             target=_startup,
             args=(state, start or startup_sequence, on_fatal),
@@ -218,6 +224,8 @@ def startup_sequence(state: AppState) -> None:
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
             state.exit_code = exit_codes.BAD_INPUT
             return
+    if resumed := resume_jobs(state, sieve):
+        log.info("%d unfinished jobs submitted again", resumed)
     # /ready answers from the event loop with the probe's last answer: make the first one now
     state.store_probe.problem(sieve.store)
     state.phase = "ready"

@@ -145,6 +145,12 @@ class JobAccepted(BaseModel):
     job: str = Field(description="the job id; GET /api/jobs/{job} shows its progress and result")
 
 
+class DocumentDeleted(BaseModel):
+    id: str
+    documents: int = Field(description="1 when the document record held it, else 0")
+    chunks: int = Field(description="its chunks deleted from the index")
+
+
 class FieldProblem(BaseModel):
     field: str = Field(..., description="where in the request: `query`, `documents.3.id`, `body`")
     message: str
