@@ -25,6 +25,7 @@ from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, check_not_locked, drop_collection
+from app.store.record import DocumentRecord, open_record
 
 if TYPE_CHECKING:
     from app.evaluation.session import EvaluationTarget
@@ -40,13 +41,16 @@ class Sieve:
         store: ChromaStore,
         reranker: object | None,
         lexical: Bm25Index | None = None,
+        record: DocumentRecord | None = None,
     ):
         """`lexical`: an index already built over `store` with these settings' analyzer, k1 and b;
-        None builds one."""
+        None builds one. `record`: the document record of `store` (app/store/record.py); None keeps no
+        document (tests and benchmarks of the index alone)."""
         self.settings = settings
         self.embedder = embedder
         self.store = store
         self.reranker = reranker
+        self.record = record
         self.analyzer = lexical.analyzer if lexical else Analyzer(settings.rag.retrieval.jieba_user_dict)
         self.lexical: Bm25Index
         self.chain: RetrievalChain
@@ -81,9 +85,11 @@ class Sieve:
         if rebuild:
             drop_collection(rag.store)
         store = ChromaStore.open(rag.store, embedder.identity())
+        record = open_record(rag.store, store.client)
         log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))
         log.info("%s", store.load_exact(rag.store.exact_search_max_chunks))
-        return cls(settings, embedder, store, reranker)
+        log.info("%s: %d documents kept", record.description, record.count())
+        return cls(settings, embedder, store, reranker, record=record)
 
     def wait_id_check(self, timeout: float | None = None) -> None:
         """Wait for the BM25 index's background id check against the store, when one runs (it lists
@@ -98,6 +104,8 @@ class Sieve:
         close_embedder = getattr(self.embedder, "close", None)
         if close_embedder is not None:
             close_embedder()  # its worker threads (a later ingest starts them again)
+        if self.record is not None:
+            self.record.close()
         self.store.close()
 
     def with_settings(self, settings: Settings) -> Sieve:
@@ -115,7 +123,7 @@ class Sieve:
             bm25 = settings.rag.chain.bm25
             analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
             lexical = build_from_store(self.store, analyzer, bm25.k1, bm25.b, _index_text)
-        return Sieve(settings, self.embedder, self.store, self.reranker, lexical)
+        return Sieve(settings, self.embedder, self.store, self.reranker, lexical, self.record)
 
     # -- ingest ------------------------------------------------------------------------------------
 
@@ -146,6 +154,16 @@ class Sieve:
             on_committed=on_committed,
         )
 
+    def delete_documents(self, doc_ids: Sequence[str]) -> tuple[int, int]:
+        """Forget `doc_ids`: from the document record first, then their chunks from the index and the BM25
+        index. (documents the record held, chunks deleted)."""
+        kept = self.record.delete(doc_ids) if self.record is not None else 0
+        chunk_ids = sorted(self.store.metadata_of([], list(doc_ids)))
+        if chunk_ids:
+            self.store.delete(chunk_ids)
+            self.on_commit([], chunk_ids)
+        return kept, len(chunk_ids)
+
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
         return len(self._ingestor().chunk(documents))
@@ -153,7 +171,9 @@ class Sieve:
     def _ingestor(self) -> Ingestor:
         """An Ingestor whose commit hook updates the BM25 index in step with every store write (the index is
         the chain's own object, updated in place, so the chain needs no rebuild)."""
-        return Ingestor(self.store, self.embedder, self.settings.rag.ingest, on_commit=self.on_commit)
+        return Ingestor(
+            self.store, self.embedder, self.settings.rag.ingest, on_commit=self.on_commit, record=self.record
+        )
 
     def on_commit(self, upserted: list[StoredChunk], deleted_ids: list[str]) -> None:
         """The ingest pipeline committed `upserted` (id, text, metadata) and deleted `deleted_ids`: update

@@ -1,9 +1,15 @@
-"""Ingest: files → documents → chunks with stable ids → embeddings → the vector store.
+"""Ingest: files → documents → the document record → chunks with stable ids → embeddings → the vector store.
+
+Every document is put into the document record (app/store/record.py) before any of its chunks is written,
+so what was accepted can always be indexed again (`sieve store rebuild`); a document that leaves the index
+because it left its file leaves the record first.
 
 Idempotent: a chunk whose id is already stored is neither embedded nor written again (its id is derived
 from its content). Everything is read, validated and chunked before anything is written. New chunks are
-then embedded and stored in committed batches of `rag.ingest.commit_chunks`: an ingest stopped (a shutdown)
-or killed (kill -9) keeps every batch it committed, and the rerun embeds only the chunks still missing.
+then embedded and stored in committed batches of about `rag.ingest.commit_chunks`, each holding whole
+documents (a document's new chunks are one write, so it is never served with part of them): an ingest
+stopped (a shutdown) or killed (kill -9) keeps every batch it committed, and the rerun embeds only the chunks
+still missing.
 `on_commit(upserted, deleted_ids)` is called after each committed write, so an index kept beside the store
 can follow it batch by batch.
 
@@ -20,7 +26,7 @@ import bisect
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -33,6 +39,7 @@ from app.ingest.types import Chunk, Document, LoadError
 from app.models.embedder import EmbeddingInterrupted
 from app.settings import IngestSettings
 from app.store import ChromaStore, StoredChunk
+from app.store.record import DocumentRecord
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +100,16 @@ class Ingestor:
         embedder: PassageEmbedder,
         settings: IngestSettings,
         on_commit: CommitHook | None = None,
+        record: DocumentRecord | None = None,
     ):
         """`on_commit(upserted_chunks, deleted_ids)`: called after every committed store write (new chunks,
-        rewritten metadata, deletions), in the order of the writes."""
+        rewritten metadata, deletions), in the order of the writes. `record`: where accepted documents are
+        kept (None: nowhere, for tests and benchmarks of the index alone)."""
         self.store = store
         self.embedder = embedder
         self.settings = settings
         self.on_commit = on_commit
+        self.record = record
 
     def ingest(
         self,
@@ -184,6 +194,8 @@ class Ingestor:
         titles = {doc.doc_id: doc.title for doc in documents}
         origins = {doc.doc_id: doc.origin for doc in documents}
         chunks = self.chunk(documents)
+        if self.record is not None:
+            self.record.put(documents)
 
         new_ids = {c.chunk_id for c in chunks}
         existing = self._stored_metadata(new_ids, sorted(titles), everywhere=bool(files or roots))
@@ -194,6 +206,9 @@ class Ingestor:
 
         stale = _stale_ids(existing, new_ids, documents, errors, files, roots)
         if stale:
+            gone = {str(existing[i].get("doc_id")) for i in stale} - set(titles)
+            if gone and self.record is not None:
+                self.record.delete(sorted(gone))
             self.store.delete(stale)
             self._committed([], stale)
         for error in errors:
@@ -262,8 +277,7 @@ class Ingestor:
         )
         stored = 0
         try:
-            for offset in range(0, total, size):
-                batch = fresh[offset : offset + size]
+            for offset, batch in _whole_documents(fresh, size):
                 # Identical texts (a document copied under another id) are embedded once, so they get the
                 # very same vector: their scores tie exactly and the documented tie-break (doc id) decides,
                 # not float noise from being embedded in different slices.
@@ -353,6 +367,26 @@ def progress_line(done: int, total: int, documents: str, seconds: float) -> str:
         f"ingest progress: chunks {done}/{total} ({100 * done / total:.1f}%), documents {documents}, "
         f"{rate:.1f} chunks/s, ETA {eta}"
     )
+
+
+def _whole_documents(chunks: list[Chunk], size: int) -> Iterator[tuple[int, list[Chunk]]]:
+    """(offset, batch) over `chunks` (in document order): consecutive batches of whole documents, each of at
+    most `size` chunks unless one document alone has more (it is then a batch of its own)."""
+    start = 0
+    while start < len(chunks):
+        end = min(start + size, len(chunks))
+        if end < len(chunks) and chunks[end].doc_id == chunks[end - 1].doc_id:
+            # `end` cuts a document: end the batch before it, or after it when it started the batch
+            first = end - 1
+            while first > start and chunks[first - 1].doc_id == chunks[end - 1].doc_id:
+                first -= 1
+            if first > start:
+                end = first
+            else:
+                while end < len(chunks) and chunks[end].doc_id == chunks[start].doc_id:
+                    end += 1
+        yield start, chunks[start:end]
+        start = end
 
 
 def _metadata(chunk: Chunk, origin: str) -> dict[str, Any]:

@@ -1,20 +1,13 @@
-"""Documents as loaded from files, and the chunks made from them."""
+"""The chunks made from documents, and what a load reports (`Document` is the store's: app/store/types.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.store.types import Document
 
-@dataclass(frozen=True)
-class Document:
-    doc_id: str
-    text: str
-    title: str = ""
-    # source, knowledge, status, effectiveFrom, effectiveTo, ... (scalar values only)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    origin: str = ""  # the file it came from, as given to the loader
-    line: int | None = None  # 1-based line in `origin` (JSONL), None for whole-file documents
+__all__ = ["Chunk", "Document", "LoadError"]
 
 
 @dataclass(frozen=True)

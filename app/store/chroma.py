@@ -198,6 +198,11 @@ class ChromaStore:
         return cls(client, collection, description, lock_fd, heartbeat_url, settings.cache_chunks)
 
     @property
+    def client(self) -> Any:
+        """The Chroma client this store was opened with (the document record of a server shares it)."""
+        return self._client
+
+    @property
     def collection_id(self) -> str:
         """Chroma's id of the collection: a rebuilt collection (same name) has a new one."""
         return str(self._collection.id)

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 # A chunk's metadata as the store holds it: scalar values by key.
 ChunkMetadata = dict[str, str | int | float | bool | None]
+
+
+@dataclass(frozen=True)
+class Document:
+    """A document as Sieve accepts it (from a file or the API) and keeps it in the document record
+    (app/store/record.py); the chunks of the index are made from it (app/ingest/chunker.py)."""
+
+    doc_id: str
+    text: str
+    title: str = ""
+    # source, knowledge, status, effectiveFrom, effectiveTo, ... (scalar values only)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # the file it came from, as given to the loader ("api" for the write API)
+    line: int | None = None  # 1-based line in `origin` (JSONL), None for whole-file documents
 
 
 @dataclass

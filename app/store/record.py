@@ -1,0 +1,311 @@
+"""The document record: every document Sieve accepted, kept whole, so the index can always be made again.
+
+The chunk collection and the BM25 index are derived from the record: `sieve store rebuild` re-chunks and
+re-embeds what it holds. A write puts its documents here before anything is indexed and before it is
+acknowledged (200 or 202), and a document deleted through Sieve leaves it too.
+
+Two kinds, chosen by `rag.store.mode` (docs/design.md, "The document record"):
+- embedded: `SqliteRecord`, a SQLite database in the store folder (`documents.sqlite3`, WAL journal, a full
+  fsync at every commit), apart from Chroma's own files, so a collection Chroma can no longer read leaves the
+  record readable;
+- a Chroma server: `ChromaRecord`, a collection of its own on that server (`<collection>-documents`), which
+  every replica shares and a broken chunk collection does not affect.
+
+A document's content hash is the SHA-256 of its title, text and metadata (`content_hash`); putting a document
+whose hash and origin are those already kept writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.settings import StoreSettings
+from app.store.types import Document
+
+RECORD_FILE = "documents.sqlite3"
+_IN_BATCH = 500  # ids per query
+
+
+class DocumentRecord(Protocol):
+    """What Sieve keeps of every accepted document."""
+
+    description: str
+
+    def put(self, documents: Sequence[Document]) -> int:
+        """Keep `documents` (replacing those of the same id), durably before returning; the number of
+        documents new or changed (an unchanged one costs a read, no write)."""
+        ...
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]:
+        """The kept documents of `doc_ids`, in that order; ids not kept are left out."""
+        ...
+
+    def delete(self, doc_ids: Sequence[str]) -> int:
+        """Forget `doc_ids`; the number that were kept."""
+        ...
+
+    def count(self) -> int: ...
+
+    def hashes(self) -> dict[str, str]:
+        """Every kept document's id and content hash."""
+        ...
+
+    def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
+        """Every kept document, by id."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def content_hash(doc: Document) -> str:
+    """SHA-256 (hex) of the document's title, text and metadata (keys sorted), as one JSON array."""
+    body = json.dumps([doc.title, doc.text, doc.metadata], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _changed(documents: dict[str, Document], kept: dict[str, tuple[str, str]]) -> list[tuple[Document, str]]:
+    """(document, its content hash) of those whose (hash, origin) differs from the kept one, or not kept."""
+    hashed = [(doc, content_hash(doc)) for doc in documents.values()]
+    return [(doc, digest) for doc, digest in hashed if kept.get(doc.doc_id) != (digest, doc.origin)]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _document(doc_id: str, title: str, text: str, metadata: str, origin: str) -> Document:
+    return Document(doc_id=doc_id, text=text, title=title, metadata=json.loads(metadata), origin=origin)
+
+
+def _metadata_json(doc: Document) -> str:
+    return json.dumps(doc.metadata, ensure_ascii=False, sort_keys=True)
+
+
+class SqliteRecord:
+    """The record of an embedded store: one SQLite file, opened by the process holding the store's lock."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.description = f"document record {path}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before put returns
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS documents (doc_id TEXT PRIMARY KEY, title TEXT NOT NULL, "
+            "text TEXT NOT NULL, metadata TEXT NOT NULL, origin TEXT NOT NULL, content_hash TEXT NOT NULL, "
+            "accepted_at TEXT NOT NULL)"
+        )
+
+    def put(self, documents: Sequence[Document]) -> int:
+        rows = {doc.doc_id: doc for doc in documents}  # the last of one id wins, as in the index
+        kept = {
+            doc_id: (digest, origin)
+            for doc_id, digest, origin in self._select("doc_id, content_hash, origin", list(rows))
+        }
+        changed = [
+            (doc.doc_id, doc.title, doc.text, _metadata_json(doc), doc.origin, digest, _now())
+            for doc, digest in _changed(rows, kept)
+        ]
+        if changed:
+            with self._lock, self._transaction():
+                self._db.executemany("INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)", changed)
+        return len(changed)
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]:
+        found = {
+            row[0]: _document(*row) for row in self._select("doc_id, title, text, metadata, origin", doc_ids)
+        }
+        return [found[doc_id] for doc_id in dict.fromkeys(doc_ids) if doc_id in found]
+
+    def delete(self, doc_ids: Sequence[str]) -> int:
+        ids = list(dict.fromkeys(doc_ids))
+        deleted = 0
+        with self._lock, self._transaction():
+            for start in range(0, len(ids), _IN_BATCH):
+                part = ids[start : start + _IN_BATCH]
+                marks = ",".join("?" * len(part))
+                deleted += self._db.execute(f"DELETE FROM documents WHERE doc_id IN ({marks})", part).rowcount
+        return deleted
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+
+    def hashes(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._db.execute("SELECT doc_id, content_hash FROM documents").fetchall())
+
+    def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
+        after = ""
+        while True:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT doc_id, title, text, metadata, origin FROM documents WHERE doc_id > ? "
+                    "ORDER BY doc_id LIMIT ?",
+                    (after, batch),
+                ).fetchall()
+            yield from (_document(*row) for row in rows)
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _select(self, columns: str, doc_ids: Sequence[str]) -> list[Any]:
+        ids = list(dict.fromkeys(doc_ids))
+        rows: list[Any] = []
+        with self._lock:
+            for start in range(0, len(ids), _IN_BATCH):
+                part = ids[start : start + _IN_BATCH]
+                marks = ",".join("?" * len(part))
+                query = f"SELECT {columns} FROM documents WHERE doc_id IN ({marks})"
+                rows.extend(list(row) for row in self._db.execute(query, part))
+        return rows
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK when the block raises: a put or delete lands whole or not."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+class ChromaRecord:
+    """The record on a Chroma server: a collection `<collection>-documents` whose records are the documents
+    (their JSON as the record's document; their hash, origin and time as its metadata; a constant one-number
+    vector, never searched). Every replica reads and writes the same one."""
+
+    def __init__(self, collection: Any, description: str, max_batch: int):
+        self._collection = collection
+        self.description = description
+        self._max_batch = max_batch
+
+    def put(self, documents: Sequence[Document]) -> int:
+        rows = {doc.doc_id: doc for doc in documents}
+        kept = {
+            doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
+            for doc_id, meta in self._metadata(list(rows)).items()
+        }
+        changed = _changed(rows, kept)
+        for start in range(0, len(changed), self._max_batch):
+            part = changed[start : start + self._max_batch]
+            self._collection.upsert(
+                ids=[doc.doc_id for doc, _ in part],
+                embeddings=[[1.0]] * len(part),
+                documents=[_body(doc) for doc, _ in part],
+                metadatas=[
+                    {"content_hash": h, "origin": doc.origin, "accepted_at": _now()} for doc, h in part
+                ],
+            )
+        return len(changed)
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]:
+        found: dict[str, Document] = {}
+        ids = list(dict.fromkeys(doc_ids))
+        for start in range(0, len(ids), _IN_BATCH):
+            page = self._collection.get(ids=ids[start : start + _IN_BATCH], include=["documents"])
+            for doc_id, body in zip(page["ids"], page["documents"], strict=True):
+                found[doc_id] = _from_body(doc_id, body)
+        return [found[doc_id] for doc_id in ids if doc_id in found]
+
+    def delete(self, doc_ids: Sequence[str]) -> int:
+        ids = list(dict.fromkeys(doc_ids))
+        kept = [doc_id for doc_id in ids if doc_id in self._metadata(ids)]
+        for start in range(0, len(kept), self._max_batch):
+            self._collection.delete(ids=kept[start : start + self._max_batch])
+        return len(kept)
+
+    def count(self) -> int:
+        return int(self._collection.count())
+
+    def hashes(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        offset = 0
+        while True:
+            page = self._collection.get(include=["metadatas"], limit=_IN_BATCH * 10, offset=offset)
+            found.update(
+                (doc_id, str((meta or {}).get("content_hash", "")))
+                for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
+            )
+            if len(page["ids"]) < _IN_BATCH * 10:
+                return found
+            offset += len(page["ids"])
+
+    def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
+        ids = sorted(self.hashes())
+        for start in range(0, len(ids), batch):
+            yield from self.get(ids[start : start + batch])
+
+    def close(self) -> None:
+        pass
+
+    def _metadata(self, doc_ids: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(doc_ids), _IN_BATCH):
+            page = self._collection.get(ids=doc_ids[start : start + _IN_BATCH], include=["metadatas"])
+            found.update(
+                (doc_id, dict(meta or {}))
+                for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
+            )
+        return found
+
+
+def _body(doc: Document) -> str:
+    return json.dumps(
+        {"title": doc.title, "text": doc.text, "metadata": doc.metadata, "origin": doc.origin},
+        ensure_ascii=False,
+        sort_keys=True,
+    )
+
+
+def _from_body(doc_id: str, body: str | None) -> Document:
+    data = json.loads(body or "{}")
+    return Document(
+        doc_id=doc_id,
+        text=data.get("text", ""),
+        title=data.get("title", ""),
+        metadata=dict(data.get("metadata") or {}),
+        origin=data.get("origin", ""),
+    )
+
+
+def record_collection_name(collection: str) -> str:
+    return f"{collection}-documents"
+
+
+def open_record(settings: StoreSettings, client: Any) -> DocumentRecord:
+    """The record of the configured store: embedded, `documents.sqlite3` in its folder (the caller holds the
+    folder's lock); on a Chroma server, the collection `<collection>-documents` (created when missing) through
+    `client`, the store's own."""
+    if settings.mode == "embedded":
+        return SqliteRecord(Path(settings.path) / RECORD_FILE)
+    name = record_collection_name(settings.collection)
+    collection = client.get_or_create_collection(
+        name, configuration={"hnsw": {"space": "l2"}}, embedding_function=None
+    )
+    try:
+        max_batch = max(1, min(5000, int(client.get_max_batch_size())))
+    except Exception:
+        max_batch = 1000
+    where = f"http://{settings.host}:{settings.port}"
+    return ChromaRecord(collection, f"document record '{name}' on the Chroma server at {where}", max_batch)
