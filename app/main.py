@@ -156,7 +156,7 @@ def stop_writers(state: AppState) -> None:
     # what is left after the writers stop is the process's own exit (torch, Chroma): keep time for it
     deadline = state.stop_deadline - EXIT_ALLOWANCE_S
     if not state.job_runner.stop(timeout=max(0.0, deadline - time.monotonic())):
-        log.error("shutdown: the running job did not stop in time; it will be reported as interrupted")
+        log.error("shutdown: the running job did not stop in time; it resumes at the next start")
         return
     # the startup thread or a request may still be writing; close only when no writer holds the lock
     if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):

@@ -164,7 +164,7 @@ class JobBook:
         return sorted(waiting, key=lambda j: (j.sequence, j.createdAt, j.id))
 
     def accept(
-        self, kind: str, document_ids: Sequence[str], nbytes: int, chunks: int, before: Callable[[], None]
+        self, kind: str, document_ids: Sequence[str], nbytes: int, chunks: int, before: Callable[[], object]
     ) -> Job:
         """Create a job over `document_ids` if the queue has room for it (else `QueueFull`, and `before` is
         not called), calling `before()` (the documents' record write) first: the job exists only for

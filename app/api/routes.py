@@ -52,6 +52,7 @@ from app.retrieve_response import RetrieveResponse, retrieve_response
 if TYPE_CHECKING:
     from app.api.state import AppState
     from app.service import Sieve
+    from app.store.record import DocumentRecord
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         [d.doc_id for d in docs],
         sum(document_bytes(d) for d in docs),
         chunks,
-        keep=lambda: sieve.record.put(docs),
+        keep=lambda: kept_record(sieve).put(docs),
     )
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
@@ -221,14 +222,14 @@ def delete_document(
     sieve = require_sieve(request)
     if state.write_lock.acquire(blocking=False):
         try:
-            deleted = sieve.delete_documents([doc_id])
+            documents, chunks = sieve.delete_documents([doc_id])
         finally:
             state.write_lock.release()
-        if not deleted.documents and not deleted.chunks:
+        if not documents and not chunks:
             raise ApiError(
                 404, f"no document {safe_text(doc_id)!r} in the record or the index", field="doc_id"
             )
-        return DocumentDeleted(id=doc_id, documents=deleted.documents, chunks=deleted.chunks)
+        return DocumentDeleted(id=doc_id, documents=documents, chunks=chunks)
     job = _accept_job(state, sieve, "delete", [doc_id], 0, 0, keep=lambda: None)
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
@@ -240,7 +241,7 @@ def _accept_job(
     doc_ids: list[str],
     nbytes: int,
     chunks: int,
-    keep: Callable[[], None],
+    keep: Callable[[], object],
 ) -> Job:
     """Create and submit a job over `doc_ids` when the queue has room, after `keep()` (the record write);
     a 429 with `Retry-After`, before `keep()`, when it has none."""
@@ -268,8 +269,8 @@ def job_work(state: AppState, sieve: Sieve) -> Callable[[Job], dict[str, Any]]:
     def work(job: Job) -> dict[str, Any]:
         if job.kind == "delete":
             with state.write_lock:
-                deleted = sieve.delete_documents(job.documentIds or [])
-            return {"documents": deleted.documents, "chunks": deleted.chunks}
+                documents, chunks = sieve.delete_documents(job.documentIds or [])
+            return {"documents": documents, "chunks": chunks}
         return _ingest_job(state, sieve, job)
 
     return work
@@ -287,7 +288,7 @@ def _ingest_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
 
     ids = job.documentIds or []
     with state.write_lock:
-        docs = sieve.record.get(ids)
+        docs = kept_record(sieve).get(ids)
         try:
             report = (
                 sieve.ingest_documents(
@@ -302,6 +303,14 @@ def _ingest_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
                 "resumes at the next start"
             ) from None
     return {**ingest_view(report).model_dump(), "skipped": len(ids) - len(docs)}
+
+
+def kept_record(sieve: Sieve) -> DocumentRecord:
+    """The Sieve's document record; a Sieve opened without one (tests of the index alone) cannot take
+    jobs, whose documents wait there."""
+    if sieve.record is None:
+        raise ApiError(503, "this service keeps no document record: writes run only synchronously")
+    return sieve.record
 
 
 def document_bytes(doc: Document) -> int:

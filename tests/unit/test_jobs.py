@@ -35,7 +35,7 @@ def stamp(hours_ago: float) -> str:
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# -- resume ---------------------------------------------------------------------------------------------------
+# -- resume ------------------------------------------------------------------------------------------------
 
 
 def test_unfinished_jobs_with_their_ids_are_queued_again_at_the_next_start(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_job_stopped_by_the_shutdown_goes_back_to_queued_and_the_rest_stay_que
     assert [(j.state, j.resumed) for j in again.all()] == [("done", 1), ("done", 1)]
 
 
-# -- the bound ------------------------------------------------------------------------------------------------
+# -- the bound ---------------------------------------------------------------------------------------------
 
 
 def test_a_job_that_would_pass_the_document_bound_is_refused_before_anything_is_kept(tmp_path: Path) -> None:
@@ -184,7 +184,7 @@ def test_retry_after_follows_the_measured_pace_within_its_limits(tmp_path: Path)
     assert refused.value.retry_after == RETRY_AFTER_MAX_S
 
 
-# -- retention ------------------------------------------------------------------------------------------------
+# -- retention ---------------------------------------------------------------------------------------------
 
 
 def test_a_finished_job_accepted_within_keep_hours_is_kept_beyond_keep(tmp_path: Path) -> None:
