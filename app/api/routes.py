@@ -216,8 +216,9 @@ def delete_document(
 ) -> Any:
     """Delete a document: from the document record, and its chunks from the index (vector and BM25).
 
-    404 when neither the record nor the index knows `doc_id`. While another write runs, the delete becomes
-    a job after it (202 `{"job": id}`; its report says what was deleted)."""
+    404 when neither the record nor the index knows `doc_id`. While another write runs, the document leaves
+    the record at once and a job removes its chunks after that write (202 `{"job": id}`; its report says
+    how many chunks): a write of the same id accepted after this delete keeps its own version."""
     state = sieve_state(request)
     sieve = require_sieve(request)
     if state.write_lock.acquire(blocking=False):
@@ -226,12 +227,17 @@ def delete_document(
         finally:
             state.write_lock.release()
         if not documents and not chunks:
-            raise ApiError(
-                404, f"no document {safe_text(doc_id)!r} in the record or the index", field="doc_id"
-            )
+            raise _unknown_document(doc_id)
         return DocumentDeleted(id=doc_id, documents=documents, chunks=chunks)
-    job = _accept_job(state, sieve, "delete", [doc_id], 0, 0, keep=lambda: None)
+    record = kept_record(sieve)
+    if not record.get([doc_id]) and not sieve.store.metadata_of([], [doc_id]):
+        raise _unknown_document(doc_id)
+    job = _accept_job(state, sieve, "delete", [doc_id], 0, 0, keep=lambda: record.delete([doc_id]))
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
+
+
+def _unknown_document(doc_id: str) -> ApiError:
+    return ApiError(404, f"no document {safe_text(doc_id)!r} in the record or the index", field="doc_id")
 
 
 def _accept_job(
@@ -268,12 +274,20 @@ def job_work(state: AppState, sieve: Sieve) -> Callable[[Job], dict[str, Any]]:
 
     def work(job: Job) -> dict[str, Any]:
         if job.kind == "delete":
-            with state.write_lock:
-                documents, chunks = sieve.delete_documents(job.documentIds or [])
-            return {"documents": documents, "chunks": chunks}
+            return _delete_job(state, sieve, job)
         return _ingest_job(state, sieve, job)
 
     return work
+
+
+def _delete_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
+    """Delete the chunks of the job's documents (the record forgot them when the job was accepted), except
+    those of a document written again since: its chunks are the new version's (`keptAgain`)."""
+    ids = job.documentIds or []
+    with state.write_lock:
+        again = {d.doc_id for d in kept_record(sieve).get(ids)}
+        _, chunks = sieve.delete_documents([i for i in ids if i not in again])
+    return {"chunks": chunks, "keptAgain": len(again)}
 
 
 def _ingest_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:

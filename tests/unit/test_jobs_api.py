@@ -19,7 +19,7 @@ from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
 from app.main import AppState, create_app
 from app.settings import Settings
-from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, api_settings  # noqa: F401
+from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, FakeStore, api_settings  # noqa: F401
 
 WAIT_S = 10.0
 
@@ -41,6 +41,17 @@ class FakeRecord:
         return sum(self.kept.pop(i, None) is not None for i in doc_ids)
 
 
+class IndexedStore(FakeStore):
+    """The fake store of a RecordingSieve: one chunk a document it indexed."""
+
+    def __init__(self, indexed: dict[str, str]) -> None:
+        super().__init__()
+        self.indexed = indexed
+
+    def metadata_of(self, chunk_ids: Sequence[str], doc_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {f"{i}#0": {"doc_id": i} for i in doc_ids if i in self.indexed}
+
+
 class RecordingSieve(FakeSieve):
     """Ingests into `indexed` (doc id -> text) after `gate` opens; `record` is a FakeRecord."""
 
@@ -48,6 +59,7 @@ class RecordingSieve(FakeSieve):
         super().__init__(settings)
         self.record = FakeRecord()
         self.indexed: dict[str, str] = {}
+        self.store = IndexedStore(self.indexed)
         self.gate = threading.Event()
         self.gate.set()
         self.record_at_ingest: list[list[str]] = []
@@ -191,21 +203,45 @@ def test_delete_a_document_from_the_record_and_the_index(client: TestClient, fak
     assert client.delete("/api/documents/a", headers={"Authorization": ""}).status_code == 401
 
 
-def test_a_delete_while_another_write_runs_becomes_a_job(client: TestClient, fake: RecordingSieve) -> None:
-    fake.record.put([Document("docs/a.md#1", "text")])
-    fake.indexed["docs/a.md#1"] = "text"
+def hold_the_write_lock(client: TestClient, fake: RecordingSieve) -> None:
+    """Start a job the worker holds (under the write lock) until `fake.gate` opens."""
     fake.gate.clear()
-    client.post("/api/documents", json=docs("b", "c"))  # the worker holds the write lock
+    client.post("/api/documents", json=docs("held-1", "held-2"))
     deadline = time.monotonic() + WAIT_S
     while not client.app.state.sieve_state.write_lock.locked():  # type: ignore[attr-defined]
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    queued = client.delete("/api/documents/docs/a.md#1".replace("#", "%23"))
+
+
+def test_a_delete_while_another_write_runs_becomes_a_job(client: TestClient, fake: RecordingSieve) -> None:
+    fake.record.put([Document("docs/a.md#1", "text")])
+    fake.indexed["docs/a.md#1"] = "text"
+    hold_the_write_lock(client, fake)
+    queued = client.delete("/api/documents/docs/a.md%231")
     assert queued.status_code == 202, queued.text
+    assert "docs/a.md#1" not in fake.record.kept  # the record forgets it at once
+    assert fake.indexed["docs/a.md#1"] == "text"  # the index, after the write before it
+    assert client.delete("/api/documents/never-known").status_code == 404
     fake.gate.set()
     job = job_ends(client, queued.json()["job"])
-    assert (job["kind"], job["report"]) == ("delete", {"documents": 1, "chunks": 1})
-    assert "docs/a.md#1" not in fake.record.kept
+    assert (job["kind"], job["report"]) == ("delete", {"chunks": 1, "keptAgain": 0})
+    assert "docs/a.md#1" not in fake.indexed
+
+
+def test_a_write_accepted_after_a_queued_delete_keeps_its_version(
+    client: TestClient, fake: RecordingSieve
+) -> None:
+    fake.record.put([Document("a", "old text")])
+    fake.indexed["a"] = "old text"
+    hold_the_write_lock(client, fake)
+    deleted = client.delete("/api/documents/a").json()["job"]
+    written = client.post("/api/documents", json={"documents": [{"id": "a", "text": "new text"}]}).json()[
+        "job"
+    ]
+    fake.gate.set()
+    assert job_ends(client, deleted)["report"] == {"chunks": 0, "keptAgain": 1}
+    job_ends(client, written)
+    assert fake.indexed["a"] == "new text" and fake.record.kept["a"].text == "new text"
 
 
 def test_openapi_declares_the_delete_route_and_the_429_of_a_write(client: TestClient) -> None:
