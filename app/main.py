@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from app import exit_codes
 from app.api.admission import AdmissionGate
+from app.api.bounds import max_object_keys
 from app.api.docs_ui import install_docs
 from app.api.errors import install_error_handlers
 from app.api.label import router as label_router
@@ -101,7 +102,7 @@ def create_app(
     app.include_router(router)
     app.include_router(label_router)
     # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
-    app.add_middleware(JsonShapeLimit)
+    app.add_middleware(JsonShapeLimit, max_object_keys=max_object_keys(settings.rag.ingest.max_metadata_keys))
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     # outermost: a burst's refusals cost neither a body read nor a validation
     app.add_middleware(AdmissionGate, admission=lambda: state.admission)
@@ -139,7 +140,7 @@ def create_label_app(
     app.state.label_desk = desk
     app.include_router(label_router)
     # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
-    app.add_middleware(JsonShapeLimit)
+    app.add_middleware(JsonShapeLimit, max_object_keys=max_object_keys(settings.rag.ingest.max_metadata_keys))
     app.add_middleware(BodySizeLimit, max_bytes=settings.rag.server.max_body_bytes)
     install_error_handlers(app)
     return app

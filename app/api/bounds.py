@@ -5,14 +5,16 @@ can make the server keep, log or answer with more than these:
 
 - `query` (retrieve): rag.retrieval.max_query_chars (checked by the route);
 - `knowledgeTag` (retrieve): `MAX_TAG_CHARS`;
-- a document's `id`: `MAX_ID_CHARS`; `title`: `MAX_TITLE_CHARS`; `text`: rag.ingest.max_document_chars
-  (checked by the route); metadata: `MAX_METADATA_FIELDS` fields, keys of `MAX_METADATA_KEY_CHARS`, string
-  values of `MAX_METADATA_VALUE_CHARS`;
+- a document's `id`: `MAX_ID_CHARS`; `title`: `MAX_TITLE_CHARS`; `text`: rag.ingest.max_document_chars;
+  metadata: rag.ingest.max_metadata_keys fields, keys of rag.ingest.max_metadata_key_chars, together
+  rag.ingest.max_metadata_bytes (the bounds every loader applies, checked by the route), string values of
+  `MAX_METADATA_VALUE_CHARS`;
 - `documents` (ingest): `MAX_DOCUMENTS`;
 - a judgment's `caseId` and `id`, the path's `case_id`: `MAX_ID_CHARS`;
 - a judgment's `who`: `MAX_WHO_CHARS`, no control or line-break character;
-- any JSON body, before a model reads it (`json_shape_problem`): objects of at most `MAX_OBJECT_KEYS` keys,
-  arrays of at most `MAX_ARRAY_ITEMS` items;
+- any JSON body, before a model reads it (`json_shape_problem`): objects of at most `max_object_keys` keys (a
+  document's id, title, text and rag.ingest.max_metadata_keys metadata fields), arrays of at most
+  `MAX_ARRAY_ITEMS` items;
 - a 422 answer: the first `MAX_REPORTED_PROBLEMS` problems and their `count`; a field name of at most
   `MAX_FIELD_NAME_CHARS` characters and a message of at most `MAX_MESSAGE_CHARS` (longer ones are cut).
 
@@ -34,12 +36,8 @@ MAX_ID_CHARS = 1000
 MAX_TAG_CHARS = 256
 MAX_TITLE_CHARS = 1000
 MAX_WHO_CHARS = 100
-MAX_METADATA_FIELDS = 64
-MAX_METADATA_KEY_CHARS = 128
 MAX_METADATA_VALUE_CHARS = 8192
 MAX_DOCUMENTS = 10_000
-# no request model has more fields than a document: id, title, text and MAX_METADATA_FIELDS metadata fields
-MAX_OBJECT_KEYS = MAX_METADATA_FIELDS + 3
 MAX_ARRAY_ITEMS = MAX_DOCUMENTS
 MAX_REPORTED_PROBLEMS = 20
 MAX_FIELD_NAME_CHARS = 200
@@ -76,17 +74,22 @@ Name = Annotated[
 ]
 
 
+def max_object_keys(max_metadata_keys: int) -> int:
+    """The most keys an object of any request may have: no request model has more fields than a document,
+    its id, title and text and `max_metadata_keys` (rag.ingest.max_metadata_keys) metadata fields."""
+    return max_metadata_keys + 3
+
+
 def metadata_problem(key: str, value: Any) -> str | None:
-    """Why a document's metadata field is over its bounds, or None."""
-    if len(key) > MAX_METADATA_KEY_CHARS:
-        return f"metadata key of {len(key)} characters, more than {MAX_METADATA_KEY_CHARS}"
+    """Why a document's metadata value is over its bound, or None (the number of keys, their length and
+    the metadata's size are rag.ingest's bounds, which the route checks)."""
     if isinstance(value, str) and len(value) > MAX_METADATA_VALUE_CHARS:
         return f"metadata value of {len(value)} characters, more than {MAX_METADATA_VALUE_CHARS}"
     return None
 
 
-def json_shape_problem(body: bytes) -> tuple[str, str] | None:
-    """(field, problem) for a JSON body holding an object with more than `MAX_OBJECT_KEYS` keys or an array
+def json_shape_problem(body: bytes, max_keys: int) -> tuple[str, str] | None:
+    """(field, problem) for a JSON body holding an object with more than `max_keys` keys or an array
     with more than `MAX_ARRAY_ITEMS` items, else None (also for a body that is not JSON: the route's parser
     names that problem). Stops at the first one found, so its cost is the parse, not the size of the
     answer."""
@@ -98,8 +101,11 @@ def json_shape_problem(body: bytes) -> tuple[str, str] | None:
     while stack:
         where, item = stack.pop()
         if isinstance(item, dict):
-            if len(item) > MAX_OBJECT_KEYS:
-                return where, f"an object of {len(item)} keys; no request takes more than {MAX_OBJECT_KEYS}"
+            if len(item) > max_keys:
+                return where, (
+                    f"an object of {len(item)} keys; no request takes more than {max_keys} (a document: "
+                    f"id, title, text and rag.ingest.max_metadata_keys={max_keys - 3} metadata fields)"
+                )
             stack.extend((f"{where}.{key}" if where != "body" else str(key), v) for key, v in item.items())
         elif isinstance(item, list):
             if len(item) > MAX_ARRAY_ITEMS:

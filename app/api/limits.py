@@ -99,8 +99,10 @@ class JsonShapeLimit:
     """422 for a request body that `app.api.bounds.json_shape_problem` finds too large in shape; any other
     body goes on to the route as it came. Placed inside `BodySizeLimit`, so the body it reads is bounded."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, max_object_keys: int):
+        """`max_object_keys`: `app.api.bounds.max_object_keys` of rag.ingest.max_metadata_keys."""
         self.app = app
+        self.max_object_keys = max_object_keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
@@ -117,9 +119,9 @@ class JsonShapeLimit:
         body = b"".join(chunks)
         problem = None
         if len(body) > PARSE_ON_LOOP_BYTES:  # a parse of megabytes would hold up every other request
-            problem = await anyio.to_thread.run_sync(json_shape_problem, body)
+            problem = await anyio.to_thread.run_sync(json_shape_problem, body, self.max_object_keys)
         elif body:
-            problem = json_shape_problem(body)
+            problem = json_shape_problem(body, self.max_object_keys)
         if problem is not None:
             await validation_response([field_problem(*problem)])(scope, receive, send)
             return

@@ -44,10 +44,11 @@ from app.api.schemas import (
     RetrieveRequest,
     error_responses,
 )
-from app.ingest.pipeline import IngestReport
+from app.ingest.pipeline import IngestReport, bounds_problem
 from app.ingest.types import Document
 from app.models import EmbeddingInterrupted
 from app.retrieve_response import RetrieveResponse, retrieve_response
+from app.settings import IngestSettings
 
 if TYPE_CHECKING:
     from app.api.state import AppState
@@ -174,7 +175,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
     nothing of it is written."""
     state = sieve_state(request)
     sieve = require_sieve(request)
-    docs = _documents(body, state.settings.rag.ingest.max_document_chars)
+    docs = _documents(body, state.settings.rag.ingest)
     chunks = sieve.chunk_count(docs)
     if chunks <= state.settings.rag.server.sync_write_chunks and state.write_lock.acquire(blocking=False):
         try:
@@ -332,7 +333,7 @@ def document_bytes(doc: Document) -> int:
     return len(json.dumps([doc.doc_id, doc.title, doc.text, doc.metadata], ensure_ascii=False).encode())
 
 
-def _documents(body: DocumentsRequest, max_chars: int) -> list[Document]:
+def _documents(body: DocumentsRequest, ingest: IngestSettings) -> list[Document]:
     docs = []
     for i, item in enumerate(body.documents):
         extra = dict(item.model_extra or {})
@@ -347,14 +348,22 @@ def _documents(body: DocumentsRequest, max_chars: int) -> list[Document]:
             raise ApiError(
                 422, f"documents[{i}] (id {item.id}): text must not be blank", field=f"documents.{i}.text"
             )
-        if len(item.text) > max_chars:
+        if len(item.text) > ingest.max_document_chars:
             raise ApiError(
                 422,
                 f"documents[{i}] (id {item.id}): text has {len(item.text)} characters, more than "
-                f"rag.ingest.max_document_chars={max_chars}",
+                f"rag.ingest.max_document_chars={ingest.max_document_chars}",
                 field=f"documents.{i}.text",
             )
-        docs.append(Document(doc_id=item.id, text=item.text, title=item.title, metadata=extra, origin="api"))
+        doc = Document(doc_id=item.id, text=item.text, title=item.title, metadata=extra, origin="api")
+        problem = bounds_problem(doc, ingest)
+        if problem:
+            raise ApiError(
+                422,
+                f"documents[{i}] (id {item.id}): {problem}; nothing of this request was written",
+                field=f"documents.{i}",
+            )
+        docs.append(doc)
     return docs
 
 

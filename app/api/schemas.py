@@ -19,7 +19,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app.api.bounds import (
     MAX_DOCUMENTS,
-    MAX_METADATA_FIELDS,
     MAX_REPORTED_PROBLEMS,
     Id,
     Tag,
@@ -81,11 +80,6 @@ class DocumentIn(BaseModel):
     @model_validator(mode="after")
     def _valid_metadata(self) -> DocumentIn:
         extra = self.model_extra or {}
-        if len(extra) > MAX_METADATA_FIELDS:
-            raise ValidationError.from_exception_data(
-                "DocumentIn",
-                [_problem(f"{len(extra)} metadata fields, more than {MAX_METADATA_FIELDS}", (), None)],
-            )
         problems = []
         for key, value in extra.items():
             problem = (

@@ -130,40 +130,12 @@ class Ingestor:
         kept: list[Document] = []
         errors: list[LoadError] = []
         for doc in documents:
-            problem = self.bounds_problem(doc)
+            problem = bounds_problem(doc, self.settings)
             if problem:
                 errors.append(LoadError(doc.origin, doc.line, f"document '{doc.doc_id}' {problem}"))
             else:
                 kept.append(doc)
         return kept, errors
-
-    def bounds_problem(self, doc: Document) -> str | None:
-        """Why `doc` is over a bound of `rag.ingest`, or None."""
-        s = self.settings
-        if len(doc.text) > s.max_document_chars:
-            return (
-                f"has {len(doc.text)} characters, more than rag.ingest.max_document_chars="
-                f"{s.max_document_chars}"
-            )
-        meta = doc.metadata
-        if len(meta) > s.max_metadata_keys:
-            return (
-                f"has {len(meta)} metadata keys, more than rag.ingest.max_metadata_keys={s.max_metadata_keys}"
-            )
-        long_key = next((k for k in meta if len(k) > s.max_metadata_key_chars), None)
-        if long_key is not None:
-            return (
-                f"has a metadata key of {len(long_key)} characters ({long_key[:40]!r}...), more than "
-                f"rag.ingest.max_metadata_key_chars={s.max_metadata_key_chars}"
-            )
-        size = sum(
-            len(str(k).encode("utf-8", "replace")) + len(str(v).encode("utf-8", "replace"))
-            for k, v in meta.items()
-        )
-        if size > s.max_metadata_bytes:
-            limit = s.max_metadata_bytes
-            return f"has {size} bytes of metadata, more than rag.ingest.max_metadata_bytes={limit}"
-        return None
 
     def chunk(self, documents: Sequence[Document]) -> list[Chunk]:
         """The chunks `documents` make with these settings (cheap: no model, no store)."""
@@ -314,6 +286,32 @@ class Ingestor:
     def _committed(self, upserted: list[StoredChunk], deleted: list[str]) -> None:
         if self.on_commit is not None:
             self.on_commit(upserted, deleted)
+
+
+def bounds_problem(doc: Document, s: IngestSettings) -> str | None:
+    """Why `doc` is over a bound of `rag.ingest`, or None: `max_document_chars`, and for its metadata
+    `max_metadata_keys`, `max_metadata_key_chars` and `max_metadata_bytes` (UTF-8 bytes of keys and values,
+    values as text). Every path in applies them: the loaders' files and the write API."""
+    if len(doc.text) > s.max_document_chars:
+        return (
+            f"has {len(doc.text)} characters, more than rag.ingest.max_document_chars={s.max_document_chars}"
+        )
+    meta = doc.metadata
+    if len(meta) > s.max_metadata_keys:
+        return f"has {len(meta)} metadata keys, more than rag.ingest.max_metadata_keys={s.max_metadata_keys}"
+    long_key = next((k for k in meta if len(k) > s.max_metadata_key_chars), None)
+    if long_key is not None:
+        return (
+            f"has a metadata key of {len(long_key)} characters ({long_key[:40]!r}...), more than "
+            f"rag.ingest.max_metadata_key_chars={s.max_metadata_key_chars}"
+        )
+    size = sum(
+        len(str(k).encode("utf-8", "replace")) + len(str(v).encode("utf-8", "replace"))
+        for k, v in meta.items()
+    )
+    if size > s.max_metadata_bytes:
+        return f"has {size} bytes of metadata, more than rag.ingest.max_metadata_bytes={s.max_metadata_bytes}"
+    return None
 
 
 class _ProgressView:

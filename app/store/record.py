@@ -11,6 +11,8 @@ Two kinds, chosen by `rag.store.mode` (docs/design.md, "The document record"):
 - a Chroma server: `ChromaRecord`, a collection of its own on that server (`<collection>-documents`), which
   every replica shares and a broken chunk collection does not affect.
 
+A record that cannot be read or written raises `RecordError` (a `StoreError`: the API answers 503 naming it).
+
 A document's content hash is the SHA-256 of its title, text and metadata (`content_hash`); putting a document
 whose hash and origin are those already kept writes nothing.
 """
@@ -22,11 +24,13 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from app.settings import StoreSettings
+from app.store.chroma import StoreError
 from app.store.types import Document
 
 RECORD_FILE = "documents.sqlite3"
@@ -64,6 +68,22 @@ class DocumentRecord(Protocol):
     def close(self) -> None: ...
 
 
+class RecordError(StoreError):
+    """The document record could not be read or written; the message names the record and what failed."""
+
+
+@contextmanager
+def failing_as(description: str, action: str) -> Iterator[None]:
+    """Raise whatever the block raises (but a StoreError) as a `RecordError` naming `description` and
+    `action`."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise RecordError(f"{description}: {action} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def content_hash(doc: Document) -> str:
     """SHA-256 (hex) of the document's title, text and metadata (keys sorted), as one JSON array."""
     body = json.dumps([doc.title, doc.text, doc.metadata], sort_keys=True, ensure_ascii=False)
@@ -94,69 +114,81 @@ class SqliteRecord:
     def __init__(self, path: Path):
         self.path = path
         self.description = f"document record {path}"
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before put returns
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS documents (doc_id TEXT PRIMARY KEY, title TEXT NOT NULL, "
-            "text TEXT NOT NULL, metadata TEXT NOT NULL, origin TEXT NOT NULL, content_hash TEXT NOT NULL, "
-            "accepted_at TEXT NOT NULL)"
-        )
+        with failing_as(self.description, "open"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before put returns
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS documents (doc_id TEXT PRIMARY KEY, title TEXT NOT NULL, "
+                "text TEXT NOT NULL, metadata TEXT NOT NULL, origin TEXT NOT NULL, "
+                "content_hash TEXT NOT NULL, accepted_at TEXT NOT NULL)"
+            )
 
     def put(self, documents: Sequence[Document]) -> int:
-        rows = {doc.doc_id: doc for doc in documents}  # the last of one id wins, as in the index
-        kept = {
-            doc_id: (digest, origin)
-            for doc_id, digest, origin in self._select("doc_id, content_hash, origin", list(rows))
-        }
-        changed = [
-            (doc.doc_id, doc.title, doc.text, _metadata_json(doc), doc.origin, digest, _now())
-            for doc, digest in _changed(rows, kept)
-        ]
-        if changed:
-            with self._lock, self._transaction():
-                self._db.executemany("INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)", changed)
-        return len(changed)
+        with failing_as(self.description, "put"):
+            rows = {doc.doc_id: doc for doc in documents}  # the last of one id wins, as in the index
+            kept = {
+                doc_id: (digest, origin)
+                for doc_id, digest, origin in self._select("doc_id, content_hash, origin", list(rows))
+            }
+            changed = [
+                (doc.doc_id, doc.title, doc.text, _metadata_json(doc), doc.origin, digest, _now())
+                for doc, digest in _changed(rows, kept)
+            ]
+            if changed:
+                with self._lock, self._transaction():
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)", changed
+                    )
+            return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        found = {
-            row[0]: _document(*row) for row in self._select("doc_id, title, text, metadata, origin", doc_ids)
-        }
-        return [found[doc_id] for doc_id in dict.fromkeys(doc_ids) if doc_id in found]
+        with failing_as(self.description, "get"):
+            found = {
+                row[0]: _document(*row)
+                for row in self._select("doc_id, title, text, metadata, origin", doc_ids)
+            }
+            return [found[doc_id] for doc_id in dict.fromkeys(doc_ids) if doc_id in found]
 
     def delete(self, doc_ids: Sequence[str]) -> int:
-        ids = list(dict.fromkeys(doc_ids))
-        deleted = 0
-        with self._lock, self._transaction():
-            for start in range(0, len(ids), _IN_BATCH):
-                part = ids[start : start + _IN_BATCH]
-                marks = ",".join("?" * len(part))
-                deleted += self._db.execute(f"DELETE FROM documents WHERE doc_id IN ({marks})", part).rowcount
-        return deleted
+        with failing_as(self.description, "delete"):
+            ids = list(dict.fromkeys(doc_ids))
+            deleted = 0
+            with self._lock, self._transaction():
+                for start in range(0, len(ids), _IN_BATCH):
+                    part = ids[start : start + _IN_BATCH]
+                    marks = ",".join("?" * len(part))
+                    deleted += self._db.execute(
+                        f"DELETE FROM documents WHERE doc_id IN ({marks})", part
+                    ).rowcount
+            return deleted
 
     def count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+        with failing_as(self.description, "count"):
+            with self._lock:
+                return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def hashes(self) -> dict[str, str]:
-        with self._lock:
-            return dict(self._db.execute("SELECT doc_id, content_hash FROM documents").fetchall())
+        with failing_as(self.description, "hashes"):
+            with self._lock:
+                return dict(self._db.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        after = ""
-        while True:
-            with self._lock:
-                rows = self._db.execute(
-                    "SELECT doc_id, title, text, metadata, origin FROM documents WHERE doc_id > ? "
-                    "ORDER BY doc_id LIMIT ?",
-                    (after, batch),
-                ).fetchall()
-            yield from (_document(*row) for row in rows)
-            if len(rows) < batch:
-                return
-            after = rows[-1][0]
+        with failing_as(self.description, "iter documents"):
+            after = ""
+            while True:
+                with self._lock:
+                    rows = self._db.execute(
+                        "SELECT doc_id, title, text, metadata, origin FROM documents WHERE doc_id > ? "
+                        "ORDER BY doc_id LIMIT ?",
+                        (after, batch),
+                    ).fetchall()
+                yield from (_document(*row) for row in rows)
+                if len(rows) < batch:
+                    return
+                after = rows[-1][0]
 
     def close(self) -> None:
         with self._lock:
@@ -201,60 +233,66 @@ class ChromaRecord:
         self._max_batch = max_batch
 
     def put(self, documents: Sequence[Document]) -> int:
-        rows = {doc.doc_id: doc for doc in documents}
-        kept = {
-            doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
-            for doc_id, meta in self._metadata(list(rows)).items()
-        }
-        changed = _changed(rows, kept)
-        for start in range(0, len(changed), self._max_batch):
-            part = changed[start : start + self._max_batch]
-            self._collection.upsert(
-                ids=[doc.doc_id for doc, _ in part],
-                embeddings=[[1.0]] * len(part),
-                documents=[_body(doc) for doc, _ in part],
-                metadatas=[
-                    {"content_hash": h, "origin": doc.origin, "accepted_at": _now()} for doc, h in part
-                ],
-            )
-        return len(changed)
+        with failing_as(self.description, "put"):
+            rows = {doc.doc_id: doc for doc in documents}
+            kept = {
+                doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
+                for doc_id, meta in self._metadata(list(rows)).items()
+            }
+            changed = _changed(rows, kept)
+            for start in range(0, len(changed), self._max_batch):
+                part = changed[start : start + self._max_batch]
+                self._collection.upsert(
+                    ids=[doc.doc_id for doc, _ in part],
+                    embeddings=[[1.0]] * len(part),
+                    documents=[_body(doc) for doc, _ in part],
+                    metadatas=[
+                        {"content_hash": h, "origin": doc.origin, "accepted_at": _now()} for doc, h in part
+                    ],
+                )
+            return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        found: dict[str, Document] = {}
-        ids = list(dict.fromkeys(doc_ids))
-        for start in range(0, len(ids), _IN_BATCH):
-            page = self._collection.get(ids=ids[start : start + _IN_BATCH], include=["documents"])
-            for doc_id, body in zip(page["ids"], page["documents"], strict=True):
-                found[doc_id] = _from_body(doc_id, body)
-        return [found[doc_id] for doc_id in ids if doc_id in found]
+        with failing_as(self.description, "get"):
+            found: dict[str, Document] = {}
+            ids = list(dict.fromkeys(doc_ids))
+            for start in range(0, len(ids), _IN_BATCH):
+                page = self._collection.get(ids=ids[start : start + _IN_BATCH], include=["documents"])
+                for doc_id, body in zip(page["ids"], page["documents"], strict=True):
+                    found[doc_id] = _from_body(doc_id, body)
+            return [found[doc_id] for doc_id in ids if doc_id in found]
 
     def delete(self, doc_ids: Sequence[str]) -> int:
-        ids = list(dict.fromkeys(doc_ids))
-        kept = [doc_id for doc_id in ids if doc_id in self._metadata(ids)]
-        for start in range(0, len(kept), self._max_batch):
-            self._collection.delete(ids=kept[start : start + self._max_batch])
-        return len(kept)
+        with failing_as(self.description, "delete"):
+            ids = list(dict.fromkeys(doc_ids))
+            kept = [doc_id for doc_id in ids if doc_id in self._metadata(ids)]
+            for start in range(0, len(kept), self._max_batch):
+                self._collection.delete(ids=kept[start : start + self._max_batch])
+            return len(kept)
 
     def count(self) -> int:
-        return int(self._collection.count())
+        with failing_as(self.description, "count"):
+            return int(self._collection.count())
 
     def hashes(self) -> dict[str, str]:
-        found: dict[str, str] = {}
-        offset = 0
-        while True:
-            page = self._collection.get(include=["metadatas"], limit=_IN_BATCH * 10, offset=offset)
-            found.update(
-                (doc_id, str((meta or {}).get("content_hash", "")))
-                for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
-            )
-            if len(page["ids"]) < _IN_BATCH * 10:
-                return found
-            offset += len(page["ids"])
+        with failing_as(self.description, "hashes"):
+            found: dict[str, str] = {}
+            offset = 0
+            while True:
+                page = self._collection.get(include=["metadatas"], limit=_IN_BATCH * 10, offset=offset)
+                found.update(
+                    (doc_id, str((meta or {}).get("content_hash", "")))
+                    for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
+                )
+                if len(page["ids"]) < _IN_BATCH * 10:
+                    return found
+                offset += len(page["ids"])
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        ids = sorted(self.hashes())
-        for start in range(0, len(ids), batch):
-            yield from self.get(ids[start : start + batch])
+        with failing_as(self.description, "iter documents"):
+            ids = sorted(self.hashes())
+            for start in range(0, len(ids), batch):
+                yield from self.get(ids[start : start + batch])
 
     def close(self) -> None:
         pass

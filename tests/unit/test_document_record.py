@@ -12,7 +12,8 @@ import pytest
 
 from app.ingest.pipeline import _whole_documents
 from app.ingest.types import Chunk
-from app.store.record import RECORD_FILE, SqliteRecord, content_hash
+from app.store import StoreError
+from app.store.record import RECORD_FILE, RecordError, SqliteRecord, content_hash
 from app.store.types import Document
 
 
@@ -92,6 +93,18 @@ def test_the_record_file_is_plain_sqlite(tmp_path: Path) -> None:
     record.close()
     row = sqlite3.connect(tmp_path / RECORD_FILE).execute("SELECT doc_id, metadata FROM documents").fetchone()
     assert row[0] == "a" and json.loads(row[1]) == {"n": 1}
+
+
+def test_a_record_that_fails_says_which_and_what(tmp_path: Path) -> None:
+    (tmp_path / RECORD_FILE).write_bytes(b"not a database" * 100)
+    with pytest.raises(
+        RecordError, match=f"document record {tmp_path / RECORD_FILE}: open failed: DatabaseError"
+    ):
+        SqliteRecord(tmp_path / RECORD_FILE)
+    record = SqliteRecord(tmp_path / "other.sqlite3")
+    record.close()
+    with pytest.raises(StoreError, match="other.sqlite3: put failed: ProgrammingError"):
+        record.put([doc("a")])
 
 
 def chunks(*sizes: int) -> list[Chunk]:
