@@ -1,7 +1,8 @@
 """A 202 is a promise, against a real `sieve serve` (embedded Chroma, the tiny random embedder, one passage
 per model call so indexing is slower than the writes): writers past the queue's bound get 429 with
 Retry-After; a SIGTERM (or kill -9) with 202 jobs queued, a restart, and every job ends `done` with every
-accepted document stored whole (each of its chunks, no other) and kept in the document record."""
+accepted document stored whole (each of its chunks, no other) and kept in the document record; then
+DELETE /api/documents/{id} takes one out of both."""
 
 from __future__ import annotations
 
@@ -129,22 +130,34 @@ def wait_done(client: httpx.Client, job_ids: list[str]) -> list[dict[str, Any]]:
     return views
 
 
-def assert_every_document_whole(tmp: Path, embedder_dir: Path, accepted: list[dict[str, Any]]) -> None:
-    docs = [
+def as_documents(accepted: list[dict[str, Any]]) -> list[Document]:
+    return [
         Document(d["id"], d["text"], d["title"], metadata={"topic": d["topic"]}, origin="api")
         for d in accepted
     ]
-    expected = {c.chunk_id for d in docs for c in chunk_document(d, CHUNK_SIZE, 0, 1)}
+
+
+def chunks_of(accepted: list[dict[str, Any]]) -> set[str]:
+    return {c.chunk_id for d in as_documents(accepted) for c in chunk_document(d, CHUNK_SIZE, 0, 1)}
+
+
+def assert_every_document_whole(
+    tmp: Path, embedder_dir: Path, accepted: list[dict[str, Any]], deleted: dict[str, Any]
+) -> None:
+    """Every accepted document has each of its chunks in the store and no other, and is in the record;
+    the deleted one is in neither."""
+    ids = [d["id"] for d in accepted]
     embedder = load_embedder(ModelsSettings(embedder=str(embedder_dir)))
     store = ChromaStore.open(StoreSettings(path=str(tmp / "store")), embedder.identity())
     try:
-        stored = set(store.metadata_of([], [d.doc_id for d in docs]))
+        assert set(store.metadata_of([], ids)) == chunks_of(accepted)
+        assert store.metadata_of([], [deleted["id"]]) == {}
     finally:
         store.close()
-    assert stored == expected
     record = SqliteRecord(tmp / "store" / RECORD_FILE)
     try:
-        assert [d.doc_id for d in record.get([d.doc_id for d in docs])] == [d.doc_id for d in docs]
+        assert [d.doc_id for d in record.get(ids)] == ids
+        assert record.get([deleted["id"]]) == []
     finally:
         record.close()
 
@@ -174,10 +187,15 @@ def test_writers_past_the_bound_get_429_and_every_202_job_ends_done_after_a_rest
         proc = start(env, port, log_path)
         with httpx.Client(base_url=url, timeout=30) as client:
             views = wait_done(client, list(jobs))
-        assert sum(v["report"]["documents"] for v in views) == len(accepted)
-        assert {v["id"] for v in views if v["resumed"] == 1} == stopped
+            assert sum(v["report"]["documents"] for v in views) == len(accepted)
+            assert {v["id"] for v in views if v["resumed"] == 1} == stopped
+            gone = accepted.pop(0)
+            deleted = client.delete(f"/api/documents/{gone['id']}", headers=ADMIN)
+            assert deleted.status_code == 200, deleted.text
+            assert deleted.json() == {"id": gone["id"], "documents": 1, "chunks": len(chunks_of([gone]))}
+            assert client.delete(f"/api/documents/{gone['id']}", headers=ADMIN).status_code == 404
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=EXIT_TIMEOUT_S) == 0
     finally:
         stop_process(proc, EXIT_TIMEOUT_S)
-    assert_every_document_whole(tmp_path, tiny_embedder_dir, accepted)
+    assert_every_document_whole(tmp_path, tiny_embedder_dir, accepted, gone)
