@@ -161,7 +161,7 @@ class JobBook:
         """The queued and running jobs, oldest first."""
         with self._lock:
             waiting = [j for j in self._jobs.values() if j.state not in FINISHED]
-        return sorted(waiting, key=lambda j: (j.sequence, j.createdAt, j.id))
+        return sorted(waiting, key=_acceptance)
 
     def accept(
         self, kind: str, document_ids: Sequence[str], nbytes: int, chunks: int, before: Callable[[], object]
@@ -212,7 +212,15 @@ class JobBook:
 
     def all(self) -> list[Job]:
         with self._lock:
-            return sorted(self._jobs.values(), key=lambda j: j.id, reverse=True)
+            return sorted(self._jobs.values(), key=_acceptance, reverse=True)
+
+    def listed(self) -> list[Job]:
+        """What GET /api/jobs lists, newest first: every unfinished job and the newest `keep` finished ones
+        (those kept longer for `keep_hours` are still found by id)."""
+        everything = self.all()
+        finished = [j for j in everything if j.state in FINISHED][: self.keep]
+        shown = {j.id for j in finished}
+        return [j for j in everything if j.state not in FINISHED or j.id in shown]
 
     def finished_in(self, job: Job, seconds: float) -> None:
         """Record how long `job` took: the pace Retry-After estimates come from."""
@@ -271,10 +279,7 @@ class JobBook:
         `keep_hours` ago (every unfinished one stays)."""
         cutoff = self.clock() - self.keep_hours * 3600
         with self._lock:
-            finished = sorted(
-                (j for j in self._jobs.values() if j.state in FINISHED),
-                key=lambda j: (j.createdAt, j.sequence, j.id),
-            )
+            finished = sorted((j for j in self._jobs.values() if j.state in FINISHED), key=_acceptance)
             beyond = finished[: max(0, len(finished) - self.keep)]
             drop = [j for j in beyond if _epoch(j.createdAt) < cutoff]
             for job in drop:
@@ -352,6 +357,11 @@ def interrupted_error(stored: int) -> str:
         f"the server stopped before this job finished; {done}. Send the documents again: chunks already "
         "stored are not embedded again."
     )
+
+
+def _acceptance(job: Job) -> tuple[int, str, str]:
+    """The order jobs were accepted in (`sequence`; records of the older shape, 0, by time)."""
+    return job.sequence, job.createdAt, job.id
 
 
 def _retry_after(seconds: float) -> int:

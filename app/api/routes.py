@@ -209,7 +209,10 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
     responses={
         **QUEUED_WRITE_ERRORS,
         **error_responses(404),
-        202: {"model": JobAccepted, "description": "another write runs: the delete is a job after it"},
+        202: {
+            "model": JobAccepted,
+            "description": "another write runs: the document left the record; a job deletes its chunks next",
+        },
     },
 )
 def delete_document(
@@ -381,9 +384,10 @@ def ingest_view(report: IngestReport) -> IngestResponse:
 
 @router.get("/api/jobs", tags=["ingest"], dependencies=admin, responses=REPORT_ERRORS)
 def list_jobs(request: Request) -> JSONResponse:
-    """Write jobs, newest first (without their `documentIds`): the running and queued ones and the finished
-    ones kept (the newest `rag.server.keep_jobs`, and any accepted in the last `keep_jobs_hours`)."""
-    return JSONResponse({"jobs": [job.view(with_ids=False) for job in sieve_state(request).jobs.all()]})
+    """Write jobs, newest first (without their `documentIds`): the running and queued ones and the newest
+    `rag.server.keep_jobs` finished ones (`GET /api/jobs/{id}` finds any accepted in the last
+    `keep_jobs_hours` too)."""
+    return JSONResponse({"jobs": [job.view(with_ids=False) for job in sieve_state(request).jobs.listed()]})
 
 
 @router.get("/api/jobs/{job_id}", tags=["ingest"], dependencies=admin, responses=JOB_ERRORS)

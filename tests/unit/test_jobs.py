@@ -194,9 +194,11 @@ def test_a_finished_job_accepted_within_keep_hours_is_kept_beyond_keep(tmp_path:
         job = accepted(book, ["a"])
         book.update(job, state="done")
         recent.append(job)
-    accepted(book, ["b"])  # creating prunes
+    waiting = accepted(book, ["b"])  # creating prunes
     assert all(book.get(j.id) is not None for j in recent)
     assert len(list(tmp_path.glob("j-*.json"))) == 6
+    # the list shows the unfinished jobs and the newest `keep` finished ones; the others are found by id
+    assert [j.id for j in book.listed()] == [waiting.id, recent[-1].id, recent[-2].id]
 
 
 def test_a_finished_job_is_pruned_only_when_beyond_keep_and_older_than_keep_hours(tmp_path: Path) -> None:
