@@ -33,7 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from app.ingest.types import Document
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,39 @@ class Job:
         }
 
 
+class JobDocuments(Protocol):
+    """Where a job's documents wait: the document record (`app.store.record.DocumentRecord`), or
+    `HeldDocuments` for a service that keeps none."""
+
+    def put(self, documents: Sequence[Document]) -> int: ...
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]: ...
+
+    def delete(self, doc_ids: Sequence[str]) -> int: ...
+
+
+class HeldDocuments:
+    """The jobs' documents of a service whose Sieve keeps no document record (tests and benchmarks of the
+    index alone): held in memory, so lost with the process; a job resumed without them skips them."""
+
+    def __init__(self) -> None:
+        self._documents: dict[str, Document] = {}
+        self._lock = threading.Lock()
+
+    def put(self, documents: Sequence[Document]) -> int:
+        with self._lock:
+            self._documents.update((d.doc_id, d) for d in documents)
+        return len(documents)
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]:
+        with self._lock:
+            return [self._documents[i] for i in doc_ids if i in self._documents]
+
+    def delete(self, doc_ids: Sequence[str]) -> int:
+        with self._lock:
+            return sum(self._documents.pop(i, None) is not None for i in doc_ids)
+
+
 @dataclass(frozen=True)
 class QueueBound:
     """At most this many documents and bytes in unfinished jobs (rag.server.max_queued_documents and
@@ -130,6 +165,8 @@ class JobBook:
     # (documents, bytes, seconds) of the last finished jobs: the pace Retry-After is estimated from
     _pace: list[tuple[int, int, float]] = field(default_factory=list)
     _sequence: int = 0  # the highest `Job.sequence` given or read
+    # the jobs' documents when the Sieve keeps no document record
+    held: HeldDocuments = field(default_factory=HeldDocuments)
 
     def recover(self) -> list[Job]:
         """Load the recorded jobs. Those that were queued or running are queued again when they carry

@@ -27,7 +27,7 @@ from app.api.deps import (
 )
 from app.api.errors import ApiError, safe_text
 from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse
-from app.api.jobs import Job, JobInterrupted, QueueFull
+from app.api.jobs import Job, JobDocuments, JobInterrupted, QueueFull
 from app.api.querylog import QueryLogParams, query_record, read_newest
 from app.api.schemas import (
     HTML_REPORT_ERRORS,
@@ -53,7 +53,6 @@ from app.settings import IngestSettings
 if TYPE_CHECKING:
     from app.api.state import AppState
     from app.service import Sieve
-    from app.store.record import DocumentRecord
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         [d.doc_id for d in docs],
         sum(document_bytes(d) for d in docs),
         chunks,
-        keep=lambda: kept_record(sieve).put(docs),
+        keep=lambda: kept_record(state, sieve).put(docs),
     )
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
@@ -233,7 +232,7 @@ def delete_document(
         if not documents and not chunks:
             raise _unknown_document(doc_id)
         return DocumentDeleted(id=doc_id, documents=documents, chunks=chunks)
-    record = kept_record(sieve)
+    record = kept_record(state, sieve)
     if not record.get([doc_id]) and not sieve.store.metadata_of([], [doc_id]):
         raise _unknown_document(doc_id)
     job = _accept_job(state, sieve, "delete", [doc_id], 0, 0, keep=lambda: record.delete([doc_id]))
@@ -289,7 +288,7 @@ def _delete_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
     those of a document written again since: its chunks are the new version's (`keptAgain`)."""
     ids = job.documentIds or []
     with state.write_lock:
-        again = {d.doc_id for d in kept_record(sieve).get(ids)}
+        again = {d.doc_id for d in kept_record(state, sieve).get(ids)}
         _, chunks = sieve.delete_documents([i for i in ids if i not in again])
     return {"chunks": chunks, "keptAgain": len(again)}
 
@@ -306,7 +305,7 @@ def _ingest_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
 
     ids = job.documentIds or []
     with state.write_lock:
-        docs = kept_record(sieve).get(ids)
+        docs = kept_record(state, sieve).get(ids)
         try:
             report = (
                 sieve.ingest_documents(
@@ -323,12 +322,10 @@ def _ingest_job(state: AppState, sieve: Sieve, job: Job) -> dict[str, Any]:
     return {**ingest_view(report).model_dump(), "skipped": len(ids) - len(docs)}
 
 
-def kept_record(sieve: Sieve) -> DocumentRecord:
-    """The Sieve's document record; a Sieve opened without one (tests of the index alone) cannot take
-    jobs, whose documents wait there."""
-    if sieve.record is None:
-        raise ApiError(503, "this service keeps no document record: writes run only synchronously")
-    return sieve.record
+def kept_record(state: AppState, sieve: Sieve) -> JobDocuments:
+    """Where jobs keep their documents: the Sieve's document record, or, for a Sieve opened without one
+    (tests of the index alone), the job book's memory."""
+    return sieve.record if sieve.record is not None else state.jobs.held
 
 
 def document_bytes(doc: Document) -> int:

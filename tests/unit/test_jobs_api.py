@@ -57,7 +57,7 @@ class RecordingSieve(FakeSieve):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.record = FakeRecord()
+        self.record: FakeRecord | None = FakeRecord()
         self.indexed: dict[str, str] = {}
         self.store = IndexedStore(self.indexed)
         self.gate = threading.Event()
@@ -66,7 +66,8 @@ class RecordingSieve(FakeSieve):
 
     def ingest_documents(self, documents: list[Any], **_: Any) -> IngestReport:
         assert self.gate.wait(WAIT_S)
-        self.record_at_ingest.append(sorted(self.record.kept))
+        if self.record is not None:
+            self.record_at_ingest.append(sorted(self.record.kept))
         self.indexed.update((d.doc_id, d.text) for d in documents)
         return IngestReport(documents=len(documents), chunks=len(documents), added=len(documents))
 
@@ -253,3 +254,14 @@ def test_openapi_declares_the_delete_route_and_the_429_of_a_write(client: TestCl
     write = paths["/api/documents"]["post"]["responses"]
     assert write["429"]["content"]["application/json"]["schema"] == error_ref
     assert "max_queued_documents" in write["429"]["description"]
+
+
+def test_a_sieve_without_a_record_keeps_its_jobs_documents_in_memory(settings: Settings) -> None:
+    fake = RecordingSieve(with_server(settings, sync_write_chunks=1))
+    fake.record = None
+    with serve(fake) as client:
+        wait_ready(client)
+        accepted = client.post("/api/documents", json=docs("a", "b"))
+        assert accepted.status_code == 202, accepted.text
+        assert job_ends(client, accepted.json()["job"])["report"]["skipped"] == 0
+    assert fake.indexed == {"a": "text of a", "b": "text of b"}
