@@ -246,20 +246,22 @@ class ChromaStore:
         self._lock_fd = None
 
     def heartbeat(self) -> None:
-        """Raise `StoreUnavailableError` unless the store answers now. A Chroma server is asked its
+        """Raise `StoreUnavailableError` unless the store answers now, `StoreFailedError` (recorded as any
+        read failure) when it answers but cannot count the collection. A Chroma server is first asked its
         heartbeat with a timeout of HEARTBEAT_TIMEOUT_S (the client's own calls have none, and a readiness
-        probe must not hang); an embedded store counts its collection (a failed count is a read failure,
-        `StoreFailedError`, recorded as any other)."""
-        if self._heartbeat_url is None:
-            self._call(self._collection.count)
-            return
-        try:
-            response = httpx.get(self._heartbeat_url, timeout=HEARTBEAT_TIMEOUT_S)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise StoreUnavailableError(
-                f"{self.description} is unreachable: {type(exc).__name__}: {exc}"
-            ) from exc
+        probe must not hang); then the collection is counted: a server answers its heartbeat while a
+        collection whose compactor broke fails its writes, and its reads too once they must apply the log
+        (measured on Chroma 1.5: at once when the log held writes no read had applied yet, else from the
+        server's next restart, which does not heal it)."""
+        if self._heartbeat_url is not None:
+            try:
+                response = httpx.get(self._heartbeat_url, timeout=HEARTBEAT_TIMEOUT_S)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise StoreUnavailableError(
+                    f"{self.description} is unreachable: {type(exc).__name__}: {exc}"
+                ) from exc
+        self._call(self._collection.count)
 
     def warm_up(self, dimension: int) -> float:
         """Run one nearest-neighbour query so the store loads its vector index now; returns its seconds.
@@ -664,9 +666,10 @@ class ChromaStore:
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Chroma's `fn(*args, **kwargs)`, its errors wrapped once, here: a server that cannot be reached is
-        `StoreUnavailableError`, any other error `StoreFailedError` naming what was done and on which
-        collection. A call is a write when `fn` is one of Chroma's writes (`_WRITES`), else a read; a failure
-        is recorded (`failures`) and a success of the same kind on the same collection clears it."""
+        `StoreUnavailableError` (the heartbeat says that one), any other error `StoreFailedError` naming what
+        was done and on which collection, recorded (`failures`) until a success of the same kind on the same
+        collection clears it. A call is a write when `fn` is one of Chroma's writes (`_WRITES`), else a
+        read."""
         kind: FailureKind = "write" if getattr(fn, "__name__", "") in _WRITES else "read"
         target = getattr(fn, "__self__", None)
         name = getattr(target, "name", None)
@@ -675,11 +678,9 @@ class ChromaStore:
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            error: StoreError
             if _is_connection_error(exc):
-                error = StoreUnavailableError(f"{self.description} is unreachable: {exc}")
-            else:
-                error = StoreFailedError(kind, name, f"{type(exc).__name__}: {exc}")
+                raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
+            error = StoreFailedError(kind, name, f"{type(exc).__name__}: {exc}")
             self._record_failure(kind, name, target, str(error))
             raise error from exc
         if self._failures:

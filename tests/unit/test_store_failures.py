@@ -110,7 +110,7 @@ def test_a_read_on_another_collection_does_not_clear_the_failure_of_this_one() -
     assert [(f.kind, f.collection) for f in store.failures()] == [("read", "sieve")]
 
 
-def test_an_unreachable_server_is_store_unavailable_and_recorded_as_a_read_failure() -> None:
+def test_an_unreachable_server_is_store_unavailable_and_left_to_the_heartbeat() -> None:
     collection = FakeCollection()
     store = fake_store(collection)
 
@@ -119,7 +119,7 @@ def test_an_unreachable_server_is_store_unavailable_and_recorded_as_a_read_failu
 
     with pytest.raises(StoreUnavailableError, match="is unreachable: .*Connection refused"):
         store._call(count)
-    assert [f.kind for f in store.failures()] == ["read"]
+    assert store.failures() == []
 
 
 def test_the_write_probe_writes_a_unit_vector_under_a_probe_id_and_deletes_it() -> None:
@@ -244,6 +244,9 @@ class FailingSieve(FakeSieve):
     def ingest_documents(self, documents: list[Any], **_: Any) -> Any:
         raise StoreFailedError("write", "sieve", f"InternalError: {COMPACTION}")
 
+    def evaluation_target(self) -> Any:  # an evaluation starts by reading the ids the store holds
+        raise StoreFailedError("read", "sieve", f"InternalError: {COMPACTION}")
+
 
 @pytest.fixture
 def failing(settings: Settings) -> Iterator[tuple[FailingSieve, TestClient]]:
@@ -257,15 +260,20 @@ DOC = {"documents": [{"id": "d1", "title": "T", "text": "some text"}]}
 
 @pytest.mark.parametrize(
     ("method", "path", "body", "kind"),
-    [("post", "/api/retrieve", {"query": "pay"}, "read from"), ("post", "/api/documents", DOC, "write to")],
-    ids=["retrieve", "write"],
+    [
+        ("post", "/api/retrieve", {"query": "pay"}, "read from"),
+        ("post", "/api/documents", DOC, "write to"),
+        ("post", "/api/evaluations", None, "read from"),
+        ("post", "/api/evaluations/runs", None, "read from"),
+    ],
+    ids=["retrieve", "write", "evaluation", "evaluation-run"],
 )
 def test_a_store_failure_in_a_request_is_503_with_the_reason_and_a_request_id(
     failing: tuple[FailingSieve, TestClient],
     caplog: pytest.LogCaptureFixture,
     method: str,
     path: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | None,
     kind: str,
 ) -> None:
     _, client = failing
