@@ -6,13 +6,13 @@ age keeps the answer honest: a store that went away turns `/ready` into a 503 wi
 one that came back turns it into a 200 again. `/ready` answers from the event loop (`problem_soon`): the
 heartbeat runs in a thread of its own, never in the worker threads the retrievals hold.
 
-A store can answer its heartbeat and still fail every read or write of a collection (a Chroma server whose
-compactor broke on a record answers its heartbeat and refuses every call on that collection, and a restart
-does not heal it). A store that records its failures (`FailureLog`, `ChromaStore`) is therefore also asked
-for them: any recorded failure makes `/ready` a 503 at once, naming the store, since when its reads or
-writes fail and why. While one is recorded, each heartbeat also re-tries that kind of call, cheaply, at most
-every `RECHECK_S` (a count for reads; a scratch record written and deleted for writes): a success clears the
-failure, so `/ready` heals when the store does, without waiting for a request to try.
+A store can answer its heartbeat and still fail the reads or writes of a collection (a Chroma server whose
+compactor broke on a record answers its heartbeat, refuses every write to that collection and, once they must
+apply its log, every read; a restart does not heal it). A store that records its failures (`FailureLog`,
+`ChromaStore`) is therefore also asked for them: any recorded failure makes `/ready` a 503 at once, naming the
+store, since when its reads or writes fail and why. While one is recorded, each heartbeat also re-tries that
+kind of call, cheaply, at most every `RECHECK_S` (a count for reads; a scratch record written and deleted for
+writes): a success clears the failure, so `/ready` heals when the store does, without waiting for a request.
 """
 
 from __future__ import annotations
