@@ -9,8 +9,9 @@ problem is in the request), declared in the OpenAPI document by `app.api.schemas
 - `ApiError`: the status the route chose;
 - any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
 - the vector store unreachable, or failing a read or a write (`StoreUnavailableError`, `StoreFailedError`:
-  whatever Chroma raised, wrapped once in `ChromaStore`): 503 `{"error": "vector store ...: <reason>",
-  "requestId": "..."}`, the reason logged under that id (also in the `X-Request-Id` header);
+  whatever Chroma raised, wrapped once in `ChromaStore`), or any other `StoreError` during a request (the
+  document record's): 503 `{"error": "vector store ...: <reason>", "requestId": "..."}`, the reason logged
+  under that id (also in the `X-Request-Id` header);
 - anything unexpected, raised anywhere (route, dependency, middleware): 500 `{"error": "internal error",
   "requestId": "..."}`, the traceback logged under that id, and the keep-alive connection kept open (see
   `KeepConnectionOpen`).
@@ -32,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.bounds import MAX_FIELD_NAME_CHARS, MAX_MESSAGE_CHARS, MAX_REPORTED_PROBLEMS
-from app.store import StoreFailedError, StoreUnavailableError
+from app.store import StoreError, StoreFailedError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreFailedError)
     async def _store_failed(request: Request, exc: StoreFailedError) -> JSONResponse:
         return store_error_response(request.scope, f"vector store: {exc}")
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        # any other store failure during a request (the document record's, ...): its message names it
+        return store_error_response(request.scope, f"store: {exc}")
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

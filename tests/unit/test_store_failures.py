@@ -19,7 +19,7 @@ from app import exit_codes
 from app.api.readiness import StoreProbe
 from app.main import AppState, _startup
 from app.settings import Settings
-from app.store import ChromaStore, StoreFailedError, StoreFailure, StoreUnavailableError
+from app.store import ChromaStore, StoreError, StoreFailedError, StoreFailure, StoreUnavailableError
 from app.store.chroma import PROBE_ID_PREFIX, FailureKind
 from tests.fixtures.fake_api import FakeSieve, api_settings, serve_fake  # noqa: F401
 
@@ -296,6 +296,17 @@ def test_an_unreachable_store_is_503_with_a_request_id_too(settings: Settings) -
     assert response.status_code == 503
     assert response.json() == {
         "error": "vector store unavailable: fake store is unreachable",
+        "requestId": response.headers["X-Request-Id"],
+    }
+
+
+def test_any_other_store_error_in_a_request_is_a_503_too(settings: Settings) -> None:
+    fake = FakeSieve(settings, fail_with=StoreError("document record at /data/record.db: get failed: locked"))
+    with serve_fake(fake) as client:
+        response = client.post("/api/retrieve", json={"query": "pay"})
+    assert response.status_code == 503
+    assert response.json() == {
+        "error": "store: document record at /data/record.db: get failed: locked",
         "requestId": response.headers["X-Request-Id"],
     }
 
