@@ -1,6 +1,6 @@
 """A collection broken under Sieve's feet, the way issue 33 found it: one record with 6,000 scalar metadata
-keys written through chromadb directly breaks Chroma 1.5's compactor for that collection. Measured (embedded
-and `chroma run`, /tmp scripts, 2026-12-04): from that write on, every write of the collection raises
+keys written through chromadb directly breaks Chroma 1.5's compactor for that collection. Measured on Chroma
+1.5.9 (embedded and `chroma run`): from that write on, every write of the collection raises
 `InternalError: Error in compaction: Failed to apply logs to the metadata segment`; its reads (count, get,
 query) raise `InternalError: Error executing plan: Error sending backfill request to compactor: ...` as
 soon as they must apply the log: at once when it held writes no read had applied yet, else (a server whose
@@ -9,6 +9,7 @@ server answers its heartbeat throughout, and its other collections read and writ
 
 On `chroma run` with the Sieve server up: a write answers 503 with the reason and a request id, `/ready`
 turns 503 naming the store within seconds, a retrieval answers 200 or 503 (never 500). On an embedded store
+broken while the server runs: a write job ends `failed` with the reason, and `/ready` says it. On one
 broken while the server is stopped: `sieve serve` fails to start with one message naming `sieve store
 check` and `sieve store rebuild`, exit 3, no traceback.
 """
@@ -111,6 +112,57 @@ def test_a_collection_broken_on_a_chroma_server_is_said_by_ready_and_every_reque
                 _retrievals_answer_200_or_503(client)
     sieve.close()
     print(f"/ready turned 503 {took:.2f}s after the write failed")
+
+
+def test_a_collection_broken_on_a_live_embedded_store_fails_the_job_and_ready_says_so(
+    real_embedder, tmp_path: Path
+) -> None:
+    settings = make_settings(
+        tmp_path / "store",
+        tmp_path / "eval",
+        {"rag": {"store": {"collection": COLLECTION}, "server": {"sync_write_chunks": 1}}},
+    )
+    sieve = Sieve(
+        settings, real_embedder, ChromaStore.open(settings.rag.store, real_embedder.identity()), None
+    )
+    sieve.ingest_documents(DOCS)
+    app = create_app(settings, start=installs(sieve))
+    with uvicorn_server(app) as (host, port):
+        client = httpx.Client(
+            base_url=f"http://{host}:{port}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60
+        )
+        assert _poll_ready(client, 200, READY_WITHIN_S) == {"status": "ready"}
+        # this process holds the embedded path: the record goes through its own Chroma client
+        chroma = sieve.store._client.get_collection(COLLECTION)
+        dimension = chroma.metadata["embedder_dimension"]
+        with pytest.raises(Exception, match="Error in compaction"):
+            chroma.add(
+                ids=["wide"],
+                embeddings=[[1.0] + [0.0] * (dimension - 1)],
+                metadatas=[{f"k{i}": i for i in range(WIDE_KEYS)}],
+            )
+        two = [{"id": f"new-{i}", "title": "New", "text": f"A new document, number {i}."} for i in range(2)]
+        accepted = client.post("/api/documents", json={"documents": two})
+        assert accepted.status_code == 202, accepted.text
+        job = _job_end(client, accepted.json()["job"])
+        assert job["state"] == "failed"
+        assert job["error"].startswith(
+            f"StoreFailedError: write to collection '{COLLECTION}' failed: InternalError: Error in compaction"
+        )
+        ready = _poll_ready(client, 503, READY_WITHIN_S)
+        assert ready["reason"].startswith(f"vector store embedded Chroma at {tmp_path / 'store'}: ")
+        assert "writes fail since" in ready["reason"]
+        _retrievals_answer_200_or_503(client)
+    sieve.close()
+
+
+def _job_end(client: httpx.Client, job_id: str) -> Any:
+    end = time.monotonic() + 120
+    while (job := client.get(f"/api/jobs/{job_id}").json())["state"] not in ("done", "failed", "interrupted"):
+        if time.monotonic() > end:
+            pytest.fail(f"job {job_id} still {job['state']} after 120 s")
+        time.sleep(0.1)
+    return job
 
 
 def _writes_fail_and_ready_says_so(client: httpx.Client, chroma_port: int) -> float:
