@@ -25,8 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from app.store import StoreFailedError, StoreFailure, StoreUnavailableError
-from app.store.chroma import FailureKind
+from app.store import FailureKind, StoreFailedError, StoreFailure, StoreUnavailableError
 
 MAX_AGE_S = 1.0
 # how long /ready waits for a heartbeat under way before it answers with the last one (it answers from

@@ -3,6 +3,7 @@
 from app.store.chroma import (
     ChromaStore,
     EmbedderMismatchError,
+    FailureKind,
     StoreError,
     StoreFailedError,
     StoreFailure,
@@ -23,6 +24,7 @@ __all__ = [
     "ChromaStore",
     "ChunkCache",
     "EmbedderMismatchError",
+    "FailureKind",
     "StoreError",
     "StoreFailedError",
     "StoreFailure",

@@ -19,8 +19,15 @@ from app import exit_codes
 from app.api.readiness import StoreProbe
 from app.main import AppState, _startup
 from app.settings import Settings
-from app.store import ChromaStore, StoreError, StoreFailedError, StoreFailure, StoreUnavailableError
-from app.store.chroma import PROBE_ID_PREFIX, FailureKind
+from app.store import (
+    ChromaStore,
+    FailureKind,
+    StoreError,
+    StoreFailedError,
+    StoreFailure,
+    StoreUnavailableError,
+)
+from app.store.chroma import PROBE_ID_PREFIX
 from tests.fixtures.fake_api import FakeSieve, api_settings, serve_fake  # noqa: F401
 
 COMPACTION = "Error in compaction: Failed to apply logs to the metadata segment"
