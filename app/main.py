@@ -29,7 +29,7 @@ from app.api.errors import install_error_handlers
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
-from app.api.routes import router
+from app.api.routes import resume_jobs, router
 from app.api.state import AppState
 from app.label_desk import LabelDesk
 from app.settings import Settings
@@ -60,6 +60,12 @@ def create_app(
         state.stop_deadline = None
         for job in state.jobs.recover():
             log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
+        if waiting := state.jobs.unfinished():
+            log.info(
+                "%d unfinished jobs (%d documents) resume once the service is up",
+                len(waiting),
+                sum(j.documents for j in waiting),
+            )
         worker = threading.Thread(
             target=_startup,
             args=(state, start or startup_sequence, on_fatal),
@@ -151,7 +157,7 @@ def stop_writers(state: AppState) -> None:
     # what is left after the writers stop is the process's own exit (torch, Chroma): keep time for it
     deadline = state.stop_deadline - EXIT_ALLOWANCE_S
     if not state.job_runner.stop(timeout=max(0.0, deadline - time.monotonic())):
-        log.error("shutdown: the running job did not stop in time; it will be reported as interrupted")
+        log.error("shutdown: the running job did not stop in time; it resumes at the next start")
         return
     # the startup thread or a request may still be writing; close only when no writer holds the lock
     if state.write_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -174,9 +180,9 @@ def _startup(
             state.phase = "stopped"
             log.info("startup stopped by the shutdown: %s", exc)
             return
-        state.error = f"{type(exc).__name__}: {exc}"
+        state.error = _startup_error(exc)
         state.phase = "failed"
-        log.error("startup failed: %s", exc, exc_info=not _is_user_error(exc))
+        log.error("startup failed: %s", state.error, exc_info=not _is_user_error(exc))
         state.exit_code = exit_codes.UNAVAILABLE
         if on_fatal:
             on_fatal(exit_codes.UNAVAILABLE)
@@ -219,11 +225,27 @@ def startup_sequence(state: AppState) -> None:
             state.error = f"invalid golden set: {outcome.invalid_golden_set}"
             state.exit_code = exit_codes.BAD_INPUT
             return
+    if resumed := resume_jobs(state, sieve):
+        log.info("%d unfinished jobs submitted again", resumed)
     # /ready answers from the event loop with the probe's last answer: make the first one now
     state.store_probe.problem(sieve.store)
     state.phase = "ready"
     state.ready = True
     log.info("Sieve is ready")
+
+
+def _startup_error(exc: Exception) -> str:
+    """What a failed startup says. A store that answers but fails a read or a write of the index (opening,
+    warm-up, counting, the BM25 catch-up, the startup ingest) is said in one message that names the commands
+    that diagnose and repair it."""
+    from app.store import StoreFailedError
+
+    if isinstance(exc, StoreFailedError):
+        return (
+            f"the vector store cannot be used: {exc}. Run `sieve store check` to see what is wrong, then "
+            "`sieve store rebuild` to rebuild the index from the documents Sieve kept"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _is_user_error(exc: Exception) -> bool:

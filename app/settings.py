@@ -497,6 +497,12 @@ class ServerSettings(_Strict):
     # Where write jobs are recorded; a job unfinished at shutdown is reported interrupted at the next start.
     jobs_dir: str = "target/jobs"
     keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")
+    # ... and a finished job is pruned only once it is also older than this (GET /api/jobs/{id} answers it)
+    keep_jobs_hours: float = Field(24.0, ge=0.0, le=8760.0, allow_inf_nan=False)
+    # The write queue's bound: a write whose job would bring the unfinished jobs past this many documents,
+    # or past this many bytes of documents, gets 429 with Retry-After (nothing of it is written)
+    max_queued_documents: int = Field(2000, ge=1, le=10_000_000)
+    max_queued_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # Admission of POST /api/retrieve (app/api/admission.py): at most this many retrievals run at once ...
     max_concurrent_retrievals: int = Field(4, ge=1, le=10_000)
     # ... at most this many more wait for one of those slots, each at most queue_timeout_ms; any other

@@ -1,19 +1,27 @@
 """Write jobs: large writes run in the background, one at a time, and are recorded on disk.
 
-`POST /api/documents` above `rag.server.sync_write_chunks` chunks answers 202 with a job id; the one worker
-thread runs jobs in the order they came, under the same write lock as every other writer. Each job is a JSON
-file in `rag.server.jobs_dir`, rewritten atomically at every change of state, so a job that was queued or
-running when the process stopped (a deploy, a crash, kill -9) is found at the next start and reported as
-`interrupted`. Ingest stores new chunks in committed batches (`rag.ingest.commit_chunks`), and `stored` in
-the record counts those committed: they stay stored after an interruption, the rest of the job was not
-written. Sending the documents again finishes it, embedding only the chunks still missing (and deleting the
-older versions of changed documents, which an interrupted job leaves beside the new ones).
+`POST /api/documents` above `rag.server.sync_write_chunks` chunks (or while another write runs) answers 202
+with a job id, after the documents are in the document record (`Sieve.record`, durable): a job record holds
+only their ids (`documentIds`) and size, and the job's work reads them back from the record when it runs.
+The one worker thread runs jobs in the order they came, under the same write lock as every other writer.
+Each job is a JSON file in `rag.server.jobs_dir`, rewritten atomically at every change of state.
+
+A 202 is a promise: a job stopped by a shutdown goes back to `queued`, and a job found `queued` or `running`
+at the next start (after SIGTERM, a crash, kill -9) is `queued` again (`resumed` counts how often) and runs
+once the service is up, until it is `done`. Only a record of the older shape, without `documentIds`, cannot
+be resumed: it is reported `interrupted`, saying what of it was stored.
+
+The queue is bounded (`rag.server.max_queued_documents`, `max_queued_bytes`): a write that would pass the
+bound is refused (`QueueFull`, a 429) before anything of it is written. Finished jobs are kept by count and
+by age: one is pruned only when it is beyond the newest `rag.server.keep_jobs` and was accepted more than
+`rag.server.keep_jobs_hours` ago.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -21,21 +29,39 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from app.ingest.types import Document
 
 log = logging.getLogger(__name__)
 
 JobState = Literal["queued", "running", "done", "failed", "interrupted"]
 FINISHED: frozenset[str] = frozenset({"done", "failed", "interrupted"})
 JOB_ID = re.compile(r"^j-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
+# Retry-After of a refused write: the time the worker needs to make room at its recent pace, within these
+RETRY_AFTER_MIN_S = 1
+RETRY_AFTER_MAX_S = 120
+# the pace assumed before this process has finished a job (documents a second)
+UNMEASURED_DOCUMENTS_PER_S = 5.0
+# finished jobs the pace is measured over
+PACE_WINDOW = 20
 
 
 class JobInterrupted(Exception):
     """A job's work stopped early on request (shutdown); the message says what was left undone."""
+
+
+class QueueFull(Exception):
+    """A write refused because its job would pass the queue's bound; the message names the bound and what
+    the queue holds, `retry_after` is the seconds the worker needs to make room (an estimate)."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -52,12 +78,68 @@ class Job:
     finishedAt: str | None = None
     report: dict[str, Any] | None = None
     error: str | None = None
+    # the ids of its documents, kept in the document record; None in a record of the older shape, whose
+    # documents were held in memory only (such a job cannot be resumed)
+    documentIds: list[str] | None = None
+    bytes: int = 0  # the size of its documents (`document_bytes`), counted against max_queued_bytes
+    resumed: int = 0  # how many starts found it unfinished and queued it again
+    sequence: int = 0  # the order of acceptance in its jobs_dir (createdAt can tie), 0 in older records
 
-    def view(self) -> dict[str, Any]:
+    @property
+    def resumable(self) -> bool:
+        return self.documentIds is not None
+
+    def view(self, with_ids: bool = True) -> dict[str, Any]:
+        """The job as the API shows it; `with_ids=False` leaves out `documentIds` (the list of jobs)."""
+        shown = asdict(self)
+        if not with_ids:
+            del shown["documentIds"]
         return {
-            **asdict(self),
+            **shown,
             "progress": {"embedded": self.embedded, "stored": self.stored, "chunks": self.chunks},
         }
+
+
+class JobDocuments(Protocol):
+    """Where a job's documents wait: the document record (`app.store.record.DocumentRecord`), or
+    `HeldDocuments` for a service that keeps none."""
+
+    def put(self, documents: Sequence[Document]) -> int: ...
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]: ...
+
+    def delete(self, doc_ids: Sequence[str]) -> int: ...
+
+
+class HeldDocuments:
+    """The jobs' documents of a service whose Sieve keeps no document record (tests and benchmarks of the
+    index alone): held in memory, so lost with the process; a job resumed without them skips them."""
+
+    def __init__(self) -> None:
+        self._documents: dict[str, Document] = {}
+        self._lock = threading.Lock()
+
+    def put(self, documents: Sequence[Document]) -> int:
+        with self._lock:
+            self._documents.update((d.doc_id, d) for d in documents)
+        return len(documents)
+
+    def get(self, doc_ids: Sequence[str]) -> list[Document]:
+        with self._lock:
+            return [self._documents[i] for i in doc_ids if i in self._documents]
+
+    def delete(self, doc_ids: Sequence[str]) -> int:
+        with self._lock:
+            return sum(self._documents.pop(i, None) is not None for i in doc_ids)
+
+
+@dataclass(frozen=True)
+class QueueBound:
+    """At most this many documents and bytes in unfinished jobs (rag.server.max_queued_documents and
+    max_queued_bytes)."""
+
+    documents: int
+    bytes: int
 
 
 @dataclass
@@ -68,15 +150,28 @@ class _Queued:
 
 @dataclass
 class JobBook:
-    """The jobs of this server: kept in memory, each also a JSON file in `directory`."""
+    """The jobs of this server: kept in memory, each also a JSON file in `directory`. `clock()`: the time
+    (seconds since the epoch) retention compares `createdAt` with."""
 
     directory: Path
     keep: int = 100
+    keep_hours: float = 24.0
+    bound: QueueBound | None = None
+    clock: Callable[[], float] = time.time
     _jobs: dict[str, Job] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # serialises the acceptance of jobs: the bound is checked and the job created with no other in between
+    _accepting: threading.Lock = field(default_factory=threading.Lock)
+    # (documents, bytes, seconds) of the last finished jobs: the pace Retry-After is estimated from
+    _pace: list[tuple[int, int, float]] = field(default_factory=list)
+    _sequence: int = 0  # the highest `Job.sequence` given or read
+    # the jobs' documents when the Sieve keeps no document record
+    held: HeldDocuments = field(default_factory=HeldDocuments)
 
     def recover(self) -> list[Job]:
-        """Load the recorded jobs; those that were queued or running become `interrupted` (returned)."""
+        """Load the recorded jobs. Those that were queued or running are queued again when they carry
+        their `documentIds` (`unfinished()` lists them, to be submitted once the service is up); those of
+        the older shape become `interrupted` (returned)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         interrupted = []
         for path in sorted(self.directory.glob("j-*.json")):
@@ -85,20 +180,59 @@ class JobBook:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("ignoring unreadable job record %s: %s", path, exc)
                 continue
-            if job.state not in FINISHED:
+            if job.state not in FINISHED and job.resumable:
+                job.state, job.startedAt, job.resumed = "queued", None, job.resumed + 1
+                self._save(job)
+            elif job.state not in FINISHED:
                 job.state = "interrupted"
                 job.finishedAt = job.finishedAt or _now()
                 job.error = interrupted_error(job.stored)
                 self._save(job)
                 interrupted.append(job)
             self._jobs[job.id] = job
+            self._sequence = max(self._sequence, job.sequence)
         self._prune()
         return interrupted
 
-    def create(self, kind: str, documents: int, chunks: int) -> Job:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        job = Job(f"j-{stamp}-{secrets.token_hex(4)}", kind, "queued", _now(), documents, chunks)
+    def unfinished(self) -> list[Job]:
+        """The queued and running jobs, oldest first."""
         with self._lock:
+            waiting = [j for j in self._jobs.values() if j.state not in FINISHED]
+        return sorted(waiting, key=_acceptance)
+
+    def accept(
+        self, kind: str, document_ids: Sequence[str], nbytes: int, chunks: int, before: Callable[[], object]
+    ) -> Job:
+        """Create a job over `document_ids` if the queue has room for it (else `QueueFull`, and `before` is
+        not called), calling `before()` (the documents' record write) first: the job exists only for
+        documents already kept. A job is refused only while others wait: one alone larger than the bound
+        is accepted into an empty queue."""
+        with self._accepting:
+            self._check_room(len(document_ids), nbytes)
+            before()
+            return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+
+    def create(
+        self,
+        kind: str,
+        documents: int,
+        chunks: int,
+        document_ids: list[str] | None = None,
+        nbytes: int = 0,
+    ) -> Job:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        job = Job(
+            f"j-{stamp}-{secrets.token_hex(4)}",
+            kind,
+            "queued",
+            _now(),
+            documents,
+            chunks,
+            documentIds=document_ids,
+            bytes=nbytes,
+        )
+        with self._lock:
+            self._sequence = job.sequence = self._sequence + 1
             self._jobs[job.id] = job
         self._save(job)
         self._prune()
@@ -115,7 +249,54 @@ class JobBook:
 
     def all(self) -> list[Job]:
         with self._lock:
-            return sorted(self._jobs.values(), key=lambda j: j.id, reverse=True)
+            return sorted(self._jobs.values(), key=_acceptance, reverse=True)
+
+    def listed(self) -> list[Job]:
+        """What GET /api/jobs lists, newest first: every unfinished job and the newest `keep` finished ones
+        (those kept longer for `keep_hours` are still found by id)."""
+        everything = self.all()
+        finished = [j for j in everything if j.state in FINISHED][: self.keep]
+        shown = {j.id for j in finished}
+        return [j for j in everything if j.state not in FINISHED or j.id in shown]
+
+    def finished_in(self, job: Job, seconds: float) -> None:
+        """Record how long `job` took: the pace Retry-After estimates come from."""
+        with self._lock:
+            self._pace = [*self._pace[-(PACE_WINDOW - 1) :], (job.documents, job.bytes, seconds)]
+
+    def _check_room(self, documents: int, nbytes: int) -> None:
+        """`QueueFull` when the unfinished jobs and this one together pass the bound."""
+        waiting = self.unfinished()
+        if self.bound is None or not waiting:
+            return
+        queued_docs = sum(j.documents for j in waiting)
+        queued_bytes = sum(j.bytes for j in waiting)
+        held = f"the write queue holds {len(waiting)} jobs ({queued_docs} documents, {queued_bytes} bytes)"
+        docs_per_s, bytes_per_s = self._measured_pace()
+        if queued_docs + documents > self.bound.documents:
+            excess = queued_docs + documents - self.bound.documents
+            raise QueueFull(
+                f"{held}; {documents} more documents would pass rag.server.max_queued_documents="
+                f"{self.bound.documents}. Retry later",
+                _retry_after(excess / docs_per_s),
+            )
+        if queued_bytes + nbytes > self.bound.bytes:
+            excess = queued_bytes + nbytes - self.bound.bytes
+            raise QueueFull(
+                f"{held}; {nbytes} more bytes would pass rag.server.max_queued_bytes={self.bound.bytes}. "
+                "Retry later",
+                _retry_after(excess / bytes_per_s if bytes_per_s else excess / docs_per_s),
+            )
+
+    def _measured_pace(self) -> tuple[float, float]:
+        """(documents, bytes) a second over the last finished jobs; bytes 0.0 when unmeasured."""
+        with self._lock:
+            pace = list(self._pace)
+        seconds = sum(s for _, _, s in pace)
+        if not pace or seconds <= 0:
+            return UNMEASURED_DOCUMENTS_PER_S, 0.0
+        docs = sum(d for d, _, _ in pace)
+        return max(docs / seconds, 1e-3), sum(b for _, b, _ in pace) / seconds
 
     def _save(self, job: Job) -> None:
         """Write the record atomically: a reader (or the next start) sees the old or the new, never half."""
@@ -131,10 +312,13 @@ class JobBook:
             raise
 
     def _prune(self) -> None:
-        """Keep the newest `keep` finished jobs (and every unfinished one)."""
+        """Drop the finished jobs that are both beyond the newest `keep` and accepted more than
+        `keep_hours` ago (every unfinished one stays)."""
+        cutoff = self.clock() - self.keep_hours * 3600
         with self._lock:
-            finished = sorted((j for j in self._jobs.values() if j.state in FINISHED), key=lambda j: j.id)
-            drop = finished[: max(0, len(finished) - self.keep)]
+            finished = sorted((j for j in self._jobs.values() if j.state in FINISHED), key=_acceptance)
+            beyond = finished[: max(0, len(finished) - self.keep)]
+            drop = [j for j in beyond if _epoch(j.createdAt) < cutoff]
             for job in drop:
                 del self._jobs[job.id]
         for job in drop:
@@ -152,8 +336,9 @@ class JobRunner:
 
     def submit(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> None:
         """Run `work(job)` after the jobs before it; its return value becomes the job's report.
-        `JobInterrupted` marks the job interrupted, any other exception failed. The worker thread starts
-        with the first job."""
+        `JobInterrupted` queues a resumable job again (the next start runs it) and marks one of the older
+        shape interrupted; any other exception marks it failed. The worker thread starts with the first
+        job."""
         with self._start_lock:
             if not self._thread.is_alive() and self._thread.ident is None:
                 self._thread.start()
@@ -161,7 +346,7 @@ class JobRunner:
 
     def stop(self, timeout: float) -> bool:
         """Stop taking jobs and wait up to `timeout` s for the running one; False if it is still running.
-        Jobs still queued stay `queued` on disk and are reported interrupted at the next start."""
+        Jobs still queued stay `queued` on disk and resume at the next start."""
         with self._start_lock:
             if self._thread.ident is None:
                 return True  # never started: nothing runs
@@ -177,20 +362,27 @@ class JobRunner:
             try:
                 report = item.work(job)
             except JobInterrupted as exc:
-                self.book.update(job, state="interrupted", finishedAt=_now(), error=str(exc))
-                log.warning("job %s interrupted: %s", job.id, exc)
+                if job.resumable:
+                    self.book.update(job, state="queued", startedAt=None)
+                    log.warning("job %s stopped by the shutdown, resumes at the next start: %s", job.id, exc)
+                else:
+                    self.book.update(job, state="interrupted", finishedAt=_now(), error=str(exc))
+                    log.warning("job %s interrupted: %s", job.id, exc)
                 # Shutting down: leave the queued jobs as they are on disk.
                 return
             except Exception as exc:
                 log.exception("job %s failed", job.id)
                 self.book.update(job, state="failed", finishedAt=_now(), error=f"{type(exc).__name__}: {exc}")
                 continue
+            seconds = time.perf_counter() - started
             self.book.update(job, state="done", finishedAt=_now(), report=report)
-            log.info("job %s done in %.1fs", job.id, time.perf_counter() - started)
+            self.book.finished_in(job, seconds)
+            log.info("job %s done in %.1fs", job.id, seconds)
 
 
 def interrupted_error(stored: int) -> str:
-    """What a job found unfinished at the next start says: what of it is stored, and what to do."""
+    """What a job of the older shape found unfinished at the next start says: what of it is stored, and
+    what to do."""
     if stored:
         done = (
             f"{stored} of its new chunks had been stored in committed batches and stay stored; the rest "
@@ -202,6 +394,23 @@ def interrupted_error(stored: int) -> str:
         f"the server stopped before this job finished; {done}. Send the documents again: chunks already "
         "stored are not embedded again."
     )
+
+
+def _acceptance(job: Job) -> tuple[int, str, str]:
+    """The order jobs were accepted in (`sequence`; records of the older shape, 0, by time)."""
+    return job.sequence, job.createdAt, job.id
+
+
+def _retry_after(seconds: float) -> int:
+    return int(min(RETRY_AFTER_MAX_S, max(RETRY_AFTER_MIN_S, math.ceil(seconds))))
+
+
+def _epoch(stamp: str) -> float:
+    """Seconds since the epoch of an ISO time (`createdAt`); 0.0 for one that cannot be read."""
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _now() -> str:

@@ -139,6 +139,12 @@ class JobAccepted(BaseModel):
     job: str = Field(description="the job id; GET /api/jobs/{job} shows its progress and result")
 
 
+class DocumentDeleted(BaseModel):
+    id: str
+    documents: int = Field(description="1 when the document record held it, else 0")
+    chunks: int = Field(description="its chunks deleted from the index")
+
+
 class FieldProblem(BaseModel):
     field: str = Field(..., description="where in the request: `query`, `documents.3.id`, `body`")
     message: str
@@ -155,7 +161,9 @@ class ErrorResponse(BaseModel):
         None, description="422: how many problems the request has (`fields` shows some)"
     )
     field: str | None = Field(None, description="the first of `fields` (kept for older clients)")
-    requestId: str | None = Field(None, description="500 only: the id the traceback is logged under")
+    requestId: str | None = Field(
+        None, description="500 and 503: the id the error (a traceback, the store's reason) is logged under"
+    )
 
 
 class ReadyResponse(BaseModel):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.api.admission import Admission
-from app.api.jobs import JobBook, JobRunner
+from app.api.jobs import JobBook, JobRunner, QueueBound
 from app.api.querylog import QueryLog
 from app.api.readiness import StoreProbe
 from app.settings import Settings
@@ -41,7 +41,12 @@ class AppState:
 
     def __post_init__(self) -> None:
         server = self.settings.rag.server
-        self.jobs = JobBook(Path(server.jobs_dir), server.keep_jobs)
+        self.jobs = JobBook(
+            Path(server.jobs_dir),
+            server.keep_jobs,
+            server.keep_jobs_hours,
+            QueueBound(server.max_queued_documents, server.max_queued_bytes),
+        )
         self.job_runner = JobRunner(self.jobs)
         self.admission = Admission(
             server.max_concurrent_retrievals, server.max_queued_retrievals, server.queue_timeout_ms / 1000

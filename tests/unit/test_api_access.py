@@ -125,7 +125,7 @@ def test_unfinished_jobs_are_reported_interrupted_at_the_next_start(tmp_path: Pa
 
 
 def test_only_the_newest_finished_jobs_are_kept(tmp_path: Path) -> None:
-    book = JobBook(tmp_path, keep=2)
+    book = JobBook(tmp_path, keep=2, keep_hours=0.0)  # no age to wait for (tests/unit/test_jobs.py)
     jobs = []
     for i in range(4):
         job = book.create("ingest", documents=1, chunks=i)

@@ -1,0 +1,244 @@
+"""The job book and runner: a 202 is a promise (resume after a restart or a shutdown), the queue's bound,
+and retention by count and by age. No model, no store: jobs carry ids, the work is a fake."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from app.api.jobs import (
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
+    UNMEASURED_DOCUMENTS_PER_S,
+    Job,
+    JobBook,
+    JobInterrupted,
+    JobRunner,
+    QueueBound,
+    QueueFull,
+)
+
+HOUR_S = 3600.0
+
+
+def accepted(book: JobBook, ids: list[str], nbytes: int = 0) -> Job:
+    return book.accept("ingest", ids, nbytes, len(ids), before=lambda: None)
+
+
+def stamp(hours_ago: float) -> str:
+    when = datetime.now(UTC) - timedelta(hours=hours_ago)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- resume ------------------------------------------------------------------------------------------------
+
+
+def test_unfinished_jobs_with_their_ids_are_queued_again_at_the_next_start(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    running = accepted(book, ["a", "b"])
+    book.update(running, state="running", startedAt="2026-01-01T00:00:00.000Z", embedded=1, stored=1)
+    queued = accepted(book, ["c"])
+    done = accepted(book, ["d"])
+    book.update(done, state="done", report={"added": 1})
+
+    again = JobBook(tmp_path)
+    assert again.recover() == []  # nothing is interrupted: every unfinished job can be resumed
+    assert [j.id for j in again.unfinished()] == [running.id, queued.id]
+    for job in again.unfinished():
+        on_disk = json.loads((tmp_path / f"{job.id}.json").read_text())
+        assert (on_disk["state"], on_disk["resumed"], on_disk["startedAt"]) == ("queued", 1, None)
+    resumed = again.get(running.id)
+    assert resumed is not None
+    assert (resumed.createdAt, resumed.documentIds, resumed.stored) == (running.createdAt, ["a", "b"], 1)
+    assert again.get(done.id).state == "done"  # type: ignore[union-attr]
+
+    third = JobBook(tmp_path)  # a second restart before it ran: counted again
+    third.recover()
+    assert third.get(running.id).resumed == 2  # type: ignore[union-attr]
+
+
+def test_a_record_of_the_older_shape_is_still_reported_interrupted(tmp_path: Path) -> None:
+    old = {
+        "id": "j-20260101T000000-0123abcd",
+        "kind": "ingest",
+        "state": "queued",
+        "createdAt": "2026-01-01T00:00:00.000Z",
+        "documents": 5,
+        "chunks": 80,
+    }
+    (tmp_path / f"{old['id']}.json").write_text(json.dumps(old))
+    book = JobBook(tmp_path)
+    interrupted = book.recover()
+    assert [j.id for j in interrupted] == [old["id"]]
+    assert book.unfinished() == []
+    assert "nothing of it was written" in (interrupted[0].error or "")
+
+
+def test_a_job_stopped_by_the_shutdown_goes_back_to_queued_and_the_rest_stay_queued(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    runner = JobRunner(book)
+    stopped, later = accepted(book, ["a"]), accepted(book, ["b"])
+    ran = threading.Event()
+
+    def shut_down(job: Job) -> dict[str, int]:
+        ran.set()
+        raise JobInterrupted("the server shut down")
+
+    runner.submit(stopped, shut_down)
+    runner.submit(later, shut_down)
+    assert ran.wait(5)
+    assert runner.stop(timeout=5)
+    assert (stopped.state, stopped.startedAt, stopped.finishedAt) == ("queued", None, None)
+    assert later.state == "queued"
+    again = JobBook(tmp_path)
+    again.recover()
+    assert [j.id for j in again.unfinished()] == [stopped.id, later.id]
+
+    runner = JobRunner(again)
+    finished = threading.Event()
+
+    def works(job: Job) -> dict[str, int]:
+        if job.id == later.id:
+            finished.set()
+        return {"added": 1}
+
+    for job in again.unfinished():
+        runner.submit(job, works)
+    assert finished.wait(5)
+    assert runner.stop(timeout=5)
+    assert [(j.state, j.resumed) for j in again.all()] == [("done", 1), ("done", 1)]
+
+
+# -- the bound ---------------------------------------------------------------------------------------------
+
+
+def test_a_job_that_would_pass_the_document_bound_is_refused_before_anything_is_kept(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, bound=QueueBound(documents=10, bytes=10**9))
+    accepted(book, [f"a{i}" for i in range(6)])
+    accepted(book, [f"b{i}" for i in range(4)])  # exactly at the bound
+    kept: list[str] = []
+    with pytest.raises(QueueFull) as refused:
+        book.accept("ingest", ["c0"], 0, 1, before=lambda: kept.append("c0"))
+    assert kept == []
+    assert len(list(tmp_path.glob("j-*.json"))) == 2
+    message = str(refused.value)
+    assert "rag.server.max_queued_documents=10" in message
+    assert "holds 2 jobs (10 documents, 0 bytes)" in message
+    # no job has finished yet: one document over, at the assumed pace
+    assert refused.value.retry_after == max(RETRY_AFTER_MIN_S, int(1 / UNMEASURED_DOCUMENTS_PER_S + 0.999))
+
+
+def test_a_job_that_would_pass_the_byte_bound_is_refused(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, bound=QueueBound(documents=1000, bytes=5000))
+    accepted(book, ["a"], nbytes=4000)
+    with pytest.raises(QueueFull, match=r"1001 more bytes would pass rag.server.max_queued_bytes=5000"):
+        accepted(book, ["b"], nbytes=1001)
+    accepted(book, ["b"], nbytes=1000)
+
+
+def test_one_write_larger_than_the_bound_is_accepted_into_an_empty_queue(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, bound=QueueBound(documents=2, bytes=1024))
+    job = accepted(book, ["a", "b", "c"], nbytes=4096)
+    assert job.documentIds == ["a", "b", "c"] and job.bytes == 4096
+    with pytest.raises(QueueFull):
+        accepted(book, ["d"])
+
+
+def test_finished_jobs_make_room_and_resumed_ones_count(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, bound=QueueBound(documents=3, bytes=10**9))
+    first = accepted(book, ["a", "b", "c"])
+    with pytest.raises(QueueFull):
+        accepted(book, ["d"])
+    book.update(first, state="done")
+    accepted(book, ["d", "e"])
+
+    again = JobBook(tmp_path, bound=QueueBound(documents=3, bytes=10**9))
+    again.recover()  # the queued job of two documents is resumed: it counts toward the bound
+    with pytest.raises(QueueFull, match="holds 1 jobs"):
+        accepted(again, ["f", "g"])
+    accepted(again, ["f"])
+
+
+def test_retry_after_follows_the_measured_pace_within_its_limits(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, bound=QueueBound(documents=10, bytes=10**9))
+    done = accepted(book, [f"x{i}" for i in range(4)])
+    book.update(done, state="done")
+    book.finished_in(done, seconds=2.0)  # 2 documents a second
+    accepted(book, [f"a{i}" for i in range(10)])
+    with pytest.raises(QueueFull) as refused:
+        accepted(book, [f"b{i}" for i in range(7)])
+    assert refused.value.retry_after == 7 // 2 + 1  # ceil(7 / 2)
+
+    slow = JobBook(tmp_path / "slow", bound=QueueBound(documents=1, bytes=10**9))
+    crawl = accepted(slow, ["a"])
+    slow.update(crawl, state="done")
+    slow.finished_in(crawl, seconds=10_000.0)
+    accepted(slow, ["a"])
+    with pytest.raises(QueueFull) as refused:
+        accepted(slow, ["b"])
+    assert refused.value.retry_after == RETRY_AFTER_MAX_S
+
+
+# -- retention ---------------------------------------------------------------------------------------------
+
+
+def test_a_finished_job_accepted_within_keep_hours_is_kept_beyond_keep(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, keep=2, keep_hours=24.0)
+    recent = []
+    for _ in range(5):
+        job = accepted(book, ["a"])
+        book.update(job, state="done")
+        recent.append(job)
+    waiting = accepted(book, ["b"])  # creating prunes
+    assert all(book.get(j.id) is not None for j in recent)
+    assert len(list(tmp_path.glob("j-*.json"))) == 6
+    # the list shows the unfinished jobs and the newest `keep` finished ones; the others are found by id
+    assert [j.id for j in book.listed()] == [waiting.id, recent[-1].id, recent[-2].id]
+
+
+def test_a_finished_job_is_pruned_only_when_beyond_keep_and_older_than_keep_hours(tmp_path: Path) -> None:
+    book = JobBook(tmp_path, keep=2, keep_hours=24.0)
+    ages = [50.0, 30.0, 25.0, 23.0, 1.0]  # hours since accepted, oldest first
+    jobs = []
+    for age in ages:
+        job = accepted(book, ["a"])
+        book.update(job, state="done", createdAt=stamp(age))
+        jobs.append(job)
+    unfinished_old = accepted(book, ["b"])
+    book.update(unfinished_old, createdAt=stamp(100.0))
+    book.create("ingest", 1, 1)  # creating prunes
+    # beyond the newest 2 finished: the 50, 30, 25 and 23 h old ones; of those, older than 24 h: 3
+    assert [book.get(j.id) is not None for j in jobs] == [False, False, False, True, True]
+    assert book.get(unfinished_old.id) is not None  # unfinished jobs are never pruned
+    assert sorted(p.stem for p in tmp_path.glob("j-*.json")) == sorted(j.id for j in book.all())
+
+    again = JobBook(tmp_path, keep=2, keep_hours=24.0)
+    again.recover()
+    assert again.get(jobs[3].id) is not None  # a restart keeps what the period keeps
+
+
+def test_retention_reads_the_clock_it_is_given(tmp_path: Path) -> None:
+    now = [time.time()]
+    book = JobBook(tmp_path, keep=1, keep_hours=1.0, clock=lambda: now[0])
+    first = accepted(book, ["a"])
+    book.update(first, state="done")
+    second = accepted(book, ["b"])
+    book.update(second, state="done")
+    accepted(book, ["c"])
+    assert book.get(first.id) is not None
+    now[0] += 1.01 * HOUR_S
+    accepted(book, ["d"])
+    assert book.get(first.id) is None and book.get(second.id) is not None
+
+
+def test_the_list_view_leaves_out_the_document_ids(tmp_path: Path) -> None:
+    job = accepted(JobBook(tmp_path), ["a", "b"], nbytes=12)
+    assert job.view()["documentIds"] == ["a", "b"]
+    listed = job.view(with_ids=False)
+    assert "documentIds" not in listed
+    assert (listed["documents"], listed["bytes"], listed["resumed"]) == (2, 12, 0)
