@@ -56,7 +56,6 @@ REBUILD_SUFFIX = "-rebuild"
 REBUILD_OF_KEY = "sieve_rebuild_of"  # a staging collection's metadata: the collection it rebuilds
 REBUILD_COMPLETE_KEY = "sieve_rebuild_complete"  # ... and whether every recorded document is in it
 REBUILT_FROM_KEY = "rebuilt_from"  # a change-log entry's metadata: the collection id a rebuild replaced
-PROBE_ID_PREFIX = "sieve-probe-"
 
 
 class StoreError(RuntimeError):
@@ -654,40 +653,28 @@ class ChromaStore:
         old id is gone) and forget every cached chunk and vector."""
         log.warning("collection '%s' was rebuilt by another process: opening the new one", self.name)
         self._collection = self._call(self._client.get_collection, self.name)
+        with self._failures_lock:  # a failure recorded on the dropped collection is rechecked on this one
+            if self.name in self._failing:
+                self._failing[self.name] = self._collection
         self.forget_all()
 
     def embedder_mismatch(self, embedder_identity: dict[str, Any]) -> str | None:
         """Why this collection was not built with the embedder of `embedder_identity`, or None."""
         return _embedder_mismatch(self.name, self._collection.metadata, embedder_identity)
 
-    def probe(self, dimension: int) -> list[str]:
-        """Read and write this collection once each, with a scratch chunk (`PROBE_ID_PREFIX` + a random hex,
-        an id no chunk id can have: those are `c_` + hex) written, read back and deleted; what failed, or
-        an empty list. The scratch chunk never enters the change log; it exists for milliseconds."""
+    def probe(self) -> list[str]:
+        """Read this collection (one `get`, a count) and write it once (`probe_write`: a scratch record
+        written and deleted again, under an id no chunk can have); what failed, or an empty list."""
         problems = []
         try:
             self._call(self._collection.get, include=["metadatas"], limit=1)
             self._call(self._collection.count)
-        except Exception as exc:
-            problems.append(f"read probe failed ({self.description}): {type(exc).__name__}: {exc}")
-        probe_id = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
-        vector = np.zeros((1, dimension), dtype=np.float32)
-        vector[0, -1] = 1.0
+        except StoreError as exc:
+            problems.append(f"read probe failed ({self.description}): {exc}")
         try:
-            self._call(
-                self._collection.upsert,
-                ids=[probe_id],
-                embeddings=vector,
-                documents=["sieve store check probe"],
-                metadatas=[{"doc_id": probe_id}],
-            )
-            if self._call(self._collection.get, ids=[probe_id], include=[])["ids"] != [probe_id]:
-                problems.append(f"write probe: {probe_id} was written but cannot be read back")
-            self._call(self._collection.delete, ids=[probe_id])
-            if self._call(self._collection.get, ids=[probe_id], include=[])["ids"]:
-                problems.append(f"write probe: {probe_id} was deleted but is still there")
-        except Exception as exc:
-            problems.append(f"write probe failed ({self.description}): {type(exc).__name__}: {exc}")
+            self.probe_write()
+        except StoreError as exc:
+            problems.append(f"write probe failed ({self.description}): {exc}")
         return problems
 
     # -- the change log ----------------------------------------------------------------------------

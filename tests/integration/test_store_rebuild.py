@@ -31,7 +31,7 @@ from app.store import StoredChunk
 from app.store.types import Document
 from tests.fixtures.processes import chroma_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 KB = REPO / "golden_set" / "knowledge-base"

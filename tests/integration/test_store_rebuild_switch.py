@@ -109,7 +109,7 @@ def test_the_probe_writes_reads_and_deletes_a_scratch_chunk(store_settings):
     live = ChromaStore.open(store_settings, IDENTITY)
     try:
         write(live, "c_a")
-        assert live.probe(DIM) == []
+        assert live.probe() == []
         assert [c.chunk_id for c in live.iter_all()] == ["c_a"]
     finally:
         live.close()

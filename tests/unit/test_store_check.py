@@ -52,7 +52,12 @@ def test_a_document_that_makes_no_chunk_is_not_missing() -> None:
 
 def test_chunks_without_a_document_id_are_counted_and_need_a_rebuild() -> None:
     stored, orphans = stored_chunk_ids(
-        [StoredChunk("c1", "", {"doc_id": "a"}), StoredChunk("c2", "", {}), StoredChunk("c3", "", {})]
+        [
+            StoredChunk("c1", "", {"doc_id": "a"}),
+            StoredChunk("c2", "", {}),
+            StoredChunk("c3", "", {}),
+            StoredChunk("sieve-probe-0123abcd", "", {}),  # another process's write probe: no chunk
+        ]
     )
     assert (stored, orphans) == ({"a": ids("c1")}, 2)
     comparison = compare({"a": ids("c1")}, stored, orphans)
