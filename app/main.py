@@ -241,10 +241,7 @@ def _startup_error(exc: Exception) -> str:
     from app.store import StoreFailedError
 
     if isinstance(exc, StoreFailedError):
-        return (
-            f"the vector store cannot be used: {exc}. Run `sieve store check` to see what is wrong, then "
-            "`sieve store rebuild` to rebuild the index from the documents Sieve kept"
-        )
+        return exc.with_remedy()
     return f"{type(exc).__name__}: {exc}"
 
 

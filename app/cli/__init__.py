@@ -67,11 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.evaluation.golden.cases import GoldenSetError
         from app.evaluation.scoring.trec import TrecFormatError
         from app.models import ModelLoadError
-        from app.store import StoreError
+        from app.store import StoreError, StoreFailedError
 
         if isinstance(exc, GoldenSetError | TrecFormatError | FileNotFoundError | BaselineError):
             print(f"error: {exc}", file=sys.stderr)
             return exit_codes.BAD_INPUT
+        if isinstance(exc, StoreFailedError):
+            print(f"error: {exc.with_remedy()}", file=sys.stderr)
+            return exit_codes.UNAVAILABLE
         if isinstance(exc, StoreError | ModelLoadError):
             print(f"error: {exc}", file=sys.stderr)
             return exit_codes.UNAVAILABLE

@@ -83,6 +83,13 @@ class StoreFailedError(StoreError):
         self.kind = kind
         self.collection = collection
 
+    def with_remedy(self) -> str:
+        """The message and the commands that diagnose and repair the index, as start-up and the CLI say it."""
+        return (
+            f"the vector store cannot be used: {self}. Run `sieve store check` to see what is wrong, then "
+            "`sieve store rebuild` to rebuild the index from the documents Sieve kept"
+        )
+
 
 @dataclass(frozen=True)
 class StoreFailure:

@@ -373,3 +373,21 @@ def test_a_startup_on_a_store_it_cannot_read_fails_naming_check_and_rebuild(
     )
     [record] = [r for r in caplog.records if r.getMessage().startswith("startup failed")]
     assert record.exc_info is None or record.exc_info is False
+
+
+def test_a_command_on_a_failing_store_names_the_commands_that_repair_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+    from app.service import Sieve
+
+    def broken(*_: object, **__: object) -> Sieve:
+        raise StoreFailedError("read", "sieve", f"InternalError: {COMPACTION}")
+
+    monkeypatch.setattr(Sieve, "open", broken)
+    assert main(["query", "anything"]) == exit_codes.UNAVAILABLE
+    assert capsys.readouterr().err == (
+        f"error: the vector store cannot be used: read from collection 'sieve' failed: InternalError: "
+        f"{COMPACTION}. Run `sieve store check` to see what is wrong, then `sieve store rebuild` to "
+        "rebuild the index from the documents Sieve kept\n"
+    )
