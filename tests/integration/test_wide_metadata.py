@@ -5,7 +5,8 @@ the start itself, fails), sent through a real `sieve serve` and as a line of a J
 it is written (422 naming `documents.0` and the bound; exit 2 naming the file and line), and the store still
 reads, writes and restarts.
 
-What was written is read from Chroma here, the chunks' doc ids, once the `sieve` process is done with it."""
+What was written is read here once the `sieve` process is done with the store: the doc ids of its chunks and
+of its document record."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 
 from app.settings import StoreSettings
 from app.store import ChromaStore
+from app.store.record import open_record
 from tests.fixtures.processes import chroma_run, stop_process
 from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, wait_ready
 
@@ -35,7 +37,7 @@ ADMIN_TOKEN = "wide-metadata-admin-token-0123"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 COMMAND_TIMEOUT_S = 300
 WIDE_KEYS = 6000
-API_METADATA_FIELDS = 64  # app.api.bounds.MAX_METADATA_FIELDS, and rag.ingest.max_metadata_keys by default
+MAX_METADATA_KEYS = 64  # rag.ingest.max_metadata_keys by default: the API's bound and every loader's
 
 WIDE = {
     "id": "wide",
@@ -46,7 +48,7 @@ WIDE = {
 JUST_PAST = {
     "id": "just-past",
     "text": "One field too many.",
-    **{f"k{i}": "v" for i in range(API_METADATA_FIELDS + 1)},
+    **{f"k{i}": "v" for i in range(MAX_METADATA_KEYS + 1)},
 }
 COMPANION = {
     "id": "companion",
@@ -58,7 +60,7 @@ AT_BOUND = {
     "id": "at-bound",
     "title": "Orchard",
     "text": "The orchard's apricots are picked in the first week of July.",
-    **{f"k{i}": f"value {i}" for i in range(API_METADATA_FIELDS)},
+    **{f"k{i}": f"value {i}" for i in range(MAX_METADATA_KEYS)},
 }
 
 
@@ -133,12 +135,25 @@ def top_doc(client: httpx.Client, query: str) -> str | None:
     return documents[0]["docId"] if documents else None
 
 
-def stored_doc_ids(target: Target, embedder: Any) -> set[str]:
-    """The doc ids of every chunk in the store, read once no `sieve` process holds it."""
+@dataclass
+class Kept:
+    """The doc ids a store holds: in its chunk collection (the index) and in its document record."""
+
+    index: set[str]
+    record: set[str]
+
+
+def kept(target: Target, embedder: Any) -> Kept:
+    """What the store holds, read once no `sieve` process holds it."""
     store = ChromaStore.open(target.store, embedder.identity())
+    record = open_record(target.store, store.client)
     try:
-        return {str(c.metadata["doc_id"]) for c in store.iter_all(include_text=False)}
+        return Kept(
+            {str(c.metadata["doc_id"]) for c in store.iter_all(include_text=False)},
+            {d.doc_id for d in record.iter_documents()},
+        )
     finally:
+        record.close()
         store.close()
 
 
@@ -155,8 +170,9 @@ def test_a_6000_key_document_gets_422_and_the_server_still_reads_writes_and_rest
         assert refused.json()["fields"] == [
             {
                 "field": "documents.0",
-                "message": f"an object of {WIDE_KEYS + 3} keys; no request takes more than 67 "
-                f"(a document: id, title, text and at most {API_METADATA_FIELDS} metadata fields)",
+                "message": f"an object of {WIDE_KEYS + 3} keys; no request takes more than "
+                f"{MAX_METADATA_KEYS + 3} (a document: id, title, text and "
+                f"rag.ingest.max_metadata_keys={MAX_METADATA_KEYS} metadata fields)",
             }
         ]
         # one past the bound passes the shape check and is refused by the document's own bound
@@ -165,7 +181,8 @@ def test_a_6000_key_document_gets_422_and_the_server_still_reads_writes_and_rest
         assert past.json()["fields"] == [
             {
                 "field": "documents.1",
-                "message": f"{API_METADATA_FIELDS + 1} metadata fields, more than {API_METADATA_FIELDS}",
+                "message": f"documents[1] (id just-past): has {MAX_METADATA_KEYS + 1} metadata keys, more "
+                f"than rag.ingest.max_metadata_keys={MAX_METADATA_KEYS}; nothing of this request was written",
             }
         ]
         assert top_doc(client, "who winds the lighthouse lamp") is None  # the companions were not written
@@ -177,7 +194,7 @@ def test_a_6000_key_document_gets_422_and_the_server_still_reads_writes_and_rest
         assert top_doc(client, "when are the apricots picked") == "at-bound"
         stop(proc, log_path)
 
-    assert stored_doc_ids(target, real_embedder) == {"ferry", "at-bound"}
+    assert kept(target, real_embedder) == Kept({"ferry", "at-bound"}, {"ferry", "at-bound"})
 
     with (
         serving(env, free_port(), log_path) as (proc, url),
@@ -193,8 +210,8 @@ def test_a_6000_key_document_gets_422_and_the_server_still_reads_writes_and_rest
 
 def narrowed(document: dict[str, Any], fields: int) -> dict[str, Any]:
     """`document` with only its first `fields` metadata fields."""
-    kept = [k for k in document if k not in ("id", "title", "text")][:fields]
-    return {k: document[k] for k in ("id", "title", "text", *kept)}
+    metadata = [k for k in document if k not in ("id", "title", "text")][:fields]
+    return {k: document[k] for k in ("id", "title", "text", *metadata)}
 
 
 def jsonl(path: Path, *documents: dict[str, Any]) -> Path:
@@ -225,14 +242,15 @@ def test_a_6000_key_jsonl_line_is_exit_2_naming_file_and_line_and_the_rest_of_th
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
         f"error: {wide_file}:2: document 'wide' has {WIDE_KEYS} metadata keys, more than "
-        f"rag.ingest.max_metadata_keys={API_METADATA_FIELDS}\n"
+        f"rag.ingest.max_metadata_keys={MAX_METADATA_KEYS}\n"
     ) in done.stderr
     assert "Traceback" not in done.stderr
-    assert stored_doc_ids(target, real_embedder) == {"ferry", "companion", "at-bound"}
+    good = {"ferry", "companion", "at-bound"}
+    assert kept(target, real_embedder) == Kept(good, good)
 
     # the next ingest of that store works: the wide line narrowed
     jsonl(wide_file, AT_BOUND, narrowed(WIDE, 10))
     again = ingest(env, kb)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "added=1 " in again.stdout
-    assert stored_doc_ids(target, real_embedder) == {"ferry", "companion", "at-bound", "wide"}
+    assert kept(target, real_embedder) == Kept(good | {"wide"}, good | {"wide"})
