@@ -174,9 +174,9 @@ def _startup(
             state.phase = "stopped"
             log.info("startup stopped by the shutdown: %s", exc)
             return
-        state.error = f"{type(exc).__name__}: {exc}"
+        state.error = _startup_error(exc)
         state.phase = "failed"
-        log.error("startup failed: %s", exc, exc_info=not _is_user_error(exc))
+        log.error("startup failed: %s", state.error, exc_info=not _is_user_error(exc))
         state.exit_code = exit_codes.UNAVAILABLE
         if on_fatal:
             on_fatal(exit_codes.UNAVAILABLE)
@@ -224,6 +224,20 @@ def startup_sequence(state: AppState) -> None:
     state.phase = "ready"
     state.ready = True
     log.info("Sieve is ready")
+
+
+def _startup_error(exc: Exception) -> str:
+    """What a failed startup says. A store that answers but fails a read or a write of the index (opening,
+    warm-up, counting, the BM25 catch-up, the startup ingest) is said in one message that names the commands
+    that diagnose and repair it."""
+    from app.store import StoreFailedError
+
+    if isinstance(exc, StoreFailedError):
+        return (
+            f"the vector store cannot be used: {exc}. Run `sieve store check` to see what is wrong, then "
+            "`sieve store rebuild` to rebuild the index from the documents Sieve kept"
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _is_user_error(exc: Exception) -> bool:

@@ -8,7 +8,10 @@ problem is in the request), declared in the OpenAPI document by `app.api.schemas
   first `MAX_REPORTED_PROBLEMS` problems and their `count`;
 - `ApiError`: the status the route chose;
 - any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
-- the vector store unreachable: 503;
+- the vector store unreachable, or failing a read or a write (`StoreUnavailableError`, `StoreFailedError`:
+  whatever Chroma raised, wrapped once in `ChromaStore`), or any other `StoreError` during a request (the
+  document record's): 503 `{"error": "vector store ...: <reason>", "requestId": "..."}`, the reason logged
+  under that id (also in the `X-Request-Id` header);
 - anything unexpected, raised anywhere (route, dependency, middleware): 500 `{"error": "internal error",
   "requestId": "..."}`, the traceback logged under that id, and the keep-alive connection kept open (see
   `KeepConnectionOpen`).
@@ -30,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.bounds import MAX_FIELD_NAME_CHARS, MAX_MESSAGE_CHARS, MAX_REPORTED_PROBLEMS
-from app.store import StoreUnavailableError
+from app.store import StoreError, StoreFailedError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +139,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": safe_text(detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(StoreUnavailableError)
-    async def _store_down(_: Request, exc: StoreUnavailableError) -> JSONResponse:
-        log.error("store unavailable: %s", exc)
-        return JSONResponse({"error": safe_text(f"vector store unavailable: {exc}")}, status_code=503)
+    async def _store_down(request: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return store_error_response(request.scope, f"vector store unavailable: {exc}")
+
+    @app.exception_handler(StoreFailedError)
+    async def _store_failed(request: Request, exc: StoreFailedError) -> JSONResponse:
+        return store_error_response(request.scope, f"vector store: {exc}")
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        # any other store failure during a request (the document record's, ...): its message names it
+        return store_error_response(request.scope, f"store: {exc}")
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -149,9 +160,30 @@ def install_error_handlers(app: FastAPI) -> None:
     keep_connection_open(app)
 
 
+def store_error_response(scope: Scope, reason: str) -> JSONResponse:
+    """The 503 for a store that failed the request: `reason` and a request id, logged under that id."""
+    request_id = new_request_id()
+    log.error(
+        "store error requestId=%s on %s %s: %s",
+        request_id,
+        scope.get("method", "?"),
+        safe_text(str(scope.get("path", "?"))),
+        safe_text(reason),
+    )
+    return JSONResponse(
+        {"error": safe_text(reason), "requestId": request_id},
+        status_code=503,
+        headers={REQUEST_ID_HEADER: request_id},
+    )
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
 def internal_error_response(scope: Scope, exc: BaseException) -> JSONResponse:
     """The JSON 500 for an unexpected exception; its traceback is logged under the request id it carries."""
-    request_id = uuid.uuid4().hex[:16]
+    request_id = new_request_id()
     log.error(
         "internal error requestId=%s on %s %s",
         request_id,

@@ -77,7 +77,7 @@ async def health() -> dict[str, str]:
 )
 async def ready(request: Request) -> JSONResponse:
     """Ready: models loaded, index built, startup evaluation done, and the store answers its heartbeat
-    (checked at most once a second, in a thread of its own)."""
+    (checked at most once a second, in a thread of its own) with no failed read or write recorded since."""
     state = sieve_state(request)
     if state.ready and state.sieve is not None:
         problem = await state.store_probe.problem_soon(state.sieve.store)  # type: ignore[attr-defined]

@@ -155,7 +155,9 @@ class ErrorResponse(BaseModel):
         None, description="422: how many problems the request has (`fields` shows some)"
     )
     field: str | None = Field(None, description="the first of `fields` (kept for older clients)")
-    requestId: str | None = Field(None, description="500 only: the id the traceback is logged under")
+    requestId: str | None = Field(
+        None, description="500 and 503: the id the error (a traceback, the store's reason) is logged under"
+    )
 
 
 class ReadyResponse(BaseModel):

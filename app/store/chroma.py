@@ -20,12 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import chromadb
 import httpx
@@ -54,6 +56,40 @@ class StoreError(RuntimeError):
 
 class StoreUnavailableError(StoreError):
     """The Chroma server cannot be reached (or the embedded path cannot be opened)."""
+
+
+FailureKind = Literal["read", "write"]
+# the names of Chroma's calls that write; every other call the store makes reads
+_WRITES = frozenset({"add", "upsert", "update", "delete"})
+# the scratch record of `probe_write`: an id no chunk can have (chunk ids are "c_" and hex, app/ingest/ids.py)
+PROBE_ID_PREFIX = "sieve-probe-"
+
+
+class StoreFailedError(StoreError):
+    """The store answered a read or a write with an error: `kind` ("read" or "write"), `collection` (its
+    name), the message "write to collection 'sieve' failed: <Chroma's message>"."""
+
+    def __init__(self, kind: FailureKind, collection: str, reason: str) -> None:
+        doing = "write to" if kind == "write" else "read from"
+        super().__init__(f"{doing} collection '{collection}' failed: {reason}")
+        self.kind = kind
+        self.collection = collection
+
+
+@dataclass(frozen=True)
+class StoreFailure:
+    """The store's failing state for one kind of call on one collection: failing `since` (epoch seconds, the
+    first failure of the run), with `message`, the last failure's."""
+
+    kind: FailureKind
+    collection: str
+    since: float
+    message: str
+
+    def describe(self) -> str:
+        """The state in words: "writes fail since 2026-12-04T23:30:01Z: write to collection ..."."""
+        when = datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"{self.kind}s fail since {when}: {self.message}"
 
 
 class StoreLockedError(StoreError):
@@ -162,6 +198,9 @@ class ChromaStore:
         self._changes: Any = None  # the change-log collection, opened on first use
         self.cache = ChunkCache(cache_chunks)
         self.exact: ExactSearch | None = None  # made by `load_exact`
+        self._failures_lock = threading.Lock()  # guards the two fields below
+        self._failures: dict[tuple[FailureKind, str], StoreFailure] = {}
+        self._failing: dict[str, Any] = {}  # collection name -> the collection a recorded failure was on
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -212,22 +251,22 @@ class ChromaStore:
         self._lock_fd = None
 
     def heartbeat(self) -> None:
-        """Raise `StoreUnavailableError` unless the store answers now. A Chroma server is asked its
+        """Raise `StoreUnavailableError` unless the store answers now, `StoreFailedError` (recorded as any
+        read failure) when it answers but cannot count the collection. A Chroma server is first asked its
         heartbeat with a timeout of HEARTBEAT_TIMEOUT_S (the client's own calls have none, and a readiness
-        probe must not hang); an embedded store counts its collection."""
-        if self._heartbeat_url is None:
+        probe must not hang); then the collection is counted: a server answers its heartbeat while a
+        collection whose compactor broke fails its writes, and its reads too once they must apply the log
+        (measured on Chroma 1.5: at once when the log held writes no read had applied yet, else from the
+        server's next restart, which does not heal it)."""
+        if self._heartbeat_url is not None:
             try:
-                self._collection.count()
-            except Exception as exc:
-                raise StoreUnavailableError(f"{self.description} cannot be read: {exc}") from exc
-            return
-        try:
-            response = httpx.get(self._heartbeat_url, timeout=HEARTBEAT_TIMEOUT_S)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise StoreUnavailableError(
-                f"{self.description} is unreachable: {type(exc).__name__}: {exc}"
-            ) from exc
+                response = httpx.get(self._heartbeat_url, timeout=HEARTBEAT_TIMEOUT_S)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise StoreUnavailableError(
+                    f"{self.description} is unreachable: {type(exc).__name__}: {exc}"
+                ) from exc
+        self._call(self._collection.count)
 
     def warm_up(self, dimension: int) -> float:
         """Run one nearest-neighbour query so the store loads its vector index now; returns its seconds.
@@ -631,12 +670,90 @@ class ChromaStore:
             return 1000
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Chroma's `fn(*args, **kwargs)`, its errors wrapped once, here: a server that cannot be reached is
+        `StoreUnavailableError` (the heartbeat says that one), any other error `StoreFailedError` naming what
+        was done and on which collection, recorded (`failures`) until a success of the same kind on the same
+        collection clears it. A call is a write when `fn` is one of Chroma's writes (`_WRITES`), else a
+        read."""
+        kind: FailureKind = "write" if getattr(fn, "__name__", "") in _WRITES else "read"
+        target = getattr(fn, "__self__", None)
+        name = getattr(target, "name", None)
+        if not isinstance(name, str):  # a call on the client (opening the change log): the store's own
+            target, name = self._collection, self.name
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exception as exc:
             if _is_connection_error(exc):
                 raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
-            raise
+            error = StoreFailedError(kind, name, f"{type(exc).__name__}: {exc}")
+            self._record_failure(kind, name, target, str(error))
+            raise error from exc
+        if self._failures:
+            self._clear_failure(kind, name)
+        return result
+
+    # -- failures ----------------------------------------------------------------------------------
+
+    def failures(self) -> list[StoreFailure]:
+        """The recorded failures: for each kind of call (read, write) and collection, the failing state
+        since its first failure, until a call of that kind on that collection succeeds."""
+        with self._failures_lock:
+            return sorted(self._failures.values(), key=lambda f: (f.kind, f.collection))
+
+    def _record_failure(self, kind: FailureKind, collection: str, target: Any, message: str) -> None:
+        with self._failures_lock:
+            known = self._failures.get((kind, collection))
+            since = time.time() if known is None else known.since
+            self._failures[(kind, collection)] = StoreFailure(kind, collection, since, message)
+            self._failing[collection] = target
+        if known is None:
+            log.error("vector store: %s", message)
+
+    def _clear_failure(self, kind: FailureKind, collection: str) -> None:
+        with self._failures_lock:
+            cleared = self._failures.pop((kind, collection), None)
+        if cleared is not None:
+            log.info("vector store: %ss on collection '%s' succeed again", kind, collection)
+
+    def recheck(self, kind: FailureKind) -> None:
+        """Try each collection whose `kind` calls are recorded failing once more, cheaply: a count for
+        reads, `probe_write` for writes. A success clears the failure; a failure updates it (not raised)."""
+        for failure in self.failures():
+            if failure.kind != kind:
+                continue
+            with self._failures_lock:
+                target = self._failing.get(failure.collection, self._collection)
+            try:
+                if kind == "read":
+                    self._call(target.count)
+                else:
+                    self.probe_write(target)
+            except StoreError as exc:
+                log.debug("vector store recheck (%s): %s", kind, exc)
+
+    def probe_write(self, collection: Any = None) -> None:
+        """Write a scratch record to `collection` (the chunk collection by default), then delete it: a unit
+        vector of the collection's dimension under an id no chunk can have (`PROBE_ID_PREFIX`), no document,
+        no metadata, outside the change log. Raises `StoreFailedError` when the write or the delete fails.
+        A collection whose dimension is not known yet (never written) is not probed: a first write would
+        fix its dimension."""
+        target = self._collection if collection is None else collection
+        dimension = self._dimension_of(target)
+        if dimension is None:
+            return
+        vector = np.zeros((1, dimension), dtype=np.float32)
+        vector[0, 0] = 1.0
+        probe_id = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
+        self._call(target.upsert, ids=[probe_id], embeddings=vector)
+        self._call(target.delete, ids=[probe_id])
+
+    def _dimension_of(self, collection: Any) -> int | None:
+        """The vectors' dimension in `collection`: the embedder's, recorded in its metadata, else Chroma's."""
+        recorded = (collection.metadata or {}).get("embedder_dimension")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+        dimension = collection.get_model().dimension
+        return int(dimension) if dimension else None
 
 
 def _get_or_create(client: Any, settings: StoreSettings, identity: dict[str, Any]) -> Any:
