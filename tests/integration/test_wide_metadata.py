@@ -1,9 +1,9 @@
 """The fault of issue 33 on the real thing: a document with 6,000 scalar metadata keys, which Chroma cannot
 take on one record (its breaking point is between 5,000 and 5,500 keys: every later write, and after a restart
-the start itself, fails), sent through a real `sieve serve` and as a line of a JSONL file given to
-`sieve ingest`. On an embedded Chroma and on a real `chroma run`: the document is refused before anything of
-it is written (422 naming `documents.0` and the bound; exit 2 naming the file and line), and the store still
-reads, writes and restarts.
+the start itself, fails), sent through a real `sieve serve`, and as a line of a JSONL file and as a Markdown
+page's front matter given to `sieve ingest`. On an embedded Chroma and on a real `chroma run`: the document is
+refused before anything of it is written (422 naming `documents.0` and the bound; exit 2 naming the file and
+line), and the store still reads, writes, restarts and ingests.
 
 What was written is read here once the `sieve` process is done with the store: the doc ids of its chunks and
 of its document record."""
@@ -230,13 +230,21 @@ def ingest(env: dict[str, str], folder: Path) -> subprocess.CompletedProcess[str
     )
 
 
-def test_a_6000_key_jsonl_line_is_exit_2_naming_file_and_line_and_the_rest_of_the_run_is_ingested(
+def front_matter_page(path: Path, keys: int) -> Path:
+    """A Markdown page whose front matter has `keys` keys."""
+    front = "".join(f"k{i}: {i}\n" for i in range(keys))
+    path.write_text(f"---\n{front}---\n# Wide notes\n\nThe tide tables hang by the harbour door.\n", "utf-8")
+    return path
+
+
+def test_a_6000_key_jsonl_line_or_front_matter_is_exit_2_naming_the_file_and_the_rest_is_ingested(
     target: Target, tmp_path: Path, real_embedder: Any
 ) -> None:
     env, kb = sieve_env(target, tmp_path), tmp_path / "kb"
     kb.mkdir()
     jsonl(kb / "a-good.jsonl", FERRY, COMPANION)
     wide_file = jsonl(kb / "b-wide.jsonl", AT_BOUND, WIDE)
+    wide_page = front_matter_page(kb / "c-wide.md", WIDE_KEYS)
 
     done = ingest(env, kb)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -244,13 +252,20 @@ def test_a_6000_key_jsonl_line_is_exit_2_naming_file_and_line_and_the_rest_of_th
         f"error: {wide_file}:2: document 'wide' has {WIDE_KEYS} metadata keys, more than "
         f"rag.ingest.max_metadata_keys={MAX_METADATA_KEYS}\n"
     ) in done.stderr
+    # the page's front matter and the `source` its loader adds
+    assert (
+        f"error: {wide_page}: document 'c-wide' has {WIDE_KEYS + 1} metadata keys, more than "
+        f"rag.ingest.max_metadata_keys={MAX_METADATA_KEYS}\n"
+    ) in done.stderr
     assert "Traceback" not in done.stderr
     good = {"ferry", "companion", "at-bound"}
     assert kept(target, real_embedder) == Kept(good, good)
 
-    # the next ingest of that store works: the wide line narrowed
+    # the next ingest of that store works: the wide line and the wide front matter narrowed
     jsonl(wide_file, AT_BOUND, narrowed(WIDE, 10))
+    front_matter_page(wide_page, 10)
     again = ingest(env, kb)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "added=1 " in again.stdout
-    assert kept(target, real_embedder) == Kept(good | {"wide"}, good | {"wide"})
+    assert "added=2 " in again.stdout
+    everything = good | {"wide", "c-wide"}
+    assert kept(target, real_embedder) == Kept(everything, everything)
