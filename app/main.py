@@ -2,8 +2,9 @@
 
 Startup runs in a background thread so that `/health` and `/ready` answer from the first second: load
 the models, open the store, ingest `rag.ingest.paths` when the index is empty or out of date, build the
-BM25 index, then (when `rag.evaluate.enabled`) run the startup evaluation. `/ready` answers 503 with the
-current phase until all of that is done. A fatal startup error, or a failed gate with
+BM25 index, then (when `rag.evaluate.enabled`) run the startup evaluation, then submit again the write jobs
+the last run left unfinished (app/api/jobs.py). `/ready` answers 503 with the current phase until all of that
+is done. A fatal startup error, or a failed gate with
 `fail_on_gate: true`, asks the server to stop with a non-zero exit code.
 
 Stopping: `AppState.stopping` is set as soon as the server is asked to stop (the CLI sets it on SIGTERM),
