@@ -59,14 +59,7 @@ def create_app(
         # an app started again in the same process (test clients do) is no longer stopping
         state.stopping.clear()
         state.stop_deadline = None
-        for job in state.jobs.recover():
-            log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
-        if waiting := state.jobs.unfinished():
-            log.info(
-                "%d unfinished jobs (%d documents) resume once the service is up",
-                len(waiting),
-                sum(j.documents for j in waiting),
-            )
+        _recover_jobs(state)
         worker = threading.Thread(
             target=_startup,
             args=(state, start or startup_sequence, on_fatal),
@@ -109,6 +102,19 @@ def create_app(
     app.add_middleware(AdmissionGate, admission=lambda: state.admission)
     install_error_handlers(app)
     return app
+
+
+def _recover_jobs(state: AppState) -> None:
+    """Read the job records of the last run: those it left unfinished resume once the service is up; those
+    of the older shape (no document ids) are reported interrupted."""
+    for job in state.jobs.recover():
+        log.warning("job %s (%d documents) was interrupted by the last shutdown", job.id, job.documents)
+    if waiting := state.jobs.unfinished():
+        log.info(
+            "%d unfinished jobs (%d documents) resume once the service is up",
+            len(waiting),
+            sum(j.documents for j in waiting),
+        )
 
 
 def create_label_app(
