@@ -162,19 +162,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 def store_error_response(scope: Scope, reason: str) -> JSONResponse:
     """The 503 for a store that failed the request: `reason` and a request id, logged under that id."""
-    request_id = new_request_id()
-    log.error(
-        "store error requestId=%s on %s %s: %s",
-        request_id,
-        scope.get("method", "?"),
-        safe_text(str(scope.get("path", "?"))),
-        safe_text(reason),
-    )
-    return JSONResponse(
-        {"error": safe_text(reason), "requestId": request_id},
-        status_code=503,
-        headers={REQUEST_ID_HEADER: request_id},
-    )
+    return _identified(scope, 503, safe_text(reason), f"store error: {safe_text(reason)}")
 
 
 def new_request_id() -> str:
@@ -183,18 +171,19 @@ def new_request_id() -> str:
 
 def internal_error_response(scope: Scope, exc: BaseException) -> JSONResponse:
     """The JSON 500 for an unexpected exception; its traceback is logged under the request id it carries."""
+    return _identified(scope, 500, INTERNAL_ERROR, "internal error", exc)
+
+
+def _identified(
+    scope: Scope, status: int, error: str, logged: str, exc: BaseException | None = None
+) -> JSONResponse:
+    """`{"error": error, "requestId": ...}` with `status` and the id in `X-Request-Id`; the log line says
+    `logged`, the id, the method and the path (and `exc`'s traceback)."""
     request_id = new_request_id()
-    log.error(
-        "internal error requestId=%s on %s %s",
-        request_id,
-        scope.get("method", "?"),
-        safe_text(str(scope.get("path", "?"))),
-        exc_info=exc,
-    )
+    method, path = scope.get("method", "?"), safe_text(str(scope.get("path", "?")))
+    log.error("%s requestId=%s on %s %s", logged, request_id, method, path, exc_info=exc)
     return JSONResponse(
-        {"error": INTERNAL_ERROR, "requestId": request_id},
-        status_code=500,
-        headers={REQUEST_ID_HEADER: request_id},
+        {"error": error, "requestId": request_id}, status_code=status, headers={REQUEST_ID_HEADER: request_id}
     )
 
 
