@@ -312,8 +312,11 @@ def test_an_ingest_stopped_before_its_first_commit_writes_nothing(
     assert harness.ingest(kb).added == 6  # and the next run does all of it
 
 
+# The kb's new chunks in order: doc-a (2 chunks), j1, j2, j3, doc-b. A batch holds whole documents: with
+# commit_chunks=1, doc-a's two chunks are one batch, committed after the second slice, never one alone.
 @pytest.mark.parametrize(
-    ("commit_chunks", "stop_after_slices", "committed"), [(1, 1, 1), (2, 3, 2), (4, 5, 4)]
+    ("commit_chunks", "stop_after_slices", "committed"),
+    [(1, 1, 0), (1, 2, 2), (1, 3, 2 + 1), (2, 3, 2), (4, 5, 2 + 2)],
 )
 def test_an_ingest_stopped_after_commits_keeps_them_and_the_rerun_embeds_only_the_rest(
     tmp_path, tiny_embedder, monkeypatch, commit_chunks, stop_after_slices, committed
@@ -333,6 +336,8 @@ def test_an_ingest_stopped_after_commits_keeps_them_and_the_rerun_embeds_only_th
             opened.ingestor.ingest([kb], should_stop=stop)
         assert (info.value.done, info.value.committed) == (stop_after_slices, committed)
         assert opened.store.count() == committed
+        whole = {"doc-a": 2, "j1": 1, "j2": 1, "j3": 1, "doc-b": 1}
+        assert all(len(ids) == whole[doc] for doc, ids in opened.ids_by_doc().items())
         report = opened.ingest(kb)
         assert (report.added, report.unchanged) == (6 - committed, committed)
         assert len(opened.embedder.embedded) == 6 - committed
