@@ -26,11 +26,13 @@ from app import exit_codes
 from app.api.admission import AdmissionGate
 from app.api.bounds import max_object_keys
 from app.api.docs_ui import install_docs
+from app.api.documents import resume_jobs
+from app.api.documents import router as documents_router
 from app.api.errors import install_error_handlers
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
-from app.api.routes import resume_jobs, router
+from app.api.routes import router
 from app.api.state import AppState
 from app.label_desk import LabelDesk
 from app.settings import Settings
@@ -94,6 +96,7 @@ def create_app(
     app.state.sieve_state = state
     install_docs(app)
     app.include_router(router)
+    app.include_router(documents_router)
     app.include_router(label_router)
     # the middleware added last runs first: BodySizeLimit bounds the body JsonShapeLimit reads
     app.add_middleware(JsonShapeLimit, max_object_keys=max_object_keys(settings.rag.ingest.max_metadata_keys))

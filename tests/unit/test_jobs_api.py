@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.documents import resume_jobs
 from app.api.jobs import RETRY_AFTER_MAX_S, RETRY_AFTER_MIN_S, JobBook
-from app.api.routes import resume_jobs
 from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
 from app.main import AppState, create_app
