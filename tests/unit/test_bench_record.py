@@ -78,3 +78,48 @@ def test_the_block_replaces_only_what_lies_between_the_markers(tmp_path: Path) -
     doc.write_text(f"head\n{bench_record.BEGIN}\nold\n{bench_record.END}\ntail\n", encoding="utf-8")
     bench_record.write_block(doc, "new")
     assert doc.read_text(encoding="utf-8") == f"head\n{bench_record.BEGIN}\nnew\n{bench_record.END}\ntail\n"
+
+
+def test_the_block_shows_the_ratio_of_the_medians_and_the_records_share() -> None:
+    single = [
+        {"config": c, "ms": ms, "put_ms": put, "load": 1.0}
+        for c, ms, put in [("A", 110.0, 2.0), ("B", 100.0, 0.0), ("A", 130.0, 4.0), ("B", 120.0, 0.0)]
+    ]
+    ingest = [
+        {"config": c, "seconds": s, "chunks": 1000, "put_s": p, "load_before": 1.0, "load_after": 1.0}
+        for c, s, p in [("A", 50.0, 0.5), ("B", 49.0, 0.0), ("A", 52.0, 1.04), ("B", 51.0, 0.0)]
+    ]
+    put = [
+        {"record": r, "kind": k, "documents": n, "ms": ms, "load": 1.0}
+        for r, k, n, ms in [
+            ("sqlite", "new", 1, 1.0),
+            ("sqlite", "new", 1000, 40.0),
+            ("sqlite", "unchanged", 1000, 8.0),
+        ]
+    ]
+    rebuilds = {
+        f"rebuild-{name}-re-ingest": {
+            "set": name,
+            "how": "re-ingest",
+            "documents": 10,
+            "chunks": chunks,
+            "seconds": seconds,
+            "build_s": 1.0,
+            "build_put_s": 0.1,
+            "load_before": 1.0,
+            "load_after": 1.0,
+        }
+        for name, chunks, seconds in [("scifact-hash", 18_000, 100.0), ("synthetic-100k", 100_000, 600.0)]
+    }
+    block = bench_record.render(
+        {
+            "cost": {"single": {"rows": single, "chars": 1000}, "ingest": {"rows": ingest, "documents": 300}},
+            "put": {"rows": put, "chars": 1000},
+            **rebuilds,
+        }
+    )
+    assert f"**{(110.0 + 130.0) / 2 / ((100.0 + 120.0) / 2):.3f}x**" in block
+    assert f"**{100 * 1.04 / 52.0:.2f}%** at most" in block
+    assert f"**{((50.0 + 52.0) / 2) / ((49.0 + 51.0) / 2):.3f}x**" in block
+    assert "| sqlite | 1.0 ms | 40.0 ms (0.04 ms a document) | 8.0 ms (0.01 ms a document) |" in block
+    assert f"**{600.0 / 100.0:.2f}x** the time for {100_000 / 18_000:.2f}x the chunks" in block
