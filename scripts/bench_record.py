@@ -23,7 +23,7 @@ others (`--render`: the block from the saved figures, nothing measured).
 3. rebuild: a record built, then every recorded document chunked and embedded again into a new collection.
    Sets: `scifact-hash` (SciFact, 17,986 chunks at the default chunking) and `synthetic-100k` (documents of
    scripts/scale_corpus.py, about 100,000 chunks), both with its hash embedder (the store is measured, not
-   a model), and `scifact-model` (SciFact with the packaged model, about 18 minutes on 2 idle cores). With
+   a model), and `scifact-model` (SciFact with the packaged model: the long one). With
    the hash embedder the live collection is first ingested with the record (that ingest is timed too); with
    the model only the record is written (the live collection stays empty). The rebuild is
    `app.ingest.rebuild.rebuild` (`sieve store rebuild`) where this checkout has it, else the re-ingest of
@@ -31,8 +31,8 @@ others (`--render`: the block from the saved figures, nothing measured).
    its switch); the block says which.
 
 `--quick` (cost: 6 writes each, 60 documents, 1 round; put: 5 singles, 200 documents; rebuild:
-`scifact-hash` only) takes a few minutes. Prints a Markdown block and writes it between the `bench-record`
-markers of `--doc` (unless --no-doc).
+`scifact-hash` only) checks the script end to end. Prints a Markdown block and writes it between the
+`bench-record` markers of `--doc` (unless --no-doc).
 """
 
 from __future__ import annotations
@@ -261,9 +261,10 @@ def cost_ingest(embedder: Any, where: Path, docs: int, rounds: int) -> dict[str,
     """Part 1b: the first `docs` SciFact documents into fresh stores, with (A) and without (B) the record."""
     documents = scifact_documents(docs)
     rows: list[dict[str, Any]] = []
-    for _ in range(rounds):
+    for round_no in range(rounds):
         for name in "AB":
-            folder = fresh(where / f"store-{name}")
+            # a folder of its own each run: Chroma keeps a client per path for the life of the process
+            folder = fresh(where / f"store-{name}{round_no}")
             store = open_store(folder, embedder)
             record = TimedRecord(SqliteRecord(folder / RECORD_FILE)) if name == "A" else None
             before, started = load(), time.perf_counter()
@@ -286,19 +287,22 @@ def cost_ingest(embedder: Any, where: Path, docs: int, rounds: int) -> dict[str,
     return {"rows": rows, "documents": len(documents)}
 
 
-def part_cost(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def part_cost(args: argparse.Namespace, workdir: Path, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Parts 1a ("single") and 1b ("ingest") of `kinds`, by result name."""
     embedder = packaged_embedder()
+    out: dict[str, dict[str, Any]] = {}
     try:
-        where = fresh(workdir / "cost")
-        print(f"== cost: one-document writes (load {load():.1f})", flush=True)
-        single = cost_single_writes(embedder, where / "single", args.singles)
-        print(f"== cost: ingest of {args.docs} SciFact documents (load {load():.1f})", flush=True)
-        ingest = cost_ingest(embedder, where, args.docs, args.rounds)
+        if "single" in kinds:
+            print(f"== cost: one-document writes (load {load():.1f})", flush=True)
+            out["cost-single"] = cost_single_writes(embedder, fresh(workdir / "cost-single"), args.singles)
+        if "ingest" in kinds:
+            print(f"== cost: ingest of {args.docs} SciFact documents (load {load():.1f})", flush=True)
+            out["cost-ingest"] = cost_ingest(embedder, fresh(workdir / "cost-ingest"), args.docs, args.rounds)
     finally:
         close = getattr(embedder, "close", None)
         if close is not None:
             close()
-    return {"single": single, "ingest": ingest}
+    return out
 
 
 # -- 2. put -----------------------------------------------------------------------------------------
@@ -495,14 +499,14 @@ def part_rebuild(args: argparse.Namespace, workdir: Path, name: str) -> dict[str
 # -- the block --------------------------------------------------------------------------------------
 
 
-def render_cost(cost: dict[str, Any]) -> list[str]:
-    single, ingest = cost["single"]["rows"], cost["ingest"]["rows"]
+def render_single(figures: dict[str, Any]) -> list[str]:
+    single = figures["rows"]
     a = [r["ms"] for r in single if r["config"] == "A"]
     b = [r["ms"] for r in single if r["config"] == "B"]
     puts = [r["put_ms"] for r in single if r["config"] == "A"]
     loads = [r["load"] for r in single]
     lines = [
-        f"One-document write: `Sieve.ingest_documents` of one new ~{cost['single']['chars']:,}-character "
+        f"One-document write: `Sieve.ingest_documents` of one new ~{figures['chars']:,}-character "
         f"SciFact document into one embedded store, with the record (A) and without (B), alternately, "
         f"{len(a)} each (load {min(loads):.1f}-{max(loads):.1f}):",
         "",
@@ -514,8 +518,14 @@ def render_cost(cost: dict[str, Any]) -> list[str]:
         "",
         f"A / B: **{median_ratio(a, b):.3f}x** (ratio of the medians, {overhead_percent(a, b):+.1f}%); the "
         f"put itself is {share_percent(statistics.median(puts), statistics.median(a)):.1f}% of A's median.",
-        "",
-        f"Ingest of the first {cost['ingest']['documents']} SciFact documents "
+    ]
+    return lines
+
+
+def render_ingest(figures: dict[str, Any]) -> list[str]:
+    ingest = figures["rows"]
+    lines = [
+        f"Ingest of the first {figures['documents']} SciFact documents "
         f"({ingest[0]['chunks']:,} chunks) into fresh embedded stores by the ingest pipeline, alternately:",
         "",
         "| run | record | seconds | chunks/s | the record's puts | share | load before | load after |",
@@ -610,8 +620,10 @@ def render(results: dict[str, Any]) -> str:
         f"Measured by `make bench-record` on {cores} usable cores, {time.strftime('%Y-%m-%d %H:%M')}; "
         "load average (1 min) beside the figures.",
     ]
-    if "cost" in results:
-        lines += ["", *render_cost(results["cost"])]
+    if "cost-single" in results:
+        lines += ["", *render_single(results["cost-single"])]
+    if "cost-ingest" in results:
+        lines += ["", *render_ingest(results["cost-ingest"])]
     if "put" in results:
         lines += ["", *render_put(results["put"])]
     rebuilds = sorted(
@@ -649,7 +661,9 @@ def arguments() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer of everything (a few minutes)")
-    parser.add_argument("--parts", default="cost,put,rebuild", help="any of cost, put, rebuild")
+    parser.add_argument(
+        "--parts", default="cost,put,rebuild", help="any of cost (= single,ingest), put, rebuild"
+    )
     parser.add_argument(
         "--rebuild-sets", help=f"any of {', '.join(REBUILD_SETS)} (default: all; quick: scifact-hash)"
     )
@@ -691,8 +705,10 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     parts = [] if args.render else [p for p in args.parts.split(",") if p]
     print(f"{len(os.sched_getaffinity(0))} usable cores; load average {load():.1f}", flush=True)
-    if "cost" in parts:
-        save(workdir, "cost", part_cost(args, workdir))
+    kinds = [k for k in ("single", "ingest") if k in parts or "cost" in parts]
+    if kinds:
+        for name, figures in part_cost(args, workdir, kinds).items():
+            save(workdir, name, figures)
     if "put" in parts:
         save(workdir, "put", part_put(args, workdir))
     if "rebuild" in parts:

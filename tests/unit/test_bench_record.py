@@ -113,7 +113,8 @@ def test_the_block_shows_the_ratio_of_the_medians_and_the_records_share() -> Non
     }
     block = bench_record.render(
         {
-            "cost": {"single": {"rows": single, "chars": 1000}, "ingest": {"rows": ingest, "documents": 300}},
+            "cost-single": {"rows": single, "chars": 1000},
+            "cost-ingest": {"rows": ingest, "documents": 300},
             "put": {"rows": put, "chars": 1000},
             **rebuilds,
         }
