@@ -257,51 +257,62 @@ def cost_single_writes(embedder: Any, where: Path, singles: int) -> dict[str, An
     return {"rows": rows, "chars": ONE_DOC_CHARS}
 
 
-def cost_ingest(embedder: Any, where: Path, docs: int, rounds: int) -> dict[str, Any]:
-    """Part 1b: the first `docs` SciFact documents into fresh stores, with (A) and without (B) the record."""
+def ingest_once(folder: Path, docs: int, with_record: bool) -> dict[str, Any]:
+    """One run of part 1b, in this process: the first `docs` SciFact documents into the new store `folder`
+    by the ingest pipeline, with the record or without it."""
+    embedder = packaged_embedder()
     documents = scifact_documents(docs)
+    store = open_store(folder, embedder)
+    record = TimedRecord(SqliteRecord(folder / RECORD_FILE)) if with_record else None
+    before, started = load(), time.perf_counter()
+    report = Ingestor(store, embedder, IngestSettings(), record=record).ingest_documents(documents)
+    seconds = time.perf_counter() - started
+    row = {
+        "config": "A" if with_record else "B",
+        "seconds": seconds,
+        "chunks": report.added,
+        "put_s": record.seconds if record is not None else 0.0,
+        "load_before": before,
+        "load_after": load(),
+    }
+    if record is not None:
+        record.close()
+    store.close()
+    embedder.close()
+    return row
+
+
+def cost_ingest(where: Path, docs: int, rounds: int) -> dict[str, Any]:
+    """Part 1b: A (with the record) and B (without), alternately, each run a process of its own (an embedded
+    Chroma is one client per path and process) on a new store; the time is the ingest's, not the start's."""
     rows: list[dict[str, Any]] = []
     for round_no in range(rounds):
         for name in "AB":
-            # a folder of its own each run: Chroma keeps a client per path for the life of the process
             folder = fresh(where / f"store-{name}{round_no}")
-            store = open_store(folder, embedder)
-            record = TimedRecord(SqliteRecord(folder / RECORD_FILE)) if name == "A" else None
-            before, started = load(), time.perf_counter()
-            report = Ingestor(store, embedder, IngestSettings(), record=record).ingest_documents(documents)
-            seconds = time.perf_counter() - started
-            rows.append(
-                {
-                    "config": name,
-                    "seconds": seconds,
-                    "chunks": report.added,
-                    "put_s": record.seconds if record is not None else 0.0,
-                    "load_before": before,
-                    "load_after": load(),
-                }
-            )
+            command = [sys.executable, str(Path(__file__).resolve()), "--ingest-once", str(folder)]
+            command += ["--docs", str(docs), *(["--with-record"] if name == "A" else []), "--no-doc"]
+            done = subprocess.run(command, cwd=REPO, capture_output=True, check=False)
+            found = [x for x in done.stdout.decode().splitlines() if x.startswith("BENCH-JSON ")]
+            if done.returncode != 0 or not found:
+                raise RuntimeError(
+                    f"ingest run {name} failed ({done.returncode}): {done.stderr.decode()[-3000:]}"
+                )
+            rows.append(json.loads(found[-1].split(" ", 1)[1]))
             print(json.dumps(rows[-1]), flush=True)
-            if record is not None:
-                record.close()
-            store.close()
-    return {"rows": rows, "documents": len(documents)}
+    return {"rows": rows, "documents": docs}
 
 
 def part_cost(args: argparse.Namespace, workdir: Path, kinds: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Parts 1a ("single") and 1b ("ingest") of `kinds`, by result name."""
-    embedder = packaged_embedder()
     out: dict[str, dict[str, Any]] = {}
-    try:
-        if "single" in kinds:
-            print(f"== cost: one-document writes (load {load():.1f})", flush=True)
-            out["cost-single"] = cost_single_writes(embedder, fresh(workdir / "cost-single"), args.singles)
-        if "ingest" in kinds:
-            print(f"== cost: ingest of {args.docs} SciFact documents (load {load():.1f})", flush=True)
-            out["cost-ingest"] = cost_ingest(embedder, fresh(workdir / "cost-ingest"), args.docs, args.rounds)
-    finally:
-        close = getattr(embedder, "close", None)
-        if close is not None:
-            close()
+    if "single" in kinds:
+        embedder = packaged_embedder()
+        print(f"== cost: one-document writes (load {load():.1f})", flush=True)
+        out["cost-single"] = cost_single_writes(embedder, fresh(workdir / "cost-single"), args.singles)
+        embedder.close()
+    if "ingest" in kinds:
+        print(f"== cost: ingest of {args.docs} SciFact documents (load {load():.1f})", flush=True)
+        out["cost-ingest"] = cost_ingest(fresh(workdir / "cost-ingest"), args.docs, args.rounds)
     return out
 
 
@@ -677,6 +688,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument("--no-doc", action="store_true")
     parser.add_argument("--render", action="store_true", help="render the saved figures only")
+    parser.add_argument(
+        "--ingest-once", type=Path, help="(internal) one ingest run of part 1b into this store"
+    )
+    parser.add_argument("--with-record", action="store_true", help="(internal) that run keeps the record")
     args = parser.parse_args()
     quick = args.quick
     args.singles = args.singles or (6 if quick else 20)
@@ -701,6 +716,11 @@ def main() -> int:
     if not args.no_doc and BEGIN not in args.doc.read_text(encoding="utf-8"):
         print(f"error: {args.doc} has no {BEGIN} ... {END} markers", file=sys.stderr)
         return 2
+    if args.ingest_once:
+        print(
+            "BENCH-JSON " + json.dumps(ingest_once(args.ingest_once, args.docs, args.with_record)), flush=True
+        )
+        return 0
     workdir: Path = args.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     parts = [] if args.render else [p for p in args.parts.split(",") if p]
