@@ -571,7 +571,7 @@ def render_put(put: dict[str, Any]) -> list[str]:
         ms = [r["ms"] for r in rows if (r["record"], r["kind"], r["documents"]) == (label, kind, documents)]
         if not ms:
             return "-"
-        per_doc = f" ({statistics.median(ms) / documents:.2f} ms a document)" if documents > 1 else ""
+        per_doc = f" ({statistics.median(ms) / documents:.3f} ms a document)" if documents > 1 else ""
         return f"{statistics.median(ms):.1f} ms{per_doc}"
 
     singles = len([r for r in rows if r["record"] == labels[0] and r["documents"] == 1])

@@ -122,5 +122,5 @@ def test_the_block_shows_the_ratio_of_the_medians_and_the_records_share() -> Non
     assert f"**{(110.0 + 130.0) / 2 / ((100.0 + 120.0) / 2):.3f}x**" in block
     assert f"**{100 * 1.04 / 52.0:.2f}%** at most" in block
     assert f"**{((50.0 + 52.0) / 2) / ((49.0 + 51.0) / 2):.3f}x**" in block
-    assert "| sqlite | 1.0 ms | 40.0 ms (0.04 ms a document) | 8.0 ms (0.01 ms a document) |" in block
+    assert "| sqlite | 1.0 ms | 40.0 ms (0.040 ms a document) | 8.0 ms (0.008 ms a document) |" in block
     assert f"**{600.0 / 100.0:.2f}x** the time for {100_000 / 18_000:.2f}x the chunks" in block
