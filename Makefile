@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Every transitive dependency of `.[test]`, pinned for Python 3.11 on this platform (`make lock` writes it).
 LOCK   := constraints.txt
 
-.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-admission bench-embed bench-scale bench-chain bench-change-log clean
+.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-admission bench-embed bench-scale bench-chain bench-change-log bench-record clean
 
 install: $(STAMP)
 
@@ -89,6 +89,11 @@ bench-chain: install
 # The change log's catch-up read with a week of entries, and after pruning it to a day.
 bench-change-log: install
 	$(BIN)/python scripts/bench_change_log.py
+
+# What the document record costs (a one-document write, an ingest, a put on each kind of record) and a rebuild
+# from it at 18k and 100k chunks -> docs/benchmarks.md. The SciFact rebuild with the model is the long part.
+bench-record: install
+	$(BIN)/python scripts/bench_record.py
 
 clean:
 	rm -rf $(VENV)
