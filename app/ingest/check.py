@@ -163,13 +163,15 @@ def comparison_problems(c: IndexComparison) -> list[Problem]:
     out = []
     if c.missing:
         out.append(
-            Problem(f"{_docs(c.missing)} of the record not in the collection: {_first(c.missing)}", REBUILD)
+            Problem(
+                f"{_docs(c.missing)} of the record not in the collection: {first_ids(c.missing)}", REBUILD
+            )
         )
     if c.outdated:
         out.append(
             Problem(
                 f"{_docs(c.outdated)} whose chunks differ from what the record and the current chunking make "
-                f"(partly indexed, an older version or another chunking): {_first(c.outdated)}",
+                f"(partly indexed, an older version or another chunking): {first_ids(c.outdated)}",
                 REBUILD,
             )
         )
@@ -177,7 +179,7 @@ def comparison_problems(c: IndexComparison) -> list[Problem]:
         out.append(
             Problem(
                 f"{_docs(c.unrecorded)} in the collection but not in the record (written before the record "
-                f"existed): {_first(c.unrecorded)}",
+                f"existed): {first_ids(c.unrecorded)}",
                 "send them again (POST /api/documents or `sieve ingest PATH`) so the record keeps them; "
                 f"`{REBUILD} --drop-unrecorded` drops them",
             )
@@ -191,7 +193,8 @@ def _docs(ids: list[str]) -> str:
     return f"{len(ids)} document{'s' if len(ids) != 1 else ''}"
 
 
-def _first(ids: list[str]) -> str:
+def first_ids(ids: list[str]) -> str:
+    """The first `SHOWN_IDS` ids, and how many more."""
     shown = ", ".join(ids[:SHOWN_IDS])
     return shown + (f" (and {len(ids) - SHOWN_IDS} more)" if len(ids) > SHOWN_IDS else "")
 

@@ -26,6 +26,7 @@ from app.ingest.check import (
     RecordReader,
     compare,
     expected_chunk_ids,
+    first_ids,
     stored_chunk_ids,
 )
 from app.ingest.pipeline import Ingestor, PassageEmbedder, Progress
@@ -35,7 +36,6 @@ from app.store import ChromaStore
 
 log = logging.getLogger(__name__)
 
-SHOWN_IDS = 5
 MAX_PASSES = 5  # catch-up passes for documents written while the staging collection was built
 
 
@@ -43,9 +43,7 @@ class UnrecordedDocumentsError(RuntimeError):
     """The collection holds documents the record lacks: a rebuild from the record would drop them."""
 
     def __init__(self, doc_ids: list[str]):
-        shown = ", ".join(doc_ids[:SHOWN_IDS]) + (
-            f" (and {len(doc_ids) - SHOWN_IDS} more)" if len(doc_ids) > SHOWN_IDS else ""
-        )
+        shown = first_ids(doc_ids)
         super().__init__(
             f"the collection holds {len(doc_ids)} document(s) the document record lacks (written before the "
             f"record existed): {shown}. A rebuild from the record would drop them: send them again "
@@ -118,19 +116,19 @@ def build_staging(
     log.info("rebuild: %d recorded documents into '%s'", len(documents), staging.name)
     if documents:
         report.embedded += ingestor.ingest_documents(list(documents.values()), progress=progress).added
-    _converge(staging, record, ingestor, documents, settings, report)
+    _converge(staging, record, ingestor, settings, report)
 
 
 def _converge(
     staging: ChromaStore,
     record: RecordReader,
     ingestor: Ingestor,
-    documents: dict[str, Document],
     settings: IngestSettings,
     report: RebuildReport,
 ) -> None:
-    """Compare `staging` with the record until they match: delete chunks no recorded document makes, and
-    ingest again the documents whose chunks differ or that were written since they were read."""
+    """Compare `staging` with the record, read again at each pass, until they match: delete chunks no
+    recorded document makes, and ingest again the documents whose chunks differ or that were written since
+    they were read."""
     for _ in range(MAX_PASSES):
         documents = {doc.doc_id: doc for doc in record.iter_documents()}
         comparison, stray = _staging_against(staging, documents, settings)

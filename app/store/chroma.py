@@ -772,10 +772,7 @@ class ChromaStore:
     # -- helpers ---------------------------------------------------------------------------------
 
     def _max_batch(self) -> int:
-        try:
-            return max(1, min(5000, int(self._client.get_max_batch_size())))
-        except Exception:
-            return 1000
+        return max_batch_size(self._client)
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Chroma's `fn(*args, **kwargs)`, its errors wrapped once, here: a server that cannot be reached is
@@ -955,6 +952,15 @@ def _rename_staging(staging: Any, name: str) -> None:
     """Rename a complete staging collection to `name`, keeping only the embedder's keys in its metadata."""
     kept = {k: v for k, v in (staging.metadata or {}).items() if k.startswith("embedder_")}
     staging.modify(name=name, metadata=kept or None)
+
+
+def max_batch_size(client: Any) -> int:
+    """The most records one write of `client` takes (Chroma's own limit, at most 5,000; 1,000 when it does
+    not say)."""
+    try:
+        return max(1, min(5000, int(client.get_max_batch_size())))
+    except Exception:
+        return 1000
 
 
 def _exists(client: Any, name: str) -> bool:

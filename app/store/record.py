@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.settings import StoreSettings
-from app.store.chroma import StoreError
+from app.store.chroma import StoreError, max_batch_size
 from app.store.types import Document
 
 RECORD_FILE = "documents.sqlite3"
@@ -341,9 +341,6 @@ def open_record(settings: StoreSettings, client: Any) -> DocumentRecord:
     collection = client.get_or_create_collection(
         name, configuration={"hnsw": {"space": "l2"}}, embedding_function=None
     )
-    try:
-        max_batch = max(1, min(5000, int(client.get_max_batch_size())))
-    except Exception:
-        max_batch = 1000
     where = f"http://{settings.host}:{settings.port}"
-    return ChromaRecord(collection, f"document record '{name}' on the Chroma server at {where}", max_batch)
+    description = f"document record '{name}' on the Chroma server at {where}"
+    return ChromaRecord(collection, description, max_batch_size(client))
