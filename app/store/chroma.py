@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import chromadb
+import chromadb.errors
 import httpx
 import numpy as np
 from chromadb.config import Settings as ChromaClientSettings
@@ -655,15 +656,28 @@ class ChromaStore:
         body = {"put": [], "del": [], "pruned_before": before, "rebuilt": [previous_id, self.collection_id]}
         return self._log_entry(body, {"pruned_before": before, REBUILT_FROM_KEY: previous_id})
 
-    def _follow_rebuild(self) -> None:
+    def _follow_rebuild(self, current: Any = None) -> None:
         """Open the collection of this store's name again (a rebuild replaced it under another process: the
-        old id is gone) and forget every cached chunk and vector."""
+        old id is gone; `current`: it, already opened) and forget every cached chunk and vector."""
         log.warning("collection '%s' was rebuilt by another process: opening the new one", self.name)
-        self._collection = self._call(self._client.get_collection, self.name)
+        self._collection = current or self._call(self._client.get_collection, self.name)
         with self._failures_lock:  # a failure recorded on the dropped collection is rechecked on this one
             if self.name in self._failing:
                 self._failing[self.name] = self._collection
         self.forget_all()
+
+    def _rebuilt_under_us(self, exc: Exception) -> Any:
+        """The collection that replaced this store's when `exc` says this one no longer exists and one of the
+        same name and another id does (a rebuild switched while this process held the old one), else None.
+        A call that lands between the rebuild's change-log entry and a read of it follows the switch at
+        once instead of failing."""
+        if not isinstance(exc, chromadb.errors.NotFoundError):
+            return None
+        try:
+            current = self._client.get_collection(self.name)
+        except Exception:  # no collection of that name (a switch between its drop and its rename)
+            return None
+        return current if str(current.id) != self.collection_id else None
 
     def embedder_mismatch(self, embedder_identity: dict[str, Any]) -> str | None:
         """Why this collection was not built with the embedder of `embedder_identity`, or None."""
@@ -790,6 +804,9 @@ class ChromaStore:
         except Exception as exc:
             if _is_connection_error(exc):
                 raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
+            if target is self._collection and (current := self._rebuilt_under_us(exc)) is not None:
+                self._follow_rebuild(current)  # then the same call on the collection that replaced it
+                return self._call(getattr(self._collection, fn.__name__), *args, **kwargs)
             error = StoreFailedError(kind, name, f"{type(exc).__name__}: {exc}")
             self._record_failure(kind, name, target, str(error))
             raise error from exc

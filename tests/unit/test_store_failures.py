@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import chromadb.errors
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -72,6 +73,43 @@ def fake_store(collection: FakeCollection) -> ChromaStore:
 
 
 # -- the store wraps and records -----------------------------------------------------------------------------
+
+
+class DroppedCollection(FakeCollection):
+    """A collection a rebuild dropped: every call answers Chroma's "does not exist"."""
+
+    id = "old-id"
+
+    def count(self) -> int:
+        raise chromadb.errors.NotFoundError(f"Collection [{self.id}] does not exist.")
+
+
+class RebuiltClient:
+    """A client whose collection of the store's name is now the rebuild's (another id)."""
+
+    def __init__(self, current: FakeCollection | None) -> None:
+        self.current = current
+
+    def get_collection(self, name: str) -> FakeCollection:
+        if self.current is None:
+            raise chromadb.errors.NotFoundError(f"Collection [{name}] does not exist.")
+        return self.current
+
+
+def test_a_call_on_a_collection_a_rebuild_replaced_follows_the_switch_and_is_answered() -> None:
+    rebuilt = FakeCollection()
+    rebuilt.id = "new-id"  # type: ignore[attr-defined]
+    rebuilt.records = {"c_1": None, "c_2": None}
+    store = ChromaStore(RebuiltClient(rebuilt), DroppedCollection(), "Chroma server at http://127.0.0.1:1")
+    assert store.count() == 2  # answered by the new collection, not a failure
+    assert store.collection_id == "new-id" and store.failures() == []
+
+
+def test_a_call_between_the_drop_and_the_rename_is_a_failure() -> None:
+    store = ChromaStore(RebuiltClient(None), DroppedCollection(), "Chroma server at http://127.0.0.1:1")
+    with pytest.raises(StoreFailedError, match="read from collection 'sieve' failed: NotFoundError"):
+        store.count()
+    assert store.collection_id == "old-id"
 
 
 def test_a_chroma_error_is_wrapped_once_naming_what_was_done_and_recorded_until_a_success() -> None:
