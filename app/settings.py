@@ -374,14 +374,19 @@ class EvaluateThresholds(_Strict):
     # "warn": a regression the condensed lists (unjudged removed) do not show only warns
     unjudged_policy: Literal["warn", "fail"] = "fail"
     # the default regression rule, for each of recall, hit rate, MRR and nDCG without a max_drop: a
-    # significant drop (pHolm < alpha) on the core set fails (or warns, or is off); any other drop warns
+    # significant drop (max-T adjusted p < alpha) on the core set fails (or warns, or is off); any other
+    # drop warns
     regression_policy: Literal["warn", "fail", "off"] = "fail"
     # with max_broken_cases unset: a broken core case (hit 1 -> 0 on judged documents) fails, warns or is off
     broken_case_policy: Literal["warn", "fail", "off"] = "fail"
     # a high-risk case (risk: high) that breaks, in any set
     high_risk_policy: Literal["warn", "fail", "off"] = "fail"
-    # a hard case of the baseline (failed, or nDCG@K < 1) that left the golden set without a `retired` reason
+    # a hard case of the baseline (failed, or nDCG@K < 1) that left the golden set without a `retired` reason,
+    # or left the scoring (its expected ids went stale); other such cases warn
     removed_case_policy: Literal["warn", "fail", "off"] = "fail"
+    # fewer paired cases than this and the run is not checked (it fails, the baseline stays); null: half
+    # the baseline's scored and no-answer cases, and at least 1
+    min_paired_cases: int | None = Field(None, ge=1)
     # a segment of 10+ paired cases whose drop is significant (Holm over segments)
     segment_drop_policy: Literal["warn", "fail", "off"] = "warn"
     # p95 single-query latency may grow to baseline x (1 + this) at most; null = not checked

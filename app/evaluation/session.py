@@ -161,12 +161,13 @@ def _not_run(error: str, described: ServiceDescription, settings: EvaluateSettin
 
 
 def _configured_baseline(settings: EvaluateSettings) -> Baseline:
-    """The configured baseline; one that cannot be used is logged and stands as no baseline."""
+    """The configured baseline; one that cannot be used is logged and stands as a baseline that cannot be
+    used (`Baseline.error`): the run then fails as not checked."""
     try:
         return resolve_baseline(settings)
     except BaselineError as exc:
         log.error("[RetrievalEval] %s", lines.baseline_unusable_line(exc))
-        return Baseline(None, None, f"the configured baseline is not usable: {exc}")
+        return Baseline(None, None, f"the configured baseline is not usable: {exc}", error=str(exc))
 
 
 def run_sweep(
@@ -222,8 +223,18 @@ def finish_evaluation(
         run_info = {**run_info, "reportFile": f"{settings.report_prefix}-{stamp}.json"}
     measured = measure_report(evaluation, run_info, baseline.report, settings.seed, sweep, audit)
     comparison = _comparison(measured, baseline, settings)
-    gate = check_gate(measured, settings.thresholds, baseline.note, comparison)
-    update = baseline_update(measured, settings, gate.passed)
+    own = (
+        Path(settings.output_dir) / f"{settings.report_prefix}-{stamp}.json" if settings.write_json else None
+    )
+    gate = check_gate(
+        measured,
+        settings.thresholds,
+        baseline.note,
+        comparison,
+        not_checked=baseline.error,
+        report_path=str(own) if own else None,
+    )
+    update = baseline_update(measured, settings, gate.passed, baseline)
     note = None if comparison is not None else baseline.note
     report = build_report(measured, Verdict(comparison, note, gate.record(), update))
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)

@@ -4,6 +4,7 @@ too small to fail the gate, never walk the baseline down; `sieve baseline accept
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -93,12 +94,40 @@ def test_the_tolerance_is_the_largest_drop_of_a_mean_allowed(tmp_path, tolerance
     assert baseline_update(lower, ev, True).promoted is promoted
 
 
+def ranked(stamp: str, k: int, docs: list[str]) -> Report:
+    """A report of one case `a` expecting d1, its ranking `docs`, scored at `k` (figures recorded as the
+    run scored them: d1 at rank r gives MRR 1/r and nDCG 1/log2(r + 1))."""
+    rank = docs.index("d1") + 1 if "d1" in docs[:k] else None
+    ndcg = 1 / math.log2(rank + 1) if rank else 0.0
+    metrics = {"recall": float(bool(rank)), "hitRate": float(bool(rank)), "mrr": 1 / rank if rank else 0.0}
+    metrics |= {"ndcg": ndcg, "precision": float(bool(rank)) / k, "top1Accuracy": float(rank == 1)}
+    case = {
+        "id": "a",
+        "query": "q",
+        "topK": k,
+        "matchOn": "doc",
+        "expected": {"d1": 1.0},
+        "metrics": metrics,
+        "rankedDocuments": [{"rank": i + 1, "docId": d} for i, d in enumerate(docs[:k])],
+    }
+    return Report.model_validate({"run": {"evaluatedAt": stamp, "k": k}, "cases": [case]})
+
+
+def test_a_deeper_run_is_judged_at_the_baselines_k(tmp_path) -> None:
+    # K 5 -> 10: the K=10 lists are cut to 5 before the means are compared. d1 at rank 7 of 10 is a hit at
+    # K=10 but none at K=5: worse on every gated measure; at rank 1 of 10 it is as good as the baseline.
+    base = ranked("t0", 5, ["d1", "x1", "x2", "x3", "x4"])
+    deeper_miss = ranked("t1", 10, ["x1", "x2", "x3", "x4", "x5", "x6", "d1", "x7", "x8", "x9"])
+    assert worse_than(base, deeper_miss, 0.0) == [
+        f"{m} 1.000 -> 0.000 (-1.000 over 1 paired cases)" for m in ("recall", "hitRate", "mrr", "ndcg")
+    ]
+    deeper_hit = ranked("t1", 10, ["d1", "x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x9"])
+    assert worse_than(base, deeper_hit, 0.0) == []
+
+
 def test_a_run_that_cannot_be_set_beside_the_baseline_is_not_promoted(tmp_path) -> None:
     base = report("t0", {"a": 1.0})
-    assert worse_than(base, report("t1", {"a": 1.0}, k=10), 0.0) == [
-        "K differs (5 -> 10), so the runs cannot be compared"
-    ]
-    assert worse_than(base, report("t1", {"other": 1.0}), 0.0) == ["no case is scored in both runs"]
+    assert worse_than(base, report("t1", {"other": 1.0}), 0.0) == ["no case is paired with the baseline"]
 
 
 def test_failed_gate_invalid_set_and_first_run(tmp_path) -> None:

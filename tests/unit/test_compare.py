@@ -17,7 +17,8 @@ from app.evaluation.compare.comparison import (
 )
 from app.evaluation.render.lines import baseline_line
 from app.evaluation.report.model import Comparison, Report, RunInfo
-from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
+from app.evaluation.scoring.measures import GATED
+from app.evaluation.scoring.stats import bootstrap_ci, max_t, sign_flip_p_value
 
 
 def compare(baseline: dict, current: dict, path: str, **kwargs) -> Comparison:
@@ -55,7 +56,7 @@ def report(ndcgs: dict, settings: dict | None = None, k: int = 5, hits: dict | N
                 "id": cid,
                 "query": f"query {cid}",
                 "topK": k,
-                "caseSha256": "same",
+                "caseSha256": f"sha-{cid}",
                 "metrics": None if v is None else metrics(v, hits.get(cid, 1.0)),
                 "rankedDocuments": [{"docId": f"doc-{cid}"}],
             }
@@ -64,10 +65,19 @@ def report(ndcgs: dict, settings: dict | None = None, k: int = 5, hits: dict | N
     }
 
 
+def comp_in(report_json: dict, case_id: str) -> dict:
+    """The metrics of case `case_id` in a report JSON."""
+    return next(c["metrics"] for c in report_json["cases"] if c["id"] == case_id)
+
+
 def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
     base = report({"a": 0.5, "b": 1.0, "c": 0.0, "d": 1.0, "gone": 1.0, "na": None}, hits={"c": 0.0})
     cur = report({"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0, "new": 1.0, "na": None}, hits={"d": 0.0})
     comp = compare(base, cur, "base.json", seed=42, alpha=0.05)
+
+    def pairs(m: str) -> list[tuple[float, float]]:
+        return [(comp_in(base, i)[m], comp_in(cur, i)[m]) for i in ("a", "b", "c", "d")]
+
     assert comp.comparable and comp.paired_cases == 4  # a, b, c, d (na has no metrics on either side)
     assert comp.cases.only_in_baseline == ["gone"] and comp.cases.only_in_current == ["new"]
     assert (comp.cases.fixed, comp.cases.broken) == (["c"], ["d"])
@@ -78,8 +88,11 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
     # exact sign-flip on d = [0.5, 0, 1, -1]: see test_exact_p_of_the_pairing_example
     assert row.p_value == sign_flip_p_value(diffs) == 16 / 16
     assert row.ci95 == bootstrap_ci(diffs, seed=42)
-    p_values = [comp.metrics[m].p_value for m in comp.metrics]
-    assert [comp.metrics[m].p_holm for m in comp.metrics] == holm(p_values)
+    # the gated measures are tested together (max-T over their sign flips); the others are shown, not tested
+    family = max_t({m: [after - before for before, after in pairs(m)] for m in GATED}, seed=42)
+    assert {m: comp.metrics[m].p_adjusted for m in GATED} == {m: family[m].p_adjusted for m in GATED}
+    assert {m: comp.metrics[m].p_value for m in GATED} == {m: family[m].p_value for m in GATED}
+    assert comp.metrics["precision"].p_adjusted is None and not comp.metrics["precision"].significant
     assert [x.id for x in comp.cases.improved] == ["c", "a"] and [x.id for x in comp.cases.worsened] == ["d"]
     assert comp.case_details["c"].to_json() == {
         "query": "query c",
@@ -111,6 +124,10 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "composition",
         "budget",
         "segments",
+        "pairedNoAnswer",
+        "k",
+        "notes",
+        "baselineScored",
     }
     (gone,) = comp.removed_cases
     assert (gone.id, gone.metrics["ndcg"], gone.failed, gone.retired_reason) == ("gone", 1.0, False, None)
@@ -121,7 +138,11 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "delta",
         "ci95",
         "pValue",
-        "pHolm",
+        "pAdjusted",
+        "adjustment",
+        "exact",
+        "pError",
+        "nearAlpha",
         "significant",
     }
     assert set(out["cases"]) == {
@@ -134,6 +155,10 @@ def test_pairs_by_id_and_computes_the_defined_statistics() -> None:
         "unverified",
         "brokenByRelabelling",
         "thinlyJudged",
+        "renamed",
+        "changed",
+        "abstentionBroken",
+        "abstentionFixed",
     }
     assert out["stages"] == [
         {
@@ -150,10 +175,54 @@ def test_exact_p_of_the_pairing_example() -> None:
     assert sign_flip_p_value([0.5, 0.0, 1.0, -1.0]) == 16 / 16
 
 
-def test_different_k_is_not_comparable_and_has_no_statistics() -> None:
-    comp = compare(report({"a": 1.0}), report({"a": 1.0}, k=10), "b.json")
-    assert not comp.comparable and comp.metrics == {}
+def test_a_different_k_is_compared_at_the_smaller_k() -> None:
+    # K 5 -> 10: the current lists are cut to the baseline's K and scored again from their documents.
+    base = report({"a": 1.0})
+    cur = report({"a": 1.0}, k=10)
+    for case in (base["cases"][0], cur["cases"][0]):
+        case["expected"], case["matchOn"] = {"doc-a": 1.0}, "doc"
+    cur["cases"][0]["rankedDocuments"] = [{"docId": f"x{i}"} for i in range(5)] + [{"docId": "doc-a"}]
+    comp = compare(base, cur, "b.json")
+    assert comp.comparable and comp.k == 5 and comp.paired_cases == 1
+    assert comp.notes == ["compared at K=5: the current run's lists (K=10) cut to K=5 for 1 paired case(s)"]
     assert "K: 5 -> 10" in comp.differences
+    # doc-a at rank 6 is outside the top 5: a miss at the compared K (it would be a hit at K=10)
+    assert comp.metrics["hitRate"].current == 0.0 and comp.cases.broken == ["a"]
+
+
+def test_a_case_whose_own_top_k_changed_is_left_out_and_listed() -> None:
+    base = report({"a": 1.0, "b": 1.0})
+    cur = report({"a": 1.0, "b": 1.0})
+    cur["cases"][1]["topK"] = 3  # b's own topK: 5 -> 3 (the run's K stays 5)
+    comp = compare(base, cur, "b.json")
+    assert comp.comparable and comp.paired_cases == 1
+    assert [(c.id, c.reason) for c in comp.cases.changed] == [("b", "its own topK changed: 5 -> 3")]
+
+
+def test_a_renamed_case_is_paired_by_content() -> None:
+    base = report({"a": 1.0, "b": 0.5})
+    cur = report({"a2": 1.0, "b2": 0.5})
+    cur["cases"][0]["caseSha256"], cur["cases"][1]["caseSha256"] = "sha-a", "sha-b"
+    comp = compare(base, cur, "b.json")
+    assert comp.paired_cases == 2 and comp.removed_cases == [] and comp.added_cases == []
+    assert [(r.baseline_id, r.id) for r in comp.cases.renamed] == [("a", "a2"), ("b", "b2")]
+    assert "golden set: 2 case(s) renamed, paired by content (a -> a2, b -> b2)" in comp.differences
+
+
+def test_a_case_that_leaves_the_scoring_is_a_removal_with_its_reason() -> None:
+    base = report({"a": 1.0, "b": 0.63})
+    cur = report({"a": 1.0, "b": None})
+    cur["cases"][1]["unscorable"] = "every expected chunk id is stale"
+    comp = compare(base, cur, "b.json")
+    assert comp.paired_cases == 1
+    (left,) = comp.removed_cases
+    assert (left.id, left.hard, left.left_scoring) == ("b", True, "every expected chunk id is stale")
+    assert left.way_back is not None and "sieve golden check" in left.way_back
+
+
+def test_nothing_paired_is_not_comparable() -> None:
+    comp = compare(report({"a": 1.0}), report({"z": 1.0}), "b.json")
+    assert not comp.comparable and comp.metrics == {} and comp.paired_cases == 0
 
 
 def test_differences_name_each_changed_setting_with_old_and_new_value() -> None:
@@ -196,7 +265,7 @@ def test_log_line_format() -> None:
     ci = comp["metrics"]["ndcg"]["ci95"]
     assert baseline_line(Comparison.model_validate(comp), "@5") == (
         f"vs baseline 2026-12-01T00:00:00+00:00 (2 paired): nDCG@5 0.750 -> 1.000 (+0.250, "
-        f"95% CI [{ci[0]:.3f}, {ci[1]:.3f}], p=1) fixed=0 broken=0"
+        f"95% CI [{ci[0]:.3f}, {ci[1]:.3f}], p=1, adjusted 1) fixed=0 broken=0"
     )
 
 

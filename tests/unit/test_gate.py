@@ -22,6 +22,7 @@ from app.evaluation.report.model import (
 from app.settings import EvaluateThresholds
 
 SUMMARY = {
+    "scoredCases": 20,
     "recall": 0.9,
     "hitRate": 0.95,
     "mrr": 0.8,
@@ -48,14 +49,14 @@ def case(case_id: str, forbidden_found: list[str]) -> CaseRecord:
     return CaseRecord(id=case_id, query="q", top_k=5, forbidden_found=forbidden_found)
 
 
-def row(baseline: float, current: float, p_holm: float = 0.4, significant: bool = False) -> MetricComparison:
+def row(baseline: float, current: float, p_adj: float = 0.4, significant: bool = False) -> MetricComparison:
     return MetricComparison(
         baseline=baseline,
         current=current,
         delta=current - baseline,
         ci95=None,
-        p_value=p_holm,
-        p_holm=p_holm,
+        p_value=p_adj,
+        p_adjusted=p_adj,
         significant=significant,
     )
 
@@ -76,7 +77,7 @@ def comparison(
 
 def test_defaults_check_forbidden_hits_with_zero_tolerance_and_the_no_answer_policy() -> None:
     result = check_gate(report(), EvaluateThresholds())
-    assert [c.name for c in result.checks] == ["max_forbidden_hits", "no_answer_policy"]
+    assert [c.name for c in result.checks] == ["scored_cases", "max_forbidden_hits", "no_answer_policy"]
     assert result.passed and result.warnings == []
 
 
@@ -152,8 +153,43 @@ def test_without_a_baseline_the_regression_gate_passes_and_says_why() -> None:
     different_k = comparison(0.9, 0.9, False).model_copy(
         update={"comparable": False, "metrics": {}, "cases": CaseChanges()}
     )
-    not_comparable = check_gate(report(comparison=different_k), thresholds)
-    assert not_comparable.passed and "not comparable" in not_comparable.notes[0]
+    not_checked = check_gate(report(comparison=different_k), thresholds, report_path="target/r.json")
+    (failure,) = not_checked.failures
+    assert failure.check == "not_checked" and not_checked.notes == []
+    assert "sieve baseline accept target/r.json" in failure.message and "--baseline none" in failure.message
+
+
+def test_an_unusable_baseline_fails_as_not_checked() -> None:
+    result = check_gate(report(), EvaluateThresholds(), not_checked="p.json: metrics.ndcg must be a number")
+    (failure,) = result.failures
+    assert failure.check == "not_checked" and "p.json: metrics.ndcg must be a number" in failure.message
+
+
+@pytest.mark.parametrize(
+    ("paired", "baseline_scored", "floor", "passed"),
+    [
+        (10, 20, 20 // 2, True),  # half the baseline's 20 scored cases: 10 is enough
+        (9, 20, 20 // 2, False),
+        (10, 19, -(-19 // 2), True),  # ceil(19 / 2) = 10
+        (1, 1, 1, True),  # at least 1
+    ],
+)
+def test_fewer_paired_cases_than_the_floor_is_not_checked(paired, baseline_scored, floor, passed) -> None:
+    comp = comparison(0.9, 0.9, False).model_copy(
+        update={"paired_cases": paired, "baseline_scored": baseline_scored}
+    )
+    result = check_gate(report(comparison=comp), EvaluateThresholds())
+    check = next(c for c in result.checks if c.name == "not_checked")
+    assert (check.value, check.threshold, check.passed) == (paired, floor, passed)
+    assert result.passed is passed
+
+
+def test_nothing_scored_fails() -> None:
+    summary = {**SUMMARY, "scoredCases": 0, "noAnswer": {"cases": 0}, "unscorableCaseIds": ["a", "b"]}
+    result = check_gate(report(summary), EvaluateThresholds())
+    (failure,) = result.failures
+    assert failure.check == "scored_cases" and (failure.actual, failure.limit) == (0.0, 1.0)
+    assert "unscorable: a, b" in failure.message
 
 
 def test_gate_json_has_failures_with_check_actual_limit_message() -> None:
@@ -308,4 +344,5 @@ def test_a_report_without_a_summary_fails_every_level_it_is_asked_for() -> None:
     assert [(f.check, f.actual, f.limit) for f in result.failures] == [
         ("min_recall", None, 0.5),
         ("max_p95_ms", None, 100.0),
+        ("scored_cases", 0.0, 1.0),
     ]

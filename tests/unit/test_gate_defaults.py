@@ -21,7 +21,7 @@ from app.evaluation.report.model import (
 )
 from app.settings import EvaluateThresholds
 
-SUMMARY = {"ndcg": 0.8, "noAnswer": {"cases": 0}, "forbidden": {"hits": 0, "cases": 0}}
+SUMMARY = {"scoredCases": 20, "ndcg": 0.8, "noAnswer": {"cases": 0}, "forbidden": {"hits": 0, "cases": 0}}
 
 
 def row(baseline: float, current: float, significant: bool = False) -> MetricComparison:
@@ -32,7 +32,7 @@ def row(baseline: float, current: float, significant: bool = False) -> MetricCom
         delta=current - baseline,
         ci95=None,
         p_value=p,
-        p_holm=p,
+        p_adjusted=p,
         significant=significant,
     )
 

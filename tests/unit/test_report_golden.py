@@ -61,7 +61,7 @@ def test_sections_come_verdict_gate_comparison_worst_cases_first() -> None:
     assert lines[2] == (
         "**Gate PASSED with 1 warning.** nDCG@5 0.807, Recall@5 0.750, MRR@5 1.000 over 2 scored cases "
         "(3 in all, 1 no-answer, 0 failed); nDCG@5 +0.307 against the baseline "
-        "(p 1, Holm 1: not significant); 1 fixed, 0 broken."
+        "(p 1, adjusted 1: not significant); 1 fixed, 0 broken."
     )
 
 

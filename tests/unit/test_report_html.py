@@ -205,5 +205,5 @@ def test_the_comparison_shows_the_budget_the_removed_cases_and_whether_the_run_b
     )
     removed = re.search(r'<table id="removed-added">(.*?)</table>', html, re.S)
     assert removed is not None
-    assert "&lt;hard-1&gt;" in removed.group(1) and "(no reason given)" in removed.group(1)
+    assert "&lt;hard-1&gt;" in removed.group(1) and "(no retired reason given)" in removed.group(1)
     assert "The baseline stays: the gate failed." in html

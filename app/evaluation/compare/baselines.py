@@ -5,7 +5,8 @@ In `rag.evaluate.output_dir`, beside the timestamped reports and `<prefix>-lates
 * `<prefix>-passing.json`: the last passing baseline, a copy written atomically after a run that passed its
   gate on a valid golden set AND is not worse than that baseline: on the cases both runs scored, none of
   Recall, HitRate, MRR and nDCG (the means at K) is lower than the baseline's by more than
-  `rag.evaluate.baseline_tolerance` (default 0). So a run of small drops, each too small to fail the gate,
+  `rag.evaluate.baseline_tolerance` (default 0), nor the share of paired no-answer cases that abstained
+  (cases paired as the comparison pairs them). So a run of small drops, each too small to fail the gate,
   never walks the baseline down: each is measured against the same, better baseline. A run whose gate
   failed, a broken golden set's ("invalid") report, or a worse run never replaces it; the report's
   `baselineUpdate` and the log say why, and `sieve baseline accept [FILE]` makes a run the baseline on
@@ -19,9 +20,12 @@ need; the pruning pattern matches timestamped names only.
 Resolution, by `rag.evaluate.baseline`:
 
 * "previous-passing" (the default): the pinned report, else the last passing one, else no baseline, with a
-  note saying why. A pinned report that cannot be used is an error (the user chose it).
+  note saying why. A pinned report that cannot be used is an error (the user chose it); a last passing
+  report that cannot be used is a baseline that cannot be used (`Baseline.error`): the run fails as not
+  checked, and the baseline stays.
 * "previous": `<prefix>-latest.json` as it is before this run. When it cannot be used (a broken golden
-  set's report, a damaged file), the newest usable timestamped report, and the note says so.
+  set's report, a damaged file), the newest usable timestamped report, and the note says so; when none
+  is, the run fails as not checked.
 * "none": no comparison.
 * a path: that report, which must be usable.
 
@@ -38,6 +42,7 @@ from pathlib import Path
 from statistics import fmean
 
 from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.compare.pairing import pair
 from app.evaluation.report.model import BaselineUpdate, Report, report_text
 from app.evaluation.scoring import measures
 from app.files import atomic_write_text
@@ -58,12 +63,15 @@ KIND_FILE = "configured file"
 @dataclass
 class Baseline:
     """The report this run is compared with (None: no comparison, `note` says why). `kind` is how it was
-    chosen: pinned, last passing, previous, configured file (None without a report)."""
+    chosen: pinned, last passing, previous, configured file (None without a report). `error`: there is a
+    baseline but it cannot be used (the file and what is wrong), so the run cannot be checked: it fails as
+    not checked rather than pass without a comparison."""
 
     report: Report | None
     path: str | None
     note: str
     kind: str | None = None
+    error: str | None = None
 
 
 def latest_report_path(settings: EvaluateSettings) -> Path:
@@ -111,8 +119,8 @@ def _previous_passing(settings: EvaluateSettings) -> Baseline:
     try:
         report = load_report(passing)
     except BaselineError as exc:
-        log.warning("[RetrievalEval] last passing report not used as baseline: %s", exc)
-        return Baseline(None, None, f"the last passing report is not usable: {exc}")
+        log.error("[RetrievalEval] the last passing report cannot be used as the baseline: %s", exc)
+        return Baseline(None, None, f"the last passing report is not usable: {exc}", error=str(exc))
     path = _own_copy(passing, report)
     return Baseline(report, str(path), f"last passing report {path}", KIND_PASSING)
 
@@ -127,12 +135,11 @@ def _previous(settings: EvaluateSettings) -> Baseline:
         log.warning("[RetrievalEval] previous report not used as baseline: %s", exc)
         older = newest_usable_report(settings)
         if older is None:
-            return Baseline(
-                None,
-                None,
+            note = (
                 f"the previous report is not usable ({exc}), and no older timestamped report in "
-                f"{latest.parent} is",
+                f"{latest.parent} is"
             )
+            return Baseline(None, None, note, error=note)
         path, report = older
         return Baseline(
             report,
@@ -170,9 +177,12 @@ def newest_usable_report(settings: EvaluateSettings) -> tuple[Path, Report] | No
     return None
 
 
-def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: bool) -> BaselineUpdate:
+def baseline_update(
+    report: Report, settings: EvaluateSettings, gate_passed: bool, baseline: Baseline | None = None
+) -> BaselineUpdate:
     """Whether `report` may replace the last passing baseline (the module docstring's rule), and why.
-    Decided before the files are written, so the report carries it."""
+    Decided before the files are written, so the report carries it. `baseline` is the one the run was
+    compared with: when it is the last passing report, it is not read again."""
     if report.status != "ok":
         return BaselineUpdate(promoted=False, reason="the golden set is invalid: nothing was evaluated")
     if not gate_passed:
@@ -184,10 +194,13 @@ def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: boo
     path = passing_report_path(settings)
     if not path.exists():
         return BaselineUpdate(promoted=True, reason="the first passing run")
-    try:
-        current = load_report(path)
-    except BaselineError as exc:
-        return BaselineUpdate(promoted=True, reason=f"the last passing report is not usable ({exc})")
+    if baseline is not None and baseline.kind == KIND_PASSING and baseline.report is not None:
+        current = baseline.report
+    else:
+        try:
+            current = load_report(path)
+        except BaselineError as exc:
+            return BaselineUpdate(promoted=True, reason=f"the last passing report is not usable ({exc})")
     worse = worse_than(current, report, settings.baseline_tolerance)
     if worse:
         return BaselineUpdate(
@@ -202,21 +215,32 @@ def baseline_update(report: Report, settings: EvaluateSettings, gate_passed: boo
 
 def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
     """How `report` is worse than `baseline` beyond `tolerance`, one phrase per measure (empty: it is not).
-    Over the case ids both scored, the mean of each gated measure (`measures.GATED`); a run that cannot be set
-    beside the baseline (K differs, no case scored on both sides) counts as worse, saying why."""
-    if baseline.run.k != report.run.k:
-        return [f"K differs ({baseline.run.k} -> {report.run.k}), so the runs cannot be compared"]
-    before = {c.case.id: c.scores.metrics for c in baseline.cases if c.scores.metrics}
-    after = {c.case.id: c.scores.metrics for c in report.cases if c.scores.metrics}
-    paired = sorted(set(before) & set(after))
-    if not paired:
-        return ["no case is scored in both runs"]
+    Over the cases paired as the comparison pairs them (`pairing.pair`: by id then content, at the common
+    K), the mean of each gated measure (`measures.GATED`) and the share of paired no-answer cases that
+    abstained; a run that cannot be set beside the baseline (nothing paired) counts as worse, saying why."""
+    pairing = pair(baseline, report)
+    scored = [
+        i for i in pairing.paired if pairing.baseline[i].scores.metrics and pairing.current[i].scores.metrics
+    ]
+    no_answer = [
+        i
+        for i in pairing.paired
+        if pairing.baseline[i].outcome.abstained is not None
+        and pairing.current[i].outcome.abstained is not None
+    ]
+    if not scored and not no_answer:
+        return ["no case is paired with the baseline"]
     out = []
-    for name in measures.GATED:
-        b = fmean(float(before[i].get(name, 0.0)) for i in paired)
-        a = fmean(float(after[i].get(name, 0.0)) for i in paired)
+    for name in measures.GATED if scored else ():
+        b = fmean(float((pairing.baseline[i].scores.metrics or {}).get(name, 0.0)) for i in scored)
+        a = fmean(float((pairing.current[i].scores.metrics or {}).get(name, 0.0)) for i in scored)
         if b - a > tolerance + 1e-12:
-            out.append(f"{name} {b:.3f} -> {a:.3f} ({a - b:+.3f} over {len(paired)} paired cases)")
+            out.append(f"{name} {b:.3f} -> {a:.3f} ({a - b:+.3f} over {len(scored)} paired cases)")
+    if no_answer:
+        b = fmean(float(bool(pairing.baseline[i].outcome.abstained)) for i in no_answer)
+        a = fmean(float(bool(pairing.current[i].outcome.abstained)) for i in no_answer)
+        if b - a > tolerance + 1e-12:
+            out.append(f"correctAbstention {b:.3f} -> {a:.3f} over {len(no_answer)} paired no-answer cases")
     return out
 
 

@@ -1,7 +1,8 @@
 """Compare an evaluation report with a baseline report: what changed between the runs (from their
-fingerprints), and, per metric, the paired difference with its bootstrap CI, sign-flip p-value and
-Holm-adjusted p-value. Works on typed reports (`Report`), read from their files by `load_report`, so
-`sieve compare A.json B.json` and the comparison inside a run are the same code.
+fingerprints), which cases pair (`pairing`), and, per metric, the paired difference with its bootstrap CI,
+its sign-flip p-value and, for the gated measures, the p-value adjusted over them (Westfall-Young max-T).
+Works on typed reports (`Report`), read from their files by `load_report`, so `sieve compare A.json B.json`
+and the comparison inside a run are the same code.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from statistics import fmean
 from pydantic import JsonValue, ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
+from app.evaluation.compare.pairing import WAY_BACK, Pairing, pair
 from app.evaluation.report.model import (
     BaselineRef,
     BeforeAfter,
@@ -151,15 +153,18 @@ def compare_reports(
     seed: int = 42,
     alpha: float = 0.05,
 ) -> Comparison:
-    """Pair the cases by id; figures over the paired cases that have metrics on both sides (no-answer and
-    failed cases excluded, as in the summary). With K different the runs are not comparable and no
-    statistics are computed."""
-    b_cases = {c.case.id: c for c in baseline_report.cases}
-    c_cases = {c.case.id: c for c in current_report.cases}
-    paired = sorted(set(b_cases) & set(c_cases))
+    """Pair the cases (`pairing.pair`: by id, then by content; a case whose own topK changed left out; at the
+    smaller K when the runs' K differ; a case that left the scoring counted as removed) and compare the
+    pairs: figures over the paired cases scored on both sides, and the paired no-answer cases' abstention.
+    When nothing can be paired the comparison is not `comparable` and carries no statistics: the gate
+    fails the run as not checked."""
+    pairing = pair(baseline_report, current_report)
+    c_all = {c.case.id: c for c in current_report.cases}
     changes = CaseChanges(
-        only_in_baseline=sorted(set(b_cases) - set(c_cases)),
-        only_in_current=sorted(set(c_cases) - set(b_cases)),
+        only_in_baseline=pairing.only_in_baseline,
+        only_in_current=pairing.only_in_current,
+        renamed=pairing.renamed,
+        changed=pairing.changed,
     )
     b_run, c_run = fingerprint_of(baseline_report.run), fingerprint_of(current_report.run)
     ref = BaselineRef(
@@ -167,41 +172,104 @@ def compare_reports(
         evaluated_at=_evaluated_at(baseline_report.run),
         run=b_run.model_copy(update={"settings": None}),
     )
+    retired = retired_reasons(current_report)
+    removed = _one_side(pairing.baseline_by_id, pairing.only_in_baseline, retired)
+    removed += _left_scoring(pairing)
     comparison = Comparison(
         baseline=ref,
-        comparable=not _k_changes(b_run, c_run, b_cases, c_cases, paired),
-        differences=describe_differences(b_run, c_run, b_cases, c_cases),
-        paired_cases=len(paired),
+        comparable=False,
+        differences=describe_differences(b_run, c_run, pairing.baseline_by_id, c_all)
+        + _pairing_differences(pairing),
+        paired_cases=0,
         metrics={},
         cases=changes,
         stages=_stage_deltas(baseline_report.stages, current_report.stages),
-        removed_cases=_one_side(b_cases, changes.only_in_baseline, retired_reasons(current_report)),
-        added_cases=_one_side(c_cases, changes.only_in_current, {}),
+        removed_cases=removed,
+        added_cases=_one_side(c_all, changes.only_in_current, {}),
+        k=pairing.k,
+        notes=pairing.notes,
+        baseline_scored=sum(1 for c in baseline_report.cases if _counted(c)),
     )
-    if not comparison.comparable:
+    before, after = _scored_figures(pairing.baseline, pairing.current)
+    abstained = _abstentions(pairing)
+    if not before and not abstained[0]:
         return comparison
-    return _with_statistics(comparison, baseline_report, current_report, seed, alpha)
+    return _with_statistics(comparison, pairing, baseline_report, current_report, seed, alpha)
+
+
+def _counted(case: CaseRecord) -> bool:
+    """A case that counts for the floor of a check: scored, or a no-answer case that ran."""
+    return case.scores.metrics is not None or (
+        case.case.expect_no_answer and case.outcome.abstained is not None
+    )
+
+
+def _pairing_differences(pairing: Pairing) -> list[str]:
+    """The pairing's own findings in words: renamed and changed cases."""
+    out = []
+    if pairing.renamed:
+        shown = ", ".join(f"{r.baseline_id} -> {r.id}" for r in pairing.renamed[:10])
+        more = f", … ({len(pairing.renamed) - 10} more)" if len(pairing.renamed) > 10 else ""
+        out.append(f"golden set: {len(pairing.renamed)} case(s) renamed, paired by content ({shown}{more})")
+    for changed in pairing.changed:
+        out.append(f"case {changed.id}: {changed.reason} (left out of the pairing)")
+    return out
+
+
+def _left_scoring(pairing: Pairing) -> list[CaseFigures]:
+    """The cases the baseline scored that this run cannot, as removals: the baseline's figures, whether
+    the case was hard there, why it left and the way back."""
+    out = _one_side(pairing.baseline_by_id, sorted(pairing.left_scoring), {})
+    return [
+        c.model_copy(update={"left_scoring": pairing.left_scoring[c.id], "way_back": WAY_BACK}) for c in out
+    ]
+
+
+def _abstentions(pairing: Pairing) -> tuple[list[str], dict[str, float], dict[str, float]]:
+    """The paired no-answer cases (ran on both sides), and whether each abstained before and now (1 or 0)."""
+    ids = [
+        i
+        for i in pairing.paired
+        if pairing.baseline[i].case.expect_no_answer
+        and pairing.current[i].case.expect_no_answer
+        and pairing.baseline[i].outcome.abstained is not None
+        and pairing.current[i].outcome.abstained is not None
+    ]
+    before = {i: float(bool(pairing.baseline[i].outcome.abstained)) for i in ids}
+    after = {i: float(bool(pairing.current[i].outcome.abstained)) for i in ids}
+    return ids, before, after
 
 
 def _with_statistics(
-    comparison: Comparison, baseline_report: Report, current_report: Report, seed: int, alpha: float
+    comparison: Comparison,
+    pairing: Pairing,
+    baseline_report: Report,
+    current_report: Report,
+    seed: int,
+    alpha: float,
 ) -> Comparison:
-    """A copy of `comparison` (two comparable runs) with its statistics: the paired rows (also on the
-    condensed lists, per golden-set part and per segment), the changed cases with their details, the
-    unjudged account, the composition and the budget."""
-    b_cases = {c.case.id: c for c in baseline_report.cases}
-    c_cases = {c.case.id: c for c in current_report.cases}
+    """A copy of `comparison` (something paired) with its statistics: the paired rows (also on the
+    condensed lists, per golden-set part and per segment), the paired abstention, the changed cases with
+    their details, the unjudged account, the composition and the budget."""
+    b_cases, c_cases = pairing.baseline, pairing.current
     before, after = _scored_figures(b_cases, c_cases)
     scored = list(before)
     rows = _paired_rows(before, after, seed, alpha)
+    no_answer, abstained_before, abstained_after = _abstentions(pairing)
+    if no_answer:
+        rows["correctAbstention"] = _abstention_row(abstained_before, abstained_after, seed, alpha)
     changes = _classify(comparison.cases, b_cases, c_cases, before, after)
+    changes.abstention_broken = [i for i in no_answer if abstained_before[i] > abstained_after[i]]
+    changes.abstention_fixed = [i for i in no_answer if abstained_before[i] < abstained_after[i]]
     details, account = _case_details(b_cases, c_cases, scored, changes)
     regressions = changes.broken + [d.id for d in changes.worsened]
     judged = [j for j in (c_cases[i].scores.judged for i in dict.fromkeys(regressions)) if j is not None]
     return comparison.model_copy(
         update={
+            "comparable": True,
             "cases": _unverified(changes, details),
             "paired_cases": len(scored),
+            "paired_no_answer": len(no_answer),
             "metrics": rows,
             "case_details": details,
             "unjudged": account,
@@ -212,6 +280,30 @@ def _with_statistics(
             "budget": _budget(baseline_report, current_report),
             "segments": segment_comparisons(before, after, c_cases, seed, alpha),
         }
+    )
+
+
+def _abstention_row(
+    before: dict[str, float], after: dict[str, float], seed: int, alpha: float
+) -> MetricComparison:
+    """CorrectAbstention over the paired no-answer cases (1 abstained, 0 answered), tested with the same
+    paired sign-flip test as the ranking measures; a family of its own (its cases are not the ranking
+    cases), so its adjusted p is its raw p."""
+    ids = sorted(before)
+    diffs = [after[i] - before[i] for i in ids]
+    result = stats.max_t({"correctAbstention": diffs}, seed, alpha)["correctAbstention"]
+    return MetricComparison(
+        baseline=fmean(before[i] for i in ids),
+        current=fmean(after[i] for i in ids),
+        delta=fmean(diffs),
+        ci95=stats.bootstrap_ci(diffs, seed=seed),
+        p_value=result.p_value,
+        p_adjusted=result.p_adjusted,
+        adjustment="none (tested alone, over the no-answer cases)",
+        exact=result.exact,
+        p_error=result.error,
+        near_alpha=result.near(alpha),
+        significant=result.p_adjusted < alpha,
     )
 
 
@@ -508,28 +600,35 @@ def _paired_rows(
     alpha: float,
     names: tuple[str, ...] | None = None,
 ) -> dict[str, MetricComparison]:
-    """Per metric over the paired cases: the means, the mean difference with its bootstrap CI, the
-    sign-flip p-value and the Holm-adjusted p-value (significant: pHolm < alpha)."""
+    """Per measure over the paired cases: the means, the mean difference with its bootstrap CI and the
+    sign-flip p-value. The measures the gate checks (`measures.GATED`) are tested together
+    (`stats.max_t`: exact up to 20 non-zero pairs, Westfall-Young step-down max-T over their sign flips):
+    their adjusted p decides `significant` (< alpha). The other measures are shown with their raw p, not
+    tested (no adjusted p, never significant)."""
     ids = sorted(before_by_case)
     rows: dict[str, MetricComparison] = {}
     if not ids:
         return rows
-    for name in measures.COMPARED if names is None else names:
-        before = [float(before_by_case[i][name]) for i in ids]
-        after = [float(after_by_case[i][name]) for i in ids]
-        diffs = [a - b for a, b in zip(after, before, strict=True)]
+    names = measures.COMPARED if names is None else names
+    diffs = {
+        name: [float(after_by_case[i][name]) - float(before_by_case[i][name]) for i in ids] for name in names
+    }
+    family = stats.max_t({name: diffs[name] for name in names if name in measures.GATED}, seed, alpha)
+    for name in names:
+        tested = name in family
+        result = family[name] if tested else stats.max_t({name: diffs[name]}, seed, alpha)[name]
         rows[name] = MetricComparison(
-            baseline=fmean(before),
-            current=fmean(after),
-            delta=fmean(diffs),
-            ci95=stats.bootstrap_ci(diffs, seed=seed),
-            p_value=stats.sign_flip_p_value(diffs, seed=seed),
-        )
-    adjusted = stats.holm([rows[m].p_value for m in rows])
-    for name, p_holm in zip(list(rows), adjusted, strict=True):
-        row = rows[name]
-        rows[name] = row.model_copy(
-            update={"p_holm": p_holm, "significant": p_holm is not None and p_holm < alpha}
+            baseline=fmean(float(before_by_case[i][name]) for i in ids),
+            current=fmean(float(after_by_case[i][name]) for i in ids),
+            delta=fmean(diffs[name]),
+            ci95=stats.bootstrap_ci(diffs[name], seed=seed),
+            p_value=result.p_value,
+            p_adjusted=result.p_adjusted if tested else None,
+            adjustment=stats.MAX_T if tested else None,
+            exact=result.exact,
+            p_error=result.error,
+            near_alpha=tested and result.near(alpha),
+            significant=tested and result.p_adjusted < alpha,
         )
     return rows
 
@@ -610,22 +709,6 @@ def fingerprint_of(run: RunInfo) -> RunFingerprint:
     keys a `RunInfo` does not declare, `settings`, `settingsSha256` and `embedder`, are among its extra
     fields). A key the run does not hold stays unset (`model_fields_set`): a report of an older Sieve."""
     return RunFingerprint.model_validate(run, from_attributes=True)
-
-
-def _k_changes(
-    b_run: RunFingerprint,
-    c_run: RunFingerprint,
-    b_cases: dict[str, CaseRecord],
-    c_cases: dict[str, CaseRecord],
-    paired: list[str],
-) -> list[str]:
-    out = []
-    if b_run.k != c_run.k:
-        out.append(f"K {b_run.k} -> {c_run.k}")
-    for i in paired:
-        if b_cases[i].resolved.top_k != c_cases[i].resolved.top_k:
-            out.append(f"case {i} topK {b_cases[i].resolved.top_k} -> {c_cases[i].resolved.top_k}")
-    return out
 
 
 def flatten(node: JsonValue, prefix: str) -> dict[str, JsonValue]:

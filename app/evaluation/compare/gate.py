@@ -3,23 +3,32 @@
 * Levels (`min_recall`, ..., `max_p95_ms`, and per segment `segments.<kind>:<name>.min_*`): a threshold left
   unset is not checked. A figure that could not be computed (no case had relevant documents, no case is in
   the segment) fails its check: a gate never passes on missing evidence.
-* Regressions, against a comparable baseline, on the core set's paired cases (the whole set when it has no
+* `scored_cases`: a run that scored no case (none with a relevant document in the index, no no-answer
+  case) fails: nothing was measured.
+* A run with a baseline is compared with it or fails as not checked (`not_checked`): an unusable baseline
+  report, nothing paired (`compare.pairing`), or fewer paired cases than `min_paired_cases` (default half
+  the baseline's scored and no-answer cases, at least 1). Only a run with no baseline at all (the first,
+  or `baseline: none`) passes these checks without checking, and a note says so.
+* Regressions, against the baseline, on the core set's paired cases (the whole set when it has no
   incremental part; the incremental set is reported apart and gated through `segments: {set:incremental}`):
   - by default (`regression_policy: fail`), for each of recall, hit rate, MRR and nDCG without a `max_drop`:
-    a significant drop (pHolm < alpha, Holm over the compared measures) fails; a drop that is not
-    significant warns (`significant_drop.<measure>`);
+    a significant drop (adjusted p < alpha: Westfall-Young step-down max-T over the gated measures' sign
+    flips, exact up to 20 non-zero pairs) fails; a drop that is not significant warns
+    (`significant_drop.<measure>`);
   - `max_drop.<measure>`: a drop beyond the limit fails when significant (or always, with
     `regression_requires_significance: false`) and warns when it is not;
   - `max_broken_cases` (unset: 0, with `broken_case_policy`'s severity): broken core cases (hit 1 -> 0)
     whose baseline hit rested on documents the golden set still judges relevant; a break caused by a
     relabelling is named, not counted;
   - `high_risk_broken` (`high_risk_policy`): any broken case marked `risk: high`, in any set;
+  - `abstention_broken` (as `max_broken_cases`): a core no-answer case that abstained in the baseline and
+    answers now;
   - `removed_cases` (`removed_case_policy`): a hard case of the baseline (failed, or nDCG@K < 1) that left
-    the golden set without a `retired` reason; other unexplained removals warn;
+    the golden set without a `retired` reason, or left the scoring (stale ids); other such cases warn;
   - `segment_drop` (`segment_drop_policy`, warn): a significant drop in a segment of 10+ paired cases (Holm
     over the segments); `segments.<key>.max_drop.<measure>`: a configured segment's mean paired drop;
   - `max_p95_increase`: p95 latency now <= baseline p95 x (1 + limit).
-  Without a baseline, or with one that is not comparable, these checks do not run and `notes` says why.
+  Without a baseline these checks do not run and `notes` says why.
 * Unjudged documents (`unjudged_policy`, default fail): they count as not relevant (the trec_eval
   convention), so a regression they may explain still fails, its message naming how many new top-K
   documents are unjudged (the list to judge). With "warn", a drop whose condensed lists (unjudged documents
@@ -36,13 +45,16 @@ gate or warns. A policy set to "off" leaves its check out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Literal
 
 from app.evaluation.compare.comparison import JUDGED_FLOOR, MIN_TESTED_SEGMENT
+from app.evaluation.compare.pairing import WAY_BACK
 from app.evaluation.report.model import (
+    CaseFigures,
     CaseRecord,
     Comparison,
     Gate,
@@ -87,12 +99,16 @@ MEANS: dict[str, str] = {
     "max_false_answer_rate": "share of no-answer cases that returned documents, at most",
     "max_forbidden_hits": "forbidden documents in any top K (a count), at most",
     "no_answer_policy": "no-answer cases that abstained (a count, not a rate), at least",
+    "scored_cases": "cases scored (with a relevant document in the index) and no-answer cases, at least",
+    "not_checked": "paired cases compared with the baseline, at least (else: not checked, the run fails)",
+    "abstention_broken": "core no-answer cases that abstained in the baseline and answer now, at most",
     "significant_drop": "the drop against the baseline (core set): a significant one fails, any other warns",
     "max_drop": "the drop against the baseline (core set), at most; beyond it, significant fails, else warns",
     "max_broken_cases": "core cases whose hit went 1 -> 0 on documents still judged relevant, at most",
     "unverified_broken_cases": "broken cases that unjudged documents may explain (unjudged_policy: warn)",
     "high_risk_broken": "broken cases marked risk: high, in any set (a count), at most",
-    "removed_cases": "hard cases of the baseline that left the golden set without a retired reason, none",
+    "removed_cases": "hard cases of the baseline that left the golden set (no retired reason) or the "
+    "scoring, none",
     "segment_drop": "segments of 10+ paired cases with a significant drop (Holm over segments), none",
     "segments": "a configured segment's level or drop",
     "max_p95_increase": "p95 latency growth against the baseline (a ratio: 0.2 = +20%), at most",
@@ -101,12 +117,14 @@ MEANS: dict[str, str] = {
 
 # the default rule in one paragraph, under the reports' gate tables
 GATE_RULE = (
-    "By default the gate fails on a forbidden document in any top K, on a significant drop (Holm-adjusted "
-    "p < alpha) of Recall, HitRate, MRR or nDCG against the baseline on the core set, on a broken core case "
-    "(hit 1 → 0) whose baseline hit rests on documents still judged relevant, on a broken high-risk case, "
-    "and on a hard case of the baseline (failed or nDCG < 1) removed without a retired reason; a drop that "
-    "is not significant, a significant drop in a segment of 10+ cases and 0 abstentions of the no-answer "
-    "cases warn. Unjudged documents count as not relevant (docs/baselines.md)."
+    "By default the gate fails on a run that scored nothing, on a run with a baseline it could not be "
+    "compared with (not checked), on a forbidden document in any top K, on a significant drop (max-T "
+    "adjusted p < alpha) of Recall, HitRate, MRR or nDCG against the baseline on the core set, on a broken "
+    "core case (hit 1 → 0) whose baseline hit rests on documents still judged relevant, on a no-answer case "
+    "that abstained and answers now, on a broken high-risk case, and on a hard case of the baseline "
+    "(failed or nDCG < 1) removed without a retired reason or gone from the scoring; a drop that is not "
+    "significant, a significant drop in a segment of 10+ cases and 0 abstentions of the no-answer cases "
+    "warn. Unjudged documents count as not relevant (docs/baselines.md)."
 )
 
 
@@ -210,11 +228,15 @@ def check_gate(
     thresholds: EvaluateThresholds,
     no_baseline_reason: str | None = None,
     comparison: Comparison | None = None,
+    not_checked: str | None = None,
+    report_path: str | None = None,
 ) -> GateResult:
     """All configured checks on `report`: its summary's figures (a report without a summary has none,
-    so every level fails), its comparison (None: no baseline, for the reason given) and its case records
-    (to name the cases with forbidden documents). `comparison` is the one a measured report (built without
-    it) is judged by; None: the report's own."""
+    so every level fails), whether anything was scored, its comparison (None: no baseline, for the reason
+    given; or, with `not_checked`, a baseline that could not be used, which fails the run) and its case
+    records (to name the cases with forbidden documents). `comparison` is the one a measured report (built
+    without it) is judged by; None: the report's own. `report_path` is this run's report file, named in
+    the way forward of a run that was not checked."""
     summary = report.summary if report.summary is not None else Summary()
     result = GateResult()
     for name, (metric, op, figure) in _LEVELS.items():
@@ -225,11 +247,39 @@ def check_gate(
         value = float(raw) if raw is not None else None
         passed = value is not None and (value >= threshold if op == ">=" else value <= threshold)
         result.checks.append(GateCheck(name, metric, op, float(threshold), value, passed))
+    _scored_cases(result, summary)
     _segment_levels(result, report, thresholds)
     _forbidden(result, summary, report, thresholds)
     _no_answer_policy(result, summary, thresholds)
-    _regressions(result, report, thresholds, comparison or report.comparison, no_baseline_reason)
+    _regressions(
+        result,
+        report,
+        thresholds,
+        comparison or report.comparison,
+        no_baseline_reason,
+        not_checked,
+        report_path,
+    )
     return result
+
+
+def _scored_cases(result: GateResult, summary: Summary) -> None:
+    """`scored_cases`: a run that scored nothing (no case with a relevant document in the index, no
+    no-answer case) measured nothing, and fails; whatever its baseline, it never becomes one."""
+    scored = summary.scored_cases + summary.no_answer.cases
+    message = f"{summary.scored_cases} case(s) scored, {summary.no_answer.cases} no-answer case(s)"
+    if scored == 0:
+        unscorable = summary.unscorable_case_ids
+        message = (
+            f"no case could be scored: {summary.cases} case(s), none with a relevant document in the index "
+            "and none a no-answer case, so nothing was measured"
+        )
+        if unscorable:
+            shown = ", ".join(unscorable[:10]) + (" …" if len(unscorable) > 10 else "")
+            message += f"; unscorable: {shown} (`sieve golden check` says where their ids went)"
+    result.checks.append(
+        GateCheck("scored_cases", "summary.scoredCases", ">=", 1.0, float(scored), scored >= 1, message)
+    )
 
 
 def _no_answer_policy(result: GateResult, summary: Summary, thresholds: EvaluateThresholds) -> None:
@@ -287,19 +337,26 @@ def _regressions(
     thresholds: EvaluateThresholds,
     comparison: Comparison | None,
     no_baseline_reason: str | None,
+    not_checked: str | None,
+    report_path: str | None,
 ) -> None:
-    """Every check against the baseline (the module docstring's "Regressions"), or a note saying why none
-    could run."""
+    """Every check against the baseline (the module docstring's "Regressions"). A run with a baseline is
+    compared or fails as not checked (an unusable baseline, nothing paired, fewer pairs than the floor);
+    only a run without any baseline passes them without checking, and a note says so."""
     if comparison is None:
+        if not_checked is not None:
+            result.checks.append(_not_checked(not_checked, 0, 1, report_path))
+            return
         reason = no_baseline_reason or "none configured"
         result.notes.append(f"regression gate passed without checking: no baseline ({reason})")
         return
     _removed_cases(result, thresholds, comparison)
-    if not comparison.comparable:
-        result.notes.append(
-            "regression gate passed without checking: the baseline is not comparable (K differs)"
-        )
+    paired = comparison.paired_cases + comparison.paired_no_answer
+    floor = paired_floor(comparison, thresholds)
+    if not comparison.comparable or paired < floor:
+        result.checks.append(_not_checked(_unchecked_reason(comparison, floor), paired, floor, report_path))
         return
+    result.checks.append(_checked(comparison, paired, floor))
     rows = core_rows(comparison)
     if comparison.by_set and not rows:
         result.notes.append("no core case is paired with the baseline: the drop checks did not run")
@@ -316,9 +373,60 @@ def _regressions(
         if check is not None:
             result.checks.append(_judged_caveat(check, comparison, metric, limit, thresholds))
     _broken_cases(result, report, thresholds, comparison)
+    _abstention_broken(result, report, thresholds, comparison)
     _high_risk(result, report, thresholds, comparison)
     _segment_drops(result, thresholds, comparison)
     _p95_increase(result, thresholds, comparison)
+
+
+def paired_floor(comparison: Comparison, thresholds: EvaluateThresholds) -> int:
+    """The fewest paired cases (scored and no-answer) a check needs: `min_paired_cases`, or by default
+    ceil(baseline's scored and no-answer cases / 2), and at least 1."""
+    if thresholds.min_paired_cases is not None:
+        return thresholds.min_paired_cases
+    return max(1, math.ceil(comparison.baseline_scored / 2))
+
+
+def _unchecked_reason(comparison: Comparison, floor: int) -> str:
+    """Why a comparison does not make a check, in words."""
+    paired = comparison.paired_cases + comparison.paired_no_answer
+    parts = [f"{paired} case(s) paired with the baseline, fewer than the {floor} a check needs"]
+    if comparison.cases.changed:
+        parts.append(f"{len(comparison.cases.changed)} changed their own topK")
+    left = [c for c in comparison.removed_cases if c.left_scoring is not None]
+    if left:
+        parts.append(f"{len(left)} left the scoring")
+    gone = len(comparison.cases.only_in_baseline)
+    if gone:
+        parts.append(f"{gone} of the baseline's cases are not in this run")
+    return "; ".join(parts) + " (rag.evaluate.thresholds.min_paired_cases)"
+
+
+def _not_checked(reason: str, paired: int, floor: int, report_path: str | None) -> GateCheck:
+    """The failing check of a run that has a baseline but could not be compared with it."""
+    target = report_path or "FILE"
+    message = (
+        f"not checked against the baseline: {reason}. The run fails and the baseline stays. Ways forward: "
+        f"`sieve baseline accept {target}` starts over from this run on purpose; `sieve eval --baseline "
+        "none` (RAG__EVALUATE__BASELINE=none at start-up) is an exploratory run without a comparison"
+    )
+    return GateCheck(
+        "not_checked", "comparison.pairedCases", ">=", float(floor), float(paired), False, message
+    )
+
+
+def _checked(comparison: Comparison, paired: int, floor: int) -> GateCheck:
+    """The holding check of a compared run: on how many pairs, and how (K, renames, changed cases)."""
+    parts = [f"compared with the baseline on {paired} paired case(s) (at least {floor})"]
+    parts += comparison.notes
+    if comparison.cases.renamed:
+        parts.append(f"{len(comparison.cases.renamed)} renamed case(s) paired by content")
+    if comparison.cases.changed:
+        shown = ", ".join(f"{c.id} ({c.reason})" for c in comparison.cases.changed)
+        parts.append(f"{len(comparison.cases.changed)} changed case(s) left out: {shown}")
+    return GateCheck(
+        "not_checked", "comparison.pairedCases", ">=", float(floor), float(paired), True, "; ".join(parts)
+    )
 
 
 def core_rows(comparison: Comparison) -> dict[str, MetricComparison]:
@@ -327,6 +435,18 @@ def core_rows(comparison: Comparison) -> dict[str, MetricComparison]:
     if comparison.by_set:
         return comparison.by_set.get("core", {})
     return comparison.metrics
+
+
+def p_text(row: MetricComparison) -> str:
+    """A tested row's p-values as the gate's lines say them: `p=0.016 (exact), adjusted 0.016 (max-T)`;
+    a Monte Carlo one with its standard error, and a word when it lies within that error of alpha."""
+    how = "exact" if row.exact else "Monte Carlo"
+    text = f"p={fmt_p(row.p_value)} ({how}), adjusted {fmt_p(row.p_adjusted)} (max-T)"
+    if row.p_error is not None:
+        text += f" ± {row.p_error:.2g}"
+    if row.near_alpha:
+        text += ": within Monte Carlo error of alpha, another seed may decide the other way"
+    return text
 
 
 def _drop_text(metric: str, row: MetricComparison) -> str:
@@ -343,9 +463,9 @@ def _drop_check(
     beyond = drop > limit + 1e-12
     failed = beyond and (row.significant or not thresholds.regression_requires_significance)
     if failed:
-        why = f"pHolm={fmt_p(row.p_holm)}"
+        why = p_text(row)
     elif beyond:
-        why = f"not significant (pHolm={fmt_p(row.p_holm)}): a warning"
+        why = f"not significant ({p_text(row)}): a warning"
     else:
         why = "within the allowed drop"
     message = f"{_drop_text(metric, row)}, allowed {limit} ({why})"
@@ -364,9 +484,9 @@ def _default_drop_check(
     drop = row.baseline - row.current
     dropped = drop > 1e-12
     if dropped and row.significant:
-        why = f"significant, pHolm={fmt_p(row.p_holm)}"
+        why = f"significant, {p_text(row)}"
     elif dropped:
-        why = f"not significant, pHolm={fmt_p(row.p_holm)}: a warning"
+        why = f"not significant, {p_text(row)}: a warning"
         severity = "warn"
     else:
         why = "no drop"
@@ -499,6 +619,49 @@ def _unverified_broken(comparison: Comparison, unverified: list[str]) -> GateChe
     )
 
 
+def _abstention_broken(
+    result: GateResult, report: Report, thresholds: EvaluateThresholds, comparison: Comparison
+) -> None:
+    """`abstention_broken`: a core no-answer case that abstained in the baseline and answers now is broken,
+    exactly as a hit 1 -> 0: the same limit (`max_broken_cases`, unset: 0) and severity
+    (`broken_case_policy`). Checked when no-answer cases are paired."""
+    limit = thresholds.max_broken_cases
+    severity: Severity | None = (
+        "fail" if limit is not None else policy_severity(thresholds.broken_case_policy)
+    )
+    if severity is None or comparison.paired_no_answer == 0:
+        return
+    limit = 0 if limit is None else limit
+    sets = {c.case.id: c.case.case_set for c in report.cases}
+    broken = comparison.cases.abstention_broken
+    incremental = [i for i in broken if sets.get(i, "core") != "core"]
+    counted = [i for i in broken if i not in incremental]
+    message = (
+        f"no-answer cases that abstained in the baseline and answer now: {len(counted)} of "
+        f"{comparison.paired_no_answer} paired, allowed {limit}"
+    )
+    if counted:
+        message += " (" + ", ".join(counted) + ")"
+    if incremental:
+        message += f"; {len(incremental)} incremental, reported apart: {', '.join(incremental)}"
+    row = comparison.metrics.get("correctAbstention")
+    if row is not None:
+        message += f"; CorrectAbstention {row.baseline:.3f} -> {row.current:.3f} (p={fmt_p(row.p_value)})"
+    count = float(len(counted))
+    result.checks.append(
+        GateCheck(
+            "abstention_broken",
+            "cases.abstentionBroken",
+            "<=",
+            float(limit),
+            count,
+            count <= limit,
+            message,
+            severity,
+        )
+    )
+
+
 def _high_risk(
     result: GateResult, report: Report, thresholds: EvaluateThresholds, comparison: Comparison
 ) -> None:
@@ -529,26 +692,29 @@ def _high_risk(
 
 def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:
     """`removed_cases`: a hard case of the baseline (failed, Recall@K < 1 or an error, or ranked below the
-    ideal, nDCG@K < 1) that left the golden set without a `retired: [{id, reason}]` entry has
-    `removed_case_policy`'s severity; any other removal without a reason warns; removals that all carry a
-    reason hold (and are named)."""
+    ideal, nDCG@K < 1) that left the golden set without a `retired: [{id, reason}]` entry, or left the
+    scoring (still in the golden set, but its expected ids went stale or every expectation is gone), has
+    `removed_case_policy`'s severity; any other such case warns; removals that all carry a reason hold
+    (and are named)."""
     severity = policy_severity(thresholds.removed_case_policy)
     removed = comparison.removed_cases
     if severity is None or not removed:
         return
     unexplained = [c for c in removed if c.retired_reason is None]
-    hard = [c.id for c in unexplained if c.hard]
-    others = [c.id for c in unexplained if not c.hard]
-    parts = [f"{len(removed)} case(s) removed since the baseline"]
+    hard = [c for c in unexplained if c.hard]
+    others = [c for c in unexplained if not c.hard]
+    gone = sum(1 for c in removed if c.left_scoring is None)
+    left = len(removed) - gone
+    parts = [f"{gone} case(s) removed since the baseline, {left} left the scoring"]
     if hard:
-        parts.append(
-            f"{len(hard)} hard in the baseline (failed or nDCG < 1), no retired reason: {', '.join(hard)}"
-        )
+        parts.append(f"{len(hard)} hard in the baseline (failed or nDCG < 1): {_named(hard)}")
     if others:
-        parts.append(f"{len(others)} without a retired reason: {', '.join(others)}")
+        parts.append(f"{len(others)} without a retired reason: {_named(others)}")
     retired = [f"{c.id} ({c.retired_reason})" for c in removed if c.retired_reason is not None]
     if retired:
         parts.append(f"retired: {', '.join(retired)}")
+    if left:
+        parts.append(f"the way back: {WAY_BACK}")
     if not hard and others:
         severity = "warn"
     result.checks.append(
@@ -562,6 +728,16 @@ def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, compariso
             "; ".join(parts),
             severity,
         )
+    )
+
+
+def _named(cases: list[CaseFigures]) -> str:
+    """The cases' ids, each that left the scoring with why: `a, b (left the scoring: ...)`."""
+    return ", ".join(
+        f"{c.id} (left the scoring: {c.left_scoring})"
+        if c.left_scoring
+        else f"{c.id} (not in the golden set)"
+        for c in cases
     )
 
 

@@ -75,13 +75,13 @@ _ENV.filters["ranks"] = ranks_text
 
 @dataclass(frozen=True)
 class Delta:
-    """A tile's change against the baseline: `delta` = current − baseline, its 95% CI, p and Holm's p, and
-    which way it went ("up", "down" or "flat")."""
+    """A tile's change against the baseline: `delta` = current − baseline, its 95% CI, p and the adjusted p
+    (max-T over the gated measures), and which way it went ("up", "down" or "flat")."""
 
     delta: float
     ci: tuple[float, float] | None
     p: float
-    p_holm: float | None
+    p_adjusted: float | None
     significant: bool
     baseline: float
     direction: str
@@ -184,7 +184,7 @@ def _delta(row: MetricComparison | None) -> Delta | None:
         delta=row.delta,
         ci=row.ci95,
         p=row.p_value,
-        p_holm=row.p_holm,
+        p_adjusted=row.p_adjusted,
         significant=row.significant,
         baseline=row.baseline,
         direction="up" if row.delta > 0 else "down" if row.delta < 0 else "flat",

@@ -82,20 +82,37 @@ def summary_line(report: Report) -> str:
 
 def baseline_line(comparison: Comparison, k_label: str) -> str:
     """The log line after the summary:
-    `vs baseline <evaluatedAt> (45 paired): nDCG@5 0.958 -> 0.967 (+0.009, 95% CI [-0.004, 0.022], p=0.19)
-    fixed=1 broken=0`. p is the per-metric sign-flip p-value (uncorrected; pHolm is in the report)."""
+    `vs baseline <evaluatedAt> (45 paired): nDCG@5 0.958 -> 0.967 (+0.009, 95% CI [-0.004, 0.022], p=0.19,
+    adjusted 0.19) fixed=1 broken=0`. p is the sign-flip p-value, adjusted the Westfall-Young max-T one over
+    the gated measures (what the gate decides by); a cut to the common K, renamed and changed cases and
+    no-answer cases that stopped abstaining are named."""
     when = comparison.baseline.evaluated_at or "?"
     if not comparison.comparable:
-        return f"vs baseline {when}: not comparable ({'; '.join(comparison.differences) or 'K differs'})"
+        return f"vs baseline {when}: not checked, no case could be paired with the baseline"
     row = comparison.metrics.get("ndcg")
     cases = comparison.cases
-    head = f"vs baseline {when} ({comparison.paired_cases} paired): "
+    paired = f"{comparison.paired_cases} paired"
+    if comparison.paired_no_answer:
+        paired += f", {comparison.paired_no_answer} no-answer"
+    extras = [*comparison.notes]
+    if cases.renamed:
+        extras.append(f"{len(cases.renamed)} renamed case(s) paired by content")
+    if cases.changed:
+        extras.append(
+            f"{len(cases.changed)} changed case(s) left out ({_shown([c.id for c in cases.changed])})"
+        )
+    if cases.abstention_broken:
+        extras.append(
+            f"{len(cases.abstention_broken)} no-answer case(s) abstained before and answer now "
+            f"({_shown(cases.abstention_broken)})"
+        )
+    head = f"vs baseline {when} ({paired}{'; ' + '; '.join(extras) if extras else ''}): "
     if row is None:
         return head + "no paired scored cases"
     low, high = row.ci95 or (None, None)
     line = (
         head + f"nDCG{k_label} {row.baseline:.3f} -> {row.current:.3f} ({row.delta:+.3f}, "
-        f"95% CI [{fmt(low)}, {fmt(high)}], p={fmt_p(row.p_value)}) "
+        f"95% CI [{fmt(low)}, {fmt(high)}], p={fmt_p(row.p_value)}, adjusted {fmt_p(row.p_adjusted)}) "
         f"fixed={len(cases.fixed)} broken={len(cases.broken)}"
     )
     account = comparison.unjudged
@@ -104,9 +121,13 @@ def baseline_line(comparison: Comparison, k_label: str) -> str:
         named = ((cases.unverified, "unverified"), (cases.thinly_judged, "too thinly judged to tell"))
         for ids, label in named:
             if ids:
-                shown = ", ".join(ids[:5]) + (f", … {len(ids) - 5} more" if len(ids) > 5 else "")
-                line += f" ({len(ids)} {label}: {shown})"
+                line += f" ({len(ids)} {label}: {_shown(ids)})"
     return line
+
+
+def _shown(ids: list[str]) -> str:
+    """The first five ids, and how many more."""
+    return ", ".join(ids[:5]) + (f", … {len(ids) - 5} more" if len(ids) > 5 else "")
 
 
 def sweep_line(sweep: Sweep | None) -> str | None:

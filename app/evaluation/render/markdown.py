@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from app.evaluation.compare.comparison import BUDGET_LABELS, SMALL_SAMPLE
 from app.evaluation.compare.gate import GATE_RULE
+from app.evaluation.compare.pairing import WAY_BACK
 from app.evaluation.render.audit import audit_markdown
 from app.evaluation.render.lines import origin_line
 from app.evaluation.render.tune import sweep_markdown
@@ -122,16 +123,18 @@ def verdict_markdown(report: Report, s: Summary, kl: str) -> list[str]:
     if comp is not None and comp.comparable and "ndcg" in comp.metrics:
         row = comp.metrics["ndcg"]
         against = (
-            f"nDCG{kl} {row.delta:+.3f} against the baseline (p {measures.fmt_p(row.p_value)}, Holm "
-            f"{measures.fmt_p(row.p_holm)}: {'significant' if row.significant else 'not significant'}); "
+            f"nDCG{kl} {row.delta:+.3f} against the baseline (p {measures.fmt_p(row.p_value)}, adjusted "
+            f"{measures.fmt_p(row.p_adjusted)}: {'significant' if row.significant else 'not significant'}); "
             f"{len(comp.cases.fixed)} fixed, {len(comp.cases.broken)} broken"
         )
+        if comp.cases.abstention_broken:
+            against += f", {len(comp.cases.abstention_broken)} no-answer case(s) no longer abstain"
         if comp.unjudged is not None and comp.unjudged.new_unjudged:
             against += f"; {comp.unjudged.headline} (to judge)"
         if comp.removed_cases or comp.added_cases:
             against += f"; {len(comp.removed_cases)} case(s) removed, {len(comp.added_cases)} added"
     elif comp is not None:
-        against = "not comparable with the baseline"
+        against = "not checked: nothing could be paired with the baseline"
     else:
         against = f"no baseline ({report.baseline_note or 'none'})"
     no_answer = s.no_answer.cases
@@ -187,11 +190,20 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
         "## Compared with baseline",
         "",
         f"Baseline{kind} `{base.path}`, evaluated {base.evaluated_at or '?'} "
-        f"(code {base.run.code_version or '?'}); {comp.paired_cases} paired scored cases.",
+        f"(code {base.run.code_version or '?'}); {comp.paired_cases} paired scored cases"
+        + (f", {comp.paired_no_answer} paired no-answer cases" if comp.paired_no_answer else "")
+        + ".",
         "",
     ]
+    out += [f"- {note}" for note in comp.notes] + ([""] if comp.notes else [])
+    if comp.cases.renamed:
+        renamed = ", ".join(f"{md_text(r.baseline_id)} → {md_text(r.id)}" for r in comp.cases.renamed)
+        out += [f"Renamed, paired by content (same caseSha256): {renamed}.", ""]
+    if comp.cases.changed:
+        changed = "; ".join(f"{md_text(c.id)}: {c.reason}" for c in comp.cases.changed)
+        out += [f"Changed, left out of the pairing: {changed}.", ""]
     if not comp.comparable:
-        out += ["**Not comparable** (K differs): no statistics.", ""]
+        out += ["**Not checked**: no case could be paired with the baseline; no statistics.", ""]
     elif comp.paired_cases < SMALL_SAMPLE:
         out += [
             f"> Only {comp.paired_cases} paired cases (fewer than {SMALL_SAMPLE}): small differences "
@@ -201,10 +213,12 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
     if comp.metrics:
         out += [
             "Per-case differences (current − baseline): 95% CI by percentile bootstrap (10,000 resamples); "
-            "p by the paired sign-flip test; significant = Holm-adjusted p < alpha.",
+            "p by the paired sign-flip test (exact up to 20 non-zero pairs, else Monte Carlo ± its standard "
+            "error); the gated measures are tested together, p adjusted by Westfall–Young step-down max-T "
+            "over the same sign flips; significant = adjusted p < alpha. The other rows are shown, not "
+            "tested; CorrectAbstention is over the paired no-answer cases.",
             "",
-            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
-            "|---|---|---|---|---|---|---|---|",
+            *METRIC_HEADER,
         ]
         out += _metric_rows(comp.metrics, kl)
         out.append("")
@@ -255,7 +269,10 @@ def _case_changes_markdown(comp: Comparison) -> list[str]:
         ("Fixed (hit 0 → 1)", cases.fixed),
         ("Broken (hit 1 → 0)", cases.broken),
         ("Worsened (nDCG dropped)", [md_text(x.id) for x in cases.worsened]),
+        ("Abstention broken (abstained → answers)", cases.abstention_broken),
     ):
+        if title.startswith("Abstention") and not comp.paired_no_answer:
+            continue
         out += [f"{title}: {len(ids)}", ""]
         if ids:
             out += [
@@ -301,14 +318,24 @@ def _stage_deltas_markdown(comp: Comparison) -> list[str]:
     return out
 
 
+METRIC_HEADER = (
+    "| Metric | Baseline | Current | Δ | 95% CI | p | p adjusted | How | Significant |",
+    "|---|---|---|---|---|---|---|---|---|",
+)
+
+
 def _metric_rows(rows: dict[str, MetricComparison], kl: str) -> list[str]:
     out = []
     for name, row in rows.items():
         low, high = row.ci95 or (None, None)
+        how = "exact" if row.exact else f"Monte Carlo ± {row.p_error:.2g}" if row.p_error else "Monte Carlo"
+        if row.near_alpha:
+            how += ", within its error of alpha"
+        tested = row.p_adjusted is not None
         out.append(
             f"| {measures.label(name, kl)} | {_f(row.baseline)} | {_f(row.current)} | {row.delta:+.3f} | "
-            f"[{_f(low)}, {_f(high)}] | {p_text(row.p_value)} | {p_text(row.p_holm)} | "
-            f"{'yes' if row.significant else 'no'} |"
+            f"[{_f(low)}, {_f(high)}] | {p_text(row.p_value)} | {p_text(row.p_adjusted) if tested else '-'} "
+            f"| {how} | {('yes' if row.significant else 'no') if tested else 'not tested'} |"
         )
     return out
 
@@ -320,8 +347,7 @@ def _by_set_markdown(comp: Comparison, kl: str) -> list[str]:
         out += [
             f"The {name} set alone{' (the one the gate checks by default)' if name == 'core' else ''}:",
             "",
-            "| Metric | Baseline | Current | Δ | 95% CI | p | p (Holm) | Significant |",
-            "|---|---|---|---|---|---|---|---|",
+            *METRIC_HEADER,
             *_metric_rows(rows, kl),
             "",
         ]
@@ -351,8 +377,11 @@ def _composition_markdown(comp: Comparison, kl: str) -> list[str]:
 def _removed_added_markdown(comp: Comparison, kl: str) -> list[str]:
     """The cases only one run has, with their figures in that run."""
     out: list[str] = []
+    gone = [c for c in comp.removed_cases if c.left_scoring is None]
+    left = [c for c in comp.removed_cases if c.left_scoring is not None]
     for title, cases in (
-        ("Removed from the golden set since the baseline (figures of the baseline)", comp.removed_cases),
+        ("Removed from the golden set since the baseline (figures of the baseline)", gone),
+        ("Left the scoring: in the golden set, scored by the baseline, not now (baseline figures)", left),
         ("Added to the golden set (figures of this run)", comp.added_cases),
     ):
         if not cases:
@@ -360,19 +389,21 @@ def _removed_added_markdown(comp: Comparison, kl: str) -> list[str]:
         out += [
             f"{title}: {len(cases)}",
             "",
-            f"| Case | Set | Risk | nDCG{kl} | Recall{kl} | Failed | Retired because |",
+            f"| Case | Set | Risk | nDCG{kl} | Recall{kl} | Failed | Why |",
             "|---|---|---|---|---|---|---|",
         ]
         for c in cases:
             m = c.metrics or {}
-            reason = c.retired_reason
+            reason = c.retired_reason or c.left_scoring
             if reason is None:
-                reason = "-" if title.startswith("Added") else "(no reason given)"
+                reason = "-" if title.startswith("Added") else "(no retired reason given)"
             out.append(
                 f"| {_cell(c.id, None)} | {c.set} | {c.risk or '-'} | {_f(m.get('ndcg'))} | "
                 f"{_f(m.get('recall'))} | {'yes' if c.failed else 'no'} | {_cell(reason)} |"
             )
         out.append("")
+    if left:
+        out += [f"The way back: {WAY_BACK}.", ""]
     return out
 
 

@@ -1,7 +1,8 @@
 """The report as one typed object: `Report` and the records it is made of, pydantic models whose JSON keys are
-the camelCase of their fields (`p_holm` -> `pHolm`, `ci95` stays). The report JSON is `Report.to_json()`
-(`model_dump(by_alias=True)`), and a report file is read back with `Report.model_validate_json`, so the files,
-the comparison and the renderers share one shape. `SCHEMA_VERSION` is the JSON's `schemaVersion`.
+the camelCase of their fields (`p_adjusted` -> `pAdjusted`, `ci95` stays). The report JSON is
+`Report.to_json()` (`model_dump(by_alias=True)`), and a report file is read back with
+`Report.model_validate_json`, so the files, the comparison and the renderers share one shape.
+`SCHEMA_VERSION` is the JSON's `schemaVersion`.
 
 A leaf: it imports nothing from the rest of the app.
 """
@@ -120,18 +121,42 @@ class StageRow(Model):
 
 
 class MetricComparison(Model):
+    """One measure over the paired cases: the means, the mean difference with its bootstrap CI, the raw
+    sign-flip p-value, and, for a measure the gate tests, the p-value adjusted over the gate's family of
+    measures (`adjustment` names the method) and whether that is below alpha. `exact`: both p-values were
+    enumerated over every sign pattern; else Monte Carlo, `p_error` the standard error of the adjusted p
+    and `near_alpha` whether it lies within 3 of them of alpha (another seed could decide otherwise)."""
+
     baseline: float
     current: float
     delta: float
     ci95: tuple[float, float] | None
     p_value: float
-    p_holm: float | None = None
+    p_adjusted: float | None = None
+    adjustment: str | None = None
+    exact: bool = True
+    p_error: float | None = None
+    near_alpha: bool = False
     significant: bool = False
 
 
 class CaseDelta(Model):
     id: str
     delta: float
+
+
+class RenamedCase(Model):
+    """A case paired by content: `id` now, `baseline_id` in the baseline (the same `caseSha256`)."""
+
+    id: str
+    baseline_id: str
+
+
+class ChangedCase(Model):
+    """A case left out of the pairing because what it asks changed (its own topK), with the reason."""
+
+    id: str
+    reason: str
 
 
 class CaseChanges(Model):
@@ -149,6 +174,13 @@ class CaseChanges(Model):
     # broken or worsened cases judged too thinly (Judged@K < compare.JUDGED_FLOOR) for the condensed lists
     # to tell: regressions, with the new documents to judge
     thinly_judged: list[str] = Field(default_factory=list)
+    # paired by content under a new id
+    renamed: list[RenamedCase] = Field(default_factory=list)
+    # paired by id, left out of the pairing (their own topK changed)
+    changed: list[ChangedCase] = Field(default_factory=list)
+    # no-answer cases that abstained in the baseline and answer now (broken), and the other way (fixed)
+    abstention_broken: list[str] = Field(default_factory=list)
+    abstention_fixed: list[str] = Field(default_factory=list)
 
 
 class UnjudgedAccount(Model):
@@ -285,6 +317,10 @@ class CaseFigures(Model):
     failed: bool = False
     hard: bool = False
     retired_reason: str | None = None
+    # set for a case still in the golden set that the baseline scored and this run cannot: why, and the
+    # way back
+    left_scoring: str | None = None
+    way_back: str | None = None
 
 
 class CompositionRow(Model):
@@ -318,6 +354,11 @@ class SegmentComparison(Model):
 
 
 class Comparison(Model):
+    """This run against its baseline. `comparable`: some case could be paired (else nothing was checked);
+    `paired_cases` the paired cases scored on both sides, `paired_no_answer` the paired no-answer cases;
+    `k` the K they were compared at (None when cases carry their own), `notes` how (a cut to the common
+    K)."""
+
     baseline: BaselineRef
     comparable: bool
     differences: list[str]
@@ -340,6 +381,11 @@ class Comparison(Model):
     # the cost beside the quality: p95Ms, duplicateRate, contextChars, candidates, modelCalls
     budget: dict[str, BeforeAfter] = Field(default_factory=dict)
     segments: list[SegmentComparison] = Field(default_factory=list)
+    paired_no_answer: int = 0
+    k: int | None = None
+    notes: list[str] = Field(default_factory=list)
+    # the baseline's cases that count for the floor of a check: scored, or no-answer
+    baseline_scored: int = 0
 
 
 class GateFailure(Model):
