@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.evaluation.scoring.stats import (
-    bootstrap_ci,
-    changed_by,
-    fixed_and_broken,
     DRAWS,
     ERROR_MARGIN,
     FamilyResult,
+    bootstrap_ci,
+    changed_by,
+    fixed_and_broken,
     holm,
     max_t,
     sign_flip_p_value,
@@ -113,7 +113,8 @@ def test_monte_carlo_p_values_carry_their_error(seed: int) -> None:
     diffs = [(-1.0) ** i * 0.1 - 0.05 for i in range(40)]
     result = max_t({"ndcg": diffs, "mrr": [2 * d for d in diffs]}, seed=seed)["ndcg"]
     assert not result.exact and result.patterns >= DRAWS
-    assert result.error == pytest.approx(math.sqrt(result.p_adjusted * (1 - result.p_adjusted) / result.patterns))
+    p = result.p_adjusted
+    assert result.error == pytest.approx(math.sqrt(p * (1 - p) / result.patterns))
 
 
 def test_monte_carlo_near_alpha_draws_more() -> None:
