@@ -3,7 +3,9 @@ the camelCase of their fields (`p_holm` -> `pHolm`, `ci95` stays). The report JS
 (`model_dump(by_alias=True)`), and a report file is read back with `Report.model_validate_json`, so the files,
 the comparison and the renderers share one shape. `SCHEMA_VERSION` is the JSON's `schemaVersion`.
 
-A leaf: it imports nothing from the rest of the app.
+Every record is a `Model` (camelCase JSON keys). `Model` and `RemovedItem` live in `app.records`, below
+both the evaluation and the serving answer that shares them, and are importable from here as before. Apart
+from that module it imports nothing from the rest of the app.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import field as dataclass_field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -25,18 +27,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from app.records import Model, RemovedItem
+
 SCHEMA_VERSION = 3
-
-
-class Model(BaseModel):
-    """Every report record: camelCase JSON keys (also for a plain `model_dump` and in API responses), read by
-    alias or by field name."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """The record's JSON: `model_dump(mode="json", by_alias=True)`."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 class Ranks(Model):
@@ -76,17 +69,6 @@ class Loss(Model):
     stage: str
     reason: str
     ranks: Ranks = Field(default_factory=Ranks)
-
-
-class RemovedItem(Model):
-    """A candidate a stage removed, with the stage's reason (`dense=0.21 < 0.30`) and whether it was one of
-    the case's expected ids (`relevant`; None outside an evaluation). The one type of a removal as the report
-    and the API's debug view show it (the chain's own record is `app.retrieval.types.Removal`)."""
-
-    chunk_id: str
-    doc_id: str
-    reason: str
-    relevant: bool | None = None
 
 
 class StageStat(Model):
