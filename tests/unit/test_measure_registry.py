@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from app.evaluation.compare.comparison import compare_reports
 from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.render.html import report_page
 from app.evaluation.render.markdown import render_markdown
 from app.evaluation.render.tune import tune_markdown
 from app.evaluation.report.model import Report
@@ -298,12 +299,14 @@ def test_ap_registered_once_is_a_row_of_the_comparison() -> None:
     with measures.registered(AP):
         _, report = _ap_comparison()
         markdown = render_markdown(report)
+        tiles = [(t.key, t.label) for t in report_page(report).tiles]
     assert report.comparison is not None
     row = report.comparison.metrics["ap"]
     assert (row.baseline, row.current) == (pytest.approx(AP_BASELINE), pytest.approx(AP_CURRENT))
     assert row.delta == pytest.approx(AP_CURRENT - AP_BASELINE)
     assert list(report.comparison.metrics)[-1] == "ap"  # after the compared measures before it
     assert f"| AP@3 | {AP_BASELINE:.3f} | {AP_CURRENT:.3f} | {AP_CURRENT - AP_BASELINE:+.3f} |" in markdown
+    assert ("ap", "AP@3") in tiles  # a headline measure is a tile of the HTML report too
 
 
 @pytest.mark.xfail(

@@ -49,12 +49,9 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 from app.evaluation.scoring import measures
-from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p
+from app.evaluation.scoring.measures import fmt, fmt_p
 
 TEMPLATES = Path(__file__).with_name("templates")
-
-# the tiles follow the Markdown summary's order
-TILE_METRICS = HEADLINE
 
 _ENV = Environment(
     loader=FileSystemLoader(TEMPLATES),
@@ -112,7 +109,8 @@ def tiles(report: Report) -> list[Tile]:
 
 
 def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
-    """The tiles of `TILE_METRICS`: the figure, what it counts and its delta against the baseline."""
+    """A tile per headline measure (`measures.HEADLINE`, read when called, in the Markdown summary's order):
+    the figure, what it counts and its delta against the baseline."""
     counts = s.counts
     compared = report.comparison.metrics if report.comparison is not None else {}
     scored = counts.scored_cases or s.scored_cases
@@ -130,7 +128,7 @@ def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
             counts=count_text.get(key, f"mean over {scored} scored cases"),
             delta=_delta(compared.get(key)),
         )
-        for key in TILE_METRICS
+        for key in measures.HEADLINE
     ]
 
 
