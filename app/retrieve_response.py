@@ -7,7 +7,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from app.evaluation.report.model import RemovedItem
+from app.records import RemovedItem
 from app.retrieval.types import Candidate, Removal, RetrievalResult
 
 

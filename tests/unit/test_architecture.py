@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,13 +29,22 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.cli",),  # the `sieve` command
     ("app.main",),  # the HTTP application, which `sieve serve` and `sieve label` start
     ("app.api",),  # its routes, schemas, dependencies and state
-    ("app.label_desk", "app.retrieve_response"),  # what the API and the CLI both serve
+    ("app.label_desk",),  # the labelling desk the API and the CLI both serve
     ("app.service",),  # the composition root: embedder, store, BM25 index and the one chain
     ("app.evaluation",),
+    ("app.retrieve_response",),  # the answer to one retrieval: serving never depends on the evaluation
     ("app.retrieval", "app.ingest"),
     ("app.lexical",),  # the BM25 index, which follows the store's change log
     ("app.store", "app.models"),
-    ("app.settings", "app.exit_codes", "app.files", "app.jsonl", "app.querylog_files", "app.pidlock"),
+    (
+        "app.settings",
+        "app.exit_codes",
+        "app.files",
+        "app.jsonl",
+        "app.querylog_files",
+        "app.pidlock",
+        "app.records",  # the camelCase records serving and the evaluation both show
+    ),
 )
 # The parts of `app.evaluation`, top first, under the same rule: the session wires the parts, the renderers
 # read every part's results, the tuning replays runs and compares, a run and a comparison read the golden
@@ -246,3 +257,30 @@ def test_no_evaluation_import_goes_up_its_layers_or_across_them() -> None:
 def test_every_known_exception_is_still_an_import() -> None:
     graph = module_graph()
     assert [(a, b) for a, b in sorted(KNOWN_EXCEPTIONS) if b not in graph.get(a, set())] == []
+
+
+# What serves a retrieval: the chain, its inputs and the answer the API and `sieve query` return.
+SERVING = ("app.retrieve_response", "app.retrieval", "app.ingest", "app.lexical", "app.store", "app.models")
+
+
+def test_nothing_that_serves_a_retrieval_imports_the_evaluation() -> None:
+    graph = module_graph()
+    into_evaluation = [
+        (a, b)
+        for a, imported in sorted(graph.items())
+        if top_part(a) in SERVING
+        for b in sorted(imported)
+        if top_part(b) == "app.evaluation"
+    ]
+    assert into_evaluation == []
+
+
+def test_importing_the_serving_answer_loads_no_module_of_the_evaluation() -> None:
+    code = (
+        "import sys, app.retrieve_response, app.retrieval.chain, app.retrieval.stages; "
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] == ['app', 'evaluation']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"

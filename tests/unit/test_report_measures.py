@@ -26,6 +26,10 @@ def test_the_lists_the_report_uses_are_registry_keys() -> None:
         assert all(key in BY_KEY for key in group)
     assert measures.RANKING == ("recall", "hitRate", "mrr", "ndcg", "precision")
     assert measures.HEADLINE == (*measures.RANKING, "top1Accuracy", "duplicateRate")
+    assert measures.GATED == ("recall", "hitRate", "mrr", "ndcg")
+    assert measures.POINT == measures.TUNE == (*measures.GATED, "correctAbstention", "falseAnswerRate")
+    for m in MEASURES:
+        measures.check_roles(m)
 
 
 @pytest.mark.parametrize(

@@ -6,18 +6,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from datetime import date
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
-from app.evaluation.golden.cases import GoldenCase, GoldenSet
+from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.render.tune import tune_markdown, write_tune
-from app.evaluation.run.runner import KnownIds, evaluate
-from app.evaluation.tune.grid import parse_grid, run_folds, run_holdout
+from app.evaluation.tune.grid import run_folds, run_holdout
 from app.evaluation.tune.holdout import (
     HELD_OUT,
     TUNING,
@@ -28,13 +25,9 @@ from app.evaluation.tune.holdout import (
     make_split,
     split_units,
 )
-from app.evaluation.tune.model import FoldParts, FoldSplit, HoldoutParts, HoldoutSplit, TuneReport, TuneRun
-from app.evaluation.tune.replay import record
-from app.retrieval.candidates import CandidateSet
-from app.retrieval.chain import RetrievalChain
-from app.retrieval.stages import build_stages
-from app.retrieval.types import Candidate
-from app.settings import ChainSettings, EvaluateThresholds
+from app.evaluation.tune.model import FoldParts, FoldSplit, HoldoutParts, HoldoutSplit
+from app.settings import EvaluateThresholds
+from tests.fixtures.tiny_replay import tiny, tiny_document, tiny_settings
 
 # -- the split ------------------------------------------------------------------------------------------
 
@@ -190,92 +183,16 @@ def test_the_split_json_names_every_part() -> None:
 
 # -- the figures, on a tiny world whose every ranking is known ------------------------------------------
 
-# query -> [(doc, dense)], best first; each doc is one chunk
-DENSE = {
-    "a1": [("d1", 0.9), ("d2", 0.5)],
-    "a1b": [("d1", 0.85), ("d3", 0.6)],
-    "a2": [("d1", 0.8), ("d2", 0.6)],
-    "a3": [("d4", 0.7), ("d3", 0.5)],
-    "a4": [("d2", 0.95), ("d1", 0.3)],
-    "n1": [("d4", 0.6)],
-    "n2": [("d3", 0.4)],
-}
-EXPECTED = {"a1": "d1", "a1b": "d1", "a2": "d2", "a3": "d3", "a4": "d2"}
-K = 2
 LOG3 = math.log2(3)
-
-
-def _chunk(doc: str, dense: float | None = None) -> Candidate:
-    vector = np.zeros(4, dtype=np.float32)
-    vector[int(doc[1:]) - 1] = 1.0
-    return Candidate(
-        f"{doc}#0", doc, f"text of {doc}", {"doc_id": doc}, vector, {} if dense is None else {"dense": dense}
-    )
-
-
-class TinyEmbedder:
-    def embed_queries(self, texts):
-        return np.zeros((len(texts), 4), dtype=np.float32)
-
-
-class TinyStore:
-    def generate_many(self, queries, embeddings, tags):
-        out = []
-        for query in queries:
-            cands = [_chunk(doc, dense) for doc, dense in DENSE[query]]
-            out.append(CandidateSet(cands, {"dense": len(cands), "bm25": 0, "both": 0}))
-        return out
-
-
-class ZeroLexical:
-    def scores(self, query, ids):
-        return dict.fromkeys(ids, 0.0)
-
-
-def _settings(min_dense: float = 0.0) -> ChainSettings:
-    return ChainSettings.model_validate(
-        {
-            "similarity_threshold": {"enabled": True, "min_dense": min_dense},
-            "bm25": {"enabled": False},
-            "rerank": {"enabled": False},
-            "diversity": {"enabled": False},
-            "fallback": {"enabled": False},
-        }
-    )
-
-
-def _tiny():
-    cases = []
-    for query in DENSE:
-        fields = {"id": query, "query": query}
-        if query in EXPECTED:
-            fields["expectedDocIds"] = [EXPECTED[query]]
-        else:
-            fields["expectNoAnswer"] = True
-        if query in ("a1", "a1b"):
-            fields["group"] = "g1"
-        cases.append(GoldenCase.model_validate(fields))
-    golden = GoldenSet(dataset_version="t", cases=cases, path="tiny.json")
-    chain = RetrievalChain(TinyEmbedder(), TinyStore(), build_stages(_settings(), ZeroLexical(), None))  # type: ignore[arg-type]
-    known = KnownIds.from_metadata((c.chunk_id, c.metadata) for c in (_chunk(f"d{i}") for i in range(1, 5)))
-    recording = record(evaluate(chain, golden, K, known, today=date(2026, 1, 1)), chain)
-    grid = parse_grid(["chain.similarity_threshold.min_dense=0.0,0.55,0.65"], _settings())
-    return recording, grid
-
-
 THRESHOLDS = EvaluateThresholds(min_recall=0.9)
-# The rankings (dense >= min_dense kept, best first), with K = 2 and one relevant document per case:
-#   min_dense 0.0:  a1 [d1 d2] hit@1, a1b [d1 d3] hit@1, a2 [d1 d2] hit@2, a3 [d4 d3] hit@2, a4 hit@1;
-#                   n1 and n2 answer
-#   min_dense 0.55: a3 loses d3 (0.5); n2 abstains (0.4); the rest as at 0.0
-#   min_dense 0.65: a2 loses d2 (0.6) and a3 d3; n1 (0.6) and n2 abstain; a1, a1b, a4 keep their top hit
+# (the rankings of each threshold: tests/fixtures/tiny_replay.py)
 TUNE = ["a1", "a1b", "a4", "n1"]
 HELD = ["a2", "a3", "n2"]
 
 
 def test_holdout_figures_gains_and_optimism() -> None:
-    recording, grid = _tiny()
-    out = run_holdout(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD])
+    recording, grid = tiny()
+    out = run_holdout(recording, grid, tiny_settings(), THRESHOLDS, 0.005, [TUNE, HELD])
     assert out.analysis is not None
     h = out.analysis.to_json()
     rows = out.result.to_json()["rows"]
@@ -322,8 +239,8 @@ def test_holdout_figures_gains_and_optimism() -> None:
 
 
 def test_fold_figures_means_and_agreement() -> None:
-    recording, grid = _tiny()
-    out = run_folds(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD])
+    recording, grid = tiny()
+    out = run_folds(recording, grid, tiny_settings(), THRESHOLDS, 0.005, [TUNE, HELD])
     assert out.analysis is not None
     f = out.analysis.to_json()
     assert f["k"] == 2
@@ -363,16 +280,8 @@ def test_fold_figures_means_and_agreement() -> None:
     assert [r.metrics.ndcg for r in out.result.rows][0] == pytest.approx(out.all_current.ndcg)
 
 
-def _doc(out, split) -> TuneReport:
-    run = {"startedAt": "2026-01-01T00:00:00+00:00", "goldenSet": "tiny.json", "cases": 7, "k": K}
-    run |= {"asOf": "2026-01-01", "tolerance": 0.005, "selfCheck": "ok", "gain": "linear", "maxPoints": 9}
-    run |= {"points": 3, "embedder": None, "reranker": None, "collection": "c", "chunks": 4, "chain": {}}
-    analysis = {"holdout": out.analysis} if split.mode == "holdout" else {"folds": out.analysis}
-    return TuneReport(run=TuneRun.model_validate(run), **dict(out.result), split=split, **analysis)
-
-
 def test_the_tune_files_carry_the_split_and_the_figures(tmp_path) -> None:
-    recording, grid = _tiny()
+    recording, grid = tiny()
     split = HoldoutSplit(
         seed=42,
         fraction=0.3,
@@ -380,7 +289,7 @@ def test_the_tune_files_carry_the_split_and_the_figures(tmp_path) -> None:
         groups_together=True,
         parts=HoldoutParts(tuning=TUNE, held_out=HELD),
     )
-    doc = _doc(run_holdout(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), split)
+    doc = tiny_document(run_holdout(recording, grid, tiny_settings(), THRESHOLDS, 0.005, [TUNE, HELD]), split)
     write_tune(doc, str(tmp_path), "t", stamp="s")
     assert json.loads((tmp_path / "t-tune-latest.json").read_text()) == doc.to_json()
     markdown = (tmp_path / "t-tune-latest.md").read_text()
@@ -398,7 +307,7 @@ def test_the_tune_files_carry_the_split_and_the_figures(tmp_path) -> None:
         seed=42, k=2, stratified_by=[], groups_together=True, parts=FoldParts(folds=[TUNE, HELD])
     )
     markdown = tune_markdown(
-        _doc(run_folds(recording, grid, _settings(), THRESHOLDS, 0.005, [TUNE, HELD]), folds)
+        tiny_document(run_folds(recording, grid, tiny_settings(), THRESHOLDS, 0.005, [TUNE, HELD]), folds)
     )
     assert "## Cross-validation: 2 folds" in markdown
     assert (

@@ -28,7 +28,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from app.evaluation.compare.comparison import BUDGET_LABELS
 from app.evaluation.compare.gate import GATE_RULE
-from app.evaluation.render.markdown import k_label, ranks_text, summary_figure
+from app.evaluation.render.markdown import k_label, ranks_text
+from app.evaluation.render.tune import figure_columns
 from app.evaluation.report.model import (
     CaseRecord,
     Group,
@@ -48,12 +49,9 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.run.runner import NOT_IN_INDEX, NOT_RETRIEVED
 from app.evaluation.scoring import measures
-from app.evaluation.scoring.measures import HEADLINE, fmt, fmt_p
+from app.evaluation.scoring.measures import fmt, fmt_p
 
 TEMPLATES = Path(__file__).with_name("templates")
-
-# the tiles follow the Markdown summary's order
-TILE_METRICS = HEADLINE
 
 _ENV = Environment(
     loader=FileSystemLoader(TEMPLATES),
@@ -111,7 +109,8 @@ def tiles(report: Report) -> list[Tile]:
 
 
 def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
-    """The tiles of `TILE_METRICS`: the figure, what it counts and its delta against the baseline."""
+    """A tile per headline measure (`measures.HEADLINE`, read when called, in the Markdown summary's order):
+    the figure, what it counts and its delta against the baseline."""
     counts = s.counts
     compared = report.comparison.metrics if report.comparison is not None else {}
     scored = counts.scored_cases or s.scored_cases
@@ -125,11 +124,11 @@ def _metric_tiles(report: Report, s: Summary, kl: str) -> list[Tile]:
         Tile(
             key=key,
             label=measures.label(key, kl),
-            value=summary_figure(s, key),
+            value=s.figure(key),
             counts=count_text.get(key, f"mean over {scored} scored cases"),
             delta=_delta(compared.get(key)),
         )
-        for key in TILE_METRICS
+        for key in measures.HEADLINE
     ]
 
 
@@ -314,10 +313,12 @@ class SegmentBar:
 
 @dataclass(frozen=True)
 class SegmentChart:
-    """The segment bars, drawn with a `label` column and bars up to `bar` long."""
+    """The segment bars, drawn with a `label` column and bars up to `bar` long; `columns` the figures of the
+    segment table, the gated measures (`measures.GATED`)."""
 
     rows: list[SegmentBar]
     height: int
+    columns: list[Column]
     label: int = SEGMENT_LABEL
     bar: int = SEGMENT_BAR
     width: int = SEGMENT_LABEL + SEGMENT_BAR + 60
@@ -326,7 +327,10 @@ class SegmentChart:
 def segment_bars(report: Report) -> SegmentChart:
     """A bar of mean nDCG@K per segment, in the report's order."""
     rows = [_segment_bar(i, sg) for i, sg in enumerate(report.segments)]
-    return SegmentChart(rows=rows, height=max(len(rows), 1) * SEGMENT_ROW)
+    columns = [
+        Column(key, measures.measure(key).header(), measures.measure(key).digits) for key in measures.GATED
+    ]
+    return SegmentChart(rows=rows, height=max(len(rows), 1) * SEGMENT_ROW, columns=columns)
 
 
 def _segment_bar(i: int, sg: Segment) -> SegmentBar:
@@ -419,13 +423,24 @@ class YTick:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A figure column of a table: its JSON name, header and digits (0: a whole count)."""
+
+    key: str
+    header: str
+    digits: int
+
+
+@dataclass(frozen=True)
 class SweepChart:
     """The sweep curve: the rows of `param`, the other parameters they `held` (name -> values), the curves,
-    the marks, the ticks and the plot's size."""
+    the marks, the ticks and the plot's size; `columns` the figures of its table of points, as the tune
+    table shows them."""
 
     param: str
     held: dict[str, str]
     rows: list[SweepRow]
+    columns: list[Column]  # as the tune table shows them (`render.tune.figure_columns`)
     series: list[Curve]
     marks: list[Mark]
     x_ticks: list[XTick]
@@ -480,6 +495,7 @@ def sweep_chart(sweep: Sweep | None) -> SweepChart | None:
         param=param,
         held=_held(rows, param),
         rows=rows,
+        columns=[Column(*column) for column in figure_columns()],
         series=[_curve(rows, param, axes, *spec) for spec in SERIES],
         marks=_marks(sweep, param, axes),
         x_ticks=[XTick(x=axes.x(v), label=f"{v:.3f}") for v in _quarters(axes.x0, axes.span)],

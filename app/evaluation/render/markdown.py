@@ -44,15 +44,6 @@ from app.evaluation.scoring.measures import fmt as _f
 from app.evaluation.scoring.measures import fmt_ms as _ms
 from app.evaluation.scoring.measures import fmt_p as p_text
 
-# a summary figure's JSON name -> its Summary field ("top1Accuracy" -> "top1_accuracy")
-_SUMMARY_FIELDS = {info.alias or name: name for name, info in Summary.model_fields.items()}
-
-
-def summary_figure(s: Summary, key: str) -> float | None:
-    """A headline figure of the summary by its measure key (`hitRate` reads `Summary.hit_rate`)."""
-    value: float | None = getattr(s, _SUMMARY_FIELDS.get(key, key))
-    return value
-
 
 def k_label(report: Report) -> str:
     """The report's cut-off label (`measures.k_label`): "@5", or "@K" when cases carry their own topK."""
@@ -551,7 +542,7 @@ def _summary_markdown(s: Summary, kl: str) -> list[str]:
     for key in measures.HEADLINE:
         lines.append(
             f"| {measures.label(key, kl)} | "
-            f"{measures.measure(key).format(summary_figure(s, key))}{extras.get(key, '')} |"
+            f"{measures.measure(key).format(s.figure(key))}{extras.get(key, '')} |"
         )
     lat = s.latency_ms or {}
     batch = s.batch_latency_ms or {}
@@ -705,6 +696,7 @@ def _segments_markdown(segs: list[Segment]) -> list[str]:
     if not segs:
         return []
     with_delta = any(sg.delta is not None for sg in segs)
+    shown = measures.GATED
     out = [
         "## Segments",
         "",
@@ -716,9 +708,11 @@ def _segments_markdown(segs: list[Segment]) -> list[str]:
             else ""
         ),
         "",
-        "| Kind | Segment | Cases | Recall | HitRate | MRR | nDCG |"
+        "| Kind | Segment | Cases | "
+        + " | ".join(measures.measure(key).header() for key in shown)
+        + " |"
         + (" Δ nDCG | p |" if with_delta else ""),
-        "|---|---|---|---|---|---|---|" + ("---|---|" if with_delta else ""),
+        "|---|---|---|" + "---|" * len(shown) + ("---|---|" if with_delta else ""),
     ]
     out += [_segment_row(sg, with_delta) for sg in segs if not sg.small]
     small = [sg for sg in segs if sg.small]
@@ -733,11 +727,13 @@ def _segments_markdown(segs: list[Segment]) -> list[str]:
 
 
 def _segment_row(sg: Segment, with_delta: bool) -> str:
-    """A segment's row: its means and, `with_delta`, its nDCG difference from the baseline and the p-value."""
+    """A segment's row: its means of the gated measures (`measures.GATED`) and, `with_delta`, its nDCG
+    difference from the baseline and the p-value."""
     m = sg.metrics
     row = (
         f"| {sg.kind} | {sg.name} | {sg.cases} | "
-        f"{_f(m.get('recall'))} | {_f(m.get('hitRate'))} | {_f(m.get('mrr'))} | {_f(m.get('ndcg'))} |"
+        + " | ".join(_f(m.get(key)) for key in measures.GATED)
+        + " |"
     )
     if with_delta:
         d = sg.delta.metrics.get("ndcg") if sg.delta is not None else None

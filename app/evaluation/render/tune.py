@@ -1,5 +1,8 @@
 """The tuning report (`sieve tune`) and the evaluation report's threshold-sweep section, as Markdown, and the
-tuning files (`<prefix>-tune-<stamp>.json/.md`, `<prefix>-tune-latest.json/.md`)."""
+tuning files (`<prefix>-tune-<stamp>.json/.md`, `<prefix>-tune-latest.json/.md`).
+
+Its tables show the registry's tune measures (`measures.TUNE`), one column or row each in registry order,
+then a point's own counts (`FORBIDDEN`, `MEAN_RESULTS`); no table here names a measure of its own accord."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ import json
 from pathlib import Path
 
 from app.evaluation.report.model import PointFigures, Sweep, SweepPoint, SweepRow
+from app.evaluation.scoring import measures
 from app.evaluation.scoring.measures import fmt as _f
-from app.evaluation.tune.grid import GAIN_METRICS, MIN_DENSE, fmt_value
+from app.evaluation.tune.grid import MIN_DENSE, fmt_value, gain_figure_names
 from app.evaluation.tune.model import (
     Agreement,
     Carried,
@@ -25,30 +29,35 @@ from app.evaluation.tune.model import (
     TuneReport,
     figure,
 )
-from app.evaluation.tune.replay import POINT_METRICS
 from app.files import atomic_write_text, file_stamp
 
-_METRIC_HEADERS = (
-    "Recall",
-    "HitRate",
-    "MRR",
-    "nDCG",
-    "Correct abst.",
-    "False answer",
-    "Forbidden",
-    "Mean results",
-)
+# A point's own counts, shown after the measures: (JSON name, header, digits); 0 digits: a whole count.
+FORBIDDEN = ("forbiddenHits", "Forbidden", 0)
+MEAN_RESULTS = ("meanResults", "Mean results", 2)
+
+
+def measure_columns() -> list[tuple[str, str, int]]:
+    """The registry's tune measures (`measures.TUNE`, read at call time), (JSON name, header, digits) each,
+    in registry order."""
+    return [(key, measures.measure(key).header(), measures.measure(key).digits) for key in measures.TUNE]
+
+
+def figure_columns() -> list[tuple[str, str, int]]:
+    """The tune table's figures: the tune measures, then the counts. The report's HTML sweep table shows the
+    same."""
+    return [*measure_columns(), FORBIDDEN, MEAN_RESULTS]
 
 
 def _table(keys: list[str], rows: list[SweepRow]) -> list[str]:
     """One row per replayed point: its values of `keys`, its figures, the gate's verdict and the front."""
-    head = [k.removeprefix("chain.") for k in keys] + list(_METRIC_HEADERS) + ["Gate", "Pareto"]
+    columns = figure_columns()
+    head = (
+        [k.removeprefix("chain.") for k in keys] + [header for _, header, _ in columns] + ["Gate", "Pareto"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        m = r.metrics
         cells = [fmt_value(r.params[k]) for k in keys]
-        cells += [_f(figure(m, name)) for name in POINT_METRICS[:6]]
-        cells += [str(m.forbidden_hits), _f(m.mean_results, 2)]
+        cells += [_f(figure(r.metrics, name), digits) for name, _, digits in columns]
         cells += ["pass" if r.passes_gate else "FAIL", "★" if r.pareto else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -97,26 +106,18 @@ def sweep_markdown(sweep: Sweep | None) -> list[str]:
     return lines + [""]
 
 
-_FIGURE_ROWS = (
-    ("recall", "Recall"),
-    ("hitRate", "HitRate"),
-    ("mrr", "MRR"),
-    ("ndcg", "nDCG"),
-    ("correctAbstention", "Correct abst."),
-    ("falseAnswerRate", "False answer"),
-    ("meanResults", "Mean results"),
-    ("forbiddenHits", "Forbidden"),
-)
+def _figure_rows() -> list[tuple[str, str, int]]:
+    """The holdout and fold tables' rows: the tune measures, then the mean results and the forbidden hits."""
+    return [*measure_columns(), MEAN_RESULTS, FORBIDDEN]
 
 
 def _signed(value: float | None) -> str:
     return "n/a" if value is None else f"{round(value, 3) + 0.0:+.3f}"  # + 0.0: no "-0.000"
 
 
-def _figure(name: str, metrics: PointFigures) -> str:
-    if name == "forbiddenHits":
-        return str(metrics.forbidden_hits)
-    return _f(figure(metrics, name), 2 if name == "meanResults" else 3)
+def _header(name: str) -> str:
+    """The header of the figure `name` in the tune tables."""
+    return next(header for key, header, _ in _figure_rows() if key == name)
 
 
 def _part_text(counts: PartCounts) -> str:
@@ -139,11 +140,12 @@ def _holdout_table(current: SideScores, rec: Carried) -> list[str]:
         (current.tuning, rec.tuning, rec.gain.tuning),
         (current.held_out, rec.held_out, rec.gain.held_out),
     )
-    for name, label in _FIGURE_ROWS:
-        differenced = name in GAIN_METRICS
+    gains = gain_figure_names()
+    for name, label, digits in _figure_rows():
+        differenced = name in gains
         cells = [label]
         for now, then, gain in sides:
-            cells += [_figure(name, now.metrics), _figure(name, then.metrics)]
+            cells += [_f(figure(now.metrics, name), digits), _f(figure(then.metrics, name), digits)]
             cells.append(_signed(gain[name]) if differenced else "")
         cells.append(_signed(rec.optimism[name]) if differenced else "")
         lines.append("| " + " | ".join(cells) + " |")
@@ -223,17 +225,16 @@ def _folds_markdown(split: FoldSplit, folds: FoldsAnalysis) -> list[str]:
 def _fold_kind_markdown(folds: FoldsAnalysis, kind: Kind, title: str, names: tuple[str, str]) -> list[str]:
     """One kind of recommendation fold by fold, the folds' agreement and the means over folds."""
     first, second = names
-    labels = dict(_FIGURE_ROWS)
     lines = [f"### {title}", ""]
     head = [
         "Fold",
         "Held-out cases",
         "Recommended",
-        f"{labels[first]} tuning (current → recommended)",
-        f"{labels[first]} held-out",
-        f"Optimism {labels[first]}",
-        f"{labels[second]} held-out",
-        f"Optimism {labels[second]}",
+        f"{_header(first)} tuning (current → recommended)",
+        f"{_header(first)} held-out",
+        f"Optimism {_header(first)}",
+        f"{_header(second)} held-out",
+        f"Optimism {_header(second)}",
     ]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for fold in folds.per_fold:
@@ -287,9 +288,10 @@ def _mean_table(mean: KindMeans) -> list[str]:
         "Optimism",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, label in _FIGURE_ROWS:
-        differenced = name in GAIN_METRICS
-        digits = 2 if name in ("meanResults", "forbiddenHits") else 3
+    gains = gain_figure_names()
+    for name, label, digits in _figure_rows():
+        differenced = name in gains
+        digits = max(digits, 2)  # a mean of counts over folds has decimals
         cells = [
             label,
             _f(mean.current.held_out[name], digits),

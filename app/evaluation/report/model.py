@@ -4,7 +4,9 @@ the camelCase of their fields (`p_adjusted` -> `pAdjusted`, `ci95` stays). The r
 `Report.model_validate_json`, so the files, the comparison and the renderers share one shape.
 `SCHEMA_VERSION` is the JSON's `schemaVersion`.
 
-A leaf: it imports nothing from the rest of the app.
+Every record is a `Model` (camelCase JSON keys). `Model` and `RemovedItem` live in `app.records`, below
+both the evaluation and the serving answer that shares them, and are importable from here as before. Apart
+from that module it imports nothing from the rest of the app.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import field as dataclass_field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -26,18 +28,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from app.records import Model, RemovedItem
+
 SCHEMA_VERSION = 3
-
-
-class Model(BaseModel):
-    """Every report record: camelCase JSON keys (also for a plain `model_dump` and in API responses), read by
-    alias or by field name."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """The record's JSON: `model_dump(mode="json", by_alias=True)`."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 class Ranks(Model):
@@ -77,17 +70,6 @@ class Loss(Model):
     stage: str
     reason: str
     ranks: Ranks = Field(default_factory=Ranks)
-
-
-class RemovedItem(Model):
-    """A candidate a stage removed, with the stage's reason (`dense=0.21 < 0.30`) and whether it was one of
-    the case's expected ids (`relevant`; None outside an evaluation). The one type of a removal as the report
-    and the API's debug view show it (the chain's own record is `app.retrieval.types.Removal`)."""
-
-    chunk_id: str
-    doc_id: str
-    reason: str
-    relevant: bool | None = None
 
 
 class StageStat(Model):
@@ -635,6 +617,11 @@ class NoAnswerFigures(Model):
     false_answer_rate: float | None = None
 
 
+def _field_name(model: type[BaseModel], key: str) -> str:
+    """The field of `model` whose JSON key is `key` (`hitRate` -> `hit_rate`), else `key` (an extra)."""
+    return next((name for name, info in model.model_fields.items() if info.alias == key), key)
+
+
 class EvidenceFigures(Model):
     """Over the cases that name evidence chunks and ran: their number, the mean EvidenceRecall and
     EvidenceHit, where the evidence chunks of the unanswered ones were lost (`lost_by`), and the cases none of
@@ -647,11 +634,21 @@ class EvidenceFigures(Model):
     unscorable: list[str] = Field(default_factory=list)
 
 
+# The measures whose run figure sits in a group of the summary, not at its top: key -> (group, field).
+_GROUPED_FIGURES = {
+    "correctAbstention": ("no_answer", "correct_abstention_rate"),
+    "falseAnswerRate": ("no_answer", "false_answer_rate"),
+    "evidenceRecall": ("evidence", "evidence_recall"),
+    "evidenceHit": ("evidence", "evidence_hit"),
+}
+
+
 class Summary(Model):
     """The run's headline figures: macro means over the scored cases (those with relevant documents);
     no-answer cases, forbidden hits and where expected ids were lost are counted apart. Each headline
     measure of the registry (`scoring.measures.HEADLINE`) is a figure under its key: those below as fields,
-    a measure registered beyond them as an extra figure of the same shape (`figure`)."""
+    a measure registered beyond them as an extra figure of the same shape; `figure` reads any measure's run
+    figure by its key."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -688,9 +685,14 @@ class Summary(Model):
     budget: dict[str, float] = Field(default_factory=dict)
 
     def figure(self, key: str) -> float | None:
-        """The headline figure of the measure with JSON key `key`, field or extra."""
-        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
-        value = getattr(self, name, None)
+        """The run's figure of the measure with JSON key `key`: a headline field or extra, or the rate of
+        its group (`noAnswer`, `evidence`) for a measure taken over the no-answer cases or the evidence
+        groups; None when it has none."""
+        if key in _GROUPED_FIGURES:
+            group, name = _GROUPED_FIGURES[key]
+            value = getattr(getattr(self, group), name)
+        else:
+            value = getattr(self, _field_name(type(self), key), None)
         return value if isinstance(value, float) else None
 
 
@@ -871,10 +873,13 @@ ParamValue = bool | int | float | str | None
 
 
 class PointFigures(Model):
-    """A chain setting's figures over the replayed cases (`tune.replay.point_metrics`): the macro means of
-    the report's summary, `correctAbstention` and `falseAnswerRate` over the no-answer cases, `forbiddenHits`
-    counted, `meanResults` the mean number of documents returned per case that ran, and the counts behind
-    correctAbstention."""
+    """A chain setting's figures over the replayed cases (`tune.replay.point_metrics`): each point measure
+    of the registry (`scoring.measures.POINT`) under its key, the summary's figure of it (those below as
+    fields, a measure registered beyond them as an extra figure), `forbiddenHits` counted, `meanResults` the
+    mean number of documents returned per case that ran, and the counts behind correctAbstention; `figure`
+    reads any of them by its key."""
+
+    model_config = ConfigDict(extra="allow")
 
     recall: float | None
     hit_rate: float | None
@@ -886,6 +891,12 @@ class PointFigures(Model):
     mean_results: float | None
     correct_abstentions: int
     no_answer_cases: int
+
+    def figure(self, key: str) -> float | None:
+        """The figure with JSON key `key` (`hitRate`, `forbiddenHits`, a registered measure's key), field or
+        extra, as a float; None when it is undefined or there is none."""
+        value = getattr(self, _field_name(type(self), key), None)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class SweepPoint(Model):

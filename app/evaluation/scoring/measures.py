@@ -11,8 +11,16 @@ case's K"); a measure without a cut-off (`Top1Accuracy`) is written bare.
 The registry computes, as ir_measures' and ranx's do: a measure scored per case carries its function
 (`Measure.score`, over one case's `Ranking`), and `table` fills a case's table {key: value} from it.
 What reads a measure finds it by its roles: the tuples `RANKING`, `HEADLINE`, `COMPARED`, `AFTER_STAGE`,
-`GATED` and `POINT` are derived from the registry, so a measure registered once (`registered`) is computed,
-summarised, compared and shown wherever its roles say.
+`GATED`, `POINT` and `TUNE` are derived from the registry, so a measure registered once (`registered`) is
+computed, summarised, compared, gated and shown wherever its roles say, in registry order. A reader takes a
+role tuple as `measures.<ROLE>` (or `with_role`) when it runs, never a copy made at import, and never picks
+measures by their position in a tuple. A measure is a key, never a field: what holds figures of several
+measures holds them by key.
+
+The roles depend on one another, and `check_roles` refuses a measure whose roles do not hold together: a
+gated measure is compared (the gate reads the comparison's rows), a compared one is a headline figure (the
+comparison pairs the cases' tables), a measure of the tune table is a point figure, and a measure read off
+a ranked list (`ranking`, `headline`, `afterStage`) has its per-case function.
 
 The formulas, the duplicate and empty-case conventions and their reference tests live with the functions in
 `app.evaluation.scoring.metrics`; the definitions below are their one-line summaries.
@@ -33,9 +41,11 @@ Direction = Literal["higher", "lower"]
 Aggregation = Literal["mean"]
 # What a measure is read for: "ranking" a figure of a case with relevant documents, also at each extra
 # cut-off and on the condensed list; "headline" in the summary and a case's `metrics`; "compared" tested
-# by the paired comparison; "afterStage" a figure of the list after each stage; "gated" a gate's
-# max_drop check; "point" a figure of a tune point.
-Role = Literal["ranking", "headline", "compared", "afterStage", "gated", "point"]
+# by the paired comparison; "afterStage" a figure of the list after each stage; "gated" a gate's drop
+# check against the baseline (and a column of the segments' tables); "point" a figure of a tune point
+# (the tune JSON, its gains and means); "tune" a column of the tune table and of the report's threshold
+# sweep.
+Role = Literal["ranking", "headline", "compared", "afterStage", "gated", "point", "tune"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,8 @@ class Measure:
     `name` its ir_measures-style name; `at_k` whether it is cut at K; `direction`: whether more is better;
     `score` its per-case function (None for a measure taken over something else than one ranking: the
     no-answer cases, the evidence groups); `aggregation` how the cases' values make the run's figure;
-    `roles` what reads it (`Role`)."""
+    `roles` what reads it (`Role`); `column` its header in a narrow table (the tune table) when shorter
+    than `name`."""
 
     key: str
     name: str
@@ -92,16 +103,21 @@ class Measure:
     score: Callable[[Ranking], float] | None = None
     roles: frozenset[Role] = field(default_factory=frozenset)
     aggregation: Aggregation = "mean"
+    column: str | None = None
 
     def label(self, k_text: str = "") -> str:
         """`nDCG@5` for `k_text` "@5"; the bare name for a measure without a cut-off."""
         return f"{self.name}{k_text}" if self.at_k else self.name
 
+    def header(self) -> str:
+        """Its header in a narrow table: `column`, else its bare name."""
+        return self.column or self.name
+
     def format(self, value: float | None) -> str:
         return fmt(value, self.digits)
 
 
-_GAUGED: frozenset[Role] = frozenset({"ranking", "headline", "compared", "gated", "point"})
+_GAUGED: frozenset[Role] = frozenset({"ranking", "headline", "compared", "gated", "point", "tune"})
 
 MEASURES: tuple[Measure, ...] = (
     Measure(
@@ -203,7 +219,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "higher",
         "over the no-answer cases: the share where the chain returned nothing",
-        roles=frozenset({"point"}),
+        roles=frozenset({"point", "tune"}),
+        column="Correct abst.",
     ),
     Measure(
         "falseAnswerRate",
@@ -213,7 +230,8 @@ MEASURES: tuple[Measure, ...] = (
         3,
         "lower",
         "over the no-answer cases: the share where the chain returned documents (1 − CorrectAbstention)",
-        roles=frozenset({"point"}),
+        roles=frozenset({"point", "tune"}),
+        column="False answer",
     ),
     Measure(
         "evidenceRecall",
@@ -238,6 +256,35 @@ MEASURES: tuple[Measure, ...] = (
 
 BY_KEY: dict[str, Measure] = {m.key: m for m in MEASURES}
 
+# role -> the roles a measure playing it must play too (see the module docstring)
+_IMPLIES: dict[Role, frozenset[Role]] = {
+    "gated": frozenset({"compared"}),
+    "compared": frozenset({"headline"}),
+    "tune": frozenset({"point"}),
+}
+_SCORED: frozenset[Role] = frozenset({"ranking", "headline", "afterStage"})
+
+
+def check_roles(measure: Measure) -> None:
+    """Refuse (`ValueError`, naming the measure and the role) a measure whose roles do not hold together:
+    each role of `_IMPLIES` needs its companions, and a measure read off a ranked list its `score`."""
+    for role in sorted(measure.roles):
+        missing = _IMPLIES.get(role, frozenset()) - measure.roles
+        if missing:
+            raise ValueError(
+                f"measure {measure.key!r}: role {role!r} needs role(s) {', '.join(sorted(missing))} too"
+            )
+        if role in _SCORED and measure.score is None:
+            raise ValueError(f"measure {measure.key!r}: role {role!r} needs a per-case function (score)")
+
+
+def _check_registry() -> None:
+    for m in MEASURES:
+        check_roles(m)
+
+
+_check_registry()
+
 
 def with_role(role: Role) -> tuple[str, ...]:
     """The keys of the registered measures that play `role`, in registry order (the order every table
@@ -257,15 +304,18 @@ AFTER_STAGE = with_role("afterStage")
 GATED = with_role("gated")
 # The measures of a tune point that are the registry's (a point adds counts of its own).
 POINT = with_role("point")
+# The measures the tune table and the report's threshold sweep show, one column each.
+TUNE = with_role("tune")
 
 
 def _derive() -> None:
     """Rebuild the registry's index and its role tuples from `MEASURES`."""
-    global RANKING, HEADLINE, COMPARED, AFTER_STAGE, GATED, POINT
+    global RANKING, HEADLINE, COMPARED, AFTER_STAGE, GATED, POINT, TUNE
     BY_KEY.clear()
     BY_KEY.update((m.key, m) for m in MEASURES)
     RANKING, HEADLINE, COMPARED = with_role("ranking"), with_role("headline"), with_role("compared")
     AFTER_STAGE, GATED, POINT = with_role("afterStage"), with_role("gated"), with_role("point")
+    TUNE = with_role("tune")
 
 
 @contextmanager
@@ -276,6 +326,7 @@ def registered(extra: Measure) -> Iterator[Measure]:
     global MEASURES
     if extra.key in BY_KEY:
         raise ValueError(f"a measure with key {extra.key!r} is registered already")
+    check_roles(extra)
     before = MEASURES
     MEASURES = (*before, extra)
     _derive()

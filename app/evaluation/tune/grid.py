@@ -19,7 +19,7 @@ holdout the grid's rows, the current configuration and the recommendation are th
 (the same rule); then, for the current configuration C and each recommended point R, on each part P:
 
   figure(X, P)  = the point figure of `replay.point_metrics` over P's cases only
-  gain(P)       = figure(R, P) - figure(C, P)               (each of GAIN_METRICS)
+  gain(P)       = figure(R, P) - figure(C, P)               (each of `gain_figure_names()`)
   optimism      = gain(tuning) - gain(held-out)
 
 Optimism > 0: the tuning cases flatter the choice by that much (what was tuned on is also what a gate on
@@ -57,7 +57,7 @@ from app.evaluation.report.model import (
 )
 from app.evaluation.run.build import summary_record
 from app.evaluation.run.runner import Evaluation
-from app.evaluation.scoring.measures import POINT
+from app.evaluation.scoring import measures
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.tune.model import (
     AgreedPoint,
@@ -84,10 +84,10 @@ from app.evaluation.tune.model import (
     figure,
 )
 from app.evaluation.tune.replay import (
-    POINT_METRICS,
     Recording,
     pareto_front,
     passes_gate,
+    point_figure_names,
     point_metrics,
     replay,
 )
@@ -410,23 +410,26 @@ def recommend(rows: list[SweepRow], current: PointFigures, tolerance: float) -> 
 
 # -- holdout and folds ----------------------------------------------------------------------------------
 
-# The figures whose gain and optimism are reported: each a mean over a part's cases, so a part of any size
-# gives a comparable value (forbiddenHits, a count, is shown but not differenced).
-GAIN_METRICS = (*POINT, "meanResults")
+
+def gain_figure_names() -> tuple[str, ...]:
+    """The figures whose gain and optimism are reported: the registry's point measures (`measures.POINT`,
+    read at call time) and meanResults, each a mean over a part's cases, so a part of any size gives a
+    comparable value (forbiddenHits, a count, is shown but not differenced)."""
+    return (*measures.POINT, "meanResults")
 
 
 def _difference(minuend: Figures, subtrahend: Figures) -> Figures:
-    """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
+    """minuend - subtrahend for each of `gain_figure_names()` (None where either is undefined)."""
     out: Figures = {}
-    for m in GAIN_METRICS:
+    for m in gain_figure_names():
         a, b = minuend[m], subtrahend[m]
         out[m] = None if a is None or b is None else a - b
     return out
 
 
 def _gain(minuend: PointFigures, subtrahend: PointFigures) -> Figures:
-    """minuend - subtrahend for each of GAIN_METRICS (None where either is undefined)."""
-    names = GAIN_METRICS
+    """minuend - subtrahend for each of `gain_figure_names()` (None where either is undefined)."""
+    names = gain_figure_names()
     return _difference({m: figure(minuend, m) for m in names}, {m: figure(subtrahend, m) for m in names})
 
 
@@ -533,21 +536,20 @@ def _kind_means(per_fold: list[FoldResult], kind: Kind) -> KindMeans | None:
     made = [(f, rec) for f in per_fold if (rec := f.carried(kind)) is not None]
     if not made:
         return None
+    points, gains = point_figure_names(), gain_figure_names()
     return KindMeans(
         folds=[f.fold for f, _ in made],
         current=HeldOut(
-            held_out=_mean_over(
-                [_named(f.current.held_out.metrics, POINT_METRICS) for f, _ in made], POINT_METRICS
-            )
+            held_out=_mean_over([_named(f.current.held_out.metrics, points) for f, _ in made], points)
         ),
         recommended=HeldOut(
-            held_out=_mean_over([_named(r.held_out.metrics, POINT_METRICS) for _, r in made], POINT_METRICS)
+            held_out=_mean_over([_named(r.held_out.metrics, points) for _, r in made], points)
         ),
         gain=SideFigures(
-            tuning=_mean_over([r.gain.tuning for _, r in made], GAIN_METRICS),
-            held_out=_mean_over([r.gain.held_out for _, r in made], GAIN_METRICS),
+            tuning=_mean_over([r.gain.tuning for _, r in made], gains),
+            held_out=_mean_over([r.gain.held_out for _, r in made], gains),
         ),
-        optimism=_mean_over([r.optimism for _, r in made], GAIN_METRICS),
+        optimism=_mean_over([r.optimism for _, r in made], gains),
     )
 
 
@@ -600,13 +602,14 @@ def run_folds(
     per_fold = [
         _fold_result(i, fold, cases, grid, scores, current_scores, tolerance) for i, fold in enumerate(folds)
     ]
-    current_held = [_named(f.current.held_out.metrics, POINT_METRICS) for f in per_fold]
+    points = point_figure_names()
+    current_held = [_named(f.current.held_out.metrics, points) for f in per_fold]
     rec = result.recommendation
     analysis = FoldsAnalysis(
         k=len(folds),
         per_fold=per_fold,
         mean=FoldMeans(
-            current=HeldOut(held_out=_mean_over(current_held, POINT_METRICS)),
+            current=HeldOut(held_out=_mean_over(current_held, points)),
             best=_kind_means(per_fold, "best"),
             abstention=_kind_means(per_fold, "abstention"),
         ),

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import JsonValue
-from pydantic.alias_generators import to_snake
 
 from app.evaluation.report.model import (
     Model,
@@ -22,16 +21,16 @@ from app.evaluation.report.model import (
     SweepRow,
 )
 
-# figure name (a POINT_METRICS or GAIN_METRICS name) -> its value, None where it is undefined
+# figure name (one of `replay.point_figure_names()` or `grid.gain_figure_names()`) -> its value, None where it
+# is undefined
 Figures = dict[str, float | None]
 # the two recommendations (see `tune.grid`)
 Kind = Literal["best", "abstention"]
 
 
 def figure(metrics: PointFigures, name: str) -> float | None:
-    """The figure `name` (its JSON name, e.g. `hitRate`) of `metrics`."""
-    value: float | None = getattr(metrics, to_snake(name))
-    return value
+    """The figure `name` (its JSON name, e.g. `hitRate`) of `metrics` (`PointFigures.figure`)."""
+    return metrics.figure(name)
 
 
 class PartScores(Model):

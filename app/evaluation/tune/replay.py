@@ -41,7 +41,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
 from app.evaluation.run.build import summary_record
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
-from app.evaluation.scoring.measures import POINT
+from app.evaluation.scoring import measures
 from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
 from app.retrieval.chain import ChainStage, RetrievalChain, RetrievalRequest, RetrievalResult
@@ -52,8 +52,15 @@ from app.retrieval.stages.rerank import PassageScorer, RerankStage
 from app.retrieval.types import SCORE_DENSE, Candidate, QueryContext, Stage, StageOutcome
 from app.settings import ChainSettings, EvaluateThresholds
 
-# The figures of one point, in the order the tables show them.
-POINT_METRICS = (*POINT, "forbiddenHits", "meanResults")
+# The figures of a point beside the registry's point measures: counts of its own.
+POINT_COUNTS = ("forbiddenHits", "meanResults")
+
+
+def point_figure_names() -> tuple[str, ...]:
+    """The figures of one point, in the order the tables show them: the registry's point measures
+    (`measures.POINT`, read at call time, so a measure registered since is one of them), then
+    `POINT_COUNTS`."""
+    return (*measures.POINT, *POINT_COUNTS)
 
 
 class ReplayError(RuntimeError):
@@ -493,7 +500,8 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
 
 def point_metrics(evaluation: Evaluation, summary: Summary | None = None) -> PointFigures:
     """A point's figures, from `build.summary_record` (the evaluation's summary; pass it when it is made
-    already) plus two counts.
+    already): each point measure of the registry (`measures.POINT`) under its key, as the summary gives it
+    (`Summary.figure`), plus the counts.
 
     meanResults = mean number of documents returned per case that ran (no-answer cases included);
     correctAbstentions / noAnswerCases: the counts behind correctAbstention.
@@ -501,17 +509,14 @@ def point_metrics(evaluation: Evaluation, summary: Summary | None = None) -> Poi
     s = summary if summary is not None else summary_record(evaluation)
     ran = [c.result for c in evaluation.cases if c.result is not None]
     no_answer = [c for c in evaluation.cases if c.case.expect_no_answer and c.error is None]
-    return PointFigures(
-        recall=s.recall,
-        hit_rate=s.hit_rate,
-        mrr=s.mrr,
-        ndcg=s.ndcg,
-        correct_abstention=s.no_answer.correct_abstention_rate,
-        false_answer_rate=s.no_answer.false_answer_rate,
-        forbidden_hits=s.forbidden["hits"],
-        mean_results=fmean(len(result.documents) for result in ran) if ran else None,
-        correct_abstentions=sum(1 for c in no_answer if c.abstained),
-        no_answer_cases=len(no_answer),
+    return PointFigures.model_validate(
+        {key: s.figure(key) for key in measures.POINT}
+        | {
+            "forbiddenHits": s.forbidden["hits"],
+            "meanResults": fmean(len(result.documents) for result in ran) if ran else None,
+            "correctAbstentions": sum(1 for c in no_answer if c.abstained),
+            "noAnswerCases": len(no_answer),
+        }
     )
 
 

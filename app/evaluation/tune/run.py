@@ -15,7 +15,7 @@ from app.evaluation.report.model import PointFigures, ServiceDescription
 from app.evaluation.run.runner import Evaluation
 from app.evaluation.tune.grid import Grid, run_split
 from app.evaluation.tune.model import FoldsAnalysis, HoldoutAnalysis, Split, TuneReport, TuneRun, figure
-from app.evaluation.tune.replay import POINT_METRICS, Recording, point_metrics
+from app.evaluation.tune.replay import Recording, point_figure_names, point_metrics
 from app.settings import ChainSettings, EvaluateSettings
 
 
@@ -42,7 +42,7 @@ def self_check(replayed: PointFigures, evaluation: Evaluation) -> str:
     """The replayed current configuration against the real evaluation it was recorded from."""
     real = point_metrics(evaluation)
     off = []
-    for name in POINT_METRICS:
+    for name in point_figure_names():
         got, want = figure(replayed, name), figure(real, name)
         if (got is None) != (want is None) or (
             got is not None and want is not None and abs(got - want) > 1e-9
