@@ -1,13 +1,17 @@
 """API errors: `ApiError` for answers the routes choose, and the handlers that turn every error into JSON.
 
 Every error body has the same shape, `{"error": "...", "fields": [{"field", "message"}]}` (`fields` when the
-problem is in the request), declared in the OpenAPI document by `app.api.schemas.ErrorResponse`:
+problem is in the request), declared in the OpenAPI document by `app.api.schemas.ErrorResponse`, and no other
+key but those named below (`count`, `limit`, `requestId`):
 
 - request validation (pydantic), malformed JSON, a body that is not UTF-8 or is nested too deeply, a body
   with an object or array larger than any request takes (`app.api.limits.JsonShapeLimit`): 422, with the
   first `MAX_REPORTED_PROBLEMS` problems and their `count`;
 - `ApiError`: the status the route chose;
 - any other `HTTPException` (404 for an unknown path, 405, ...): its status, `{"error": detail}`;
+- a body over `rag.server.max_body_bytes` (`app.api.limits.BodySizeLimit`, before the body is read): 413
+  `{"error", "limit"}`; a retrieval refused at once by admission (`app.api.admission.AdmissionGate`): 429
+  `{"error"}`, as the route's own refusal;
 - the vector store unreachable, or failing a read or a write (`StoreUnavailableError`, `StoreFailedError`:
   whatever Chroma raised, wrapped once in `ChromaStore`), or any other `StoreError` during a request (the
   document record's): 503 `{"error": "vector store ...: <reason>", "requestId": "..."}`, the reason logged
@@ -44,25 +48,25 @@ REQUEST_ID_HEADER = "X-Request-Id"
 class ApiError(Exception):
     """An answer a route chooses: `ApiError(422, "query: too long", field="query")`.
 
-    `field=` names the request field at fault; the body then also lists it under `fields` (the shape every
-    422 has). `headers` go on the response (`WWW-Authenticate`, ...). Other keyword arguments are added to
-    the body as they are."""
+    `field=` names the request field at fault: the body lists it under `fields`, with the message.
+    `headers` go on the response (`WWW-Authenticate`, ...)."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any):
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, field: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers
-        self.extra = extra
+        self.field = field
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"error": safe_text(self.message), **self.extra}
-        field = self.extra.get("field")
-        if isinstance(field, str):
-            body["field"] = safe_text(field)
-            body.setdefault("fields", [{"field": body["field"], "message": body["error"]}])
+        """`{"error"}`, with `fields` when a field is named and `count` with a 422: the documented shape."""
+        body: dict[str, Any] = {"error": safe_text(self.message)}
+        if self.field is not None:
+            body["fields"] = [field_problem(self.field, self.message)]
         if self.status == 422:
-            body.setdefault("count", len(body.get("fields") or []) or 1)
+            body["count"] = len(body.get("fields", [])) or 1
         return body
 
 

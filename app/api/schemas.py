@@ -160,7 +160,7 @@ class ErrorResponse(BaseModel):
     count: int | None = Field(
         None, description="422: how many problems the request has (`fields` shows some)"
     )
-    field: str | None = Field(None, description="the first of `fields` (kept for older clients)")
+    limit: int | None = Field(None, description="413: rag.server.max_body_bytes, the largest body taken")
     requestId: str | None = Field(
         None, description="500 and 503: the id the error (a traceback, the store's reason) is logged under"
     )

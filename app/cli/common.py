@@ -45,29 +45,54 @@ def open_sieve(settings, suggest_server: Literal["query", "eval"] | None = None)
     except StoreLockedError as exc:
         if suggest_server is None:
             raise
-        message = held_store_message(exc.path, exc.holder, settings.rag.server, suggest_server)
+        message = held_store_message(exc.path, exc.holder, exc.address, settings.rag.server, suggest_server)
         raise StoreError(message) from exc
 
 
-def held_store_message(path: Any, holder: str, server: Any, command: Literal["query", "eval"]) -> str:
+def held_store_message(
+    path: Any, holder: str, address: str | None, server: Any, command: Literal["query", "eval"]
+) -> str:
     """The one line for a local `query` or `eval` whose embedded store another process holds: ask the server
-    (at `server`'s host and port, the address `sieve serve` takes by default) with `--server`; an evaluation
-    also needs the server's admin token."""
+    with `--server`; an evaluation also needs the server's admin token. The server's address is the one the
+    holder recorded with its lock (`sieve serve` does once it listens: then the holder is that server), else
+    `server`'s host and port, the address `sieve serve` takes by default."""
     from app.cli.client import SERVER_ENV, TOKEN_ENV
 
-    host = "127.0.0.1" if server.host in ("0.0.0.0", "::", "") else server.host
-    url = f"http://{f'[{host}]' if ':' in host else host}:{server.port}"
     token = (
         f", with its rag.server.admin_token (in ${TOKEN_ENV} or this shell's settings)"
         if command == "eval"
         else ""
     )
+    if address is not None:
+        url = server_url(address)
+        return (
+            f"the embedded store {path} is open in `sieve serve` (pid {holder}, listening on {address}), "
+            f"and it allows one process at a time. Ask that server instead: --server {url} "
+            f"(or {SERVER_ENV}={url}){token}; otherwise stop it, or share the store through a Chroma server "
+            "(rag.store.mode: http)"
+        )
+    url = server_url(f"http://{_bracketed(server.host)}:{server.port}")
     return (
         f"the embedded store {path} is open in another process (pid {holder}), and it allows one process "
         f"at a time. If that is `sieve serve`, ask it instead: --server {url} "
         f"(or {SERVER_ENV}={url}){token}; otherwise stop it, or share the store through a Chroma server "
         "(rag.store.mode: http)"
     )
+
+
+def server_url(address: str) -> str:
+    """The URL a client on this machine asks a server listening on `address` (`http://host:port`) with: a
+    wildcard host (0.0.0.0, ::) is asked on 127.0.0.1."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address)
+    if parts.hostname not in ("0.0.0.0", "::", "", None):
+        return address
+    return f"{parts.scheme or 'http'}://127.0.0.1:{parts.port}"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def configure_logging(verbose: bool) -> None:

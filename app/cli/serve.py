@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from app import exit_codes
+from app import exit_codes, pidlock
 from app.cli.common import log, settings_with
 from app.settings import nested
 
@@ -56,6 +56,13 @@ def serve_command(args: argparse.Namespace) -> int:
     deadline = settings.rag.server.shutdown_seconds
 
     class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                # recorded with the store lock, now or when startup takes it: a local `sieve query` refused
+                # the store names this address (app/cli/common.py held_store_message)
+                pidlock.announce(listening_address(self.servers))
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             # Writers stop at their next slice from this moment, not after uvicorn has drained connections.
             if state.stop_deadline is None:
@@ -80,7 +87,18 @@ def serve_command(args: argparse.Namespace) -> int:
         server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        pidlock.announce(None)
     return exit_code["code"]
+
+
+def listening_address(servers: list[Any]) -> str | None:
+    """`http://host:port` of the first socket uvicorn listens on (an IPv6 host in brackets); None without
+    one."""
+    for server in servers:
+        for sock in server.sockets:
+            host, port = sock.getsockname()[:2]
+            return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return None
 
 
 def _exit_after(seconds: float) -> None:

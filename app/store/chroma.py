@@ -109,10 +109,11 @@ class StoreFailure:
 
 
 class StoreLockedError(StoreError):
-    """Another process holds the embedded store path: `path`, and `holder`, the pid written in its lock file
-    ("unknown" when none is)."""
+    """Another process holds the embedded store path: `path`, `holder`, the pid written in its lock file
+    ("unknown" when none is), and `address`, where it serves when it is `sieve serve` and listens already
+    (`app.pidlock.announce`; None otherwise)."""
 
-    def __init__(self, path: Path, holder: str) -> None:
+    def __init__(self, path: Path, holder: str, address: str | None = None) -> None:
         super().__init__(
             f"the embedded store {path} is already open in another process (pid {holder}). "
             f"Chroma's embedded mode allows one process per path: stop the other process, or run a "
@@ -120,6 +121,7 @@ class StoreLockedError(StoreError):
         )
         self.path = path
         self.holder = holder
+        self.address = address
 
 
 class EmbedderMismatchError(StoreError):
@@ -997,14 +999,14 @@ def check_not_locked(settings: StoreSettings) -> None:
     path = Path(settings.path)
     holder = pidlock.held_by(path / LOCK_FILE)
     if holder is not None:
-        raise StoreLockedError(path, holder)
+        raise StoreLockedError(path, holder.pid, holder.address)
 
 
 def _lock(path: Path) -> int:
     try:
         return pidlock.acquire(path / LOCK_FILE)
     except pidlock.LockHeldError as held:
-        raise StoreLockedError(path, held.holder) from None
+        raise StoreLockedError(path, held.holder, held.address) from None
 
 
 def _is_connection_error(exc: BaseException) -> bool:

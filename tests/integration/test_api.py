@@ -258,7 +258,7 @@ def test_nested_document_metadata_is_422_naming_the_field(client: TestClient) ->
         headers=ADMIN,
     )
     assert response.status_code == 422
-    assert response.json()["field"] == "documents.0.owner"
+    assert [p["field"] for p in response.json()["fields"]] == ["documents.0.owner"]
     assert "'owner' must be a scalar" in response.json()["error"]
 
 

@@ -173,7 +173,6 @@ def test_a_document_over_max_document_chars_is_422_naming_it(sieve: Sieve, tmp_p
     assert response.json() == {
         "error": "documents[1] (id long-one): text has 101 characters, more than "
         "rag.ingest.max_document_chars=100",
-        "field": "documents.1.text",
         "fields": [
             {
                 "field": "documents.1.text",

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from app.exit_codes import UNAVAILABLE
+from app.store.chroma import LOCK_FILE
 from tests.fixtures.processes import stop_process
 from tests.fixtures.seeded_store import seeded_store
 from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, wait_ready
@@ -36,15 +38,17 @@ class Served:
     url: str
     output_dir: Path
     log: Path
+    store: Path
+    pid: int = 0
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int]) -> Iterator[Served]:
     base = tmp_path_factory.mktemp("cli-server")
     port = free_port()
-    served = Served(f"http://127.0.0.1:{port}", base / "server-eval", base / "serve.log")
+    served = Served(f"http://127.0.0.1:{port}", base / "server-eval", base / "serve.log", base / "store")
     env = clean_env(
-        RAG__STORE__PATH=str(seeded_store(base / "store")),
+        RAG__STORE__PATH=str(seeded_store(served.store)),
         RAG__SERVER__JOBS_DIR=str(base / "jobs"),
         RAG__SERVER__ADMIN_TOKEN=ADMIN_TOKEN,
         RAG__EVALUATE__ENABLED="false",
@@ -58,6 +62,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, free_port: Callable[[], int
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    served.pid = proc.pid
     try:
         wait_ready(proc, served.url, served.log)
         yield served
@@ -102,6 +107,22 @@ def without_latency(value: Any) -> Any:
 def masked(text: str) -> str:
     """The output with its timings (`12 ms`, `0.3 ms`, `p50=9ms`) replaced by `#`."""
     return re.sub(r"\d+(\.\d+)? ?ms\b", "# ms", text)
+
+
+def test_a_local_command_on_the_served_store_is_told_where_the_server_listens(
+    served: Served, local_env: dict[str, str]
+) -> None:
+    """`sieve serve --port N` records its address with its store lock: a local `sieve query` on that store
+    (whose own settings say port 8000) is told to ask http://127.0.0.1:N."""
+    assert (served.store / LOCK_FILE).read_text() == f"{served.pid}\n{served.url}\n"
+    held = sieve({**local_env, "RAG__STORE__PATH": str(served.store)}, "query", QUERY)
+    assert (held.code, held.out) == (UNAVAILABLE, "")
+    assert held.err == (
+        f"error: the embedded store {served.store} is open in `sieve serve` (pid {served.pid}, listening on "
+        f"{served.url}), and it allows one process at a time. Ask that server instead: --server {served.url} "
+        f"(or SIEVE_SERVER={served.url}); otherwise stop it, or share the store through a Chroma server "
+        "(rag.store.mode: http)\n"
+    )
 
 
 def test_query_over_the_server_prints_what_a_local_query_prints(

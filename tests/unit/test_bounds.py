@@ -78,7 +78,7 @@ def test_the_write_api_applies_the_ingest_bounds_and_writes_nothing(
     )
     assert answer.status_code == 422
     body = answer.json()
-    assert body["field"] == "documents.1"
+    assert [p["field"] for p in body["fields"]] == ["documents.1"]
     assert problem in body["error"] and "nothing of this request was written" in body["error"]
 
 

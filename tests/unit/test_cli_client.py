@@ -128,7 +128,13 @@ def test_a_request_carries_the_bearer_token_and_its_body_and_returns_the_answer(
             422,
             {
                 "error": "query: 9000 characters, more than rag.retrieval.max_query_chars=2000",
-                "field": "query",
+                "fields": [
+                    {
+                        "field": "query",
+                        "message": "query: 9000 characters, more than rag.retrieval.max_query_chars=2000",
+                    }
+                ],
+                "count": 1,
             },
             "query: 9000 characters, more than rag.retrieval.max_query_chars=2000",
             2,

@@ -1,7 +1,9 @@
 """A local `sieve query` / `sieve eval` whose embedded store another process holds (a running `sieve serve`)
-fails at once, before any model loads: one line, exit 3, suggesting `--server`.
+fails at once, before any model loads: one line, exit 3, suggesting `--server` at the address the holder
+recorded with its lock (`sieve serve` records where it listens), else at this shell's rag.server address.
 
-The holder is a real other process holding the store's lock file (`flock`), as `sieve serve` does."""
+The holder is a real other process holding the store's lock file (`flock`), as `sieve serve` does; the one
+tests/integration/test_cli_server.py starts is a real `sieve serve`."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,7 @@ import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.ftruncate(fd, 0)
-os.write(fd, str(os.getpid()).encode())
+os.write(fd, (str(os.getpid()) + "".join(f"\\n{a}\\n" for a in sys.argv[2:])).encode())
 print("held", flush=True)
 sys.stdin.read()  # until the test closes our stdin
 """
@@ -36,12 +39,13 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "chroma"
 
 
-@pytest.fixture
-def holder(store: Path) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding the embedded store at `store`, as a running `sieve serve` does."""
+@contextmanager
+def holding(store: Path, *address: str) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the embedded store at `store`, as a running `sieve serve` does (recording
+    `address` beside its pid, as one that listens does)."""
     store.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(store / LOCK_FILE)],
+        [sys.executable, "-c", HOLD, str(store / LOCK_FILE), *address],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -51,6 +55,13 @@ def holder(store: Path) -> Iterator[subprocess.Popen[str]]:
         yield proc
     finally:
         proc.communicate(timeout=10)  # closes its stdin: it exits, and the lock goes with it
+
+
+@pytest.fixture
+def holder(store: Path) -> Iterator[subprocess.Popen[str]]:
+    """A holder that recorded no address (a `sieve serve` still starting, or any other command)."""
+    with holding(store) as proc:
+        yield proc
 
 
 @pytest.fixture
@@ -130,3 +141,35 @@ def test_the_sieve_command_prints_that_one_line_and_nothing_else(
         "",
         held_message(store, holder.pid, "query"),
     )
+
+
+@pytest.mark.parametrize(
+    ("recorded", "url"),
+    [
+        ("http://127.0.0.1:8123", "http://127.0.0.1:8123"),
+        ("http://0.0.0.0:8124", "http://127.0.0.1:8124"),  # a server on every interface is asked here
+        ("http://[::1]:8125", "http://[::1]:8125"),
+    ],
+)
+@pytest.mark.parametrize("command", ["query", "eval"])
+def test_the_hint_names_the_address_the_server_recorded_with_its_lock(
+    recorded: str,
+    url: str,
+    command: str,
+    env: dict[str, str],
+    store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("app.service.load_embedder", no_models)
+    token = ", with its rag.server.admin_token (in $SIEVE_TOKEN or this shell's settings)"
+    with holding(store, recorded) as proc:
+        assert main([command, "工资什么时候发"] if command == "query" else [command]) == UNAVAILABLE
+    _, err = capsys.readouterr()
+    assert err == (
+        f"error: the embedded store {store} is open in `sieve serve` (pid {proc.pid}, listening on "
+        f"{recorded}), and it allows one process at a time. Ask that server instead: --server {url} "
+        f"(or SIEVE_SERVER={url}){token if command == 'eval' else ''}; otherwise stop it, or share the store "
+        "through a Chroma server (rag.store.mode: http)\n"
+    )
+    assert "8010" not in err  # this shell's rag.server.port is not where that server listens

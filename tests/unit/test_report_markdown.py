@@ -1,17 +1,24 @@
-"""The Markdown "Compared with baseline" section, rendered from the comparison JSON; and how the report
-says which cases are unscorable, which ids are stale and which cases carry their own date."""
+"""The Markdown "Compared with baseline" section, rendered from the comparison JSON; how the report says which
+cases are unscorable, which ids are stale and which cases carry their own date; and that text from the golden
+set or the index (ids, queries, titles, snippets, ...) stays text: no link, image or HTML is made of it."""
 
 from __future__ import annotations
 
 from datetime import date
+from typing import Any
+
+import pytest
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from app.evaluation.compare.comparison import compare_reports
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.render.html import render_html
 from app.evaluation.render.markdown import comparison_markdown, md_text, render_markdown
-from app.evaluation.report.model import Report
+from app.evaluation.report.model import Audit, DuplicateQuery, Report
 from app.evaluation.run.build import measure_report
 from app.evaluation.run.runner import evaluate
+from tests.fixtures.reports import golden_report
 from tests.fixtures.traced_chain import TAGGED_KNOWN as KNOWN
 from tests.fixtures.traced_chain import FakeChain
 
@@ -119,7 +126,138 @@ def test_ids_queries_and_tags_are_escaped_and_the_file_stays_text() -> None:
     assert "<script>" not in md and "<b>" not in md and "<img" not in md
     assert "### &lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert "- Query: pay|day\\u0000 & &lt;b&gt;bold&lt;/b&gt;\\u2028next" in md
-    assert md_text("hr\x1b[31m<i>") == "hr\\u001b[31m&lt;i&gt;"  # a tag goes through the same escape
+    assert md_text("hr\x1b[31m<i>") == "hr\\u001b\\[31m&lt;i&gt;"  # a tag goes through the same escape
     assert not any(c in md for c in "\x00\x1b\u2028\u2029\x85")  # grep and a terminal see plain text
     row = next(line for line in md.splitlines() if line.startswith("| &lt;script&gt;"))
     assert "pay\\|day" in row  # a | in a cell is escaped
+
+
+# What a hostile golden-set author (or document) could write to make the report's Markdown live: links,
+# images, raw HTML, autolinks and email autolinks, an escape that tries to undo ours.
+PAYLOAD = (
+    "[x](javascript:alert(1)) ![img](http://evil.example/p.png) <script>alert(2)</script> "
+    "<http://evil.example/a> <javascript:alert(3)> <1x@evil.example> \\[y](javascript:alert(4)) "
+    "<!-- hidden --> <?pi?> <![CDATA[x]]> [ref][] [ref]"
+)
+# the report's user-supplied texts: case ids, queries, notes, groups, doc ids, titles, sources, snippets,
+# reasons, segment names, warnings
+USER_TEXTS = (
+    "payday",
+    "vpn",
+    "weather",
+    "when is payday",
+    "how do I set up the VPN",
+    "what is the weather on Mars",
+    "no answer in the base",
+    "pay",
+    "hr-payroll",
+    "hr-bonus",
+    "it-vpn",
+    "Hr-Payroll",
+    "It-Vpn",
+    "kb/hr-payroll.md",
+    "kb/it-vpn.md",
+    "Salaries are paid on the 25th.",
+    "VPN setup.",
+    "relevant (grade 1)",
+    "dense=0.71 < 0.80",
+    "paraphrase",
+    "en",
+    "1 case names a knowledge tag no chunk carries",
+)
+
+
+def hostile(text: str) -> str:
+    return f"{text} {PAYLOAD}"
+
+
+def with_payloads(value: Any) -> Any:
+    """`value` (a report's JSON) with every user-supplied text, as a value or a key, carrying `PAYLOAD`."""
+    if isinstance(value, dict):
+        return {with_payloads(k): with_payloads(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_payloads(v) for v in value]
+    return hostile(value) if value in USER_TEXTS else value
+
+
+def hostile_report() -> Report:
+    data = with_payloads(golden_report().to_json())
+    data["cases"][0] |= {"risk": "high", "owner": hostile("owner"), "rationale": hostile("rationale")}
+    report = Report.model_validate(data)
+    report.gate.notes.append(hostile("a gate note naming case payday"))
+    report.audit = Audit(
+        ran=True,
+        cases=3,
+        findings={"duplicateQueries": 1},
+        duplicate_queries=[DuplicateQuery(hostile("when is payday"), [hostile("payday"), hostile("vpn")])],
+    )
+    return report
+
+
+def tokens(markdown: str) -> list[Token]:
+    """Every token of `markdown` parsed as CommonMark with GFM tables, inline ones included."""
+    out = []
+    for token in MarkdownIt("commonmark").enable("table").parse(markdown):
+        out += [token, *(token.children or [])]
+    return out
+
+
+def read_as(inline: Token) -> str:
+    """What a reader sees of an inline token: its text, escapes resolved."""
+    return "".join(child.content for child in inline.children or [] if child.type in ("text", "code_inline"))
+
+
+@pytest.mark.parametrize("case_detail", [True, False])
+def test_links_images_and_html_from_the_golden_set_or_the_index_stay_text(case_detail: bool) -> None:
+    report = hostile_report()
+    markdown = render_markdown(report, case_detail=case_detail)
+    parsed = tokens(markdown)
+    live = [t for t in parsed if t.type in ("link_open", "image", "html_inline", "html_block")]
+    assert live == [], [(t.type, t.content, t.attrs) for t in live]
+    html = MarkdownIt("commonmark").enable("table").render(markdown)
+    assert "<a " not in html and "<img" not in html and "<script" not in html and "<!--" not in html
+    # every payload is there, as text a reader sees: in the table cells, lists and paragraphs
+    seen = "\n".join(read_as(t) for t in parsed if t.type == "inline")
+    assert seen.count(PAYLOAD) == (53 if case_detail else 29)
+    if case_detail:
+        headings = [
+            read_as(parsed[i + 1]) for i, t in enumerate(parsed) if t.type == "heading_open" and t.tag == "h3"
+        ]
+        assert headings == [hostile("payday"), hostile("vpn"), hostile("weather")]
+        assert f"Query: {hostile('when is payday')}" in seen
+        cells = [read_as(parsed[i + 1]) for i, t in enumerate(parsed) if t.type == "td_open"]
+        assert hostile("hr-payroll") in cells  # an id whole; a title or snippet cut at 120 or 200 characters
+        assert hostile("Hr-Payroll")[:120].strip() in cells
+        assert hostile("Salaries are paid on the 25th.")[:200].strip() in cells
+    # a worst case's owner and rationale (prose, cut at 120 characters), the audit's findings
+    assert f"{hostile('payday')}: risk high; owner owner [x](javascript:alert(1)) ![img](http" in seen
+    assert f"{hostile('payday')}, {hostile('vpn')}: {hostile('when is payday')!r}" in seen
+
+
+def test_ordinary_text_reads_as_it_is() -> None:
+    for prose in (
+        "when is payday",
+        "relevant (grade 1)",
+        "dense=0.71 < 0.80",
+        "recall 0.500 -> 0.750, p >= 0.7",
+        "kb/hr-payroll.md",
+        "C:\\docs\\a.md",
+        "工资什么时候发 (月底)",
+    ):
+        assert md_text(prose) == prose
+    assert render_markdown(golden_report(), case_detail=True).count("\\") == 0  # nothing to escape there
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("[x](javascript:alert(1))", "\\[x\\]\\(javascript:alert(1))"),
+        ("![img](http://e/p.png)", "!\\[img\\]\\(http://e/p.png)"),
+        ("<http://e>", "&lt;http://e&gt;"),
+        ("<1x@e.example>", "&lt;1x@e.example&gt;"),
+        ("\\[x](y)", "\\\\\\[x\\]\\(y)"),  # a backslash cannot undo the escape
+        ("ends with \\", "ends with \\\\"),  # nor take the next character of the line
+    ],
+)
+def test_md_text_escapes_what_makes_markdown_live(text: str, escaped: str) -> None:
+    assert md_text(text) == escaped

@@ -1,12 +1,14 @@
 """The report as Markdown, read from the typed `Report`. A report read back from its file
 (`Report.model_validate_json`) renders the same.
 
-Text from the golden set, the index or a client (case ids, queries, tags, notes, document ids, sources,
-titles, snippets, reasons) goes through `md_text`: a `<`, `>` or `&` that could open or close a tag, a
-comment or an entity becomes an entity (`<script>` reads `&lt;script&gt;`), so no id becomes HTML in a
-Markdown viewer, and control characters, line separators and lone surrogates become visible `\u0000`-style
-escapes, so the file stays one readable text in a terminal (`grep` never calls it binary). In table cells
-`_cell` also escapes `|`."""
+Text from the golden set, the index or a client (case ids, queries, tags, groups, notes, rationales, document
+and chunk ids, sources, titles, snippets, reasons, segment names, error messages) goes through `md_text`
+(app/evaluation/report/text.py), once, where it enters the Markdown: `[` and `]` are escaped (and a `(` right
+after a `]`), so no link or image is made of it (`[x](javascript:...)` reads `\[x\]\(javascript:...)`); a
+`<`, `>` or `&` that could open or close a tag, a comment, an autolink or an entity becomes an entity
+(`<script>` reads `&lt;script&gt;`), so nothing becomes HTML in a Markdown viewer; and control characters,
+line separators and lone surrogates become visible `\u0000`-style escapes, so the file stays one readable
+text in a terminal (`grep` never calls it binary). In table cells `_cell` also escapes `|`."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def render_markdown(report: Report, case_detail: bool = False) -> str:
     lines = [f"# Retrieval evaluation — {run.started_at or ''}", ""]
     if report.status != "ok" or report.summary is None:
         lines += [
-            f"**Nothing ran: {report.error}**",
+            f"**Nothing ran: {md_text(report.error)}**",
             "",
             f"- Golden set: `{run.golden_set}`",
             "",
@@ -165,7 +167,7 @@ def _gate_markdown(gate: Gate) -> list[str]:
             )
         out += ["", GATE_RULE, ""]
     for note in gate.notes:
-        out += [f"- {note}"]
+        out += [f"- {md_text(note)}"]
     if gate.notes:
         out.append("")
     return out
@@ -218,7 +220,7 @@ def comparison_markdown(comp: Comparison | None, baseline_note: str | None, kl: 
     out += _budget_markdown(comp)
     out += _segment_comparison_markdown(comp, kl)
     out += ["What changed between the runs:", ""]
-    out += [f"- `{d}`" if d.startswith("rag.") else f"- {d}" for d in comp.differences]
+    out += [f"- `{d}`" if d.startswith("rag.") else f"- {md_text(d)}" for d in comp.differences]
     if not comp.differences:
         out.append("- nothing: same settings, embedder, corpus, golden set, K and asOf")
     out.append("")
@@ -259,7 +261,7 @@ def _case_changes_markdown(comp: Comparison) -> list[str]:
     for title, ids in (
         ("Fixed (hit 0 → 1)", cases.fixed),
         ("Broken (hit 1 → 0)", cases.broken),
-        ("Worsened (nDCG dropped)", [md_text(x.id) for x in cases.worsened]),
+        ("Worsened (nDCG dropped)", [x.id for x in cases.worsened]),
         ("Abstention broken (abstained → answers)", cases.abstention_broken),
     ):
         if title.startswith("Abstention") and not comp.paired_no_answer:
@@ -446,7 +448,7 @@ def _detail_row(case_id: str, d: CaseDetail | None, fixed: bool) -> str:
 def _ids_with_scores(ids: list[str], fused: list[float | None]) -> str:
     """`doc-a (0.897), doc-b (0.512)`; a comparison read from a report without fused scores shows "n/a"."""
     scores = list(fused) + [None] * (len(ids) - len(fused))
-    return ", ".join(f"{i} ({_f(f)})" for i, f in zip(ids, scores, strict=False)) or "(nothing)"
+    return ", ".join(f"{_cell(i, None)} ({_f(f)})" for i, f in zip(ids, scores, strict=False)) or "(nothing)"
 
 
 def _ranked_text(docs: list[RankedDocument]) -> str:
@@ -454,7 +456,7 @@ def _ranked_text(docs: list[RankedDocument]) -> str:
     their ranks in the candidate lists, "(nothing)" for none."""
     return (
         ", ".join(
-            f"{md_text(d.doc_id)} ({_f(d.scores.get('fused'))}{_prefixed('; ', ranks_text(d.ranks))})"
+            f"{_cell(d.doc_id, None)} ({_f(d.scores.get('fused'))}{_prefixed('; ', ranks_text(d.ranks))})"
             for d in docs
         )
         or "(nothing)"
@@ -497,10 +499,7 @@ def _worst_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         ]
         for c in worst:
             got = _ranked_text(c.outcome.ranked_documents[:3])
-            lost = (
-                "; ".join(f"{md_text(x.id)}: {loss_text(x, c.resolved.top_k)}" for x in c.analysis.lost)
-                or "-"
-            )
+            lost = "; ".join(f"{x.id}: {loss_text(x, c.resolved.top_k)}" for x in c.analysis.lost) or "-"
             if c.resolved.unscorable:
                 lost = "; ".join(f"{i}: NOT_IN_INDEX" for i in c.resolved.missing_from_index)
             if c.scores.metrics:
@@ -720,7 +719,9 @@ def _segments_markdown(segs: list[Segment]) -> list[str]:
         out += [
             "",
             f"Small segments (fewer than {SMALL_SEGMENT} cases, nDCG): "
-            + ", ".join(f"{sg.kind} {sg.name} {_f(sg.metrics.get('ndcg'))} ({sg.cases})" for sg in small)
+            + ", ".join(
+                f"{sg.kind} {md_text(sg.name)} {_f(sg.metrics.get('ndcg'))} ({sg.cases})" for sg in small
+            )
             + ".",
         ]
     return out + [""]
@@ -731,7 +732,7 @@ def _segment_row(sg: Segment, with_delta: bool) -> str:
     difference from the baseline and the p-value."""
     m = sg.metrics
     row = (
-        f"| {sg.kind} | {sg.name} | {sg.cases} | "
+        f"| {sg.kind} | {_cell(sg.name, None)} | {sg.cases} | "
         + " | ".join(_f(m.get(key)) for key in measures.GATED)
         + " |"
     )
@@ -780,7 +781,7 @@ def _case_markdown(c: CaseRecord, run_as_of: str | None = None) -> list[str]:
     each stage removed, where its expected ids were lost, its judgments and its ranked documents."""
     out = _case_question(c, run_as_of)
     if c.outcome.error:
-        return out + ["", f"**Failed:** `{c.outcome.error}`", ""]
+        return out + ["", f"**Failed:** {md_text(c.outcome.error)}", ""]
     out += _case_outcome(c)
     out += _case_metrics_table(c)
     out += [f"Filter stats: {_filter_stats(c.analysis.filter_stats) or 'nothing removed'}", ""]
@@ -820,7 +821,7 @@ def _case_question(c: CaseRecord, run_as_of: str | None) -> list[str]:
     if resolved.missing_from_index:
         out.append(f"- Not in the index: {_ids(resolved.missing_from_index)}")
     if resolved.unscorable:
-        out += ["", f"**Not scored:** {resolved.unscorable}.", ""]
+        out += ["", f"**Not scored:** {md_text(resolved.unscorable)}.", ""]
     if spec.forbidden_doc_ids:
         found = _ids(c.scores.forbidden_found) or "none found"
         out.append(f"- Forbidden: {_ids(spec.forbidden_doc_ids)} ({found})")
@@ -900,7 +901,7 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
     """A case's evidence figures, where its evidence was lost, Judged@K and its unjudged ids."""
     out = []
     if c.scores.evidence:
-        groups = " | ".join(", ".join(g) for g in c.resolved.evidence_groups)
+        groups = " | ".join(_ids(g) for g in c.resolved.evidence_groups)
         line = (
             f"Evidence ({groups}): EvidenceRecall {_f(c.scores.evidence.get('evidenceRecall'))}, "
             f"EvidenceHit {_f(c.scores.evidence.get('evidenceHit'))}"
