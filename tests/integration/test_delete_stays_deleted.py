@@ -1,9 +1,10 @@
 """A delete stays deleted (issue 41): a knowledge-base document deleted through `DELETE /api/documents/{id}`
 is not added again by the start-up ingest of its unchanged file, across two restarts, a `sieve store rebuild`
 and a `sieve ingest` of its folder, and `sieve store check` stays healthy; when its file changes, the next
-start brings the new version in and the log says the tombstone was lifted. On both kinds of store (embedded,
-and a `chroma run` server with its record collection), in-process: the real app with its own start-up
-sequence, the packaged e5 (the session's, standing in for `load_embedder`)."""
+start brings the new version in and the log says the tombstone was lifted. A write through the API lifts a
+tombstone too; chunks a delete left behind are named by the check and dropped by a plain rebuild. On both
+kinds of store (embedded, and a `chroma run` server with its record collection), in-process: the real app
+with its own start-up sequence, the packaged e5 (the session's, standing in for `load_embedder`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS_CACHE = REPO / "target" / "models"
 ADMIN_TOKEN = "delete-stays-deleted-admin-01"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-EXIT_OK = 0
+EXIT_OK, EXIT_STORE_DAMAGED = 0, 4
 
 WIFI = """---
 id: wifi
@@ -217,3 +218,25 @@ def test_a_deleted_document_written_again_through_the_api_is_back_for_good(
         client.__exit__(None, None, None)
     assert lines(log, SKIPPED) == []
     assert kept() == (["leave", "parking", "wifi"], [], ["leave", "parking", "wifi"])
+
+
+def test_chunks_a_delete_left_behind_are_named_by_the_check_and_dropped_by_the_rebuild(
+    kb: Path, log: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A delete whose job never deleted the chunks: the record holds the tombstone, the index the chunks."""
+    sieve = Sieve.open(load_settings({}))
+    try:
+        sieve.ingest([kb])
+        assert sieve.record is not None and sieve.record.delete(["parking"], tombstone=True) == 1
+    finally:
+        sieve.close()
+
+    code, out = cli(capsys, "store", "check")
+    assert code == EXIT_STORE_DAMAGED, out
+    assert "problem: 1 document deleted through the API still in the collection" in out
+    assert "in the collection but not in the record" not in out
+    code, out = cli(capsys, "store", "rebuild")  # no --drop-unrecorded needed
+    assert code == EXIT_OK, out
+    assert "rebuilt: 2 documents" in out
+    assert cli(capsys, "store", "check")[0] == EXIT_OK
+    assert kept() == (["leave", "wifi"], ["parking"], ["leave", "wifi"])
