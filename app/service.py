@@ -130,9 +130,12 @@ class Sieve:
         paths: Sequence[str | Path],
         progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
+        log_tombstones: bool = True,
     ) -> IngestReport:
-        """Ingest files and directories; the BM25 index follows every committed batch (`on_commit`)."""
-        return self._ingestor().ingest(paths, progress, should_stop)
+        """Ingest files and directories; the BM25 index follows every committed batch (`on_commit`).
+        Documents deleted through the API stay out while unchanged in their files (`log_tombstones`: say
+        which)."""
+        return self._ingestor().ingest(paths, progress, should_stop, log_tombstones)
 
     def ingest_documents(
         self,
@@ -153,9 +156,10 @@ class Sieve:
         )
 
     def delete_documents(self, doc_ids: Sequence[str]) -> tuple[int, int]:
-        """Forget `doc_ids`: from the document record first, then their chunks from the index and the BM25
-        index. (documents the record held, chunks deleted)."""
-        kept = self.record.delete(doc_ids) if self.record is not None else 0
+        """Delete `doc_ids` as the API does: from the document record first, each leaving a tombstone there
+        (so an ingest of its unchanged file does not add it again), then their chunks from the index and the
+        BM25 index. (documents the record held, chunks deleted)."""
+        kept = self.record.delete(doc_ids, tombstone=True) if self.record is not None else 0
         chunk_ids = sorted(self.store.metadata_of([], list(doc_ids)))
         if chunk_ids:
             self.store.delete(chunk_ids)

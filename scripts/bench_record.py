@@ -59,7 +59,13 @@ from scale_corpus import Corpus, HashEmbedder  # noqa: E402
 from app.ingest.pipeline import Ingestor  # noqa: E402
 from app.ingest.types import Document  # noqa: E402
 from app.settings import IngestSettings, StoreSettings  # noqa: E402
-from app.store.record import RECORD_FILE, DocumentRecord, SqliteRecord, open_record  # noqa: E402
+from app.store.record import (  # noqa: E402
+    RECORD_FILE,
+    DocumentRecord,
+    SqliteRecord,
+    Tombstone,
+    open_record,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("SIEVE_DATASETS", REPO.parent / "shared" / "datasets"))
@@ -114,12 +120,15 @@ class TimedRecord:
         finally:
             self.seconds += time.perf_counter() - started
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
         started = time.perf_counter()
         try:
-            return self.inner.delete(doc_ids)
+            return self.inner.delete(doc_ids, tombstone)
         finally:
             self.seconds += time.perf_counter() - started
+
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
+        return self.inner.tombstones(doc_ids)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
         return self.inner.get(doc_ids)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -34,6 +34,7 @@ from app.ingest.pipeline import IngestReport, bounds_problem
 from app.ingest.types import Document
 from app.models import EmbeddingInterrupted
 from app.settings import IngestSettings
+from app.store.record import Tombstone
 
 if TYPE_CHECKING:
     from app.api.state import AppState
@@ -79,6 +80,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
     sieve = require_sieve(request)
     docs = _documents(body, state.settings.rag.ingest)
     chunks = sieve.chunk_count(docs)
+    buried = sieve.record.tombstones([d.doc_id for d in docs]) if sieve.record is not None else {}
     if chunks <= state.settings.rag.server.sync_write_chunks and state.write_lock.acquire(blocking=False):
         try:
             report = sieve.ingest_documents(docs, should_stop=state.stopping.is_set)
@@ -90,6 +92,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
             ) from None
         finally:
             state.write_lock.release()
+        _log_lifted(buried.values())
         return ingest_view(report)
     job = _accept_job(
         state,
@@ -100,7 +103,19 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         chunks,
         keep=lambda: kept_record(state, sieve).put(docs),
     )
+    _log_lifted(buried.values())
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
+
+
+def _log_lifted(tombstones: Iterable[Tombstone]) -> None:
+    """One line for each document written again through the API after a delete through it: the write lifted
+    its tombstone."""
+    for stone in tombstones:
+        log.info(
+            "document '%s' (deleted through the API at %s) was written again: its tombstone is lifted",
+            safe_text(stone.doc_id),
+            stone.deleted_at,
+        )
 
 
 @router.delete(
@@ -124,7 +139,11 @@ def delete_document(
 
     404 when neither the record nor the index knows `doc_id`. While another write runs, the document leaves
     the record at once and a job removes its chunks after that write (202 `{"job": id}`; its report says
-    how many chunks): a write of the same id accepted after this delete keeps its own version."""
+    how many chunks): a write of the same id accepted after this delete keeps its own version.
+
+    The delete stays: the record keeps a tombstone of the document (id, when, its file, its content hash), so
+    the start-up ingest, `sieve ingest` and `sieve store rebuild` leave it out while its file is unchanged. A
+    changed file, or a write of the same id, brings it back."""
     state = sieve_state(request)
     sieve = require_sieve(request)
     if state.write_lock.acquire(blocking=False):
@@ -138,7 +157,9 @@ def delete_document(
     record = kept_record(state, sieve)
     if not record.get([doc_id]) and not sieve.store.metadata_of([], [doc_id]):
         raise _unknown_document(doc_id)
-    job = _accept_job(state, sieve, "delete", [doc_id], 0, 0, keep=lambda: record.delete([doc_id]))
+    job = _accept_job(
+        state, sieve, "delete", [doc_id], 0, 0, keep=lambda: record.delete([doc_id], tombstone=True)
+    )
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
 

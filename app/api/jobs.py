@@ -108,7 +108,7 @@ class JobDocuments(Protocol):
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]: ...
 
-    def delete(self, doc_ids: Sequence[str]) -> int: ...
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int: ...
 
 
 class HeldDocuments:
@@ -128,7 +128,8 @@ class HeldDocuments:
         with self._lock:
             return [self._documents[i] for i in doc_ids if i in self._documents]
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
+        """Forget `doc_ids` (no tombstone is kept: without a record there is nothing to keep it in)."""
         with self._lock:
             return sum(self._documents.pop(i, None) is not None for i in doc_ids)
 

@@ -51,17 +51,20 @@ def ingest_command(args: argparse.Namespace) -> int:
 
 
 def _ingest_rebuilding(settings: Settings, paths: list[str]) -> int:
-    """`ingest --rebuild`: PATH's documents (within the bounds) into the document record, the index rebuilt
-    from the whole record (`sieve store rebuild`, refusing when the index holds documents the record lacks),
-    then PATH ingested as without --rebuild (nothing left to embed; documents gone from PATH's files leave
-    the record and the index, and bad files are reported)."""
+    """`ingest --rebuild`: PATH's documents (within the bounds, less those deleted through the API and
+    unchanged since) into the document record, the index rebuilt from the whole record (`sieve store
+    rebuild`, refusing when the index holds documents the record lacks), then PATH ingested as without
+    --rebuild (nothing left to embed; documents gone from PATH's files leave the record and the index, and
+    bad files are reported)."""
     from app.ingest.loaders import load_paths
     from app.ingest.pipeline import Ingestor
     from app.ingest.rebuild import UnrecordedDocumentsError
+    from app.ingest.tombstones import without_deleted
 
     with opened(settings) as (embedder, store, record):
         loaded = load_paths(list(paths), follow_symlinks=settings.rag.ingest.follow_symlinks)
         documents, _ = Ingestor(store, embedder, settings.rag.ingest).split_too_long(loaded.documents)
+        documents = without_deleted(documents, record)
         record.put(documents)
         print(
             f"ingest --rebuild: {len(documents)} document(s) kept in the {record.description}; rebuilding "
@@ -75,7 +78,8 @@ def _ingest_rebuilding(settings: Settings, paths: list[str]) -> int:
             return fail(str(exc), exit_codes.STORE_DAMAGED)
         print(rebuilt.summary())
         try:
-            report = sieve.ingest(paths, progress=True)
+            # the deleted documents were said above: left out again, quietly
+            report = sieve.ingest(paths, progress=True, log_tombstones=False)
         finally:
             sieve.close()
     return _reported(report)

@@ -106,9 +106,10 @@ def render_check(report: CheckReport) -> str:
     lines = [f"store: {report.store}"]
     c = report.comparison
     if c is not None:
+        stones = f", {c.tombstones} deleted through the API (tombstones)" if c.tombstones else ""
         lines.append(
-            f"record: {c.recorded} documents ({c.expected_chunks} chunks under the current chunking); "
-            f"index: {c.indexed} documents, {c.stored_chunks} chunks"
+            f"record: {c.recorded} documents ({c.expected_chunks} chunks under the current chunking)"
+            f"{stones}; index: {c.indexed} documents, {c.stored_chunks} chunks"
         )
     problems = report.problems()
     if not problems:

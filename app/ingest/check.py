@@ -6,12 +6,14 @@ hashes of (document id, chunker version, position, title, headings, text): re-ch
 with the current settings gives exactly the ids its chunks must have in the collection, so comparing ids
 document by document compares content too (a changed text, title or chunking changes them). The comparison
 is a pure function of two maps (document id -> chunk ids), tested with fakes; `expected_chunk_ids` and
-`stored_chunk_ids` build them from the record's documents and the store's chunks.
+`stored_chunk_ids` build them from the record's documents and the store's chunks. A document deleted through
+the API is in neither: the record keeps only its tombstone, and its chunks left the collection (any left
+there are named, and a rebuild drops them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +22,7 @@ from app.ingest.types import Document
 from app.settings import IngestSettings
 from app.store import ChromaStore, StoredChunk
 from app.store.chroma import PROBE_ID_PREFIX
+from app.store.record import Tombstone
 
 REBUILD = "sieve store rebuild"
 SHOWN_IDS = 5  # document ids named in a problem's line (the JSON output lists them all)
@@ -36,13 +39,17 @@ class RecordReader(Protocol):
 
     def hashes(self) -> dict[str, str]: ...
 
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]: ...
+
 
 @dataclass(frozen=True)
 class IndexComparison:
     """The collection against the record, per document: `missing` recorded documents with no chunk in the
     collection, `outdated` recorded documents whose stored chunk ids differ from the ids the current
     settings make (partly indexed, an older version, another chunking), `unrecorded` documents the
-    collection holds and the record lacks, `orphans` chunks without a document id. Ids sorted."""
+    collection holds and the record lacks, `deleted` documents the collection holds that were deleted through
+    the API (the record keeps their tombstones), `orphans` chunks without a document id. Ids sorted.
+    `tombstones`: how many documents deleted through the API the record remembers."""
 
     recorded: int
     indexed: int
@@ -52,16 +59,22 @@ class IndexComparison:
     outdated: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
     orphans: int = 0
+    deleted: list[str] = field(default_factory=list)
+    tombstones: int = 0
 
     @property
     def matches(self) -> bool:
-        return not (self.missing or self.outdated or self.unrecorded or self.orphans)
+        return not (self.missing or self.outdated or self.unrecorded or self.orphans or self.deleted)
 
 
-def compare(expected: ChunkIds, stored: ChunkIds, orphans: int = 0) -> IndexComparison:
+def compare(
+    expected: ChunkIds, stored: ChunkIds, orphans: int = 0, tombstoned: Collection[str] = frozenset()
+) -> IndexComparison:
     """Compare `expected` (recorded document id -> the chunk ids the current settings make) with `stored`
     (document id -> the chunk ids the collection holds for it). A recorded document that makes no chunk
-    (an empty text) is expected to have none."""
+    (an empty text) is expected to have none. `tombstoned`: the ids of documents deleted through the API;
+    one of them is never missing (the record does not hold it), and one still in the collection is
+    `deleted`, not unrecorded."""
     return IndexComparison(
         recorded=len(expected),
         indexed=len(stored),
@@ -69,8 +82,10 @@ def compare(expected: ChunkIds, stored: ChunkIds, orphans: int = 0) -> IndexComp
         stored_chunks=sum(len(ids) for ids in stored.values()) + orphans,
         missing=sorted(d for d, ids in expected.items() if ids and d not in stored),
         outdated=sorted(d for d, ids in expected.items() if d in stored and stored[d] != ids),
-        unrecorded=sorted(d for d in stored if d not in expected),
+        unrecorded=sorted(d for d in stored if d not in expected and d not in tombstoned),
         orphans=orphans,
+        deleted=sorted(d for d in stored if d not in expected and d in tombstoned),
+        tombstones=len(tombstoned),
     )
 
 
@@ -150,10 +165,12 @@ class CheckReport:
                 "indexedDocuments": c.indexed,
                 "expectedChunks": c.expected_chunks,
                 "storedChunks": c.stored_chunks,
+                "tombstones": c.tombstones,
             },
             "missing": [] if c is None else c.missing,
             "outdated": [] if c is None else c.outdated,
             "unrecorded": [] if c is None else c.unrecorded,
+            "deleted": [] if c is None else c.deleted,
             "orphanChunks": 0 if c is None else c.orphans,
         }
 
@@ -184,6 +201,14 @@ def comparison_problems(c: IndexComparison) -> list[Problem]:
                 f"`{REBUILD} --drop-unrecorded` drops them",
             )
         )
+    if c.deleted:
+        out.append(
+            Problem(
+                f"{_docs(c.deleted)} deleted through the API still in the collection (the record keeps "
+                f"their tombstones): {first_ids(c.deleted)}",
+                REBUILD,
+            )
+        )
     if c.orphans:
         out.append(Problem(f"{c.orphans} chunk(s) in the collection carry no document id", REBUILD))
     return out
@@ -206,7 +231,8 @@ def check_store(
     identity: dict[str, Any],
 ) -> CheckReport:
     """Everything `sieve store check` looks at: the embedder the collection was built with, every chunk's
-    document id against what the record's documents make with `settings`, and a read and a write probe."""
+    document id against what the record's documents make with `settings` (a document deleted through the
+    API is expected nowhere), and a read and a write probe."""
     report = CheckReport(store=f"{live.description}, collection '{live.name}'")
     report.embedder_mismatch = live.embedder_mismatch(identity)
     try:
@@ -214,6 +240,7 @@ def check_store(
     except Exception as exc:  # a broken collection: said, with the fix, instead of a traceback
         report.read_error = f"{type(exc).__name__}: {exc}"
     else:
-        report.comparison = compare(expected_chunk_ids(record.iter_documents(), settings), stored, orphans)
+        expected = expected_chunk_ids(record.iter_documents(), settings)
+        report.comparison = compare(expected, stored, orphans, frozenset(record.tombstones()))
     report.probe_failures = live.probe()
     return report

@@ -4,6 +4,9 @@ Every document is put into the document record (app/store/record.py) before any 
 so what was accepted can always be indexed again (`sieve store rebuild`); a document that leaves the index
 because it left its file leaves the record first.
 
+A document deleted through the API stays deleted: while its file is unchanged, an ingest of that file leaves
+it out (app/ingest/tombstones.py).
+
 Idempotent: a chunk whose id is already stored is neither embedded nor written again (its id is derived
 from its content). Everything is read, validated and chunked before anything is written. New chunks are
 then embedded and stored in committed batches of about `rag.ingest.commit_chunks`, each holding whole
@@ -35,6 +38,7 @@ import numpy as np
 
 from app.ingest.chunker import CHUNKER_VERSION, chunk_document, embedding_text
 from app.ingest.loaders import load_paths
+from app.ingest.tombstones import without_deleted
 from app.ingest.types import Chunk, Document, LoadError
 from app.models.embedder import EmbeddingInterrupted
 from app.settings import IngestSettings
@@ -116,10 +120,15 @@ class Ingestor:
         paths: Sequence[str | Path],
         progress: Progress | bool = False,
         should_stop: Callable[[], bool] | None = None,
+        log_tombstones: bool = True,
     ) -> IngestReport:
-        """Ingest files and directories; removes what disappeared from them (see the module docstring)."""
+        """Ingest files and directories; removes what disappeared from them (see the module docstring).
+        Documents deleted through the API and unchanged in their files since are left out (app/ingest/
+        tombstones.py; `log_tombstones`: say which, and which came back)."""
         loaded = load_paths(list(paths), follow_symlinks=self.settings.follow_symlinks)
         documents, too_long = self.split_too_long(loaded.documents)
+        if self.record is not None:
+            documents = without_deleted(documents, self.record, say=log_tombstones)
         return self.ingest_documents(
             documents, [*loaded.errors, *too_long], loaded.files, paths, progress, should_stop=should_stop
         )

@@ -2,9 +2,10 @@
 into a staging collection; the switch only once it holds exactly what the record makes.
 
 1. The configured collection is read for documents the record lacks (written before the record existed):
-   with any, the rebuild refuses (`UnrecordedDocumentsError`) unless they may be dropped. A collection
-   that cannot be read at all (a store broken under Sieve's feet) cannot be asked: the rebuild goes on,
-   and says so.
+   with any, the rebuild refuses (`UnrecordedDocumentsError`) unless they may be dropped. Documents deleted
+   through the API are not among them: the record keeps their tombstones, and they are not rebuilt. A
+   collection that cannot be read at all (a store broken under Sieve's feet) cannot be asked: the rebuild
+   goes on, and says so.
 2. The record's documents are ingested into the staging collection (`ChromaStore.staging`) by the ingest
    pipeline, in committed batches with its progress view: chunk ids are content hashes, so a rebuild stopped
    anywhere and run again embeds only what the staging collection still lacks.
@@ -174,7 +175,16 @@ def rebuild(
     """Rebuild `live` from `record` (the module docstring's steps); returns what was done."""
     started = time.perf_counter()
     report = RebuildReport(previous_id=live.collection_id)
-    check_unrecorded(live, set(record.hashes()), drop_unrecorded, report)
+    deleted = record.tombstones()
+    # a document deleted through the API is known to the record: chunks of it left behind are dropped
+    check_unrecorded(live, set(record.hashes()) | set(deleted), drop_unrecorded, report)
+    if deleted:
+        log.info(
+            "rebuild: %d document(s) deleted through the API stay deleted (tombstones in the document "
+            "record): %s",
+            len(deleted),
+            first_ids(sorted(deleted)),
+        )
     staging = live.staging(store_settings, dict(identity))
     build_staging(staging, record, embedder, settings, progress, report)
     live.switch_to(staging)

@@ -15,6 +15,10 @@ A record that cannot be read or written raises `RecordError` (a `StoreError`: th
 
 A document's content hash is the SHA-256 of its title, text and metadata (`content_hash`); putting a document
 whose hash and origin are those already kept writes nothing.
+
+A document deleted through the API leaves a `Tombstone` in its place (its id, when, the file it came from and
+its content hash then): an ingest of its unchanged file skips it, so a delete stays deleted across restarts
+and rebuilds (app/ingest/tombstones.py). Putting a document of that id again lifts the tombstone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,30 +40,50 @@ from app.store.types import Document
 
 RECORD_FILE = "documents.sqlite3"
 _IN_BATCH = 500  # ids per query
+_TOMBSTONE_FIELDS = ("deleted_at", "origin", "content_hash")  # a Tombstone's, after its id
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """What the record keeps of a document deleted through the API: its id, when (UTC, ISO 8601), the file
+    it came from (its origin: "api" for the write API) and its content hash (`content_hash`) then."""
+
+    doc_id: str
+    deleted_at: str
+    origin: str
+    content_hash: str
 
 
 class DocumentRecord(Protocol):
-    """What Sieve keeps of every accepted document."""
+    """What Sieve keeps of every accepted document, and a tombstone of every one deleted through the API."""
 
     description: str
 
     def put(self, documents: Sequence[Document]) -> int:
-        """Keep `documents` (replacing those of the same id), durably before returning; the number of
-        documents new or changed (an unchanged one costs a read, no write)."""
+        """Keep `documents` (replacing those of the same id, and lifting their tombstones), durably before
+        returning; the number of documents new or changed (an unchanged one costs a read, no write)."""
         ...
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        """The kept documents of `doc_ids`, in that order; ids not kept are left out."""
+        """The kept documents of `doc_ids`, in that order; ids not kept (or only tombstones) are left out."""
         ...
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
-        """Forget `doc_ids`; the number that were kept."""
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
+        """Forget `doc_ids`; the number that were kept. `tombstone` (a delete through the API): each kept
+        one leaves a `Tombstone`; without it (a document gone from its file) nothing is left, and the
+        tombstones of `doc_ids` stay as they are."""
         ...
 
-    def count(self) -> int: ...
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
+        """The tombstones of `doc_ids` (None: every one), by document id."""
+        ...
+
+    def count(self) -> int:
+        """How many documents are kept (tombstones are not documents)."""
+        ...
 
     def hashes(self) -> dict[str, str]:
-        """Every kept document's id and content hash."""
+        """Every kept document's id and content hash (tombstones left out)."""
         ...
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
@@ -125,6 +150,10 @@ class SqliteRecord:
                 "text TEXT NOT NULL, metadata TEXT NOT NULL, origin TEXT NOT NULL, "
                 "content_hash TEXT NOT NULL, accepted_at TEXT NOT NULL)"
             )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS tombstones (doc_id TEXT PRIMARY KEY, deleted_at TEXT NOT NULL, "
+                "origin TEXT NOT NULL, content_hash TEXT NOT NULL)"
+            )
 
     def put(self, documents: Sequence[Document]) -> int:
         with failing_as(self.description, "put"):
@@ -142,6 +171,10 @@ class SqliteRecord:
                     self._db.executemany(
                         "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)", changed
                     )
+                    # a tombstoned id is never kept, so it is always among the changed: lifted here
+                    self._db.executemany(
+                        "DELETE FROM tombstones WHERE doc_id = ?", [(row[0],) for row in changed]
+                    )
             return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
@@ -152,7 +185,7 @@ class SqliteRecord:
             }
             return [found[doc_id] for doc_id in dict.fromkeys(doc_ids) if doc_id in found]
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
         with failing_as(self.description, "delete"):
             ids = list(dict.fromkeys(doc_ids))
             deleted = 0
@@ -160,10 +193,26 @@ class SqliteRecord:
                 for start in range(0, len(ids), _IN_BATCH):
                     part = ids[start : start + _IN_BATCH]
                     marks = ",".join("?" * len(part))
+                    if tombstone:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO tombstones SELECT doc_id, ?, origin, content_hash "
+                            f"FROM documents WHERE doc_id IN ({marks})",
+                            [_now(), *part],
+                        )
                     deleted += self._db.execute(
                         f"DELETE FROM documents WHERE doc_id IN ({marks})", part
                     ).rowcount
             return deleted
+
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
+        with failing_as(self.description, "tombstones"):
+            columns = "doc_id, deleted_at, origin, content_hash"
+            if doc_ids is None:
+                with self._lock:
+                    rows = self._db.execute(f"SELECT {columns} FROM tombstones").fetchall()
+            else:
+                rows = self._select(columns, doc_ids, table="tombstones")
+            return {row[0]: Tombstone(*row) for row in rows}
 
     def count(self) -> int:
         with failing_as(self.description, "count"):
@@ -194,14 +243,14 @@ class SqliteRecord:
         with self._lock:
             self._db.close()
 
-    def _select(self, columns: str, doc_ids: Sequence[str]) -> list[Any]:
+    def _select(self, columns: str, doc_ids: Sequence[str], table: str = "documents") -> list[Any]:
         ids = list(dict.fromkeys(doc_ids))
         rows: list[Any] = []
         with self._lock:
             for start in range(0, len(ids), _IN_BATCH):
                 part = ids[start : start + _IN_BATCH]
                 marks = ",".join("?" * len(part))
-                query = f"SELECT {columns} FROM documents WHERE doc_id IN ({marks})"
+                query = f"SELECT {columns} FROM {table} WHERE doc_id IN ({marks})"
                 rows.extend(list(row) for row in self._db.execute(query, part))
         return rows
 
@@ -225,7 +274,12 @@ class _Transaction:
 class ChromaRecord:
     """The record on a Chroma server: a collection `<collection>-documents` whose records are the documents
     (their JSON as the record's document; their hash, origin and time as its metadata; a constant one-number
-    vector, never searched). Every replica reads and writes the same one."""
+    vector, never searched). Every replica reads and writes the same one.
+
+    A tombstone takes its document's place under the same id (one upsert, so a delete through the API lands
+    whole): no body, and the metadata `{"tombstone": true, "deleted_at", "origin", "content_hash"}`. Every
+    read of documents leaves tombstones out; putting the id again replaces it (and removes those keys: an
+    upsert merges metadata)."""
 
     def __init__(self, collection: Any, description: str, max_batch: int):
         self._collection = collection
@@ -238,6 +292,7 @@ class ChromaRecord:
             kept = {
                 doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
                 for doc_id, meta in self._metadata(list(rows)).items()
+                if not _is_tombstone(meta)
             }
             changed = _changed(rows, kept)
             for start in range(0, len(changed), self._max_batch):
@@ -247,7 +302,8 @@ class ChromaRecord:
                     embeddings=[[1.0]] * len(part),
                     documents=[_body(doc) for doc, _ in part],
                     metadatas=[
-                        {"content_hash": h, "origin": doc.origin, "accepted_at": _now()} for doc, h in part
+                        {**_LIFTED, "content_hash": h, "origin": doc.origin, "accepted_at": _now()}
+                        for doc, h in part
                     ],
                 )
             return len(changed)
@@ -257,36 +313,66 @@ class ChromaRecord:
             found: dict[str, Document] = {}
             ids = list(dict.fromkeys(doc_ids))
             for start in range(0, len(ids), _IN_BATCH):
-                page = self._collection.get(ids=ids[start : start + _IN_BATCH], include=["documents"])
-                for doc_id, body in zip(page["ids"], page["documents"], strict=True):
-                    found[doc_id] = _from_body(doc_id, body)
+                page = self._collection.get(
+                    ids=ids[start : start + _IN_BATCH], include=["documents", "metadatas"]
+                )
+                for doc_id, body, meta in zip(page["ids"], page["documents"], page["metadatas"], strict=True):
+                    if not _is_tombstone(meta):
+                        found[doc_id] = _from_body(doc_id, body)
             return [found[doc_id] for doc_id in ids if doc_id in found]
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
         with failing_as(self.description, "delete"):
             ids = list(dict.fromkeys(doc_ids))
-            kept = [doc_id for doc_id in ids if doc_id in self._metadata(ids)]
-            for start in range(0, len(kept), self._max_batch):
-                self._collection.delete(ids=kept[start : start + self._max_batch])
-            return len(kept)
+            kept = {doc_id: meta for doc_id, meta in self._metadata(ids).items() if not _is_tombstone(meta)}
+            gone = [doc_id for doc_id in ids if doc_id in kept]
+            for start in range(0, len(gone), self._max_batch):
+                part = gone[start : start + self._max_batch]
+                if not tombstone:
+                    self._collection.delete(ids=part)
+                    continue
+                deleted_at = _now()
+                self._collection.upsert(
+                    ids=part,
+                    embeddings=[[1.0]] * len(part),
+                    documents=[""] * len(part),
+                    metadatas=[
+                        {
+                            "accepted_at": None,
+                            "tombstone": True,
+                            "deleted_at": deleted_at,
+                            "origin": str(kept[doc_id].get("origin", "")),
+                            "content_hash": str(kept[doc_id].get("content_hash", "")),
+                        }
+                        for doc_id in part
+                    ],
+                )
+            return len(gone)
+
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
+        with failing_as(self.description, "tombstones"):
+            found = (
+                self._all_metadata(where={"tombstone": True})
+                if doc_ids is None
+                else self._metadata(list(dict.fromkeys(doc_ids)))
+            )
+            return {
+                doc_id: Tombstone(doc_id, *(str(meta.get(key, "")) for key in _TOMBSTONE_FIELDS))
+                for doc_id, meta in found.items()
+                if _is_tombstone(meta)
+            }
 
     def count(self) -> int:
         with failing_as(self.description, "count"):
-            return int(self._collection.count())
+            return int(self._collection.count()) - len(self._all_metadata(where={"tombstone": True}))
 
     def hashes(self) -> dict[str, str]:
         with failing_as(self.description, "hashes"):
-            found: dict[str, str] = {}
-            offset = 0
-            while True:
-                page = self._collection.get(include=["metadatas"], limit=_IN_BATCH * 10, offset=offset)
-                found.update(
-                    (doc_id, str((meta or {}).get("content_hash", "")))
-                    for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
-                )
-                if len(page["ids"]) < _IN_BATCH * 10:
-                    return found
-                offset += len(page["ids"])
+            return {
+                doc_id: str(meta.get("content_hash", ""))
+                for doc_id, meta in self._all_metadata().items()
+                if not _is_tombstone(meta)
+            }
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
         with failing_as(self.description, "iter documents"):
@@ -306,6 +392,29 @@ class ChromaRecord:
                 for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
             )
         return found
+
+    def _all_metadata(self, where: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+        """{id: metadata} of every record of the collection (matching `where`), read a page at a time."""
+        found: dict[str, dict[str, Any]] = {}
+        page_size = _IN_BATCH * 10
+        offset = 0
+        while True:
+            page = self._collection.get(include=["metadatas"], where=where, limit=page_size, offset=offset)
+            found.update(
+                (doc_id, dict(meta or {}))
+                for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
+            )
+            if len(page["ids"]) < page_size:
+                return found
+            offset += len(page["ids"])
+
+
+# an upsert merges the metadata it is given into the record's: a document put over a tombstone drops these
+_LIFTED = {"tombstone": None, "deleted_at": None}
+
+
+def _is_tombstone(meta: dict[str, Any] | None) -> bool:
+    return bool((meta or {}).get("tombstone"))
 
 
 def _body(doc: Document) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,72 @@ def test_batches_hold_whole_documents(sizes: tuple[int, ...], size: int, batches
     for _, batch in made:  # no document is split between batches
         others = [c for _, b in made if b is not batch for c in b]
         assert not {c.doc_id for c in batch} & {c.doc_id for c in others}
+
+
+def filed(doc_id: str, text: str = "text") -> Document:
+    return Document(doc_id=doc_id, text=text, title=f"title {doc_id}", origin=f"kb/{doc_id}.md")
+
+
+def test_a_delete_through_the_api_leaves_a_tombstone_of_id_time_file_and_hash(tmp_path: Path) -> None:
+    record = SqliteRecord(tmp_path / RECORD_FILE)
+    record.put([filed("a"), filed("b"), doc("c")])
+    assert record.delete(["a", "never"], tombstone=True) == 1
+    stones = record.tombstones()
+    assert list(stones) == ["a"]
+    stone = stones["a"]
+    assert (stone.doc_id, stone.origin, stone.content_hash) == ("a", "kb/a.md", content_hash(filed("a")))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stone.deleted_at)
+    assert record.tombstones(["b", "a", "never"]) == {"a": stone}
+
+
+def test_a_tombstone_is_no_document(tmp_path: Path) -> None:
+    record = SqliteRecord(tmp_path / RECORD_FILE)
+    record.put([filed("a"), filed("b")])
+    record.delete(["a"], tombstone=True)
+    assert record.get(["a", "b"]) == [filed("b")]
+    assert record.count() == 1
+    assert record.hashes() == {"b": content_hash(filed("b"))}
+    assert [d.doc_id for d in record.iter_documents()] == ["b"]
+    assert record.delete(["a"], tombstone=True) == 0  # deleted already: the tombstone stays as it was
+    assert list(record.tombstones()) == ["a"]
+
+
+def test_a_document_gone_from_its_file_leaves_no_tombstone_and_keeps_those_there_are(tmp_path: Path) -> None:
+    record = SqliteRecord(tmp_path / RECORD_FILE)
+    record.put([filed("a"), filed("b")])
+    record.delete(["a"], tombstone=True)
+    assert record.delete(["a", "b"]) == 1
+    assert list(record.tombstones()) == ["a"]
+    assert record.count() == 0
+
+
+@pytest.mark.parametrize("again", [filed("a"), filed("a", "changed"), doc("a")])
+def test_putting_the_id_again_lifts_its_tombstone(tmp_path: Path, again: Document) -> None:
+    """The same content from the same file, a changed one, or a write through the API: each is kept again."""
+    record = SqliteRecord(tmp_path / RECORD_FILE)
+    record.put([filed("a"), filed("b")])
+    record.delete(["a", "b"], tombstone=True)
+    assert record.put([again]) == 1
+    assert record.get(["a"]) == [again]
+    assert list(record.tombstones()) == ["b"]
+
+
+def test_tombstones_are_kept_across_a_reopen_in_an_older_record_file(tmp_path: Path) -> None:
+    """A record file made before tombstones existed (no `tombstones` table) opens and keeps them."""
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / RECORD_FILE)
+    old.execute(
+        "CREATE TABLE documents (doc_id TEXT PRIMARY KEY, title TEXT NOT NULL, text TEXT NOT NULL, "
+        "metadata TEXT NOT NULL, origin TEXT NOT NULL, content_hash TEXT NOT NULL, accepted_at TEXT NOT NULL)"
+    )
+    old.execute(
+        "INSERT INTO documents VALUES ('a', 'title a', 'text', '{}', 'kb/a.md', ?, 'then')",
+        (content_hash(filed("a")),),
+    )
+    old.commit()
+    old.close()
+    record = SqliteRecord(tmp_path / RECORD_FILE)
+    assert record.delete(["a"], tombstone=True) == 1
+    record.close()
+    assert SqliteRecord(tmp_path / RECORD_FILE).tombstones()["a"].content_hash == content_hash(filed("a"))

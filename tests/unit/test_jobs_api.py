@@ -4,6 +4,7 @@ and DELETE /api/documents/{id}."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from app.ingest.pipeline import IngestReport
 from app.ingest.types import Document
 from app.main import AppState, create_app
 from app.settings import Settings
+from app.store.record import Tombstone, content_hash
 from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, FakeStore, api_settings  # noqa: F401
 
 WAIT_S = 10.0
@@ -29,16 +31,27 @@ class FakeRecord:
 
     def __init__(self) -> None:
         self.kept: dict[str, Document] = {}
+        self.buried: dict[str, Tombstone] = {}
 
     def put(self, documents: Sequence[Document]) -> int:
         self.kept.update((d.doc_id, d) for d in documents)
+        for d in documents:
+            self.buried.pop(d.doc_id, None)
         return len(documents)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
         return [self.kept[i] for i in doc_ids if i in self.kept]
 
-    def delete(self, doc_ids: Sequence[str]) -> int:
-        return sum(self.kept.pop(i, None) is not None for i in doc_ids)
+    def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
+        gone = [self.kept.pop(i) for i in doc_ids if i in self.kept]
+        if tombstone:
+            self.buried.update(
+                (d.doc_id, Tombstone(d.doc_id, "then", d.origin, content_hash(d))) for d in gone
+            )
+        return len(gone)
+
+    def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
+        return {i: t for i, t in self.buried.items() if doc_ids is None or i in doc_ids}
 
 
 class IndexedStore(FakeStore):
@@ -73,7 +86,7 @@ class RecordingSieve(FakeSieve):
 
     def delete_documents(self, doc_ids: Sequence[str]) -> tuple[int, int]:
         chunks = sum(self.indexed.pop(i, None) is not None for i in doc_ids)
-        return self.record.delete(doc_ids), chunks
+        return self.record.delete(doc_ids, tombstone=True), chunks
 
 
 def with_server(settings: Settings, **server: Any) -> Settings:
@@ -220,7 +233,8 @@ def test_a_delete_while_another_write_runs_becomes_a_job(client: TestClient, fak
     hold_the_write_lock(client, fake)
     queued = client.delete("/api/documents/docs/a.md%231")
     assert queued.status_code == 202, queued.text
-    assert "docs/a.md#1" not in fake.record.kept  # the record forgets it at once
+    assert "docs/a.md#1" not in fake.record.kept  # the record forgets it at once, keeping a tombstone
+    assert list(fake.record.buried) == ["docs/a.md#1"]
     assert fake.indexed["docs/a.md#1"] == "text"  # the index, after the write before it
     assert client.delete("/api/documents/never-known").status_code == 404
     fake.gate.set()
@@ -243,6 +257,23 @@ def test_a_write_accepted_after_a_queued_delete_keeps_its_version(
     assert job_ends(client, deleted)["report"] == {"chunks": 0, "keptAgain": 1}
     job_ends(client, written)
     assert fake.indexed["a"] == "new text" and fake.record.kept["a"].text == "new text"
+    assert fake.record.buried == {}  # the write lifted the delete's tombstone
+
+
+def test_a_write_of_a_deleted_document_lifts_its_tombstone_and_says_so(
+    client: TestClient, fake: RecordingSieve, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.record.put([Document("a", "text of a", origin="kb/a.md")])
+    fake.indexed["a"] = "text of a"
+    assert client.delete("/api/documents/a").status_code == 200
+    assert list(fake.record.buried) == ["a"]
+    with caplog.at_level(logging.INFO, logger="app.api.documents"):
+        assert client.post("/api/documents", json=docs("a")).status_code == 200
+    fake.record.put([Document("a", "text of a")])  # the real Sieve's ingest puts it itself
+    assert fake.record.buried == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        "document 'a' (deleted through the API at then) was written again: its tombstone is lifted"
+    ]
 
 
 def test_openapi_declares_the_delete_route_and_the_429_of_a_write(client: TestClient) -> None:

@@ -104,7 +104,26 @@ def test_the_json_lists_every_id() -> None:
         "indexedDocuments": 0,
         "expectedChunks": 8,
         "storedChunks": 0,
+        "tombstones": 0,
     }
+
+
+def test_a_document_deleted_through_the_api_is_neither_missing_nor_unrecorded() -> None:
+    """Its tombstone is in the record, its chunks left the collection: healthy. Chunks of it left behind are
+    named as deleted, fixed by a rebuild."""
+    expected = {"a": ids("c1")}
+    gone = compare(expected, {"a": ids("c1")}, tombstoned=frozenset({"x"}))
+    assert gone.matches and gone.tombstones == 1
+    assert CheckReport("s", gone).as_json()["counts"]["tombstones"] == 1
+
+    left = compare(expected, {"a": ids("c1"), "x": ids("c7"), "z": ids("c9")}, tombstoned=frozenset({"x"}))
+    assert (left.deleted, left.unrecorded, left.missing) == (["x"], ["z"], [])
+    problems = CheckReport("s", left).problems()
+    assert (problems[1].what, problems[1].fix) == (
+        "1 document deleted through the API still in the collection (the record keeps their tombstones): x",
+        REBUILD,
+    )
+    assert CheckReport("s", left).as_json()["deleted"] == ["x"]
 
 
 def test_expected_ids_are_the_chunkers_and_follow_the_chunk_size() -> None:
