@@ -309,11 +309,6 @@ def test_ap_registered_once_is_a_row_of_the_comparison() -> None:
     assert ("ap", "AP@3") in tiles  # a headline measure is a tile of the HTML report too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app/evaluation/compare/gate.py snapshots GATED at import (_DROPS) and reads max_drop.<measure> "
-    "as a settings field: a measure registered later has no drop check (issue 40, 'one place per measure')",
-)
 def test_ap_registered_once_is_a_drop_check_of_the_gate() -> None:
     with measures.registered(AP):
         _, report = _ap_comparison()

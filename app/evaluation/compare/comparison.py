@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import fmean
 
 from pydantic import JsonValue, ValidationError
-from pydantic.alias_generators import to_camel, to_snake
+from pydantic.alias_generators import to_camel
 
 from app.evaluation.compare.pairing import WAY_BACK, Pairing, pair
 from app.evaluation.report.model import (
@@ -39,7 +39,6 @@ from app.evaluation.report.model import (
     UnjudgedAccount,
 )
 from app.evaluation.scoring import measures, stats
-from app.evaluation.scoring.measures import RANKING
 from app.evaluation.scoring.metrics import match_key
 
 SMALL_SAMPLE = 30
@@ -331,7 +330,7 @@ def _condensed_rows(
         {i: c_cases[i].scores.condensed or {} for i in both},
         seed,
         alpha,
-        RANKING,
+        measures.RANKING,
     )
 
 
@@ -500,8 +499,7 @@ def _composition(
 def summary_mean(summary: Summary | None, key: str) -> float | None:
     """The summary's macro mean of the measure with JSON key `key` (`hitRate` is `Summary.hit_rate`), None
     without a summary or a figure."""
-    value = getattr(summary, to_snake(key), None) if summary is not None else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return summary.figure(key) if summary is not None else None
 
 
 def _budget(baseline: Report, current: Report) -> dict[str, BeforeAfter]:
@@ -514,7 +512,7 @@ def _budget(baseline: Report, current: Report) -> dict[str, BeforeAfter]:
             return {}
         return {
             "p95Ms": (s.latency_ms or {}).get("p95"),
-            "duplicateRate": s.duplicate_rate,
+            "duplicateRate": s.figure("duplicateRate"),
             "contextChars": s.budget.get("contextChars"),
             "candidates": s.budget.get("candidates"),
             "modelCalls": s.budget.get("modelCalls"),

@@ -64,7 +64,8 @@ from app.evaluation.report.model import (
     Report,
     Summary,
 )
-from app.evaluation.scoring.measures import GATED, fmt, fmt_p, snake_name
+from app.evaluation.scoring import measures
+from app.evaluation.scoring.measures import fmt, fmt_p, snake_name
 from app.settings import EvaluateThresholds, SegmentThresholds
 
 # threshold field -> (the figure's name in the report JSON's summary, comparison, the figure)
@@ -82,8 +83,6 @@ _LEVELS: dict[str, tuple[str, str, Callable[[Summary], float | None]]] = {
     ),
     "max_false_answer_rate": ("noAnswer.falseAnswerRate", "<=", lambda s: s.no_answer.false_answer_rate),
 }
-# max_drop field -> comparison metric
-_DROPS = {snake_name(key): key for key in GATED}
 
 Severity = Literal["fail", "warn"]
 
@@ -360,11 +359,12 @@ def _regressions(
     rows = core_rows(comparison)
     if comparison.by_set and not rows:
         result.notes.append("no core case is paired with the baseline: the drop checks did not run")
-    for name, metric in _DROPS.items():
+    for metric in measures.GATED:  # read when the gate runs: a measure registered since is checked too
+        name = snake_name(metric)
         row = rows.get(metric)
         if row is None:
             continue
-        limit = getattr(thresholds.max_drop, name)
+        limit = getattr(thresholds.max_drop, name, None)  # no settings field: the default rule only
         check = (
             _drop_check(name, metric, row, limit, thresholds)
             if limit is not None
@@ -781,8 +781,9 @@ def _segment_max_drops(
     limit, fails (no significance is asked of one segment: the limit is the user's own); a segment no
     paired case belongs to fails (nothing to check is not a pass)."""
     kind, _, name = key.partition(":")
-    for field_name, metric in _DROPS.items():
-        limit = getattr(config.max_drop, field_name)
+    for metric in measures.GATED:
+        field_name = snake_name(metric)
+        limit = getattr(config.max_drop, field_name, None)
         if limit is None:
             continue
         check_name = f"segments.{key}.max_drop.{field_name}"
