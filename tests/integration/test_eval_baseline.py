@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.evaluation.scoring.stats import bootstrap_ci, holm, sign_flip_p_value
+from app.evaluation.scoring.measures import GATED
+from app.evaluation.scoring.stats import bootstrap_ci, max_t, sign_flip_p_value
 from tests.fixtures.seeded_store import seeded_store
 
 pytestmark = pytest.mark.integration
@@ -98,8 +99,10 @@ def test_eval_twice_compares_with_the_previous_run(capsys, caplog, monkeypatch, 
         assert row["ci95"] == list(bootstrap_ci(diffs, seed=42))
         assert row["delta"] == pytest.approx(sum(diffs) / len(diffs))
         p_values.append(row["pValue"])
-    assert [comp["metrics"][m]["pHolm"] for m in METRICS] == holm(p_values)
-    assert all(comp["metrics"][m]["significant"] == (comp["metrics"][m]["pHolm"] < 0.05) for m in METRICS)
+    # the gated measures tested together: Westfall-Young max-T over their sign flips
+    family = max_t({m: [after[i][m] - before[i][m] for i in paired] for m in GATED}, seed=42)
+    assert {m: comp["metrics"][m]["pAdjusted"] for m in GATED} == {m: family[m].p_adjusted for m in GATED}
+    assert all(comp["metrics"][m]["significant"] == (family[m].p_adjusted < 0.05) for m in GATED)
     assert comp["cases"]["fixed"] == [
         i for i in paired if before[i]["hitRate"] == 0 and after[i]["hitRate"] == 1
     ]

@@ -162,3 +162,78 @@ def test_the_golden_set_minus_its_hardest_cases_fails_until_they_are_retired(
     assert {c["id"]: c["retiredReason"] for c in report["comparison"]["removedCases"]} == dict.fromkeys(
         hard, "superseded by a sharper case"
     )
+
+
+def golden_variant(tmp_path: Path, name: str, change) -> Path:
+    """The sample golden set with `change(document)` applied, written to `tmp_path / name`."""
+    document = read(GOLDEN)
+    change(document)
+    path = tmp_path / name
+    path.write_text(json.dumps(document, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def test_a_run_with_a_baseline_is_compared_or_fails_as_not_checked(
+    capsys, caplog, output_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 40's roads through `sieve eval`: a deeper K is compared at the baseline's K; renamed ids are
+    paired by content; a golden set nothing of which can be scored fails; an unreadable baseline fails as
+    not checked. None of the failing runs moves the baseline."""
+    code, text = run(capsys, caplog, "eval")
+    assert code == 0, text
+    passing = output_dir / "retrieval-eval-passing.json"
+    first = read(passing)
+
+    code, text = run(capsys, caplog, "eval", "--top-k", "10")
+    deeper = read(output_dir / "retrieval-eval-latest.json")
+    comp = deeper["comparison"]
+    assert comp["comparable"] and comp["k"] == 5
+    assert any(
+        note.startswith("compared at K=5: the current run's lists (K=10) cut to K=5")
+        for note in comp["notes"]
+    )
+    assert checks(deeper)["not_checked"]["passed"], "a deeper run is compared, never passed unchecked"
+    assert comp["pairedCases"] == first["summary"]["scoredCases"]
+    assert code == (0 if deeper["gate"]["passed"] else 1)
+
+    def rename(document: dict) -> None:
+        for case in document["cases"]:
+            case["id"] = f"renamed-{case['id']}"
+
+    code, text = run(
+        capsys, caplog, "eval", "--golden-set", str(golden_variant(tmp_path, "renamed.json", rename))
+    )
+    renamed = read(output_dir / "retrieval-eval-latest.json")
+    comp = renamed["comparison"]
+    assert len(comp["cases"]["renamed"]) == len(first["cases"])
+    assert comp["pairedCases"] == first["summary"]["scoredCases"] and comp["removedCases"] == []
+    assert checks(renamed)["not_checked"]["passed"]
+    assert code == 0, text
+
+    def unscorable(document: dict) -> None:
+        for case in document["cases"]:
+            case.pop("expectNoAnswer", None)
+            for key in [k for k in case if k.startswith("expected") or k in ("evidence", "judgments")]:
+                case.pop(key)
+            case["expectedChunkIds"] = [f"c_stale_{case['id']}"]
+
+    before = passing.read_bytes()
+    code, text = run(
+        capsys, caplog, "eval", "--golden-set", str(golden_variant(tmp_path, "stale.json", unscorable))
+    )
+    assert code in (1, 2), text
+    if code == 1:
+        nothing = read(output_dir / "retrieval-eval-latest.json")
+        assert not checks(nothing)["scored_cases"]["passed"]
+    assert passing.read_bytes() == before, "a run that scored nothing never becomes the baseline"
+
+    damaged = read(passing)
+    damaged["cases"][0]["metrics"]["ndcg"] = "high"
+    passing.write_text(json.dumps(damaged), encoding="utf-8")
+    code, text = run(capsys, caplog, "eval")
+    assert code == 1, text
+    unchecked = read(output_dir / "retrieval-eval-latest.json")
+    check = checks(unchecked)["not_checked"]
+    assert not check["passed"] and "metrics.ndcg" in check["message"] and str(passing) in check["message"]
+    assert "sieve baseline accept" in check["message"] and "--baseline none" in check["message"]
+    assert read(passing) == damaged, "the baseline stays as it was"

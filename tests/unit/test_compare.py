@@ -15,10 +15,12 @@ from app.evaluation.compare.comparison import (
     fingerprint_of,
     load_report,
 )
+from app.evaluation.compare.gate import check_gate
 from app.evaluation.render.lines import baseline_line
 from app.evaluation.report.model import Comparison, Report, RunInfo
 from app.evaluation.scoring.measures import GATED
 from app.evaluation.scoring.stats import bootstrap_ci, max_t, sign_flip_p_value
+from app.settings import EvaluateThresholds
 
 
 def compare(baseline: dict, current: dict, path: str, **kwargs) -> Comparison:
@@ -422,3 +424,25 @@ def test_a_current_report_without_unjudged_lists_counts_ids_outside_expected_and
     # new in the top 2: bad (judged not relevant: it is in `expected` with grade 0) and n (unjudged)
     assert comp.case_details["a"].new_in_top_k == ["bad", "n"]
     assert comp.case_details["a"].new_unjudged == ["n"]
+
+
+def test_abstention_is_paired_and_a_lost_abstention_is_broken() -> None:
+    # Four no-answer cases abstained in the baseline; now all four answer: broken, like hit 1 -> 0, and
+    # CorrectAbstention 1 -> 0 with the exact sign-flip p of four same-sign pairs, 2/2^4.
+    base = report({"a": 1.0, "na1": None, "na2": None, "na3": None, "na4": None})
+    cur = report({"a": 1.0, "na1": None, "na2": None, "na3": None, "na4": None})
+    for side, abstained in ((base, True), (cur, False)):
+        for case in side["cases"][1:]:
+            case["expectNoAnswer"], case["abstained"] = True, abstained
+    comp = compare(base, cur, "b.json")
+    assert comp.paired_no_answer == 4 and comp.baseline_scored == 5
+    assert comp.cases.abstention_broken == ["na1", "na2", "na3", "na4"]
+    row = comp.metrics["correctAbstention"]
+    assert (row.baseline, row.current, row.p_value) == (1.0, 0.0, 2 / 2**4)
+    result = check_gate(
+        Report.model_validate({**cur, "summary": {"scoredCases": 1, "noAnswer": {"cases": 4}}}),
+        EvaluateThresholds(),
+        comparison=comp,
+    )
+    (failure,) = [f for f in result.failures if f.check == "abstention_broken"]
+    assert failure.actual == 4.0 and "na1, na2, na3, na4" in failure.message
