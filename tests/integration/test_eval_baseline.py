@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 MODELS_CACHE = REPO / "target" / "models"
 METRICS = ("recall", "hitRate", "mrr", "ndcg", "precision", "top1Accuracy")
 BASELINE_LINE = re.compile(
-    r"vs baseline (?P<when>\S+) \((?P<paired>\d+) paired\): nDCG@(?:K|\d+) (?P<before>\d\.\d{3}) -> "
+    r"vs baseline (?P<when>\S+) \((?P<paired>\d+) paired[^)]*\): nDCG@(?:K|\d+) (?P<before>\d\.\d{3}) -> "
     r"(?P<after>\d\.\d{3}) \((?P<delta>[+-]\d\.\d{3}), 95% CI \[(?P<lo>-?\d\.\d{3}), (?P<hi>-?\d\.\d{3})\], "
-    r"p=(?P<p>[\d.e-]+)\) fixed=(?P<fixed>\d+) broken=(?P<broken>\d+)"
+    r"p=(?P<p>[\d.e-]+), adjusted (?P<p_adjusted>[\d.e-]+)\) fixed=(?P<fixed>\d+) broken=(?P<broken>\d+)"
     r"(?:; (?P<unjudged>\d+) of the (?P<new>\d+) new top-K documents are unjudged"
     r"(?: \(\d+ unverified: [^)]+\))?(?: \(\d+ too thinly judged to tell: [^)]+\))?)?$"
 )

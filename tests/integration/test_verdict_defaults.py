@@ -213,7 +213,7 @@ def test_a_run_with_a_baseline_is_compared_or_fails_as_not_checked(
     def unscorable(document: dict) -> None:
         for case in document["cases"]:
             case.pop("expectNoAnswer", None)
-            for key in [k for k in case if k.startswith("expected") or k in ("evidence", "judgments")]:
+            for key in [k for k in case if k.startswith(("expected", "evidence")) or k == "relevance"]:
                 case.pop(key)
             case["expectedChunkIds"] = [f"c_stale_{case['id']}"]
 

@@ -342,7 +342,7 @@ def _case(cid: str, top: list[str], hit: float, condensed_hit: float, unjudged: 
         "query": f"query {cid}",
         "topK": 2,
         "matchOn": "doc",
-        "caseSha256": "same",
+        "caseSha256": f"sha-{cid}",
         "expected": {"rel": 1.0, "bad": 0.0},
         "forbiddenDocIds": [],
         "metrics": metrics(hit, hit),

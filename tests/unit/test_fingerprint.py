@@ -15,6 +15,7 @@ from app.evaluation.run.fingerprint import (
     RESULT_KEYS,
     SPEED_KEYS,
     canonical_json,
+    case_sha256,
     chain_sha256,
     corpus_fingerprint,
     golden_set_sha256,
@@ -186,3 +187,11 @@ def test_the_ndcg_gain_is_fingerprinted_and_a_change_is_named() -> None:
     # a baseline written before the gain was recorded: nothing to name
     older = {key: value for key, value in linear.items() if key != "gain"}
     assert differences(older, linear) == []
+
+
+def test_a_case_hash_is_its_content_so_a_renamed_case_keeps_it() -> None:
+    original = parse_golden_set(json.dumps({"cases": CASES}), "g.json").cases[0]
+    renamed = parse_golden_set(json.dumps({"cases": [{**CASES[0], "id": "a-renamed"}]}), "g.json").cases[0]
+    edited = parse_golden_set(json.dumps({"cases": [{**CASES[0], "query": "发薪日"}]}), "g.json").cases[0]
+    assert case_sha256(renamed) == case_sha256(original)
+    assert case_sha256(edited) != case_sha256(original)

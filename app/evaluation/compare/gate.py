@@ -707,7 +707,9 @@ def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, compariso
     left = len(removed) - gone
     parts = [f"{gone} case(s) removed since the baseline, {left} left the scoring"]
     if hard:
-        parts.append(f"{len(hard)} hard in the baseline (failed or nDCG < 1): {_named(hard)}")
+        parts.append(
+            f"{len(hard)} hard in the baseline (failed or nDCG < 1), no retired reason: {_named(hard)}"
+        )
     if others:
         parts.append(f"{len(others)} without a retired reason: {_named(others)}")
     retired = [f"{c.id} ({c.retired_reason})" for c in removed if c.retired_reason is not None]
@@ -734,10 +736,7 @@ def _removed_cases(result: GateResult, thresholds: EvaluateThresholds, compariso
 def _named(cases: list[CaseFigures]) -> str:
     """The cases' ids, each that left the scoring with why: `a, b (left the scoring: ...)`."""
     return ", ".join(
-        f"{c.id} (left the scoring: {c.left_scoring})"
-        if c.left_scoring
-        else f"{c.id} (not in the golden set)"
-        for c in cases
+        f"{c.id} (left the scoring: {c.left_scoring})" if c.left_scoring else c.id for c in cases
     )
 
 

@@ -43,7 +43,8 @@ class Pairing:
     compared (a renamed case's baseline record under its current id; both cut to the common K when the
     runs' K differ); `paired` lists those ids in order. `only_in_baseline` / `only_in_current` are the
     cases of one run only (renamed ones excluded), `baseline_by_id` every baseline case under the id the
-    current run knows it by."""
+    current run knows it by. `k` is the runs' K the pairs are compared at (the smaller one; a case with its
+    own topK keeps it)."""
 
     baseline: dict[str, CaseRecord] = field(default_factory=dict)
     current: dict[str, CaseRecord] = field(default_factory=dict)
@@ -98,8 +99,7 @@ def pair(baseline: Report, current: Report) -> Pairing:
         f"compared at K={k}: the {side} run's lists (K={longer}) cut to K={k} for {n} paired case(s)"
         for (side, longer, k), n in sorted(cut.items())
     ]
-    ks = {r.resolved.top_k for r in out.current.values()}
-    out.k = ks.pop() if len(ks) == 1 else None
+    out.k = min(b_k, c_k) if b_k is not None and c_k is not None else None
     return out
 
 

@@ -338,8 +338,8 @@ class SegmentComparison(Model):
 class Comparison(Model):
     """This run against its baseline. `comparable`: some case could be paired (else nothing was checked);
     `paired_cases` the paired cases scored on both sides, `paired_no_answer` the paired no-answer cases;
-    `k` the K they were compared at (None when cases carry their own), `notes` how (a cut to the common
-    K)."""
+    `k` the runs' K they were compared at (the smaller of the two; a case with its own topK keeps it),
+    `notes` how (a cut to the common K)."""
 
     baseline: BaselineRef
     comparable: bool

@@ -33,8 +33,10 @@ def case_json(case: GoldenCase) -> dict[str, JsonValue]:
 
 
 def case_sha256(case: GoldenCase) -> str:
-    """SHA-256 of one case's `case_json` in canonical JSON."""
-    return sha256_text(canonical_json(case_json(case)))
+    """SHA-256 of one case's content: its `case_json` without its `id`, in canonical JSON. A renamed case
+    keeps its hash, so the comparison pairs it with its baseline case by content (`compare.pairing`)."""
+    content = {key: value for key, value in case_json(case).items() if key != "id"}
+    return sha256_text(canonical_json(content))
 
 
 def golden_set_sha256(golden: GoldenSet) -> str:
