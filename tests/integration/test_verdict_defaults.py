@@ -237,3 +237,37 @@ def test_a_run_with_a_baseline_is_compared_or_fails_as_not_checked(
     assert not check["passed"] and "metrics.ndcg" in check["message"] and str(passing) in check["message"]
     assert "sieve baseline accept" in check["message"] and "--baseline none" in check["message"]
     assert read(passing) == damaged, "the baseline stays as it was"
+
+
+def test_a_no_answer_case_that_stops_abstaining_fails_and_the_baseline_stays(
+    capsys, caplog, monkeypatch, output_dir: Path
+) -> None:
+    """Issue 40's road 6: a baseline at the sweep's abstention threshold with the fallback off, where the
+    no-answer cases abstain; turning the fallback back on makes them answer: abstention broken, exit 1,
+    the baseline unchanged."""
+    code, text = run(capsys, caplog, "eval")
+    assert code == 0, text
+    sweep = read(output_dir / "retrieval-eval-latest.json")["sweep"]
+    threshold = sweep["recommendation"]["abstention"]["point"]["chain.similarity_threshold.min_dense"]
+    monkeypatch.setenv("RAG__CHAIN__SIMILARITY_THRESHOLD__MIN_DENSE", str(threshold))
+    monkeypatch.setenv("RAG__CHAIN__FALLBACK__ENABLED", "false")
+    monkeypatch.setenv("RAG__EVALUATE__BASELINE", "none")
+    code, text = run(capsys, caplog, "eval")
+    abstaining = read(output_dir / "retrieval-eval-latest.json")
+    abstained = [c["id"] for c in abstaining["cases"] if c.get("abstained")]
+    assert abstained, "at the sweep's abstention threshold some no-answer case abstains"
+    code, text = run(capsys, caplog, "baseline", "accept", "--output-dir", str(output_dir))
+    assert code == 0, text
+    passing = output_dir / "retrieval-eval-passing.json"
+    before = passing.read_bytes()
+
+    monkeypatch.setenv("RAG__CHAIN__FALLBACK__ENABLED", "true")
+    monkeypatch.setenv("RAG__EVALUATE__BASELINE", "previous-passing")
+    code, text = run(capsys, caplog, "eval")
+    assert code == 1, text
+    answering = read(output_dir / "retrieval-eval-latest.json")
+    check = checks(answering)["abstention_broken"]
+    assert not check["passed"] and check["value"] == len(abstained)
+    assert answering["comparison"]["cases"]["abstentionBroken"] == sorted(abstained)
+    assert "gate failed: abstention_broken:" in text
+    assert passing.read_bytes() == before, "the run that lost its abstentions is not the baseline"
