@@ -228,9 +228,10 @@ def test_serve_evaluates_at_startup_reports_and_answers_queries(serve) -> None:
 
 
 BASELINE_LOG_LINE = re.compile(
-    r"\[RetrievalEval\] vs baseline (?P<when>\S+) \((?P<paired>\d+) paired\): "
+    r"\[RetrievalEval\] vs baseline (?P<when>\S+) \((?P<paired>\d+) paired[^)]*\): "
     r"nDCG@(?:K|\d+) \d\.\d{3} -> \d\.\d{3} "
-    r"\([+-]\d\.\d{3}, 95% CI \[-?\d\.\d{3}, -?\d\.\d{3}\], p=[\d.e-]+\) fixed=\d+ broken=\d+"
+    r"\([+-]\d\.\d{3}, 95% CI \[-?\d\.\d{3}, -?\d\.\d{3}\], p=[\d.e-]+, adjusted [\d.e-]+\) "
+    r"fixed=\d+ broken=\d+"
     r"(?:; \d+ of the \d+ new top-K documents are unjudged(?: \(unverified regressions: [^)]+\))?)?$",
     re.MULTILINE,
 )
