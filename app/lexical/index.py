@@ -146,6 +146,8 @@ class Bm25Index:
     # Scoring postings kept between queries, in postings (16 bytes each: 16M = 256 MB at most): room for
     # what queries at 1M chunks touch; a smaller bound made BM25 slower (docs/benchmarks.md#code-figures).
     POSTINGS_CACHE_LIMIT = 16_000_000
+    # Queries whose term numbers are kept: more than an evaluation's batch of queries (32).
+    RECENT_QUERIES = 64
 
     def __init__(self, analyzer: Analyzer, k1: float = 1.2, b: float = 0.75, epsilon: float = 0.25):
         if k1 <= 0 or not 0 <= b <= 1:
@@ -194,7 +196,8 @@ class Bm25Index:
         # (version, query terms, every slot's score) of the last query scored: the chain asks top() for the
         # BM25 candidates and then scores() for the bm25 stage with the same query
         self._last_scores: tuple[int, tuple[int, ...], np.ndarray] | None = None
-        self._last_terms: tuple[int, str, list[int]] | None = None  # the last query's, see _query_terms
+        # query text -> (version, its term numbers) of the latest queries, see _query_terms
+        self._recent_terms: OrderedDict[str, tuple[int, list[int]]] = OrderedDict()
 
     # -- building and updating ----------------------------------------------------------------------
 
@@ -474,18 +477,23 @@ class Bm25Index:
             return int(counts[number]) if number < len(counts) else 0
 
     def _query_terms(self, query: str) -> list[int]:
-        """The query's term numbers, reused while the index and the query are unchanged: a query's `top`
-        and the bm25 stage's `scores` for its candidates tokenise it once (callers never modify it)."""
-        last = self._last_terms
-        if last is not None and last[0] == self._version and last[1] == query:
-            return last[2]
+        """The query's term numbers, reused while the index is unchanged: a query's `top` and the bm25
+        stage's `scores` for its candidates tokenise it once, also when a batch of queries (up to
+        `RECENT_QUERIES`) asks `top` for each before the stages run (callers never modify it)."""
+        recent = self._recent_terms.get(query)
+        if recent is not None and recent[0] == self._version:
+            self._recent_terms.move_to_end(query)
+            return recent[1]
         # Tokens outside the vocabulary add exactly 0 in BM25Okapi; dropping them only saves the work.
         out = []
         for token in self.analyzer.tokens(query):
             number = self._term_no.get(token)
             if number is not None and self._df[number] > 0:
                 out.append(number)
-        self._last_terms = (self._version, query, out)
+        self._recent_terms[query] = (self._version, out)
+        self._recent_terms.move_to_end(query)
+        if len(self._recent_terms) > self.RECENT_QUERIES:
+            self._recent_terms.popitem(last=False)
         return out
 
     def _idf(self, number: int) -> float:

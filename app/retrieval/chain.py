@@ -95,11 +95,20 @@ class RetrievalChain:
         )
         shared_ms = (time.perf_counter() - start) * 1000 / len(requests)
         candidates_ms = (time.perf_counter() - embedded_at) * 1000 / len(requests)
+        withholding = self._withholding()  # once a batch: a check against a Protocol is slow
         out: list[RetrievalResult | Exception] = []
         for request, cset in zip(requests, sets, strict=True):
             try:
                 out.append(
-                    self._run(request, cset, shared_ms, candidates_ms, today or date.today(), self.copy_raw)
+                    self._run(
+                        request,
+                        cset,
+                        shared_ms,
+                        candidates_ms,
+                        today or date.today(),
+                        self.copy_raw,
+                        withholding,
+                    )
                 )
             except Exception as exc:  # one bad query must not sink a batch (the evaluation runs many)
                 out.append(exc)
@@ -126,9 +135,10 @@ class RetrievalChain:
         candidates_ms: float,
         today: date,
         copy_raw: bool = True,
+        withholding: list[Withholding] | None = None,
     ) -> RetrievalResult:
         """One query's candidates through every stage in order, each one's decisions into the trace, then
-        the cut to its top_k."""
+        the cut to its top_k. `withholding`: `_withholding()`, when the caller has it already."""
         begin = time.perf_counter()
         raw = list(cset.candidates)
         ctx = QueryContext(
@@ -151,7 +161,8 @@ class RetrievalChain:
                 stage_trace = _disabled(item, current)
             trace.stages.append(stage_trace)
             trace.ranked_after[item.name] = [c.chunk_id for c in current]
-        trace.withheld = self._withheld(ctx, trace, raw)
+        rules = self._withholding() if withholding is None else withholding
+        trace.withheld = _withheld(ctx, trace, raw, rules)
         latency = shared_ms + (time.perf_counter() - begin) * 1000
         return RetrievalResult(
             query=request.query,
@@ -163,26 +174,32 @@ class RetrievalChain:
             raw_candidates=raw,
         )
 
-    def _withheld(self, ctx: QueryContext, trace: RetrievalTrace, raw: list[Candidate]) -> dict[str, str]:
-        """The removed chunks whose documents an enabled withholding stage hides from readers, with its
-        kind. Asked of every removal, not only that stage's own: a stage before it (similarity_threshold)
-        may remove a draft document's chunk first."""
-        rules = [s.stage for s in self.stages if s.enabled and isinstance(s.stage, Withholding)]
-        if not rules:
-            return {}
-        by_id = {c.chunk_id: c for c in raw}
-        withheld: dict[str, str] = {}
-        for stage in trace.stages:
-            for removal in stage.removed:
-                candidate = by_id.get(removal.chunk_id)
-                if candidate is None or removal.chunk_id in withheld:
-                    continue
-                for rule in rules:
-                    kind = rule.withheld(ctx, candidate)
-                    if kind is not None:
-                        withheld[removal.chunk_id] = kind
-                        break
-        return withheld
+    def _withholding(self) -> list[Withholding]:
+        """The enabled stages whose rules hide documents from readers (`Withholding`), in chain order."""
+        return [s.stage for s in self.stages if s.enabled and isinstance(s.stage, Withholding)]
+
+
+def _withheld(
+    ctx: QueryContext, trace: RetrievalTrace, raw: list[Candidate], rules: list[Withholding]
+) -> dict[str, str]:
+    """The removed chunks whose documents an enabled withholding stage (`rules`) hides from readers, with
+    its kind. Asked of every removal, not only that stage's own: a stage before it (similarity_threshold)
+    may remove a draft document's chunk first."""
+    if not rules:
+        return {}
+    by_id = {c.chunk_id: c for c in raw}
+    withheld: dict[str, str] = {}
+    for stage in trace.stages:
+        for removal in stage.removed:
+            candidate = by_id.get(removal.chunk_id)
+            if candidate is None or removal.chunk_id in withheld:
+                continue
+            for rule in rules:
+                kind = rule.withheld(ctx, candidate)
+                if kind is not None:
+                    withheld[removal.chunk_id] = kind
+                    break
+    return withheld
 
 
 def _run_stage(

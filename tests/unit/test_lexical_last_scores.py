@@ -33,3 +33,20 @@ def test_a_write_between_two_calls_is_seen_by_the_second() -> None:
     index.delete(["c2"])
     assert index.scores("menu", ["c2"]) == {"c2": 0.0}
     assert [i for i, _ in index.top("menu", 5)] == ["c4"]
+
+
+def test_a_batch_of_queries_is_tokenised_once_each_until_a_write(monkeypatch) -> None:
+    # an evaluation batch asks top() for every query, then the bm25 stage asks scores() for each
+    index, fresh = _index(), _index()
+    tokenised: list[str] = []
+    tokens = index.analyzer.tokens
+    monkeypatch.setattr(index.analyzer, "tokens", lambda text: tokenised.append(text) or tokens(text))
+    queries = ["vpn password", "lunch menu", "vpn client"]
+    ids = ["c0", "c1", "c2", "c3"]
+    assert [index.top(q, 3) for q in queries] == [fresh.top(q, 3) for q in queries]
+    assert [index.scores(q, ids) for q in queries] == [fresh.scores(q, ids) for q in queries]
+    assert tokenised == queries
+    index.upsert([("c4", "vpn menu", None)])
+    tokenised.clear()
+    index.scores("vpn password", ids)
+    assert tokenised == ["vpn password"]  # the write may change what the query's terms are numbered

@@ -206,6 +206,27 @@ def test_hard_filter_rules(metadata: dict, text: str | None, reason: str | None)
         assert outcome.kept == [] and outcome.removed == [Removal("a", "doc-a", reason)]
 
 
+def test_hard_filter_date_reasons_keep_each_values_own_type_and_take_any_value() -> None:
+    # the dates rule is memoised on its values: 1 and True (equal keys in a dict) keep their own reasons,
+    # and a value that cannot be a key (a list) is still decided, the same on every call
+    stage = HardFilterStage(HardFilterSettings())
+    for _ in range(2):
+        outcome = stage.run(
+            ctx(),
+            [cand("a", effectiveTo=1), cand("b", effectiveTo=True), cand("c", effectiveFrom=["2024-01-01"])],
+        )
+        assert reasons(outcome) == {
+            "a": "effectiveTo unparseable: 1",
+            "b": "effectiveTo unparseable: True",
+            "c": "effectiveFrom unparseable: ['2024-01-01']",
+        }
+    # the day is part of the key: the same dates decide differently on another day
+    later = QueryContext(text="query", today=date(2024, 6, 1))
+    dated = [cand("d", effectiveTo="2024-05-15")]
+    assert reasons(stage.run(ctx(), dated)) == {}
+    assert reasons(stage.run(later, dated)) == {"d": "effectiveTo=2024-05-15 < today=2024-06-01"}
+
+
 def test_hard_filter_without_query_tag_or_date_check() -> None:
     stage = HardFilterStage(HardFilterSettings(check_effective_dates=False, excluded_statuses=[]))
     candidates = [cand("a", knowledge="hr", effectiveTo="1999-01-01", status="retired"), cand("b")]

@@ -104,6 +104,11 @@ def _found(
     seen: set[str] = set()
     found: list[tuple[int, str]] = []
     for rank, item in enumerate(ranked_ids[:k], start=1):
+        if isinstance(item, str):  # one id, the usual rank: what the general case below makes of it
+            if item in relevant and item not in seen:
+                found.append((rank, item))
+            seen.add(item)
+            continue
         new = [i for i in dict.fromkeys(rank_ids(item)) if i in relevant and i not in seen]
         new.sort(key=lambda i: -relevance[i])
         found += [(rank, i) for i in new]

@@ -73,13 +73,7 @@ class DiversityStage:
         removed: list[Removal] = []
         for candidate in candidates:
             text_key = normalise_text(candidate.text)
-            why = (
-                kept.same_text(text_key)
-                or kept.copied_document(candidate)
-                or kept.too_similar(candidate)
-                or kept.source_full(candidate)
-                or kept.document_full(candidate)
-            )
+            why = kept.first_broken(candidate, text_key)
             if why is not None:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
             else:
@@ -94,7 +88,7 @@ class _Kept:
     """The candidates kept so far, and what each rule of `DiversityStage` compares a new candidate with.
 
     A rule is a method that returns the reason a candidate fails it, or None when it passes (or the rule is
-    off); `keep` records a candidate that passed them all."""
+    off); `first_broken` asks them in order, `keep` records a candidate that passed them all."""
 
     def __init__(self, settings: DiversitySettings, size: int):
         self.drop_exact_duplicates = settings.drop_exact_duplicates
@@ -110,6 +104,24 @@ class _Kept:
         self.per_doc: dict[str, int] = {}
         self.first_kept: dict[str, str] = {}  # doc id -> chunk id of its first kept chunk
         self.attachments: dict[str, list[Candidate]] = {}
+
+    def first_broken(self, candidate: Candidate, text_key: str) -> str | None:
+        """The reason of the first rule `candidate` fails, in the stage's order, or None.
+
+        A hot path (every candidate of every query), so a rule that is off is not asked at all, and the
+        cosine rule only when some candidate was kept: either way the rule would say None."""
+        why = None
+        if self.drop_exact_duplicates:
+            why = self.same_text(text_key)
+        if why is None and self.drop_document_copies:
+            why = self.copied_document(candidate)
+        if why is None and self.vectors.ids:
+            why = self.too_similar(candidate)
+        if why is None and self.max_per_source is not None:
+            why = self.source_full(candidate)
+        if why is None and self.max_per_document is not None:
+            why = self.document_full(candidate)
+        return why
 
     def same_text(self, text_key: str) -> str | None:
         """Rule 1, `drop_exact_duplicates`."""

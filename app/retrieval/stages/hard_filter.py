@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import date, datetime
 from typing import Any
 
@@ -102,12 +103,25 @@ class _Unparseable(ValueError):
 
 def _date_reason(metadata: dict[str, Any], today: date) -> tuple[str, str] | None:
     """(the removal's reason, its kind for `withheld`) when the dates rule removes the chunk, else None."""
+    start, end = metadata.get("effectiveFrom"), metadata.get("effectiveTo")
+    try:
+        return _dates_rule(start, end, today)
+    except TypeError:  # an unhashable value (not from a store): decided without the memo
+        return _dates_rule.__wrapped__(start, end, today)
+
+
+# A pure function of a few values that recur across the candidates and queries of one day (every chunk of a
+# document carries its dates; the rule is asked once per candidate and again per removal, `withheld`); the
+# values' types are part of the key, so `1` and `True` keep their own reasons.
+@functools.lru_cache(maxsize=4096, typed=True)
+def _dates_rule(start_value: Any, end_value: Any, today: date) -> tuple[str, str] | None:
+    """`_date_reason` of the metadata values `effectiveFrom` = `start_value`, `effectiveTo` = `end_value`."""
     bounds: dict[str, date | None] = {}
-    for key in ("effectiveFrom", "effectiveTo"):
+    for key, value in (("effectiveFrom", start_value), ("effectiveTo", end_value)):
         try:
-            bounds[key] = _parse_date(metadata.get(key))
+            bounds[key] = _parse_date(value)
         except _Unparseable:
-            return f"{key} unparseable: {metadata.get(key)!r}", "effective date unparseable"
+            return f"{key} unparseable: {value!r}", "effective date unparseable"
     start, end = bounds["effectiveFrom"], bounds["effectiveTo"]
     if start is not None and start > today:
         return f"effectiveFrom={start.isoformat()} > today={today.isoformat()}", "not yet effective"
