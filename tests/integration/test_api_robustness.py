@@ -188,6 +188,7 @@ class ExplodingSieve:
     def __init__(self, settings: Settings, store: ChromaStore) -> None:
         self.settings = settings
         self.store = store
+        self.record = None  # the Sieve's document record: none here, as for an index alone
 
     def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> Any:
         raise RuntimeError(f"chain exploded on {query!r}")
