@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from app.evaluation.compare.comparison import BaselineError, load_report
+from app.evaluation.compare.comparison import BaselineError, abstentions, load_report, scored_figures
 from app.evaluation.compare.pairing import pair
 from app.evaluation.report.model import BaselineUpdate, Report, report_text
 from app.evaluation.scoring import measures
@@ -219,28 +219,33 @@ def worse_than(baseline: Report, report: Report, tolerance: float) -> list[str]:
     K), the mean of each gated measure (`measures.GATED`) and the share of paired no-answer cases that
     abstained; a run that cannot be set beside the baseline (nothing paired) counts as worse, saying why."""
     pairing = pair(baseline, report)
-    scored = [
-        i for i in pairing.paired if pairing.baseline[i].scores.metrics and pairing.current[i].scores.metrics
-    ]
-    no_answer = [
-        i
-        for i in pairing.paired
-        if pairing.baseline[i].outcome.abstained is not None
-        and pairing.current[i].outcome.abstained is not None
-    ]
-    if not scored and not no_answer:
+    before, after = scored_figures(pairing.baseline, pairing.current)
+    no_answer, abstained_before, abstained_after = abstentions(pairing)
+    if not before and not no_answer:
         return ["no case is paired with the baseline"]
-    out = []
-    for name in measures.GATED if scored else ():
-        b = fmean(float((pairing.baseline[i].scores.metrics or {}).get(name, 0.0)) for i in scored)
-        a = fmean(float((pairing.current[i].scores.metrics or {}).get(name, 0.0)) for i in scored)
-        if b - a > tolerance + 1e-12:
-            out.append(f"{name} {b:.3f} -> {a:.3f} ({a - b:+.3f} over {len(scored)} paired cases)")
+    rows = [
+        (
+            name,
+            [float(f[name]) for f in before.values()],
+            [float(f[name]) for f in after.values()],
+            "paired cases",
+        )
+        for name in (measures.GATED if before else ())
+    ]
     if no_answer:
-        b = fmean(float(bool(pairing.baseline[i].outcome.abstained)) for i in no_answer)
-        a = fmean(float(bool(pairing.current[i].outcome.abstained)) for i in no_answer)
+        rows.append(
+            (
+                "correctAbstention",
+                list(abstained_before.values()),
+                list(abstained_after.values()),
+                "paired no-answer cases",
+            )
+        )
+    out = []
+    for name, b_values, a_values, what in rows:
+        b, a = fmean(b_values), fmean(a_values)
         if b - a > tolerance + 1e-12:
-            out.append(f"correctAbstention {b:.3f} -> {a:.3f} over {len(no_answer)} paired no-answer cases")
+            out.append(f"{name} {b:.3f} -> {a:.3f} ({a - b:+.3f} over {len(b_values)} {what})")
     return out
 
 

@@ -189,9 +189,8 @@ def compare_reports(
         notes=pairing.notes,
         baseline_scored=sum(1 for c in baseline_report.cases if _counted(c)),
     )
-    before, after = _scored_figures(pairing.baseline, pairing.current)
-    abstained = _abstentions(pairing)
-    if not before and not abstained[0]:
+    before, after = scored_figures(pairing.baseline, pairing.current)
+    if not before and not abstentions(pairing)[0]:
         return comparison
     return _with_statistics(comparison, pairing, baseline_report, current_report, seed, alpha)
 
@@ -224,7 +223,7 @@ def _left_scoring(pairing: Pairing) -> list[CaseFigures]:
     ]
 
 
-def _abstentions(pairing: Pairing) -> tuple[list[str], dict[str, float], dict[str, float]]:
+def abstentions(pairing: Pairing) -> tuple[list[str], dict[str, float], dict[str, float]]:
     """The paired no-answer cases (ran on both sides), and whether each abstained before and now (1 or 0)."""
     ids = [
         i
@@ -251,10 +250,10 @@ def _with_statistics(
     condensed lists, per golden-set part and per segment), the paired abstention, the changed cases with
     their details, the unjudged account, the composition and the budget."""
     b_cases, c_cases = pairing.baseline, pairing.current
-    before, after = _scored_figures(b_cases, c_cases)
+    before, after = scored_figures(b_cases, c_cases)
     scored = list(before)
     rows = _paired_rows(before, after, seed, alpha)
-    no_answer, abstained_before, abstained_after = _abstentions(pairing)
+    no_answer, abstained_before, abstained_after = abstentions(pairing)
     if no_answer:
         rows["correctAbstention"] = _abstention_row(abstained_before, abstained_after, seed, alpha)
     changes = _classify(comparison.cases, b_cases, c_cases, before, after)
@@ -306,9 +305,7 @@ def _abstention_row(
     )
 
 
-def _scored_figures(
-    b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord]
-) -> tuple[Figures, Figures]:
+def scored_figures(b_cases: dict[str, CaseRecord], c_cases: dict[str, CaseRecord]) -> tuple[Figures, Figures]:
     """The figures of the paired cases scored on both sides, before and after, in case id order."""
     paired = sorted(set(b_cases) & set(c_cases))
     before: Figures = {}

@@ -110,24 +110,24 @@ def _gain(report: Report) -> Gain:
 def _renamed(b_cases: Mapping[str, CaseRecord], c_cases: Mapping[str, CaseRecord]) -> list[RenamedCase]:
     """Current cases with a new id whose content hash matches exactly one baseline case left without a
     partner (and no other new case claims it): the same case renamed."""
-    lone_b = [i for i in b_cases if i not in c_cases]
-    lone_c = [i for i in c_cases if i not in b_cases]
-    b_by_sha: dict[str, list[str]] = {}
-    for i in lone_b:
-        sha = b_cases[i].case.case_sha256
-        if sha:
-            b_by_sha.setdefault(sha, []).append(i)
-    c_by_sha: dict[str, list[str]] = {}
-    for i in lone_c:
-        sha = c_cases[i].case.case_sha256
-        if sha:
-            c_by_sha.setdefault(sha, []).append(i)
+    b_by_sha = _by_content(b_cases, [i for i in b_cases if i not in c_cases])
+    c_by_sha = _by_content(c_cases, [i for i in c_cases if i not in b_cases])
     out = []
     for sha, ids in sorted(c_by_sha.items()):
         olds = b_by_sha.get(sha, [])
         if len(ids) == 1 and len(olds) == 1:
             out.append(RenamedCase(id=ids[0], baseline_id=olds[0]))
     return sorted(out, key=lambda r: r.id)
+
+
+def _by_content(cases: Mapping[str, CaseRecord], ids: list[str]) -> dict[str, list[str]]:
+    """`ids` grouped by their case's `caseSha256` (cases without one left out)."""
+    out: dict[str, list[str]] = {}
+    for i in ids:
+        sha = cases[i].case.case_sha256
+        if sha:
+            out.setdefault(sha, []).append(i)
+    return out
 
 
 def left_scoring(before: CaseRecord, now: CaseRecord) -> str | None:
