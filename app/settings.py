@@ -340,7 +340,8 @@ class MaxDrop(_Strict):
 
 class SegmentThresholds(_Strict):
     """Levels and drops for one segment of the golden set (`thresholds.segments`, keyed `tag:<name>`,
-    `knowledgeTag:<name>`, `risk:<low|medium|high>` or `set:<core|incremental>`); null = not checked."""
+    `knowledgeTag:<name>`, `risk:<low|medium|high>`, `set:<core|incremental>`, `language:<zh|en>`,
+    `origin:<manual|generated|log>` or `literalness:<low|mid|high>`); null = not checked."""
 
     min_recall: float | None = Field(None, ge=0.0, le=1.0)
     min_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
@@ -349,7 +350,8 @@ class SegmentThresholds(_Strict):
     max_drop: MaxDrop = MaxDrop()
 
 
-SEGMENT_KEY_KINDS = ("tag", "knowledgeTag", "risk", "set")
+# the kinds of `app.evaluation.golden.segments.SEGMENT_KINDS` (a test keeps the two equal)
+SEGMENT_KEY_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness")
 
 
 class EvaluateThresholds(_Strict):

@@ -215,13 +215,13 @@ def finish_evaluation(
     sweep: Sweep | None = None,
     audit: AuditResult | None = None,
 ) -> Outcome:
-    """Measure the run (segments with their deltas against the baseline, the sweep and the audit), judge
+    """Measure the run (segments, the sweep and the audit), judge
     it (comparison, gate, baseline update), build the report once, write the files and log the lines."""
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
     stamp = report_stamp()
     if settings.write_json:
         run_info = {**run_info, "reportFile": f"{settings.report_prefix}-{stamp}.json"}
-    measured = measure_report(evaluation, run_info, baseline.report, settings.seed, sweep, audit)
+    measured = measure_report(evaluation, run_info, sweep, audit)
     comparison = _comparison(measured, baseline, settings)
     own = (
         Path(settings.output_dir) / f"{settings.report_prefix}-{stamp}.json" if settings.write_json else None

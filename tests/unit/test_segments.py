@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from app.evaluation.compare.comparison import scored_figures, segment_comparisons
+from app.evaluation.compare.gate import in_segment
 from app.evaluation.golden.language import query_language
 from app.evaluation.report.model import CaseRecord
-from app.evaluation.run.segments import groups, segments
+from app.evaluation.run.segments import groups, segments, with_deltas
 
 
 def case(cid, tags=(), tag=None, query="pay day", group=None, ndcg=1.0, hit=1.0, top=None, scored=True):
@@ -62,15 +66,29 @@ def test_segment_means_over_scored_cases_and_small_flag() -> None:
     assert segs[("tag", "y")].delta is None
 
 
-def test_segment_delta_against_a_baseline() -> None:
-    base = [case("a", ["x"], ndcg=0.5), case("b", ["x"], ndcg=1.0)]
+def test_segment_delta_comes_from_the_comparisons_paired_cases() -> None:
+    base = {c.case.id: c for c in [case("a", ["x"], ndcg=0.5), case("b", ["x"], ndcg=1.0)]}
     cur = [case("a", ["x"], ndcg=1.0), case("b", ["x"], ndcg=1.0), case("new", ["x"], ndcg=0.0)]
-    (x, *_) = segments(cur, base)
+    before, after = scored_figures(base, {c.case.id: c for c in cur})
+    rows = segment_comparisons(before, after, {c.case.id: c for c in cur}, seed=42, alpha=0.05)
+    comparison = SimpleNamespace(comparable=True, segments=rows)
+    segs = {(s.kind, s.name): s for s in with_deltas(segments(cur), comparison)}  # type: ignore[arg-type]
+    x = segs[("tag", "x")]
+    assert x.cases == 3  # the segment counts every case; its delta only the paired ones
     assert x.delta is not None and x.delta.paired_cases == 2
     assert x.delta.metrics["ndcg"]["delta"] == pytest.approx((0.5 + 0.0) / 2)
     # exact sign-flip on d = [0.5, 0]: every one of the 4 patterns has |mean| >= 0.25: p = 4/4
     assert x.delta.metrics["ndcg"]["pValue"] == 4 / 4
     assert x.delta.exploratory
+    # the same segments as the report's: language and origin too
+    assert segs[("language", "en")].delta is not None and segs[("origin", "manual")].delta is not None
+    assert with_deltas(segments(cur), None)[0].delta is None
+
+
+def test_a_configured_segment_is_the_reports_segment() -> None:
+    c = case("a", ["x"], "hr", ndcg=1.0)
+    assert in_segment(c, "tag:x") and in_segment(c, "knowledgeTag:hr") and in_segment(c, "set:core")
+    assert in_segment(c, "language:en") and not in_segment(c, "tag:y")
 
 
 def test_groups_spread_hit_rate_and_same_top1() -> None:
@@ -108,3 +126,10 @@ def test_risk_and_the_golden_set_parts_are_segments() -> None:
     assert segs[("set", "incremental")].cases == 1
     one_part = {(s.kind, s.name) for s in segments([case("a"), case("b")])}
     assert not {key for key in one_part if key[0] in ("set", "risk")}, "one part, no risk: no such segment"
+
+
+def test_every_segment_kind_can_be_configured() -> None:
+    from app.evaluation.golden.segments import SEGMENT_KINDS
+    from app.settings import SEGMENT_KEY_KINDS
+
+    assert SEGMENT_KEY_KINDS == SEGMENT_KINDS

@@ -17,6 +17,7 @@ from pydantic import JsonValue, ValidationError
 from pydantic.alias_generators import to_camel
 
 from app.evaluation.compare.pairing import WAY_BACK, Pairing, pair
+from app.evaluation.golden.segments import members
 from app.evaluation.report.model import (
     BaselineRef,
     BeforeAfter,
@@ -545,26 +546,18 @@ def segment_comparisons(
     seed: int,
     alpha: float,
 ) -> list[SegmentComparison]:
-    """Per segment (each tag, knowledge tag, risk and, when both exist, golden-set part of the current run's
-    cases) and gated
-    measure: the paired difference over the segment's paired scored cases and its sign-flip p-value. Per
-    measure, the p-values of the segments with at least `MIN_TESTED_SEGMENT` paired cases are Holm-adjusted
-    together (significant: pHolm < alpha); smaller segments are shown, not tested."""
-    members: dict[tuple[str, str], list[str]] = {}
-    for i in sorted(before):
-        c = c_cases[i]
-        keys = [("tag", t) for t in dict.fromkeys(c.case.tags)]
-        keys += [("knowledgeTag", c.case.knowledge_tag)] if c.case.knowledge_tag else []
-        keys += [("risk", c.case.risk)] if c.case.risk else []
-        keys.append(("set", c.case.case_set))
-        for key in keys:
-            members.setdefault(key, []).append(i)
-    if len({key for key in members if key[0] == "set"}) < 2:  # one part: its segment is the whole set
-        members = {key: ids for key, ids in members.items() if key[0] != "set"}
+    """Per segment of the paired scored cases (`run.segments.members`: the report's own segments, each
+    tag, knowledge tag, risk, golden-set part when both exist, query language, origin and literalness
+    band) and compared measure: the paired difference over the segment's paired cases and its sign-flip
+    p-value. Per gated measure, the p-values of the segments with at least `MIN_TESTED_SEGMENT` paired
+    cases are Holm-adjusted together (significant: pHolm < alpha); smaller segments and the measures the
+    gate does not check are shown, not tested."""
+    groups = members([c_cases[i] for i in sorted(before)])
     out: list[SegmentComparison] = []
-    for name in measures.GATED:
+    for name in measures.COMPARED:
         rows = []
-        for (kind, segment), ids in sorted(members.items()):
+        for (kind, segment), group in groups.items():
+            ids = [c.case.id for c in group]
             b = [float(before[i][name]) for i in ids]
             a = [float(after[i][name]) for i in ids]
             diffs = [x - y for x, y in zip(a, b, strict=True)]
@@ -580,10 +573,11 @@ def segment_comparisons(
                     p_value=stats.sign_flip_p_value(diffs, seed=seed),
                 )
             )
-        tested = [r for r in rows if r.paired_cases >= MIN_TESTED_SEGMENT]
-        for row, p_holm in zip(tested, stats.holm([r.p_value for r in tested]), strict=True):
-            row.p_holm = p_holm
-            row.significant = p_holm is not None and p_holm < alpha
+        if name in measures.GATED:
+            tested = [r for r in rows if r.paired_cases >= MIN_TESTED_SEGMENT]
+            for row, p_holm in zip(tested, stats.holm([r.p_value for r in tested]), strict=True):
+                row.p_holm = p_holm
+                row.significant = p_holm is not None and p_holm < alpha
         out.extend(rows)
     return out
 

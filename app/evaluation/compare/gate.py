@@ -53,6 +53,7 @@ from typing import Any, Literal
 
 from app.evaluation.compare.comparison import JUDGED_FLOOR, MIN_TESTED_SEGMENT
 from app.evaluation.compare.pairing import WAY_BACK
+from app.evaluation.golden.segments import case_segments
 from app.evaluation.report.model import (
     CaseFigures,
     CaseRecord,
@@ -839,15 +840,9 @@ def _segment_levels(result: GateResult, report: Report, thresholds: EvaluateThre
 
 
 def in_segment(case: CaseRecord, key: str) -> bool:
-    """Whether `case` belongs to the segment `<kind>:<name>` (tag, knowledgeTag, risk or set)."""
+    """Whether `case` belongs to the segment `<kind>:<name>` (`run.segments.case_segments`)."""
     kind, _, name = key.partition(":")
-    if kind == "tag":
-        return name in case.case.tags
-    if kind == "knowledgeTag":
-        return case.case.knowledge_tag == name
-    if kind == "risk":
-        return case.case.risk == name
-    return case.case.case_set == name
+    return (kind, name) in case_segments(case)
 
 
 def _p95_increase(result: GateResult, thresholds: EvaluateThresholds, comparison: Comparison) -> None:

@@ -47,7 +47,7 @@ from app.evaluation.run.runner import (
     rank_key,
     ranks_of,
 )
-from app.evaluation.run.segments import groups, origin_comparison, segments
+from app.evaluation.run.segments import groups, origin_comparison, segments, with_deltas
 from app.evaluation.scoring import measures, metrics
 from app.evaluation.scoring.metrics import rank_ids
 
@@ -239,16 +239,14 @@ def _mean(values: list[float]) -> float | None:
 def measure_report(
     evaluation: Evaluation,
     run_info: Mapping[str, object],
-    baseline: Report | None = None,
-    seed: int = 42,
     sweep: Sweep | None = None,
     audit: AuditResult | None = None,
 ) -> Report:
     """The measured report of `evaluation`, without I/O or clock (its times come from `evaluation` and
     `run_info`): what the comparison, the gate and the baseline update read, before `build_report` adds
-    them. `run_info` is the run description (`session.run_description`); with `baseline`, each segment
-    carries its exploratory delta against it (`run.segments.segments`); `sweep` and `audit` are the run's
-    (None: not run), the audit's per-case content hashes put into the case records' `expectedContent`."""
+    them. `run_info` is the run description (`session.run_description`); the segments carry no delta yet
+    (`build_report` adds them from the comparison); `sweep` and `audit` are the run's (None: not run),
+    the audit's per-case content hashes put into the case records' `expectedContent`."""
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
@@ -279,7 +277,7 @@ def measure_report(
         sweep=sweep,
         audit=_audit_record(audit) if audit is not None else None,
         stages=stage_table(evaluation),
-        segments=segments(records, baseline.cases if baseline is not None else None, seed),
+        segments=segments(records),
         origins=origin_comparison(records),
         groups=groups(records),
         candidate_origins=origins,
@@ -329,7 +327,7 @@ def build_report(measured: Report, verdict: Verdict) -> Report:
         sweep=measured.sweep,
         audit=measured.audit,
         stages=measured.stages,
-        segments=measured.segments,
+        segments=with_deltas(measured.segments, verdict.comparison),
         origins=measured.origins,
         groups=measured.groups,
         candidate_origins=measured.candidate_origins,

@@ -10,55 +10,21 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import fmean
 
-from app.evaluation.golden.authoring.literalness import band
-from app.evaluation.golden.language import query_language
+from app.evaluation.golden.segments import ORIGINS, members
 from app.evaluation.report.model import (
     CaseRecord,
+    Comparison,
     GeneratedVsManual,
     Group,
     OriginFigures,
     Origins,
     Segment,
+    SegmentComparison,
     SegmentDelta,
 )
-from app.evaluation.scoring import measures, stats
+from app.evaluation.scoring import measures
 
 SMALL_SEGMENT = 10
-SEGMENT_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness")
-ORIGINS = ("manual", "generated", "log")
-# segment names in reading order where alphabetical order would not do
-_NAME_ORDER = {
-    "origin": ORIGINS,
-    "literalness": ("low", "mid", "high"),
-    "risk": ("high", "medium", "low"),
-    "set": ("core", "incremental"),
-}
-
-
-def _members(cases: list[CaseRecord]) -> dict[tuple[str, str], list[CaseRecord]]:
-    out: dict[tuple[str, str], list[CaseRecord]] = defaultdict(list)
-    parts = {c.case.case_set or "core" for c in cases}
-    for c in cases:
-        if c.case.risk:
-            out[("risk", c.case.risk)].append(c)
-        if len(parts) > 1:  # a set of one part: its segment would be the whole set
-            out[("set", c.case.case_set or "core")].append(c)
-        for tag in dict.fromkeys(c.case.tags):
-            out[("tag", tag)].append(c)
-        if c.case.knowledge_tag:
-            out[("knowledgeTag", c.case.knowledge_tag)].append(c)
-        out[("language", c.case.language or query_language(c.case.query))].append(c)
-        out[("origin", c.case.origin or "manual")].append(c)
-        literal = band(c.case.literalness)
-        if literal is not None:
-            out[("literalness", literal)].append(c)
-    return out
-
-
-def _segment_order(key: tuple[str, str]) -> tuple[int, int, str]:
-    kind, name = key
-    names = _NAME_ORDER.get(kind, ())
-    return (SEGMENT_KINDS.index(kind), names.index(name) if name in names else len(names), name)
 
 
 def segment_means(cases: list[CaseRecord]) -> dict[str, float | None]:
@@ -68,42 +34,45 @@ def segment_means(cases: list[CaseRecord]) -> dict[str, float | None]:
     return {m: (fmean(float(s[m]) for s in scored) if scored else None) for m in measures.COMPARED}
 
 
-def segments(
-    cases: list[CaseRecord], baseline_cases: list[CaseRecord] | None = None, seed: int = 42
-) -> list[Segment]:
+def segments(cases: list[CaseRecord]) -> list[Segment]:
     """One segment per tag value, knowledge tag, risk (high, medium, low; a case without one is in none),
     golden-set part (core, incremental; only when the set has both), query language, origin (manual,
     generated, log; a case without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
     `golden.authoring.literalness.band`; a case without literalness is in none), sorted by kind in
     that order, then by name (origins and bands in the order just given). `cases` is the number of cases
-    in it (scored or not); `small` when under 10. With a baseline, `delta` holds per metric the mean
-    paired difference over the segment's cases scored on both sides and its uncorrected sign-flip p-value
-    (exploratory: many segments, no correction)."""
-    out = []
-    for (kind, name), members in sorted(_members(cases).items(), key=lambda kv: _segment_order(kv[0])):
-        out.append(
-            Segment(
-                kind=kind,
-                name=name,
-                cases=len(members),
-                small=len(members) < SMALL_SEGMENT,
-                metrics=segment_means(members),
-                delta=_delta(members, baseline_cases, seed) if baseline_cases is not None else None,
-            )
+    in it (scored or not); `small` when under 10. The deltas against a baseline come from the comparison
+    (`with_deltas`)."""
+    return [
+        Segment(
+            kind=kind,
+            name=name,
+            cases=len(group),
+            small=len(group) < SMALL_SEGMENT,
+            metrics=segment_means(group),
         )
+        for (kind, name), group in members(cases).items()
+    ]
+
+
+def with_deltas(segs: list[Segment], comparison: Comparison | None) -> list[Segment]:
+    """`segs` with each segment's paired difference against the baseline, read from the comparison's
+    segment rows (`compare.comparison.segment_comparisons`: the same segments over the paired scored
+    cases): per measure the mean difference and its uncorrected sign-flip p-value (exploratory). As they
+    are without a comparison that paired anything; a segment no paired case is in gets 0 paired cases."""
+    if comparison is None or not comparison.comparable:
+        return segs
+    rows: dict[tuple[str, str], list[SegmentComparison]] = defaultdict(list)
+    for row in comparison.segments:
+        rows[(row.kind, row.name)].append(row)
+    out = []
+    for sg in segs:
+        mine = rows.get((sg.kind, sg.name), [])
+        delta = SegmentDelta(
+            paired_cases=mine[0].paired_cases if mine else 0,
+            metrics={r.metric: {"delta": r.delta, "pValue": r.p_value} for r in mine},
+        )
+        out.append(sg.model_copy(update={"delta": delta}))
     return out
-
-
-def _delta(members: list[CaseRecord], baseline_cases: list[CaseRecord], seed: int) -> SegmentDelta:
-    """The segment's exploratory paired differences against the baseline's cases of the same ids."""
-    base = {c.case.id: c.scores.metrics for c in baseline_cases}
-    paired = [(old, c.scores.metrics) for c in members if c.scores.metrics and (old := base.get(c.case.id))]
-    per_metric = {}
-    for m in measures.COMPARED:
-        diffs = [float(cur[m]) - float(old[m]) for old, cur in paired]
-        if diffs:
-            per_metric[m] = {"delta": fmean(diffs), "pValue": stats.sign_flip_p_value(diffs, seed=seed)}
-    return SegmentDelta(paired_cases=len(paired), metrics=per_metric)
 
 
 def groups(cases: list[CaseRecord]) -> list[Group]:
