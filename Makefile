@@ -39,11 +39,14 @@ given = $(if $(and $(filter command line,$(origin $(1))),$($(1))),$(2) $($(1)))
 run: install
 	RAG__EVALUATE__ENABLED=true $(strip $(BIN)/sieve serve $(call given,HOST,--host) $(call given,PORT,--port))
 
+# The modules run side by side, one process a core (pytest-xdist; a module's tests stay in one process, so its
+# fixtures are made once): `make test TEST_WORKERS=1` runs them one after another.
+TEST_WORKERS ?= auto
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-unit: install
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # mypy checks app/ (the [tool.mypy] section of pyproject.toml); tests/ and scripts/ get ruff only.
 lint: install
