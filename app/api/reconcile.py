@@ -1,0 +1,63 @@
+"""The index catches up with the document record, in a running service: at start-up (a full pass, before
+the startup evaluation and the resumed jobs, `/ready` saying how far it got) and after the write jobs (an
+incremental pass, once no other job waits, in the job worker). The passes themselves are the Sieve's
+(`Sieve.reconcile`, app/ingest/reconcile.py).
+
+A pass that leaves recorded documents unindexed (a store failure, a full disk) says so in the log and in
+`/ready` (`unindexed`) until a later pass indexes them: every pass looks at them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from app.models import EmbeddingInterrupted
+
+if TYPE_CHECKING:
+    from app.api.state import AppState
+    from app.service import Sieve
+
+log = logging.getLogger(__name__)
+
+PHASE = "reconciling the index with the document record"
+
+
+def reconcile_index(state: AppState, sieve: Sieve, full: bool) -> None:
+    """One pass under the write lock (`full` at start-up, where it also shows in `/ready`'s phase); what it
+    leaves unindexed goes to `state.unindexed`. A pass that cannot even compare (the store or the record
+    cannot be read) is said the same way; a shutdown stops it as it stops an ingest (`EmbeddingInterrupted`,
+    raised)."""
+
+    def progress(done: int, total: int) -> None:
+        if full:
+            state.phase = f"{PHASE}: indexing documents {done}/{total}"
+
+    if full:
+        state.phase = PHASE
+    with state.write_lock:
+        try:
+            report = sieve.reconcile(full, should_stop=state.stopping.is_set, on_progress=progress)
+        except EmbeddingInterrupted:
+            raise
+        except Exception as exc:  # the comparison itself failed: say it, serve what the index holds
+            state.unindexed = (
+                f"the index could not be compared with the document record ({type(exc).__name__}: {exc}), "
+                "so recorded documents may not be served; the next start, or the end of the next write job, "
+                "tries again (`sieve store check` tells what is missing)"
+            )
+            log.error("reconcile: %s", state.unindexed)
+            return
+    if report is not None:
+        state.unindexed = report.note
+
+
+def reconcile_after_jobs(state: AppState, sieve: Sieve) -> None:
+    """The job worker's pass after the jobs (`JobRunner.after_jobs`): incremental; a shutdown ends it
+    quietly (the next start makes a full pass)."""
+    if state.stopping.is_set():
+        return
+    try:
+        reconcile_index(state, sieve, full=False)
+    except EmbeddingInterrupted:
+        log.info("reconcile: stopped by the shutdown; the next start reconciles the index")

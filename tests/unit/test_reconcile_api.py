@@ -1,0 +1,132 @@
+"""The reconciliation in a running service, around a fake Sieve: `/ready` names recorded documents a pass
+left unindexed until a later pass indexes them, a pass that cannot compare is said the same way, the job
+worker reconciles after the jobs, and a job whose file cannot be read is answered `unreadable`, not 404."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from app.api.jobs import JobBook
+from app.api.reconcile import PHASE, reconcile_after_jobs, reconcile_index
+from app.ingest.check import compare
+from app.ingest.reconcile import ReconcilePlan, ReconcileReport
+from app.main import AppState, create_app
+from app.settings import Settings
+from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, api_settings  # noqa: F401
+
+WAIT_S = 10.0
+
+
+def report(to_index: list[str], indexed: list[str], error: str | None = None) -> ReconcileReport:
+    expected = {d: frozenset({f"c_{d}"}) for d in to_index}
+    plan = ReconcilePlan(True, len(to_index), compare(expected, {}), {d: "h" for d in to_index})
+    return ReconcileReport(plan, indexed=indexed, error=error)
+
+
+class ReconcilingSieve(FakeSieve):
+    """Answers each `reconcile` with the next of `outcomes` (a report, or an exception to raise)."""
+
+    def __init__(self, settings: Settings, outcomes: list[ReconcileReport | Exception]) -> None:
+        super().__init__(settings)
+        self.outcomes = outcomes
+        self.passes: list[bool] = []
+
+    def reconcile(
+        self,
+        full: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> ReconcileReport:
+        self.passes.append(full)
+        if on_progress is not None:
+            on_progress(0, 4)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+def serve(fake: FakeSieve, start_more: Callable[[AppState], None] = lambda state: None) -> TestClient:
+    def start(state: AppState) -> None:
+        state.sieve = fake
+        start_more(state)
+        state.phase = "ready"
+        state.ready = True
+
+    return TestClient(
+        create_app(fake.settings, start=start), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+
+
+def ready_body(client: TestClient) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while (answer := client.get("/ready")).status_code != 200:
+        assert time.monotonic() < deadline, answer.json()
+        time.sleep(0.01)
+    return dict(answer.json())
+
+
+def test_ready_names_the_documents_a_pass_left_unindexed_until_a_later_pass_indexes_them(
+    settings: Settings,
+) -> None:
+    full_disk = "OSError: [Errno 28] No space left on device"
+    fake = ReconcilingSieve(settings, [report(["a", "b"], ["a"], full_disk), report(["b"], ["b"])])
+    phases: list[str] = []
+
+    def start(state: AppState) -> None:
+        reconcile_index(state, fake, full=True)  # type: ignore[arg-type]
+        phases.append(state.phase)
+
+    with serve(fake, start) as client:
+        body = ready_body(client)
+        assert body == {
+            "status": "ready",
+            "unindexed": "1 document of the document record not indexed, so not served (b): "
+            f"{full_disk}; the next start, or the end of the next write job, indexes them again "
+            "(`sieve store check` lists them)",
+        }
+        state: AppState = client.app.state.sieve_state  # type: ignore[attr-defined]
+        reconcile_after_jobs(state, fake)  # type: ignore[arg-type]
+        assert ready_body(client) == {"status": "ready"}
+    assert fake.passes == [True, False]
+    assert phases == [f"{PHASE}: indexing documents 0/4"]
+
+
+def test_a_pass_that_cannot_compare_is_said_by_ready(settings: Settings) -> None:
+    fake = ReconcilingSieve(settings, [RuntimeError("the record cannot be read")])
+    with serve(fake, lambda state: reconcile_index(state, fake, full=True)) as client:  # type: ignore[arg-type]
+        body = ready_body(client)
+    assert body["status"] == "ready"
+    assert body["unindexed"].startswith(
+        "the index could not be compared with the document record (RuntimeError: the record cannot be "
+        "read), so recorded documents may not be served"
+    )
+
+
+def test_a_pass_after_the_jobs_is_skipped_once_the_server_stops(settings: Settings) -> None:
+    fake = ReconcilingSieve(settings, [])
+    state = AppState(settings=settings)
+    state.stopping.set()
+    reconcile_after_jobs(state, fake)  # type: ignore[arg-type]
+    assert fake.passes == []
+
+
+def test_a_job_whose_file_cannot_be_read_is_answered_unreadable_not_404(settings: Settings) -> None:
+    jobs_dir = Path(settings.rag.server.jobs_dir)
+    book = JobBook(jobs_dir)
+    job = book.accept("ingest", ["a", "b", "c", "d"], 40, 4, before=lambda: None)
+    (jobs_dir / f"{job.id}.json").write_bytes(b"\x00" * 16)  # a torn write
+    with serve(FakeSieve(settings)) as client:
+        ready_body(client)
+        answer = client.get(f"/api/jobs/{job.id}")
+        listed = client.get("/api/jobs").json()["jobs"]
+    assert answer.status_code == 200, answer.text
+    view = answer.json()
+    assert (view["id"], view["state"], view["createdAt"][:16]) == (job.id, "unreadable", job.createdAt[:16])
+    assert view["error"].startswith(f"the job's record {job.id}.json could not be read at the last start")
+    assert [j["state"] for j in listed] == ["unreadable"]
