@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RECONCILE_SLICE = 500  # documents a reconciliation reads from the record and ingests at a time
+CHUNK_ID_CACHE = "reconcile-chunk-ids.json"  # in the BM25 index's folder (app/ingest/reconcile.py)
 
 
 class Sieve:
@@ -254,6 +255,8 @@ class Sieve:
             # work on an in-memory index (its writes still reach the others through the change log)
             log.warning("%s; using an in-memory BM25 index built from the store", exc)
             directory = None
+        if directory is not None:  # the chunk ids of the record's documents, kept for the next start
+            self.reconciler = Reconciler(rag.ingest, directory / CHUNK_ID_CACHE)
         self._sync = LexicalSync(
             self.store,
             directory,

@@ -4,8 +4,10 @@ changed since the last one (nothing at all when nothing did)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -234,3 +236,78 @@ def test_a_matching_full_pass_says_so_in_one_line(caplog: pytest.LogCaptureFixtu
         f"reconcile: the index matches the document record (1 documents, {len(chunk_ids(a))} chunks; 0 "
         "deleted through the API), compared in 0.25s"
     ]
+
+
+# -- the chunk ids kept between starts -------------------------------------------------------------------
+
+
+@pytest.fixture
+def chunkings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the documents the reconciliation chunks, in order."""
+    import app.ingest.reconcile as reconcile
+
+    seen: list[str] = []
+    real = reconcile.expected_chunk_ids
+
+    def counting(documents: Any, settings: IngestSettings) -> dict[str, frozenset[str]]:
+        documents = list(documents)
+        seen.extend(d.doc_id for d in documents)
+        return real(documents, settings)
+
+    monkeypatch.setattr(reconcile, "expected_chunk_ids", counting)
+    return seen
+
+
+def test_the_next_start_chunks_only_the_documents_new_or_changed_since(
+    tmp_path: Path, chunkings: list[str]
+) -> None:
+    a, b, c = doc("a"), doc("b"), doc("c")
+    record, index = FakeRecord(a, b, c), FakeIndex()
+    for d in (a, b, c):
+        index.index(d)
+    cache = tmp_path / "lexical" / "chunk-ids.json"
+    assert Reconciler(SETTINGS, cache).plan(record, index).comparison.matches
+    assert sorted(chunkings) == ["a", "b", "c"] and cache.is_file()
+
+    chunkings.clear()
+    record.kept["b"] = doc("b", version="v2")  # changed while the service was down
+    record.kept["md"] = Document("md", a.text, a.title, origin="notes.md")
+    record.kept["c"] = Document("c", c.text, c.title, origin="c.txt")  # same content, read as plain text
+    plan = Reconciler(SETTINGS, cache).plan(record, index)  # the next start
+    assert sorted(chunkings) == ["b", "c", "md"]
+    assert (plan.comparison.outdated, plan.comparison.missing) == (["b"], ["md"])
+
+    chunkings.clear()
+    del record.kept["md"]
+    Reconciler(SETTINGS, cache).plan(record, index)
+    assert chunkings == []
+    assert "md" not in json.loads(cache.read_text())["documents"]  # forgotten with its document
+
+
+def test_chunk_ids_made_under_other_settings_are_not_used(tmp_path: Path, chunkings: list[str]) -> None:
+    record, index = FakeRecord(doc("a")), FakeIndex()
+    cache = tmp_path / "chunk-ids.json"
+    Reconciler(SETTINGS, cache).plan(record, index)
+    chunkings.clear()
+    other = IngestSettings(chunk_size=100, chunk_overlap=0, min_chunk_chars=1)
+    Reconciler(other, cache).plan(record, index)
+    assert chunkings == ["a"]
+
+
+def test_a_cache_that_cannot_be_read_or_written_costs_a_chunking_and_a_warning(
+    tmp_path: Path, chunkings: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    record, index = FakeRecord(doc("a")), FakeIndex()
+    torn = tmp_path / "chunk-ids.json"
+    torn.write_text('{"settings": [')
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with caplog.at_level(logging.WARNING, logger="app.ingest.reconcile"):
+        assert Reconciler(SETTINGS, torn).plan(record, index).comparison.missing == ["a"]
+        unwritable = Reconciler(SETTINGS, blocked / "chunk-ids.json")
+        assert unwritable.plan(record, index).comparison.missing == ["a"]
+    assert chunkings == ["a", "a"]
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"reconcile: chunk-id cache {torn} unreadable (")
+    assert said[1].startswith(f"reconcile: chunk-id cache {blocked / 'chunk-ids.json'} not written (")
+    assert json.loads(torn.read_text())["documents"]["a"][0] == content_hash(doc("a"))  # written anew
