@@ -167,6 +167,8 @@ class JobBook:
     bound: QueueBound | None = None
     clock: Callable[[], float] = time.time
     attempts: int = 3  # runs of a job that fails, the first included (rag.server.job_attempts)
+    # called when `accept` kept documents (`before()`) and then could not record their job
+    kept_without_job: Callable[[], None] | None = None
     _jobs: dict[str, Job] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # serialises the acceptance of jobs: the bound is checked and the job created with no other in between
@@ -242,7 +244,13 @@ class JobBook:
         with self._accepting:
             self._check_room(len(document_ids), nbytes)
             before()
-            return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+            try:
+                return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+            except BaseException:
+                # kept, with no job to index them (its record could not be written: a full disk)
+                if self.kept_without_job is not None:
+                    self.kept_without_job()
+                raise
 
     def create(
         self,
@@ -369,14 +377,22 @@ class JobRunner:
         self._thread = threading.Thread(target=self._loop, name="sieve-jobs", daemon=True)
         self._start_lock = threading.Lock()
 
+    def reconcile_soon(self) -> None:
+        """Run `after_jobs()` after the jobs queued now (documents were kept with no job to index them)."""
+        self._start()
+        self._queue.put(_RECONCILE)
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if not self._thread.is_alive() and self._thread.ident is None:
+                self._thread.start()
+
     def submit(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> None:
         """Run `work(job)` after the jobs before it; its return value becomes the job's report.
         `JobInterrupted` queues a resumable job again (the next start runs it) and marks one of the older
         shape interrupted; any other exception marks it failed. The worker thread starts with the first
         job."""
-        with self._start_lock:
-            if not self._thread.is_alive() and self._thread.ident is None:
-                self._thread.start()
+        self._start()
         self._queue.put(_Queued(job, work))
 
     def stop(self, timeout: float) -> bool:
@@ -391,6 +407,9 @@ class JobRunner:
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
+            if item is _RECONCILE:
+                self._after_jobs()
+                continue
             job = item.job
             self.book.update(job, state="running", startedAt=_now())
             started = time.perf_counter()
@@ -426,6 +445,10 @@ class JobRunner:
             self.after_jobs()
         except Exception:
             log.exception("the reconciliation after the write jobs failed")
+
+
+# a request to the worker to reconcile (`JobRunner.reconcile_soon`), not a job
+_RECONCILE = _Queued(Job("", "reconcile", "queued", "", 0, 0), lambda job: {})
 
 
 def unreadable_job(path: Path, exc: Exception) -> Job | None:

@@ -51,6 +51,7 @@ class AppState:
             attempts=server.job_attempts,
         )
         self.job_runner = JobRunner(self.jobs)
+        self.jobs.kept_without_job = self.job_runner.reconcile_soon
         self.admission = Admission(
             server.max_concurrent_retrievals, server.max_queued_retrievals, server.queue_timeout_ms / 1000
         )

@@ -130,3 +130,28 @@ def test_a_job_whose_file_cannot_be_read_is_answered_unreadable_not_404(settings
     assert (view["id"], view["state"], view["createdAt"][:16]) == (job.id, "unreadable", job.createdAt[:16])
     assert view["error"].startswith(f"the job's record {job.id}.json could not be read at the last start")
     assert [j["state"] for j in listed] == ["unreadable"]
+
+
+def test_a_write_kept_whose_job_cannot_be_recorded_is_reconciled_by_the_worker(settings: Settings) -> None:
+    fake = FakeSieve(settings.model_copy(deep=True))
+    fake.settings.rag.server.sync_write_chunks = 1  # every write is a job
+    reconciled: list[str] = []
+
+    def start(state: AppState) -> None:
+        state.job_runner.after_jobs = lambda: reconciled.append("pass")
+
+        def full_disk(job: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        state.jobs._save = full_disk  # type: ignore[method-assign]
+
+    with serve(fake, start) as client:
+        ready_body(client)
+        documents = [{"id": i, "title": i, "text": f"text of {i}"} for i in ("a", "b")]
+        answer = client.post("/api/documents", json={"documents": documents})
+        assert answer.status_code >= 500
+        deadline = time.monotonic() + WAIT_S
+        while not reconciled:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert reconciled == ["pass"]
