@@ -151,14 +151,16 @@ class Sieve:
     ) -> IngestReport:
         """Add or replace `documents`; `should_stop()` -> True stops it at the next slice
         (`IngestInterrupted`; the batches committed so far stay stored and indexed). Progress goes to the
-        log."""
-        return self._ingestor().ingest_documents(
+        log. Once done, the reconciliation knows the documents are indexed as the record holds them."""
+        report = self._ingestor().ingest_documents(
             documents,
             progress="log",
             on_progress=on_progress,
             should_stop=should_stop,
             on_committed=on_committed,
         )
+        self.reconciler.indexed(documents)
+        return report
 
     def delete_documents(self, doc_ids: Sequence[str]) -> tuple[int, int]:
         """Delete `doc_ids` as the API does: from the document record first, each leaving a tombstone there
@@ -169,6 +171,7 @@ class Sieve:
         if chunk_ids:
             self.store.delete(chunk_ids)
             self.on_commit([], chunk_ids)
+        self.reconciler.forget(doc_ids)
         return kept, len(chunk_ids)
 
     def reconcile(
@@ -215,6 +218,12 @@ class Sieve:
             report.seconds = time.perf_counter() - started
         log_outcome(report)
         return report
+
+    def reconcile_pending(self) -> bool:
+        """Whether a reconciliation after the jobs has anything to look at (the record changed other than
+        through this Sieve's ingests and deletes, or a pass left documents unindexed); asked without the
+        write lock. False without a record."""
+        return self.record is not None and self.reconciler.pending(self.record)
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""

@@ -53,9 +53,13 @@ def reconcile_index(state: AppState, sieve: Sieve, full: bool) -> None:
 
 
 def reconcile_after_jobs(state: AppState, sieve: Sieve) -> None:
-    """The job worker's pass after the jobs (`JobRunner.after_jobs`): incremental; a shutdown ends it
-    quietly (the next start makes a full pass)."""
+    """The job worker's pass after the jobs (`JobRunner.after_jobs`): incremental, and only when the record
+    changed other than through the jobs' own ingests (asked without the write lock, so a write that follows
+    a job is not answered 202 for it); a shutdown ends it quietly (the next start makes a full pass)."""
     if state.stopping.is_set():
+        return
+    if not sieve.reconcile_pending():  # every recorded document indexed, by the jobs or a pass before
+        state.unindexed = None
         return
     try:
         reconcile_index(state, sieve, full=False)

@@ -168,6 +168,25 @@ class Reconciler:
             return self._full(record, index)
         return self._incremental(record, index)
 
+    def pending(self, record: RecordReader) -> bool:
+        """Whether an incremental pass would look at anything: no full pass made yet, or documents new,
+        changed or gone in the record since the last pass (or the last ingest, `indexed`). Reads only the
+        record's hashes, so the caller need not hold the write lock to ask."""
+        if not self._compared:
+            return True
+        now = record.hashes()
+        return len(now) != len(self._indexed) or any(self._indexed.get(d) != h for d, h in now.items())
+
+    def indexed(self, documents: Iterable[Document]) -> None:
+        """`documents` were just ingested whole (each of their chunks stored, none other): as the record
+        holds them, they are indexed, and a pass need not look at them."""
+        self._indexed.update((doc.doc_id, content_hash(doc)) for doc in documents)
+
+    def forget(self, doc_ids: Iterable[str]) -> None:
+        """`doc_ids` left the record and the index (a delete through the API)."""
+        for doc_id in doc_ids:
+            self._indexed.pop(doc_id, None)
+
     def settle(self, plan: ReconcilePlan, indexed: dict[str, str]) -> None:
         """Remember what `plan` found indexed, and `indexed` (doc id -> content hash): the documents the
         caller indexed after it. A document left unindexed is looked at again by the next pass."""

@@ -311,3 +311,24 @@ def test_a_cache_that_cannot_be_read_or_written_costs_a_chunking_and_a_warning(
     assert said[0].startswith(f"reconcile: chunk-id cache {torn} unreadable (")
     assert said[1].startswith(f"reconcile: chunk-id cache {blocked / 'chunk-ids.json'} not written (")
     assert json.loads(torn.read_text())["documents"]["a"][0] == content_hash(doc("a"))  # written anew
+
+
+def test_documents_ingested_or_deleted_by_the_service_leave_nothing_pending() -> None:
+    a, b = doc("a"), doc("b")
+    record, index = FakeRecord(a, b), FakeIndex()
+    index.index(a)
+    index.index(b)
+    reconciler = Reconciler(SETTINGS)
+    assert reconciler.pending(record)  # no full pass yet
+    reconciler.settle(reconciler.plan(record, index), {})
+    assert not reconciler.pending(record)
+    record.kept["n"] = doc("n")  # a job's write: kept, then ingested
+    assert reconciler.pending(record)
+    reconciler.indexed([record.kept["n"]])
+    assert not reconciler.pending(record)
+    record.delete_through_api("a")
+    assert reconciler.pending(record)
+    reconciler.forget(["a"])
+    assert not reconciler.pending(record)
+    record.kept["b"] = doc("b", version="v2")  # kept, its job failed: pending until indexed
+    assert reconciler.pending(record)
