@@ -91,9 +91,9 @@ class ReconcilePlan:
 class ChunkIdCache:
     """The chunk ids each document makes, by document id, under its content hash and origin (Markdown or
     plain text is read from the origin) and the chunking settings: a pure function's results, kept in
-    `path` (JSON, written whole and atomically) between starts. None keeps them in memory only. A file
-    that cannot be read, or made under other settings, is started over; one that cannot be written is
-    said once and the cache stays in memory."""
+    `path` (JSON, written whole and atomically) between starts; a full pass reads it, uses it and writes
+    it, and holds no copy after (None: none kept). A file that cannot be read, or made under other
+    settings, is started over; one that cannot be written is said, and the next start chunks again."""
 
     def __init__(self, settings: IngestSettings, path: Path | None = None):
         self.settings = settings
@@ -144,7 +144,7 @@ class ChunkIdCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:  # a cache: the next start chunks again
-            log.warning("reconcile: chunk-id cache %s not written (%s): kept in memory", self.path, exc)
+            log.warning("reconcile: chunk-id cache %s not written (%s)", self.path, exc)
             self.path = None
             return
         self._changed = False
@@ -157,8 +157,9 @@ class Reconciler:
 
     def __init__(self, settings: IngestSettings, cache: Path | None = None):
         self.settings = settings
-        self.chunked = ChunkIdCache(settings, cache)
-        self._indexed: dict[str, str] = {}  # doc id -> the content hash found indexed
+        self.cache = cache
+        # doc id -> the content hash found indexed (its first 64 bits: a million documents in ~100 MB)
+        self._indexed: dict[str, int] = {}
         self._compared = False  # a full pass was made (an incremental one needs its findings)
 
     def plan(self, record: RecordReader, index: IndexReader, full: bool = False) -> ReconcilePlan:
@@ -175,12 +176,13 @@ class Reconciler:
         if not self._compared:
             return True
         now = record.hashes()
-        return len(now) != len(self._indexed) or any(self._indexed.get(d) != h for d, h in now.items())
+        known = self._indexed
+        return len(now) != len(known) or any(known.get(d) != _short(h) for d, h in now.items())
 
     def indexed(self, documents: Iterable[Document]) -> None:
         """`documents` were just ingested whole (each of their chunks stored, none other): as the record
         holds them, they are indexed, and a pass need not look at them."""
-        self._indexed.update((doc.doc_id, content_hash(doc)) for doc in documents)
+        self._indexed.update((doc.doc_id, _short(content_hash(doc))) for doc in documents)
 
     def forget(self, doc_ids: Iterable[str]) -> None:
         """`doc_ids` left the record and the index (a delete through the API)."""
@@ -195,16 +197,17 @@ class Reconciler:
             self._compared = True
         for doc_id in plan.looked_at:
             self._indexed.pop(doc_id, None)
-        self._indexed.update((d, plan.hashes[d]) for d in plan.matching)
-        self._indexed.update(indexed)
+        self._indexed.update((d, _short(plan.hashes[d])) for d in plan.matching)
+        self._indexed.update((d, _short(h)) for d, h in indexed.items())
 
     def _full(self, record: RecordReader, index: IndexReader) -> ReconcilePlan:
         hashes: dict[str, str] = {}
         expected: dict[str, frozenset[str]] = {}
+        chunked = ChunkIdCache(self.settings, self.cache)  # read, used and written by this pass only
         for doc in record.iter_documents():
-            hashes[doc.doc_id], expected[doc.doc_id] = self.chunked.chunk_ids(doc)
-        self.chunked.keep_only(hashes)
-        self.chunked.save()
+            hashes[doc.doc_id], expected[doc.doc_id] = chunked.chunk_ids(doc)
+        chunked.keep_only(hashes)
+        chunked.save()
         stored_ids = {i for i in index.iter_ids() if not i.startswith(PROBE_ID_PREFIX)}
         stored: dict[str, frozenset[str]] = {}
         for doc_id, ids in expected.items():
@@ -221,20 +224,24 @@ class Reconciler:
 
     def _incremental(self, record: RecordReader, index: IndexReader) -> ReconcilePlan:
         now = record.hashes()
-        changed = sorted(d for d, h in now.items() if self._indexed.get(d) != h)
+        changed = sorted(d for d, h in now.items() if self._indexed.get(d) != _short(h))
         gone = sorted(set(self._indexed) - set(now))
         if not changed and not gone:
             return ReconcilePlan(False, len(now), compare({}, {}), {})
-        hashes: dict[str, str] = {}
-        expected: dict[str, frozenset[str]] = {}
-        for doc in record.get(changed):
-            hashes[doc.doc_id], expected[doc.doc_id] = self.chunked.chunk_ids(doc)
+        documents = record.get(changed)
+        hashes = {doc.doc_id: content_hash(doc) for doc in documents}
+        expected = expected_chunk_ids(documents, self.settings)
         looked_up = [*hashes, *gone]
         stored, orphans = _by_document(index.metadata_of([], looked_up))
         tombstoned = frozenset(record.tombstones(looked_up))
         comparison = compare(expected, stored, orphans, tombstoned)
         deleted = _chunks_of(stored, comparison.deleted)
         return ReconcilePlan(False, len(now), comparison, hashes, (*hashes, *gone), deleted)
+
+
+def _short(content_hash: str) -> int:
+    """The first 64 bits of a content hash (hex): what the reconciler keeps of each indexed document."""
+    return int(content_hash[:16], 16)
 
 
 def _by_document(metadata: dict[str, dict[str, Any]]) -> tuple[dict[str, frozenset[str]], int]:
