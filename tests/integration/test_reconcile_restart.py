@@ -6,7 +6,9 @@ holding the sample base and its document record, the packaged e5 (loaded once, s
   `GET /api/jobs/{id}` answers `unreadable` (not 404);
 * a job that failed (a full disk, injected): `/ready` names its documents as unindexed, and after a
   restart the job is retried and ends `done`, its documents served;
-* documents of the record deleted from Chroma behind the service's back: served again after a restart.
+* documents of the record deleted from Chroma behind the service's back: served again after a restart;
+* a write whose documents were kept but whose job record could not be written (a full jobs folder,
+  injected): its documents are served without a restart.
 """
 
 from __future__ import annotations
@@ -210,3 +212,20 @@ def test_recorded_documents_deleted_from_chroma_behind_the_services_back_are_ser
     assert [line for line in said if line.startswith("reconcile: ")] == [
         next(line for line in said if line.startswith("reconcile: the index matches the document record ("))
     ]
+
+
+def test_a_write_kept_whose_job_record_cannot_be_written_is_served_without_a_restart(
+    settings: Settings,
+) -> None:
+    with served(settings) as (client, state):
+
+        def full_jobs_folder(job: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        state.jobs._save = full_jobs_folder  # type: ignore[method-assign]
+        answer = client.post("/api/documents", json={"documents": DOCUMENTS}, headers=ADMIN)
+        assert answer.status_code >= 500, answer.text  # the write failed: no job, no 202
+        ids = list(QUERIES)
+        wait_for(lambda: indexed_ids(state, ids) == set(ids), lambda: indexed_ids(state, ids))
+        assert served_ids(client, QUERIES) == set(QUERIES)
+        assert client.get("/ready").json() == {"status": "ready"}
