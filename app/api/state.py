@@ -30,6 +30,8 @@ class AppState:
     evaluation_progress: str | None = None
     # recorded documents the last reconciliation left unindexed, and why (app/api/reconcile.py): /ready
     unindexed: str | None = None
+    reconcile_retry_s: float = 0.0  # the delay of the last retry scheduled while documents are unindexed
+    reconcile_timer: threading.Timer | None = None
     # serialises writers (ingest, evaluation) against each other; reads need no lock
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)

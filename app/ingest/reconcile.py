@@ -347,8 +347,8 @@ def unindexed_note(count: int, why: str, ids: Sequence[str] = ()) -> str:
     """What the log and `/ready` say of recorded documents a pass could not index."""
     named = f" ({first_ids(sorted(ids))})" if ids else ""
     return (
-        f"{_docs(count)} of the document record not indexed, so not served{named}: {why}; the next start, "
-        "or the end of the next write job, indexes them again (`sieve store check` lists them)"
+        f"{_docs(count)} of the document record not indexed, so not served{named}: {why}; the service "
+        "tries again after write jobs, at each start and every few minutes (`sieve store check` lists them)"
     )
 
 

@@ -218,7 +218,7 @@ def test_what_a_pass_could_not_index_is_said_with_the_reason() -> None:
     assert report.unindexed == ["lost", "old"]
     assert report.note == (
         "2 documents of the document record not indexed, so not served (lost, old): OSError: [Errno 28] No "
-        "space left on device; the next start, or the end of the next write job, indexes them again "
+        "space left on device; the service tries again after write jobs, at each start and every few minutes "
         "(`sieve store check` lists them)"
     )
     assert ReconcileReport(plan, indexed=plan.to_index).note is None

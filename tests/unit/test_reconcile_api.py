@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api.jobs import JobBook
@@ -91,8 +92,8 @@ def test_ready_names_the_documents_a_pass_left_unindexed_until_a_later_pass_inde
         assert body == {
             "status": "ready",
             "unindexed": "1 document of the document record not indexed, so not served (b): "
-            f"{full_disk}; the next start, or the end of the next write job, indexes them again "
-            "(`sieve store check` lists them)",
+            f"{full_disk}; the service tries again after write jobs, at each start and every few "
+            "minutes (`sieve store check` lists them)",
         }
         state: AppState = client.app.state.sieve_state  # type: ignore[attr-defined]
         reconcile_after_jobs(state, fake)  # type: ignore[arg-type]
@@ -169,3 +170,30 @@ def test_a_write_kept_whose_job_cannot_be_recorded_is_reconciled_by_the_worker(s
             assert time.monotonic() < deadline
             time.sleep(0.01)
     assert reconciled == ["pass"]
+
+
+def test_documents_left_unindexed_are_tried_again_later_each_time_twice_as_late(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.api.reconcile as reconcile
+
+    monkeypatch.setattr(reconcile, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(reconcile, "RETRY_MAX_S", 0.1)
+    full_disk = "OSError: [Errno 28] No space left on device"
+    outcomes: list[ReconcileReport | Exception] = [report(["a"], [], full_disk) for _ in range(3)]
+    fake = ReconcilingSieve(settings, [*outcomes, report(["a"], ["a"])])
+    state = AppState(settings=settings)
+    state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, fake)  # type: ignore[arg-type]
+    delays: list[float] = []
+
+    reconcile_index(state, fake, full=True)  # type: ignore[arg-type]
+    deadline = time.monotonic() + WAIT_S
+    while state.unindexed is not None:
+        if state.reconcile_retry_s and (not delays or delays[-1] != state.reconcile_retry_s):
+            delays.append(state.reconcile_retry_s)
+        assert time.monotonic() < deadline, state.unindexed
+        time.sleep(0.005)
+    assert state.job_runner.stop(timeout=5)
+    assert fake.passes == [True, False, False, False]  # three tries by the worker, the last indexed it
+    assert delays == [0.05, 0.1]  # doubled, then held at the most
+    assert state.reconcile_retry_s == 0.0
