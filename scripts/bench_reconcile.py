@@ -56,7 +56,8 @@ def measure(name: str, path: Path, identity: dict[str, object], rounds: int) -> 
     cache = path / "chunk-ids.json"
     try:
         plan = Reconciler(IngestSettings(), cache).plan(record, store, full=True)
-        assert plan.comparison.matches, plan.comparison
+        if not plan.comparison.matches:
+            raise SystemExit(f"error: {name}: the index does not match the record: {plan.comparison}")
         cold = timed(rounds, lambda: Reconciler(IngestSettings()).plan(record, store, full=True))
         warm = timed(rounds, lambda: Reconciler(IngestSettings(), cache).plan(record, store, full=True))
         reconciler = Reconciler(IngestSettings(), cache)

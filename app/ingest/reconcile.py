@@ -16,9 +16,11 @@ What a pass costs:
   (`ChunkIdCache`, beside the BM25 index) under its content hash, its origin and the chunking settings:
   the next start chunks only the documents new or changed since.
 * **incremental**: the record's content hashes (`hashes()`: ids and hashes, no text) against those of the
-  documents the last pass found indexed. Only documents new, changed or gone since are chunked and looked
-  up in the collection (`metadata_of`); with none, the collection is not read at all. In between, only
-  this process writes an embedded store (it holds the lock), so what the last pass found stays true.
+  documents the last pass found indexed and those the service ingested whole since (`indexed`; a delete
+  through the service is followed too, `forget`). Only documents new, changed or gone otherwise are chunked
+  and looked up in the collection (`metadata_of`); with none (`pending()` is False), the collection is not
+  read at all and the write lock is not needed. In between, only this process writes an embedded store (it
+  holds the lock), so what the last pass found stays true.
 
 Nothing that matches is embedded again: the indexing is an ingest of the documents as the record holds
 them, which embeds only the chunks not stored (and deletes a document's chunks of an older version).
