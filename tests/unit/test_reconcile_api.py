@@ -197,3 +197,26 @@ def test_documents_left_unindexed_are_tried_again_later_each_time_twice_as_late(
     assert fake.passes == [True, False, False, False]  # three tries by the worker, the last indexed it
     assert delays == [0.05, 0.1]  # doubled, then held at the most
     assert state.reconcile_retry_s == 0.0
+
+
+class FailingWrites(FakeSieve):
+    def ingest_documents(self, documents: list[Any], **_: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_write_done_at_once_that_fails_is_reconciled_by_the_worker(settings: Settings) -> None:
+    fake = FailingWrites(settings)
+    reconciled: list[str] = []
+
+    def start(state: AppState) -> None:
+        state.job_runner.after_jobs = lambda: reconciled.append("pass")
+
+    with serve(fake, start) as client:
+        ready_body(client)
+        answer = client.post("/api/documents", json={"documents": [{"id": "a", "title": "a", "text": "a"}]})
+        assert answer.status_code >= 500  # one chunk: written at once, and failed
+        deadline = time.monotonic() + WAIT_S
+        while not reconciled:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert reconciled == ["pass"]
