@@ -2,10 +2,11 @@
 
 Startup runs in a background thread so that `/health` and `/ready` answer from the first second: load
 the models, open the store, ingest `rag.ingest.paths` when the index is empty or out of date, build the
-BM25 index, then (when `rag.evaluate.enabled`) run the startup evaluation, then submit again the write jobs
-the last run left unfinished (app/api/jobs.py). `/ready` answers 503 with the current phase until all of that
-is done. A fatal startup error, or a failed gate with
-`fail_on_gate: true`, asks the server to stop with a non-zero exit code.
+BM25 index, reconcile the index with the document record (index what the record holds and the index lacks:
+app/api/reconcile.py), then (when `rag.evaluate.enabled`) run the startup evaluation, then submit again the
+write jobs the last run left unfinished or failed (app/api/jobs.py). `/ready` answers 503 with the current
+phase until all of that is done. A fatal startup error, or a failed gate with `fail_on_gate: true`, asks
+the server to stop with a non-zero exit code.
 
 Stopping: `AppState.stopping` is set as soon as the server is asked to stop (the CLI sets it on SIGTERM),
 so a running ingest, startup's or a job's, stops at its next slice, keeping the batches it committed; the
@@ -32,6 +33,7 @@ from app.api.errors import install_error_handlers
 from app.api.label import router as label_router
 from app.api.limits import BodySizeLimit, JsonShapeLimit
 from app.api.querylog import open_query_log
+from app.api.reconcile import reconcile_after_jobs, reconcile_index
 from app.api.routes import router
 from app.api.state import AppState
 from app.label_desk import LabelDesk
@@ -216,6 +218,10 @@ def startup_sequence(state: AppState) -> None:
             report = sieve.ingest(rag.ingest.paths, progress="log", should_stop=state.stopping.is_set)
         for error in report.errors:
             log.error("ingest error: %s", error)
+    # the record is the truth: index what it holds and the index lacks (a job whose record was lost or
+    # that failed, a store that lost chunks) before the evaluation reads the index and the jobs resume
+    reconcile_index(state, sieve, full=True)
+    state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
     if rag.evaluate.enabled:
         state.phase = "running the startup evaluation"

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, cast
 
 from app.ingest.chunker import embedding_text, stored_chunk
 from app.ingest.pipeline import Ingestor, IngestReport, Progress
+from app.ingest.reconcile import Reconciler, ReconcileReport, log_outcome, log_plan
 from app.ingest.types import Document
 from app.lexical.files import LexicalFilesError, check_free
 from app.lexical.index import Analyzer, Bm25Index
 from app.lexical.sync import LexicalSync, build_from_store
-from app.models import Embedder, load_embedder, load_reranker
+from app.models import Embedder, EmbeddingInterrupted, load_embedder, load_reranker
 from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.stages import build_stages
@@ -25,12 +26,15 @@ from app.retrieval.stages.rerank import PassageScorer
 from app.retrieval.types import RetrievalResult, knowledge_tag_of
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, check_not_locked
-from app.store.record import DocumentRecord, open_record
+from app.store.record import DocumentRecord, content_hash, open_record
 
 if TYPE_CHECKING:
     from app.evaluation.session import EvaluationTarget
 
 log = logging.getLogger(__name__)
+
+RECONCILE_SLICE = 500  # documents a reconciliation reads from the record and ingests at a time
+CHUNK_ID_CACHE = "reconcile-chunk-ids.json"  # in the BM25 index's folder (app/ingest/reconcile.py)
 
 
 class Sieve:
@@ -55,6 +59,7 @@ class Sieve:
         self.lexical: Bm25Index
         self.chain: RetrievalChain
         self._sync: LexicalSync | None = None
+        self.reconciler = Reconciler(settings.rag.ingest)
         if lexical is None:
             self._open_index()
         else:
@@ -146,14 +151,16 @@ class Sieve:
     ) -> IngestReport:
         """Add or replace `documents`; `should_stop()` -> True stops it at the next slice
         (`IngestInterrupted`; the batches committed so far stay stored and indexed). Progress goes to the
-        log."""
-        return self._ingestor().ingest_documents(
+        log. Once done, the reconciliation knows the documents are indexed as the record holds them."""
+        report = self._ingestor().ingest_documents(
             documents,
             progress="log",
             on_progress=on_progress,
             should_stop=should_stop,
             on_committed=on_committed,
         )
+        self.reconciler.indexed(documents)
+        return report
 
     def delete_documents(self, doc_ids: Sequence[str]) -> tuple[int, int]:
         """Delete `doc_ids` as the API does: from the document record first, each leaving a tombstone there
@@ -164,7 +171,59 @@ class Sieve:
         if chunk_ids:
             self.store.delete(chunk_ids)
             self.on_commit([], chunk_ids)
+        self.reconciler.forget(doc_ids)
         return kept, len(chunk_ids)
+
+    def reconcile(
+        self,
+        full: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> ReconcileReport | None:
+        """Make the index catch up with the document record (app/ingest/reconcile.py): index the recorded
+        documents it lacks or holds in another version, remove the chunks of documents deleted through the
+        API. `full` compares every document (start-up), else only those changed since the last pass. The
+        caller holds the write lock. A store failure ends the pass early, said in the report's `error`;
+        `should_stop()` stops it as it stops an ingest (`EmbeddingInterrupted`). None without a record.
+        `on_progress(done, total)` counts documents indexed."""
+        if self.record is None:
+            return None
+        started = time.perf_counter()
+        plan = self.reconciler.plan(self.record, self.store, full)
+        report = ReconcileReport(plan, compared_in=time.perf_counter() - started)
+        log_plan(plan, report.compared_in)
+        indexed: dict[str, str] = {}
+        todo = plan.to_index
+        try:
+            if plan.deleted_chunks:
+                self.store.delete(plan.deleted_chunks)
+                self.on_commit([], plan.deleted_chunks)
+                report.removed_chunks = len(plan.deleted_chunks)
+            for offset in range(0, len(todo), RECONCILE_SLICE):
+                if on_progress is not None:
+                    on_progress(offset, len(todo))
+                documents = self.record.get(todo[offset : offset + RECONCILE_SLICE])
+                ingested = self.ingest_documents(documents, should_stop=should_stop)
+                report.embedded += ingested.added
+                indexed.update((d.doc_id, content_hash(d)) for d in documents)
+            if todo and on_progress is not None:
+                on_progress(len(todo), len(todo))
+        except EmbeddingInterrupted:
+            raise
+        except Exception as exc:  # said in the log and by /ready; the next pass tries again
+            report.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.reconciler.settle(plan, indexed)
+            report.indexed = sorted(indexed)
+            report.seconds = time.perf_counter() - started
+        log_outcome(report)
+        return report
+
+    def reconcile_pending(self) -> bool:
+        """Whether a reconciliation after the jobs has anything to look at (the record changed other than
+        through this Sieve's ingests and deletes, or a pass left documents unindexed); asked without the
+        write lock. False without a record."""
+        return self.record is not None and self.reconciler.pending(self.record)
 
     def chunk_count(self, documents: Sequence[Document]) -> int:
         """How many chunks `documents` make with the configured chunker (no model, no store)."""
@@ -205,6 +264,8 @@ class Sieve:
             # work on an in-memory index (its writes still reach the others through the change log)
             log.warning("%s; using an in-memory BM25 index built from the store", exc)
             directory = None
+        if directory is not None:  # the chunk ids of the record's documents, kept for the next start
+            self.reconciler = Reconciler(rag.ingest, directory / CHUNK_ID_CACHE)
         self._sync = LexicalSync(
             self.store,
             directory,

@@ -506,6 +506,9 @@ class ServerSettings(_Strict):
     keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")
     # ... and a finished job is pruned only once it is also older than this (GET /api/jobs/{id} answers it)
     keep_jobs_hours: float = Field(24.0, ge=0.0, le=8760.0, allow_inf_nan=False)
+    # A job that fails (a store or disk failure) is queued again at each start until it has failed this many
+    # times, the first run included; each failure's time and reason stay on the job (`failures`)
+    job_attempts: int = Field(3, ge=1, le=100)
     # The write queue's bound: a write whose job would bring the unfinished jobs past this many documents,
     # or past this many bytes of documents, gets 429 with Retry-After (nothing of it is written)
     max_queued_documents: int = Field(2000, ge=1, le=10_000_000)

@@ -90,6 +90,10 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
                 f"the server is shutting down; the write stopped before it finished ({exc}). Send it "
                 "again: chunks already stored are not embedded again",
             ) from None
+        except Exception:
+            # its documents may be kept in the record and not all indexed: the job worker reconciles
+            state.job_runner.reconcile_soon()
+            raise
         finally:
             state.write_lock.release()
         _log_lifted(buried.values())

@@ -8,8 +8,12 @@ Each job is a JSON file in `rag.server.jobs_dir`, rewritten atomically at every 
 
 A 202 is a promise: a job stopped by a shutdown goes back to `queued`, and a job found `queued` or `running`
 at the next start (after SIGTERM, a crash, kill -9) is `queued` again (`resumed` counts how often) and runs
-once the service is up, until it is `done`. Only a record of the older shape, without `documentIds`, cannot
-be resumed: it is reported `interrupted`, saying what of it was stored.
+once the service is up, until it is `done`. A job that `failed` is queued again at the next start too, until
+it has failed `attempts` times (rag.server.job_attempts; each failure's time and reason kept in `failures`).
+Only a record of the older shape, without `documentIds`, cannot be resumed: it is reported `interrupted`,
+saying what of it was stored. A job file that cannot be read is reported `unreadable` under the id its name
+carries, with the reason: its documents are in the document record, and the start-up reconciliation
+indexes them (app/ingest/reconcile.py).
 
 The queue is bounded (`rag.server.max_queued_documents`, `max_queued_bytes`): a write that would pass the
 bound is refused (`QueueFull`, a 429) before anything of it is written. Finished jobs are kept by count and
@@ -39,8 +43,8 @@ from app.ingest.types import Document
 
 log = logging.getLogger(__name__)
 
-JobState = Literal["queued", "running", "done", "failed", "interrupted"]
-FINISHED: frozenset[str] = frozenset({"done", "failed", "interrupted"})
+JobState = Literal["queued", "running", "done", "failed", "interrupted", "unreadable"]
+FINISHED: frozenset[str] = frozenset({"done", "failed", "interrupted", "unreadable"})
 JOB_ID = re.compile(r"^j-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
 # Retry-After of a refused write: the time the worker needs to make room at its recent pace, within these
 RETRY_AFTER_MIN_S = 1
@@ -84,6 +88,9 @@ class Job:
     bytes: int = 0  # the size of its documents (`document_bytes`), counted against max_queued_bytes
     resumed: int = 0  # how many starts found it unfinished and queued it again
     sequence: int = 0  # the order of acceptance in its jobs_dir (createdAt can tie), 0 in older records
+    # each run that failed: {"at": when, "error": why}; a failed job is queued again at the next start
+    # until it has failed `JobBook.attempts` times
+    failures: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def resumable(self) -> bool:
@@ -159,6 +166,9 @@ class JobBook:
     keep_hours: float = 24.0
     bound: QueueBound | None = None
     clock: Callable[[], float] = time.time
+    attempts: int = 3  # runs of a job that fails, the first included (rag.server.job_attempts)
+    # called when `accept` kept documents (`before()`) and then could not record their job
+    kept_without_job: Callable[[], None] | None = None
     _jobs: dict[str, Job] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # serialises the acceptance of jobs: the bound is checked and the job created with no other in between
@@ -170,17 +180,40 @@ class JobBook:
     held: HeldDocuments = field(default_factory=HeldDocuments)
 
     def recover(self) -> list[Job]:
-        """Load the recorded jobs. Those that were queued or running are queued again when they carry
-        their `documentIds` (`unfinished()` lists them, to be submitted once the service is up); those of
-        the older shape become `interrupted` (returned)."""
+        """Load the recorded jobs. Those that were queued or running, and those that failed fewer than
+        `attempts` times, are queued again when they carry their `documentIds` (`unfinished()` lists them,
+        to be submitted once the service is up); those of the older shape become `interrupted` (returned).
+        A file that cannot be read becomes an `unreadable` job of the id its name carries (left on disk as
+        it is, for a person to look at, until retention prunes it)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         interrupted = []
         for path in sorted(self.directory.glob("j-*.json")):
             try:
                 job = Job(**json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError, TypeError) as exc:
-                log.warning("ignoring unreadable job record %s: %s", path, exc)
-                continue
+                unreadable = unreadable_job(path, exc)
+                if unreadable is None:
+                    log.warning(
+                        "ignoring job file %s: its name is no job id and it cannot be read: %s", path, exc
+                    )
+                    continue
+                log.error(
+                    "job %s: its record %s cannot be read (%s); it is reported `unreadable`. Its documents "
+                    "are in the document record: the start-up reconciliation indexes them",
+                    unreadable.id,
+                    path,
+                    exc,
+                )
+                job = unreadable
+            if job.state == "failed" and job.resumable and len(job.failures) < self.attempts:
+                log.info(
+                    "job %s failed %d of %d times (rag.server.job_attempts; last: %s): queued again",
+                    job.id,
+                    len(job.failures),
+                    self.attempts,
+                    job.error,
+                )
+                job.state, job.finishedAt, job.error = "queued", None, None
             if job.state not in FINISHED and job.resumable:
                 job.state, job.startedAt, job.resumed = "queued", None, job.resumed + 1
                 self._save(job)
@@ -211,7 +244,13 @@ class JobBook:
         with self._accepting:
             self._check_room(len(document_ids), nbytes)
             before()
-            return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+            try:
+                return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+            except BaseException:
+                # kept, with no job to index them (its record could not be written: a full disk)
+                if self.kept_without_job is not None:
+                    self.kept_without_job()
+                raise
 
     def create(
         self,
@@ -331,18 +370,29 @@ class JobRunner:
 
     def __init__(self, book: JobBook):
         self.book = book
+        # called in the worker thread after a job ends (done or failed) when no other job waits: the
+        # service's reconciliation of the index with the document record (app/api/reconcile.py)
+        self.after_jobs: Callable[[], None] | None = None
         self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="sieve-jobs", daemon=True)
         self._start_lock = threading.Lock()
+
+    def reconcile_soon(self) -> None:
+        """Run `after_jobs()` after the jobs queued now (documents were kept with no job to index them)."""
+        self._start()
+        self._queue.put(_RECONCILE)
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if not self._thread.is_alive() and self._thread.ident is None:
+                self._thread.start()
 
     def submit(self, job: Job, work: Callable[[Job], dict[str, Any]]) -> None:
         """Run `work(job)` after the jobs before it; its return value becomes the job's report.
         `JobInterrupted` queues a resumable job again (the next start runs it) and marks one of the older
         shape interrupted; any other exception marks it failed. The worker thread starts with the first
         job."""
-        with self._start_lock:
-            if not self._thread.is_alive() and self._thread.ident is None:
-                self._thread.start()
+        self._start()
         self._queue.put(_Queued(job, work))
 
     def stop(self, timeout: float) -> bool:
@@ -357,6 +407,9 @@ class JobRunner:
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
+            if item is _RECONCILE:
+                self._after_jobs()
+                continue
             job = item.job
             self.book.update(job, state="running", startedAt=_now())
             started = time.perf_counter()
@@ -373,12 +426,52 @@ class JobRunner:
                 return
             except Exception as exc:
                 log.exception("job %s failed", job.id)
-                self.book.update(job, state="failed", finishedAt=_now(), error=f"{type(exc).__name__}: {exc}")
+                error, at = f"{type(exc).__name__}: {exc}", _now()
+                failures = [*job.failures, {"at": at, "error": error}]
+                self.book.update(job, state="failed", finishedAt=at, error=error, failures=failures)
+                self._after_jobs()
                 continue
             seconds = time.perf_counter() - started
             self.book.update(job, state="done", finishedAt=_now(), report=report)
             self.book.finished_in(job, seconds)
             log.info("job %s done in %.1fs", job.id, seconds)
+            self._after_jobs()
+
+    def _after_jobs(self) -> None:
+        """`after_jobs()` once the queue is empty; what it raises is logged, never the worker's end."""
+        if self.after_jobs is None or not self._queue.empty():
+            return
+        try:
+            self.after_jobs()
+        except Exception:
+            log.exception("the reconciliation after the write jobs failed")
+
+
+# a request to the worker to reconcile (`JobRunner.reconcile_soon`), not a job
+_RECONCILE = _Queued(Job("", "reconcile", "queued", "", 0, 0), lambda job: {})
+
+
+def unreadable_job(path: Path, exc: Exception) -> Job | None:
+    """The job a file that cannot be read stands for: the id its name carries (`j-<time>-<hex>.json`),
+    `createdAt` the time in that id (retention counts from it), state `unreadable` and the reason in
+    `error`; None when the name is no job id."""
+    job_id = path.name.removesuffix(".json")
+    if not JOB_ID.match(job_id):
+        return None
+    stamp = datetime.strptime(job_id[2:17], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    return Job(
+        job_id,
+        "unknown",
+        "unreadable",
+        stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        0,
+        0,
+        error=(
+            f"the job's record {path.name} could not be read at the last start "
+            f"({type(exc).__name__}: {exc}); its documents were kept in the document record when it was "
+            "accepted, and the start-up reconciliation indexes every recorded document the index lacks"
+        ),
+    )
 
 
 def interrupted_error(stored: int) -> str:

@@ -68,12 +68,16 @@ async def health() -> dict[str, str]:
     },
 )
 async def ready(request: Request) -> JSONResponse:
-    """Ready: models loaded, index built, startup evaluation done, and the store answers its heartbeat
-    (checked at most once a second, in a thread of its own) with no failed read or write recorded since."""
+    """Ready: models loaded, index built and reconciled with the document record, startup evaluation done,
+    and the store answers its heartbeat (checked at most once a second, in a thread of its own) with no
+    failed read or write recorded since. `unindexed`: recorded documents the reconciliation could not index
+    (not served), and why."""
     state = sieve_state(request)
     if state.ready and state.sieve is not None:
         problem = await state.store_probe.problem_soon(state.sieve.store)  # type: ignore[attr-defined]
         if problem is None:
+            if state.unindexed:  # serving, but not every recorded document: say which and why
+                return JSONResponse({"status": "ready", "unindexed": safe_text(state.unindexed)})
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable", "reason": safe_text(problem)}, status_code=503)
     body: dict[str, Any] = {

@@ -172,6 +172,11 @@ class ReadyResponse(BaseModel):
         None, description="why not ready: the startup phase, its error, or the store's"
     )
     evaluationProgress: str | None = None
+    unindexed: str | None = Field(
+        None,
+        description="ready, but documents of the document record are not indexed (not served): how many, "
+        "which and why (the reconciliation tries again at the next start and after the next write job)",
+    )
 
 
 ERROR_DESCRIPTIONS = {

@@ -1,6 +1,6 @@
 """`AppState`: what one running application holds: its settings, the startup's progress, the loaded Sieve,
 the lock that serialises writers, the stop signal, the write jobs, the query log, the admission of
-retrievals and the store probe behind /ready.
+retrievals, the store probe behind /ready and what the reconciliation left unindexed.
 
 `app.main.create_app` makes one per application (`app.state.sieve_state`); the routes read it through
 `app.api.deps.sieve_state`."""
@@ -28,6 +28,10 @@ class AppState:
     sieve: object | None = None  # app.service.Sieve once loaded
     owns_sieve: bool = False  # opened by this app's startup (then its shutdown closes it)
     evaluation_progress: str | None = None
+    # recorded documents the last reconciliation left unindexed, and why (app/api/reconcile.py): /ready
+    unindexed: str | None = None
+    reconcile_retry_s: float = 0.0  # the delay of the last retry scheduled while documents are unindexed
+    reconcile_timer: threading.Timer | None = None
     # serialises writers (ingest, evaluation) against each other; reads need no lock
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -46,8 +50,10 @@ class AppState:
             server.keep_jobs,
             server.keep_jobs_hours,
             QueueBound(server.max_queued_documents, server.max_queued_bytes),
+            attempts=server.job_attempts,
         )
         self.job_runner = JobRunner(self.jobs)
+        self.jobs.kept_without_job = self.job_runner.reconcile_soon
         self.admission = Admission(
             server.max_concurrent_retrievals, server.max_queued_retrievals, server.queue_timeout_ms / 1000
         )

@@ -114,6 +114,156 @@ def test_a_job_stopped_by_the_shutdown_goes_back_to_queued_and_the_rest_stay_que
     assert [(j.state, j.resumed) for j in again.all()] == [("done", 1), ("done", 1)]
 
 
+def run_until_ended(book: JobBook, job: Job, work) -> None:  # type: ignore[no-untyped-def]
+    runner = JobRunner(book)
+    ended = threading.Event()
+    runner.after_jobs = ended.set
+    runner.submit(job, work)
+    assert ended.wait(5)
+    assert runner.stop(timeout=5)
+
+
+def fails(job: Job) -> dict[str, int]:
+    raise OSError(28, "No space left on device")
+
+
+def test_a_failed_job_is_queued_again_at_each_start_until_it_has_failed_job_attempts_times(
+    tmp_path: Path,
+) -> None:
+    book = JobBook(tmp_path, attempts=2)
+    job = accepted(book, ["a"])
+    run_until_ended(book, job, fails)
+    assert (job.state, job.error) == ("failed", "OSError: [Errno 28] No space left on device")
+    assert [f["error"] for f in job.failures] == ["OSError: [Errno 28] No space left on device"]
+
+    again = JobBook(tmp_path, attempts=2)
+    again.recover()
+    retried = again.get(job.id)
+    assert retried is not None
+    assert [j.id for j in again.unfinished()] == [job.id]
+    assert (retried.state, retried.error, retried.finishedAt, retried.resumed) == ("queued", None, None, 1)
+    run_until_ended(again, retried, fails)
+    assert len(retried.failures) == 2
+
+    third = JobBook(tmp_path, attempts=2)
+    third.recover()
+    assert third.unfinished() == []  # failed twice: no third run
+    kept = third.get(job.id)
+    assert kept is not None and kept.state == "failed"
+    assert [f["error"] for f in kept.failures] == ["OSError: [Errno 28] No space left on device"] * 2
+    assert all(f["at"].endswith("Z") for f in kept.failures)
+
+
+def test_a_failed_job_retried_at_the_next_start_can_end_done(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    job = accepted(book, ["a"])
+    run_until_ended(book, job, fails)
+    again = JobBook(tmp_path)
+    again.recover()
+    retried = again.get(job.id)
+    assert retried is not None
+    run_until_ended(again, retried, lambda job: {"added": 1})
+    assert (retried.state, retried.error, retried.report) == ("done", None, {"added": 1})
+    assert len(retried.failures) == 1  # the failure stays on the job
+
+
+def test_a_job_file_that_cannot_be_read_is_an_unreadable_job_of_the_id_in_its_name(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    job = accepted(book, ["a", "b"])
+    path = tmp_path / f"{job.id}.json"
+    damaged = path.read_text()[:25]  # cut short
+    path.write_text(damaged)
+    (tmp_path / "j-not-an-id.json").write_text("{")
+    again = JobBook(tmp_path)
+    assert again.recover() == []
+    found = again.get(job.id)
+    assert found is not None
+    assert (found.state, found.documentIds, found.createdAt[:16]) == ("unreadable", None, job.createdAt[:16])
+    assert (found.error or "").startswith(f"the job's record {job.id}.json could not be read")
+    assert "the start-up reconciliation indexes every recorded document" in (found.error or "")
+    assert again.unfinished() == []
+    assert path.read_text() == damaged  # left as it was, to look at
+    assert [j.id for j in again.all()] == [job.id]
+
+
+def test_an_unreadable_job_is_pruned_by_age_as_any_finished_job(tmp_path: Path) -> None:
+    old = tmp_path / "j-20200101T000000-0123abcd.json"
+    old.write_text("not json")
+    now = [datetime(2020, 1, 1, 0, 30, tzinfo=UTC).timestamp()]
+    book = JobBook(tmp_path, keep=1, keep_hours=1.0, clock=lambda: now[0])
+    book.recover()
+    assert book.get("j-20200101T000000-0123abcd") is not None
+    book.update(accepted(book, ["a"]), state="done")
+    now[0] += HOUR_S
+    book.update(accepted(book, ["b"]), state="done")
+    assert book.get("j-20200101T000000-0123abcd") is None and not old.exists()
+
+
+def test_the_worker_reconciles_after_the_jobs_once_none_waits(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    runner = JobRunner(book)
+    calls: list[list[str]] = []
+    runner.after_jobs = lambda: calls.append([j.state for j in book.all()])
+    gate = threading.Event()
+
+    def waits(job: Job) -> dict[str, int]:
+        assert gate.wait(5)
+        return {}
+
+    first, second, third = accepted(book, ["a"]), accepted(book, ["b"]), accepted(book, ["c"])
+    runner.submit(first, waits)
+    runner.submit(second, fails)
+    runner.submit(third, waits)
+    gate.set()
+    deadline = time.monotonic() + 5
+    while not calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert runner.stop(timeout=5)
+    assert calls == [["done", "failed", "done"]]  # once, after the last
+
+
+def test_what_the_reconciliation_raises_does_not_stop_the_worker(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    runner = JobRunner(book)
+
+    def broken() -> None:
+        raise RuntimeError("the store went away")
+
+    runner.after_jobs = broken
+    first = accepted(book, ["a"])
+    runner.submit(first, lambda job: {})
+    deadline = time.monotonic() + 5
+    while first.state != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    second = accepted(book, ["b"])
+    runner.submit(second, lambda job: {})
+    while second.state != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert runner.stop(timeout=5)
+
+
+def test_documents_kept_whose_job_cannot_be_recorded_are_reconciled_soon(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    runner = JobRunner(book)
+    book.kept_without_job = runner.reconcile_soon
+    reconciled = threading.Event()
+    runner.after_jobs = reconciled.set
+    kept: list[str] = []
+
+    def full_disk(job: Job) -> None:
+        raise OSError(28, "No space left on device")
+
+    book._save = full_disk  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="No space left on device"):
+        book.accept("ingest", ["a", "b"], 0, 2, before=lambda: kept.extend(["a", "b"]))
+    assert kept == ["a", "b"]
+    assert reconciled.wait(5)
+    assert runner.stop(timeout=5)
+
+
 # -- the bound ---------------------------------------------------------------------------------------------
 
 
