@@ -139,6 +139,14 @@ class StoreSettings(_Strict):
         "memory (read at start, 4 bytes per dimension per chunk), instead of through Chroma's HNSW index; "
         "0 = always HNSW. Kept as current as the BM25 index.",
     )
+    min_free_mb: float = Field(
+        64.0,
+        ge=0.0,
+        description="free space (MiB) every write leaves on the filesystems Sieve writes to (the embedded "
+        "store's folder, rag.server.jobs_dir); a write that would leave less is refused (HTTP 507) before "
+        "anything of it is written. 0 = unguarded: an embedded Chroma that runs out of space mid-write can "
+        "hang the process once space is freed (docs/recovery.md#a-full-disk).",
+    )
 
 
 MIN_CHANGE_LOG_RETENTION_SECONDS = 3600
