@@ -103,4 +103,6 @@ class SpaceGuard:
 
 
 def _mib(nbytes: int) -> str:
-    return f"{max(nbytes, 0) / MIB:.1f} MiB"
+    """`nbytes` in MiB, or in KiB below one MiB (a write's own size is often that small)."""
+    nbytes = max(nbytes, 0)
+    return f"{nbytes / MIB:.1f} MiB" if nbytes >= MIB else f"{nbytes / 1024:.1f} KiB"

@@ -113,6 +113,8 @@ def test_the_guard_refuses_what_would_leave_less_than_the_reserve_and_names_the_
     assert guard.problem() is None
     assert disk.measured == [Path("/data/store"), Path("/data/jobs")]  # each folder once
     assert guard.problem(need=MIB) is None  # exactly the reserve left
+    small = SpaceGuard(["/data"], RESERVE, free=Disk(RESERVE + 1000).free).problem(need=1536)
+    assert small is not None and "and 1.5 KiB for this write" in small
     assert guard.problem(need=MIB + 1) == (
         "insufficient storage: 5.0 MiB free on the filesystem of /data/store, less than "
         "rag.store.min_free_mb=4 MiB and 1.0 MiB for this write; writes are refused until space is freed "
