@@ -11,6 +11,11 @@ at the next start (after SIGTERM, a crash, kill -9) is `queued` again (`resumed`
 once the service is up, until it is `done`. Only a record of the older shape, without `documentIds`, cannot
 be resumed: it is reported `interrupted`, saying what of it was stored.
 
+A full disk stops no job for good and never the worker: a job waits `queued` while `space()` says the disk
+is below its reserve (or after its work failed for lack of space) and runs once there is room, and a job
+record that cannot be saved is logged and saved later (`JobBook.update`). An accepted job's record is saved
+before its documents are kept, and taken away again when they cannot be (`JobBook.accept`).
+
 The queue is bounded (`rag.server.max_queued_documents`, `max_queued_bytes`): a write that would pass the
 bound is refused (`QueueFull`, a 429) before anything of it is written. Finished jobs are kept by count and
 by age: one is pruned only when it is beyond the newest `rag.server.keep_jobs` and was accepted more than
