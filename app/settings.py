@@ -507,6 +507,14 @@ class ServerSettings(_Strict):
     sync_write_chunks: int = Field(64, ge=1)
     # SIGTERM stops the server within this many seconds, interrupting a running write between batches.
     shutdown_seconds: float = Field(10.0, gt=0.0, le=600.0)
+    stall_exit_seconds: float = Field(
+        120.0,
+        ge=0.0,
+        le=86400.0,
+        description="a ready server in which no Python thread could run for this long (a native call that "
+        "never returns, holding the interpreter lock) prints every thread's stack and exits with 1, for its "
+        "supervisor to start it again (app/stall.py); 0 = never",
+    )
     # Where write jobs are recorded; a job unfinished at shutdown is reported interrupted at the next start.
     jobs_dir: str = "target/jobs"
     keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")
