@@ -826,7 +826,7 @@ class ChromaStore:
             reason = f"{type(exc).__name__}: {exc}"
             if self._out_of_space(exc):
                 self._broken = (
-                    f"{reason}, with the disk full ({self.space.problem() if self.space else ''}); this "
+                    f"{reason}, with the disk full ({self.space.least_free() if self.space else ''}); this "
                     "process no longer calls the store (after such a failure Chroma hangs once space is "
                     "back): free space, then restart the server (`sieve store check` afterwards)"
                 )
@@ -842,7 +842,7 @@ class ChromaStore:
         """A failed call of an embedded store on a disk below its reserve (or failing for lack of space)."""
         if self.space is None:
             return False
-        return storage_exhausted(exc) or self.space.problem() is not None
+        return storage_exhausted(exc) or self.space.nearly_full()
 
     # -- failures ----------------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ from app.store.errors import StoreError
 MIB = 1024 * 1024
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 SQLITE_FULL = 13  # sqlite3's result code "database or disk is full"
+# a store failure with less than this free is taken for a full disk, even with the guard off
+NEARLY_FULL_BYTES = MIB
 
 
 class InsufficientStorage(StoreError):
@@ -95,6 +97,31 @@ class SpaceGuard:
                     "refused until space is freed there"
                 )
         return None
+
+    def nearly_full(self) -> bool:
+        """A folder has less than the reserve free, or less than `NEARLY_FULL_BYTES` whatever the reserve
+        (0 included): what a store failure is taken to have been caused by (`ChromaStore._call`)."""
+        floor = max(self.min_free_bytes, NEARLY_FULL_BYTES)
+        for folder in self.folders:
+            try:
+                if self.measure(folder) < floor:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def least_free(self) -> str:
+        """ "<free> free on the filesystem of <folder>" for the folder with the least free space."""
+        measured = []
+        for folder in self.folders:
+            try:
+                measured.append((self.measure(folder), str(folder)))
+            except OSError:
+                continue
+        if not measured:
+            return "free space unknown"
+        free, fullest = min(measured)
+        return f"{_mib(free)} free on the filesystem of {fullest}"
 
     def check(self, need: int = 0) -> None:
         """Raise `InsufficientStorage` with `problem`'s reason when there is one."""

@@ -382,6 +382,22 @@ def test_an_embedded_store_that_failed_on_a_full_disk_is_never_called_again(
     assert "restart the server" in store.failures()[0].message
 
 
+def test_a_failure_on_a_nearly_full_disk_breaks_the_store_even_with_the_guard_off() -> None:
+    collection, disk = CountingCollection(), Disk(0)
+    guard = SpaceGuard(["/data"], 0, free=disk.free)
+    assert guard.problem(need=10**9) is None and guard.nearly_full()
+    store = ChromaStore(None, collection, "embedded Chroma at /data", space=guard)
+    collection.fill = disk
+    with pytest.raises(StoreFailedError):
+        store._call(collection.upsert, ids=["c_1"])
+    disk.bytes = 10 * MIB
+    assert not guard.nearly_full()
+    said = r"with the disk full \(0\.0 KiB free on the filesystem of /data\); this process no longer calls"
+    with pytest.raises(StoreFailedError, match=said):
+        store.count()
+    assert collection.calls == ["upsert"]
+
+
 def test_ready_says_the_disk_is_full_without_calling_the_store() -> None:
     store = FakeStore()
     probe = StoreProbe()
