@@ -1,9 +1,9 @@
 """A full disk is refused, never a hang, against a real `sieve serve` whose store and jobs are on a small
 tmpfs (embedded Chroma, the tiny random embedder): written until the disk is down to `rag.store.min_free_mb`,
-a write gets 507 with the reason and `/ready` says so, `/health` answers within a second throughout, the jobs
-waiting for space run once the filesystem is made larger (no restart), new writes succeed, SIGTERM stops the
-server within `rag.server.shutdown_seconds` + 5 s, and every document answered 200 or 202 is in the index
-and the record.
+a write gets 507 with the reason and `/ready` says so, `/health` answers within a second throughout, SIGTERM
+stops the server within `rag.server.shutdown_seconds` + 5 s while its jobs wait for space, the server starts
+again on the full disk, the filesystem is made larger and the waiting jobs run and new writes succeed
+without another restart, and every document answered 200 or 202 is in the index and the record.
 
 Mounting a tmpfs needs root (or CAP_SYS_ADMIN): elsewhere the test is skipped, saying so. The unit tests
 with fakes are tests/unit/test_disk_full.py."""
@@ -71,7 +71,7 @@ def grow(disk: Path, megabytes: int) -> None:
 
 
 class HealthWatch:
-    """Asks /health every 0.2 s in a thread of its own; `slowest` and `failures` say how it answered."""
+    """Asks /health every 0.1 s in a thread of its own; `slowest` and `failures` say how it answered."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -91,7 +91,7 @@ class HealthWatch:
 
     def _watch(self) -> None:
         with httpx.Client(timeout=5 * HEALTH_WITHIN_S) as client:
-            while not self._stop.wait(0.2):
+            while not self._stop.wait(0.1):
                 started = time.monotonic()
                 try:
                     answer = client.get(f"{self.url}/health")
@@ -144,6 +144,46 @@ def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def start(env: dict[str, str], port: int, log_path: Path, disk_full: bool = False) -> subprocess.Popen:
+    """`sieve serve`, once ready; on a full disk (`disk_full`), once started (/ready then says the disk is
+    full, or is 200 while a restart freed a little)."""
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    if not disk_full:
+        wait_ready(proc, url, log_path)
+        return proc
+
+    def started() -> bool:
+        assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+        try:
+            return httpx.get(f"{url}/ready", timeout=2).json()["status"] in ("ready", "unavailable")
+        except httpx.HTTPError:
+            return False
+
+    wait_for(started, 180.0, "sieve serve did not start on the full disk")
+    return proc
+
+
+def sigterm_within(proc: subprocess.Popen, seconds: float) -> None:
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=seconds) == 0
+    assert time.monotonic() - stopped_at < seconds
+
+
+def assert_answered_throughout(health: HealthWatch) -> None:
+    assert health.asked >= 3
+    assert health.failures == [], health.failures[:5]
+    assert health.slowest < HEALTH_WITHIN_S, f"/health took {health.slowest:.2f}s"
+
+
 def test_a_full_disk_is_refused_with_507_and_the_server_answers_throughout(
     small_disk: Path, tiny_embedder_dir: Path, free_port: Callable[[], int], tmp_path: Path
 ) -> None:
@@ -165,16 +205,8 @@ def test_a_full_disk_is_refused_with_507_and_the_server_answers_throughout(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "serve.log"
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start(env, port, log_path)
     try:
-        wait_ready(proc, url, log_path)
         with HealthWatch(url) as health, httpx.Client(base_url=url, timeout=30) as client:
             accepted, refused = write_until_refused(client)
             for body in refused:
@@ -184,8 +216,15 @@ def test_a_full_disk_is_refused_with_507_and_the_server_answers_throughout(
                 assert str(small_disk) in body["error"]
             ready = client.get("/ready")
             assert ready.status_code == 503 and ready.json()["reason"].startswith("insufficient storage: ")
-            waiting = unfinished(client)
+            waiting = [j for j in unfinished(client) if j["error"]]
+            assert waiting, "no job was waiting for space when the disk was full"
+            assert waiting[0]["error"].startswith("waiting for disk space (it runs once there is): ")
+        assert_answered_throughout(health)
+        sigterm_within(proc, SHUTDOWN_S + 5)  # with jobs waiting for space
 
+        proc = start(env, port, log_path, disk_full=True)  # it starts, and its jobs wait
+        with HealthWatch(url) as health, httpx.Client(base_url=url, timeout=30) as client:
+            wait_for(lambda: client.get("/ready").status_code == 503, 10.0, "/ready never said so")
             grow(small_disk, 4 * DISK_MB)  # space is back; the server is not restarted
             wait_for(lambda: client.get("/ready").status_code == 200, 10.0, "/ready stayed 503")
             later = documents(random.Random(5), 10**6, 4)
@@ -195,15 +234,8 @@ def test_a_full_disk_is_refused_with_507_and_the_server_answers_throughout(
             wait_for(lambda: not unfinished(client), DONE_WITHIN_S, "jobs unfinished after space came back")
             jobs = client.get("/api/jobs", headers=ADMIN).json()["jobs"]
             assert {j["state"] for j in jobs} == {"done"}, jobs
-        assert health.asked > 10
-        assert health.failures == [], health.failures[:5]
-        assert health.slowest < HEALTH_WITHIN_S, f"/health took {health.slowest:.2f}s"
-
-        stopped_at = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=SHUTDOWN_S + 5) == 0
-        assert time.monotonic() - stopped_at < SHUTDOWN_S + 5
-        assert waiting, "no job was waiting for space when the disk was full"
+        assert_answered_throughout(health)
+        sigterm_within(proc, SHUTDOWN_S + 5)
         log = log_path.read_text(errors="replace")
         assert "Traceback" not in log and "vector store: write" not in log, log[-3000:]
     finally:
