@@ -404,3 +404,53 @@ def test_ready_says_the_disk_is_full_without_calling_the_store() -> None:
     probe.space = SpaceGuard(["/data"], RESERVE, free=Disk(MIB).free).problem
     assert probe.problem(store).startswith("insufficient storage: 1.0 MiB free")  # type: ignore[union-attr]
     assert store.heartbeats == 0
+
+
+# -- the BM25 files ------------------------------------------------------------------------------------------
+
+
+def test_a_bm25_snapshot_that_runs_out_of_space_leaves_none_of_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.lexical import files
+    from app.lexical.index import Analyzer, Bm25Index
+
+    state, tags = Bm25Index.build(["a"], ["vpn"], Analyzer()).export_state()
+    first = files.save_snapshot(tmp_path, state, tags, {})
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    written = files._write_synced
+
+    def fills_up(path: Path, text: str) -> None:
+        if path.name == "journal-2.log":
+            raise full()
+        written(path, text)
+
+    monkeypatch.setattr(files, "_write_synced", fills_up)
+    with pytest.raises(OSError) as info:
+        files.save_snapshot(tmp_path, state, tags, first)
+    assert storage_exhausted(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == kept  # snap-2.* taken away again
+    assert files.read_manifest(tmp_path) == first
+
+
+def test_a_bm25_snapshot_waits_for_room_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.lexical.index import Analyzer
+    from app.lexical.sync import LexicalSync
+
+    disk = Disk(RESERVE + MIB)
+    store = ChromaStore(
+        None, CountingCollection(), "embedded Chroma", space=SpaceGuard([tmp_path], RESERVE, free=disk.free)
+    )
+    lexical = LexicalSync(store, tmp_path, Analyzer(), 1.2, 0.75, 1.0, lambda chunk: "")
+    lexical._snapshot_bytes = MIB // 2  # a snapshot and its successor need 1 MiB: room
+    assert lexical._room_for_snapshot()
+    disk.bytes = RESERVE + MIB // 2
+    with caplog.at_level("WARNING", logger="app.lexical.sync"):
+        assert not lexical._room_for_snapshot()
+        assert not lexical._room_for_snapshot()
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith("BM25 snapshot put off until there is room, the journal goes on: insufficient")
+    disk.bytes = RESERVE + MIB
+    assert lexical._room_for_snapshot()
