@@ -5,6 +5,9 @@ stops the server within `rag.server.shutdown_seconds` + 5 s while its jobs wait 
 again on the full disk, the filesystem is made larger and the waiting jobs run and new writes succeed
 without another restart, and every document answered 200 or 202 is in the index and the record.
 
+With the guard off and the jobs folder alone on a full filesystem, a job-sized write is a 507 that keeps
+none of its documents, and the same write is a job that ends done once space is freed.
+
 Mounting a tmpfs needs root (or CAP_SYS_ADMIN): elsewhere the test is skipped, saying so. The unit tests
 with fakes are tests/unit/test_disk_full.py."""
 
@@ -17,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +50,40 @@ FILL_FOR_S = 120.0
 DONE_WITHIN_S = 120.0
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A DISK_MB tmpfs at tmp_path/disk, unmounted afterwards; skipped where mounting is not permitted."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(disk)], capture_output=True, text=True
-    )
+@contextmanager
+def tmpfs(folder: Path, megabytes: int) -> Iterator[Path]:
+    """A tmpfs of `megabytes` at `folder`, unmounted afterwards; skipped where mounting is not permitted."""
+    folder.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)]
+    mounted = subprocess.run(command, capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(
-            f"cannot mount a {DISK_MB} MiB tmpfs here (needs root or CAP_SYS_ADMIN): "
+            f"cannot mount a {megabytes} MiB tmpfs here (needs root or CAP_SYS_ADMIN): "
             f"{mounted.stderr.strip() or mounted.returncode}"
         )
     try:
-        yield disk
+        yield folder
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "disk", DISK_MB) as disk:
+        yield disk
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into `folder` until its filesystem is full; the file."""
+    filler = folder / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
 
 
 def grow(disk: Path, megabytes: int) -> None:
@@ -253,3 +274,53 @@ def test_a_full_disk_is_refused_with_507_and_the_server_answers_throughout(
         assert [d.doc_id for d in record.get(accepted)] == accepted
     finally:
         record.close()
+
+
+def test_a_job_sized_write_with_the_jobs_folder_full_is_a_507_that_keeps_none_of_its_documents(
+    tmp_path: Path, tiny_embedder_dir: Path, free_port: Callable[[], int]
+) -> None:
+    """The guard off (`min_free_mb: 0`) and the jobs folder on a full filesystem of its own: the job record
+    cannot be saved, so the write is refused whole, its documents not kept; once space is freed the same
+    write is a job that ends done."""
+    with tmpfs(tmp_path / "jobs", 1) as jobs:
+        env = clean_env(
+            PYTHONPATH=str(REPO),
+            RAG__STORE__PATH=str(tmp_path / "store"),
+            RAG__STORE__MIN_FREE_MB="0",
+            RAG__SERVER__JOBS_DIR=str(jobs),
+            RAG__SERVER__ADMIN_TOKEN=ADMIN_TOKEN,
+            RAG__SERVER__SYNC_WRITE_CHUNKS="1",  # every write of more than one chunk is a job
+            RAG__EVALUATE__ENABLED="false",
+            RAG__INGEST__ON_STARTUP="false",
+            RAG__MODELS__EMBEDDER=str(tiny_embedder_dir),
+        )
+        port = free_port()
+        proc = start(env, port, tmp_path / "serve.log")
+        try:
+            filler = fill(jobs)
+            batch = documents(random.Random(3), 0, 4)
+            ids = [d["id"] for d in batch]
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                refused = client.post("/api/documents", json={"documents": batch}, headers=ADMIN)
+                assert refused.status_code == 507, refused.text
+                assert refused.json()["error"].startswith("insufficient storage: [Errno 28] No space left")
+                assert client.get("/api/jobs", headers=ADMIN).json()["jobs"] == []
+                record = SqliteRecord(tmp_path / "store" / RECORD_FILE)
+                try:
+                    assert record.get(ids) == []  # nothing of the refused write was kept
+                finally:
+                    record.close()
+
+                filler.unlink()  # space is back: no restart
+                accepted = client.post("/api/documents", json={"documents": batch}, headers=ADMIN)
+                assert accepted.status_code == 202, accepted.text
+                job = accepted.json()["job"]
+                wait_for(
+                    lambda: client.get(f"/api/jobs/{job}", headers=ADMIN).json()["state"] == "done",
+                    DONE_WITHIN_S,
+                    "the job did not end done",
+                )
+                assert client.get("/health").json() == {"status": "alive"}
+            sigterm_within(proc, 10 + 5)
+        finally:
+            stop_process(proc)
