@@ -139,6 +139,14 @@ class StoreSettings(_Strict):
         "memory (read at start, 4 bytes per dimension per chunk), instead of through Chroma's HNSW index; "
         "0 = always HNSW. Kept as current as the BM25 index.",
     )
+    min_free_mb: float = Field(
+        64.0,
+        ge=0.0,
+        description="free space (MiB) every write leaves on the filesystems Sieve writes to (the embedded "
+        "store's folder, rag.server.jobs_dir); a write that would leave less is refused (HTTP 507) before "
+        "anything of it is written. 0 = unguarded: an embedded Chroma that runs out of space mid-write can "
+        "hang the process once space is freed (docs/recovery.md#a-full-disk).",
+    )
 
 
 MIN_CHANGE_LOG_RETENTION_SECONDS = 3600
@@ -501,6 +509,14 @@ class ServerSettings(_Strict):
     sync_write_chunks: int = Field(64, ge=1)
     # SIGTERM stops the server within this many seconds, interrupting a running write between batches.
     shutdown_seconds: float = Field(10.0, gt=0.0, le=600.0)
+    stall_exit_seconds: float = Field(
+        120.0,
+        ge=0.0,
+        le=86400.0,
+        description="a ready server in which no Python thread could run for this long (a native call that "
+        "never returns, holding the interpreter lock) prints every thread's stack and exits with 1, for its "
+        "supervisor to start it again (app/stall.py); 0 = never",
+    )
     # Where write jobs are recorded; a job unfinished at shutdown is reported interrupted at the next start.
     jobs_dir: str = "target/jobs"
     keep_jobs: int = Field(100, ge=1, description="finished jobs kept on disk and listed")

@@ -75,10 +75,14 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
     kept in the document record, then 202 `{"job": id}`; `GET /api/jobs/{id}` shows its progress and, once
     done, the same ingest report. A job stopped by a restart resumes after it. When the queued jobs would
     pass `rag.server.max_queued_documents` or `max_queued_bytes`, the write is a 429 with `Retry-After` and
-    nothing of it is written."""
+    nothing of it is written. When it would leave less than `rag.store.min_free_mb` free where Sieve writes,
+    or the disk fills under it, it is a 507 naming the folder (a job's write leaves nothing; a write done
+    at once may have kept its documents in the record, not all of them indexed: send it again)."""
     state = sieve_state(request)
     sieve = require_sieve(request)
     docs = _documents(body, state.settings.rag.ingest)
+    nbytes = sum(document_bytes(d) for d in docs)
+    state.space.check(need=nbytes)  # 507 before anything of the write is kept
     chunks = sieve.chunk_count(docs)
     buried = sieve.record.tombstones([d.doc_id for d in docs]) if sieve.record is not None else {}
     if chunks <= state.settings.rag.server.sync_write_chunks and state.write_lock.acquire(blocking=False):
@@ -103,7 +107,7 @@ def add_documents(body: DocumentsRequest, request: Request) -> Any:
         sieve,
         "ingest",
         [d.doc_id for d in docs],
-        sum(document_bytes(d) for d in docs),
+        nbytes,
         chunks,
         keep=lambda: kept_record(state, sieve).put(docs),
     )
@@ -150,6 +154,7 @@ def delete_document(
     changed file, or a write of the same id, brings it back."""
     state = sieve_state(request)
     sieve = require_sieve(request)
+    state.space.check()  # a delete writes too (a tombstone, the index's log)
     if state.write_lock.acquire(blocking=False):
         try:
             documents, chunks = sieve.delete_documents([doc_id])

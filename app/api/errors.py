@@ -16,6 +16,9 @@ key but those named below (`count`, `limit`, `requestId`):
   whatever Chroma raised, wrapped once in `ChromaStore`), or any other `StoreError` during a request (the
   document record's): 503 `{"error": "vector store ...: <reason>", "requestId": "..."}`, the reason logged
   under that id (also in the `X-Request-Id` header);
+- a write refused for lack of disk space (`InsufficientStorage`: less than `rag.store.min_free_mb` would be
+  left), or any error caused by a full disk or quota (ENOSPC, EDQUOT, SQLite's "database or disk is full",
+  `app.store.space.storage_exhausted`): 507 `{"error": "insufficient storage: ...", "requestId": "..."}`;
 - anything unexpected, raised anywhere (route, dependency, middleware): 500 `{"error": "internal error",
   "requestId": "..."}`, the traceback logged under that id, and the keep-alive connection kept open (see
   `KeepConnectionOpen`).
@@ -37,7 +40,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.bounds import MAX_FIELD_NAME_CHARS, MAX_MESSAGE_CHARS, MAX_REPORTED_PROBLEMS
-from app.store import StoreError, StoreFailedError, StoreUnavailableError
+from app.store import (
+    InsufficientStorage,
+    StoreError,
+    StoreFailedError,
+    StoreUnavailableError,
+    storage_exhausted,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +159,23 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _store_failed(request: Request, exc: StoreFailedError) -> JSONResponse:
         return store_error_response(request.scope, f"vector store: {exc}")
 
+    @app.exception_handler(InsufficientStorage)
+    async def _no_space(request: Request, exc: InsufficientStorage) -> JSONResponse:
+        return storage_error_response(request.scope, exc)
+
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
         # any other store failure during a request (the document record's, ...): its message names it
+        if storage_exhausted(exc):
+            return storage_error_response(request.scope, exc)
         return store_error_response(request.scope, f"store: {exc}")
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         # Starlette's ServerErrorMiddleware calls this for anything no other handler took, wherever it was
         # raised (a route, a dependency, any middleware), answers with it, then re-raises the exception
+        if storage_exhausted(exc):
+            return storage_error_response(request.scope, exc)
         return internal_error_response(request.scope, exc)
 
     keep_connection_open(app)
@@ -167,6 +184,13 @@ def install_error_handlers(app: FastAPI) -> None:
 def store_error_response(scope: Scope, reason: str) -> JSONResponse:
     """The 503 for a store that failed the request: `reason` and a request id, logged under that id."""
     return _identified(scope, 503, safe_text(reason), f"store error: {safe_text(reason)}")
+
+
+def storage_error_response(scope: Scope, exc: BaseException) -> JSONResponse:
+    """The 507 for a write refused or failed for lack of disk space (`storage_exhausted`): the guard's
+    reason as it stands, or what failed; logged under the request id."""
+    reason = str(exc) if isinstance(exc, InsufficientStorage) else f"insufficient storage: {exc}"
+    return _identified(scope, 507, safe_text(reason), f"refused: {safe_text(reason)}")
 
 
 def new_request_id() -> str:

@@ -15,6 +15,11 @@ saying what of it was stored. A job file that cannot be read is reported `unread
 carries, with the reason: its documents are in the document record, and the start-up reconciliation
 indexes them (app/ingest/reconcile.py).
 
+A full disk stops no job for good and never the worker: a job waits `queued` while `space()` says the disk
+is below its reserve (or after its work failed for lack of space) and runs once there is room, and a job
+record that cannot be saved is logged and saved later (`JobBook.update`). An accepted job's record is saved
+before its documents are kept, and taken away again when they cannot be (`JobBook.accept`).
+
 The queue is bounded (`rag.server.max_queued_documents`, `max_queued_bytes`): a write that would pass the
 bound is refused (`QueueFull`, a 429) before anything of it is written. Finished jobs are kept by count and
 by age: one is pruned only when it is beyond the newest `rag.server.keep_jobs` and was accepted more than
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from app.ingest.types import Document
+from app.store import storage_exhausted
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,10 @@ RETRY_AFTER_MAX_S = 120
 UNMEASURED_DOCUMENTS_PER_S = 5.0
 # finished jobs the pace is measured over
 PACE_WINDOW = 20
+# how often a job waiting for disk space looks again
+SPACE_POLL_S = 1.0
+# ... and the longest it waits before running again a job stopped for lack of space
+SPACE_RETRY_MAX_S = 60.0
 
 
 class JobInterrupted(Exception):
@@ -178,6 +188,8 @@ class JobBook:
     _sequence: int = 0  # the highest `Job.sequence` given or read
     # the jobs' documents when the Sieve keeps no document record
     held: HeldDocuments = field(default_factory=HeldDocuments)
+    # ids of jobs whose last change could not be saved to their record (`update`)
+    _unsaved: set[str] = field(default_factory=set)
 
     def recover(self) -> list[Job]:
         """Load the recorded jobs. Those that were queued or running, and those that failed fewer than
@@ -238,19 +250,28 @@ class JobBook:
         self, kind: str, document_ids: Sequence[str], nbytes: int, chunks: int, before: Callable[[], object]
     ) -> Job:
         """Create a job over `document_ids` if the queue has room for it (else `QueueFull`, and `before` is
-        not called), calling `before()` (the documents' record write) first: the job exists only for
-        documents already kept. A job is refused only while others wait: one alone larger than the bound
-        is accepted into an empty queue."""
+        not called). Its record is saved first, then `before()` (the documents' record write) is called,
+        and only then does the job exist: a record that cannot be saved (a full disk) raises before any
+        document is kept, and a `before()` that raises takes the saved record away again, so a refused
+        write leaves neither. (Killed between the two, the next start resumes a job whose documents the
+        record may lack: it skips them, `skipped`.) A job is refused only while others wait: one alone
+        larger than the bound is accepted into an empty queue."""
         with self._accepting:
             self._check_room(len(document_ids), nbytes)
-            before()
+            job = self._new(kind, len(document_ids), chunks, list(document_ids), nbytes)
+            self._save(job)
             try:
-                return self.create(kind, len(document_ids), chunks, list(document_ids), nbytes)
+                before()
             except BaseException:
-                # kept, with no job to index them (its record could not be written: a full disk)
+                (self.directory / f"{job.id}.json").unlink(missing_ok=True)
+                # some may have been kept before the failure, with no job to index them
                 if self.kept_without_job is not None:
                     self.kept_without_job()
                 raise
+            with self._lock:
+                self._jobs[job.id] = job
+        self._prune()
+        return job
 
     def create(
         self,
@@ -260,6 +281,17 @@ class JobBook:
         document_ids: list[str] | None = None,
         nbytes: int = 0,
     ) -> Job:
+        job = self._new(kind, documents, chunks, document_ids, nbytes)
+        with self._lock:
+            self._jobs[job.id] = job
+        self._save(job)
+        self._prune()
+        return job
+
+    def _new(
+        self, kind: str, documents: int, chunks: int, document_ids: list[str] | None, nbytes: int
+    ) -> Job:
+        """A queued job with the next sequence number, not yet kept in memory or on disk."""
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         job = Job(
             f"j-{stamp}-{secrets.token_hex(4)}",
@@ -273,16 +305,42 @@ class JobBook:
         )
         with self._lock:
             self._sequence = job.sequence = self._sequence + 1
-            self._jobs[job.id] = job
-        self._save(job)
-        self._prune()
         return job
 
     def update(self, job: Job, **changes: Any) -> None:
+        """Change `job` in memory, then save its record. A record that cannot be saved (a full disk) is
+        logged, not raised: the job goes on and the API shows it as it is; its record is saved again with
+        the next save that succeeds (`save_unsaved`), and until then the file holds its last saved state
+        (at worst an unfinished one, which the next start resumes)."""
         with self._lock:
             for key, value in changes.items():
                 setattr(job, key, value)
-        self._save(job)
+        try:
+            self._save(job)
+        except OSError as exc:
+            with self._lock:
+                first = job.id not in self._unsaved
+                self._unsaved.add(job.id)
+            if first:
+                log.warning(
+                    "job %s: its record could not be saved (kept in memory; saved later): %s", job.id, exc
+                )
+            return
+        self.save_unsaved()
+
+    def save_unsaved(self) -> int:
+        """Save the records `update` could not save; how many are still unsaved."""
+        with self._lock:
+            waiting = [self._jobs[i] for i in self._unsaved if i in self._jobs]
+            self._unsaved.clear()
+        for job in waiting:
+            try:
+                self._save(job)
+            except OSError:
+                with self._lock:
+                    self._unsaved.add(job.id)
+        with self._lock:
+            return len(self._unsaved)
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id) if JOB_ID.match(job_id) else None
@@ -366,16 +424,24 @@ class JobBook:
 
 
 class JobRunner:
-    """One worker thread that runs submitted jobs in order."""
+    """One worker thread that runs submitted jobs in order.
 
-    def __init__(self, book: JobBook):
+    The thread outlives any job: a job's failure, or a record that cannot be saved, is the job's (or is
+    logged), never the thread's. `space()` says why writes cannot be made now (a full disk:
+    `SpaceGuard.problem`) or None: a job does not start while it says so, and a job stopped for lack of
+    space (`storage_exhausted`) is queued again (`error` says why it waits) and runs again once there is
+    space, its committed batches kept."""
+
+    def __init__(self, book: JobBook, space: Callable[[], str | None] | None = None):
         self.book = book
         # called in the worker thread after a job ends (done or failed) when no other job waits: the
         # service's reconciliation of the index with the document record (app/api/reconcile.py)
         self.after_jobs: Callable[[], None] | None = None
+        self.space = space
         self._queue: queue.Queue[_Queued | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="sieve-jobs", daemon=True)
         self._start_lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def reconcile_soon(self) -> None:
         """Run `after_jobs()` after the jobs queued now (documents were kept with no job to index them)."""
@@ -398,6 +464,7 @@ class JobRunner:
     def stop(self, timeout: float) -> bool:
         """Stop taking jobs and wait up to `timeout` s for the running one; False if it is still running.
         Jobs still queued stay `queued` on disk and resume at the next start."""
+        self._stopping.set()
         with self._start_lock:
             if self._thread.ident is None:
                 return True  # never started: nothing runs
@@ -410,8 +477,21 @@ class JobRunner:
             if item is _RECONCILE:
                 self._after_jobs()
                 continue
-            job = item.job
-            self.book.update(job, state="running", startedAt=_now())
+            try:
+                if not self._run(item):
+                    return  # shutting down: the queued jobs stay as they are on disk
+            except Exception:  # a bug in the bookkeeping: the job's, not the thread's
+                log.exception("job %s: the job runner failed on it; it goes on with the next", item.job.id)
+            self._after_jobs()
+
+    def _run(self, item: _Queued) -> bool:
+        """Run one job until it ends (or the shutdown stops it: False)."""
+        job = item.job
+        retries = 0
+        while True:
+            if not self._wait_for_space(job):
+                return False
+            self.book.update(job, state="running", startedAt=_now(), error=None)
             started = time.perf_counter()
             try:
                 report = item.work(job)
@@ -422,20 +502,28 @@ class JobRunner:
                 else:
                     self.book.update(job, state="interrupted", finishedAt=_now(), error=str(exc))
                     log.warning("job %s interrupted: %s", job.id, exc)
-                # Shutting down: leave the queued jobs as they are on disk.
-                return
+                return False
             except Exception as exc:
+                if storage_exhausted(exc) and self.space is not None:
+                    self.book.update(job, state="queued", startedAt=None, error=_waiting(exc))
+                    log.warning(
+                        "job %s stopped for lack of disk space, runs again once there is: %s", job.id, exc
+                    )
+                    # the guard may find room while the write still fails: look again, ever less often
+                    retries += 1
+                    if self._stopping.wait(min(SPACE_RETRY_MAX_S, SPACE_POLL_S * 2**retries)):
+                        return False
+                    continue
                 log.exception("job %s failed", job.id)
                 error, at = f"{type(exc).__name__}: {exc}", _now()
                 failures = [*job.failures, {"at": at, "error": error}]
                 self.book.update(job, state="failed", finishedAt=at, error=error, failures=failures)
-                self._after_jobs()
-                continue
+                return True
             seconds = time.perf_counter() - started
             self.book.update(job, state="done", finishedAt=_now(), report=report)
             self.book.finished_in(job, seconds)
             log.info("job %s done in %.1fs", job.id, seconds)
-            self._after_jobs()
+            return True
 
     def _after_jobs(self) -> None:
         """`after_jobs()` once the queue is empty; what it raises is logged, never the worker's end."""
@@ -445,6 +533,27 @@ class JobRunner:
             self.after_jobs()
         except Exception:
             log.exception("the reconciliation after the write jobs failed")
+
+    def _wait_for_space(self, job: Job) -> bool:
+        """Return once `space()` finds room (True), or when the runner is stopped (False); meanwhile the job
+        stays queued, its `error` saying why it waits."""
+        if self.space is None:
+            return not self._stopping.is_set()
+        said = None
+        while (problem := self.space()) is not None:
+            if problem != said:
+                self.book.update(job, state="queued", error=_waiting(problem))
+                if said is None:
+                    log.warning("job %s waits for disk space: %s", job.id, problem)
+                said = problem
+            if self._stopping.wait(SPACE_POLL_S):
+                return False
+        self.book.save_unsaved()
+        return not self._stopping.is_set()
+
+
+def _waiting(reason: object) -> str:
+    return f"waiting for disk space (it runs once there is): {reason}"
 
 
 # a request to the worker to reconcile (`JobRunner.reconcile_soon`), not a job

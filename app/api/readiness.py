@@ -6,6 +6,9 @@ age keeps the answer honest: a store that went away turns `/ready` into a 503 wi
 one that came back turns it into a 200 again. `/ready` answers from the event loop (`problem_soon`): the
 heartbeat runs in a thread of its own, never in the worker threads the retrievals hold.
 
+A disk below `rag.store.min_free_mb` (`StoreProbe.space`, app/store/space.py) makes `/ready` a 503 saying so
+within the heartbeat's age; the store is not called while it lasts.
+
 A store can answer its heartbeat and still fail the reads or writes of a collection (a Chroma server whose
 compactor broke on a record answers its heartbeat, refuses every write to that collection and, once they must
 apply its log, every read; a restart does not heal it). A store that records its failures (`FailureLog`,
@@ -73,6 +76,8 @@ class StoreProbe:
         self._checked: tuple[int, float, str | None] | None = None  # (id of store, when, problem)
         self._running: tuple[int, Future[str | None]] | None = None  # the heartbeat under way
         self._rechecked: dict[tuple[int, FailureKind], float] = {}  # (id of store, kind) -> when
+        # why writes cannot be made now (a full disk: `SpaceGuard.problem`), asked before each heartbeat
+        self.space: Callable[[], str | None] | None = None
 
     def problem(self, store: Heartbeat) -> str | None:
         """None when `store` answered its heartbeat within the last `max_age_s` seconds and has no failure
@@ -136,7 +141,10 @@ class StoreProbe:
 
     def _check(self, store: Heartbeat) -> str | None:
         """The heartbeat; then, for a `FailureLog`, the kinds of call it records failing re-tried (each at
-        most every `recheck_s`) and what is still recorded."""
+        most every `recheck_s`) and what is still recorded. A disk below its reserve is the answer by
+        itself (`space`): nothing is asked of the store then, not even a read."""
+        if self.space is not None and (problem := self.space()) is not None:
+            return problem
         try:
             store.heartbeat()
         except StoreUnavailableError as exc:

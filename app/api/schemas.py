@@ -162,7 +162,8 @@ class ErrorResponse(BaseModel):
     )
     limit: int | None = Field(None, description="413: rag.server.max_body_bytes, the largest body taken")
     requestId: str | None = Field(
-        None, description="500 and 503: the id the error (a traceback, the store's reason) is logged under"
+        None,
+        description="500, 503 and 507: the id the error (a traceback, the store's reason) is logged under",
     )
 
 
@@ -191,6 +192,8 @@ ERROR_DESCRIPTIONS = {
     "queue_timeout_ms): retry after the `Retry-After` header's seconds",
     500: "internal error: the traceback is logged under `requestId`",
     503: "not ready yet, or the vector store is unreachable",
+    507: "insufficient storage: the write would leave less than rag.store.min_free_mb free where Sieve "
+    "writes, or ran out of space; nothing of it was acknowledged. Send it again once space is freed",
 }
 
 
@@ -202,7 +205,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # what a route can answer besides success, by kind of route: queries; writes; reads of admin resources
 # (reports, jobs), which need the admin token too
 READ_ERRORS = error_responses(401, 413, 422, 429, 500, 503)
-WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503)
+WRITE_ERRORS = error_responses(401, 403, 409, 413, 422, 500, 503, 507)
 REPORT_ERRORS = error_responses(401, 403, 404, 500)
 JOB_ERRORS = error_responses(401, 403, 404, 422, 500)
 # a route whose success is not JSON (the HTML report): FastAPI would give a `model` its media type, so the

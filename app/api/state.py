@@ -1,6 +1,7 @@
 """`AppState`: what one running application holds: its settings, the startup's progress, the loaded Sieve,
 the lock that serialises writers, the stop signal, the write jobs, the query log, the admission of
-retrievals, the store probe behind /ready and what the reconciliation left unindexed.
+retrievals, the free-space guard of the folders it writes to, the store probe behind /ready and what the
+reconciliation left unindexed.
 
 `app.main.create_app` makes one per application (`app.state.sieve_state`); the routes read it through
 `app.api.deps.sieve_state`."""
@@ -16,6 +17,7 @@ from app.api.jobs import JobBook, JobRunner, QueueBound
 from app.api.querylog import QueryLog
 from app.api.readiness import StoreProbe
 from app.settings import Settings
+from app.store.space import MIB, SpaceGuard
 
 
 @dataclass
@@ -41,6 +43,7 @@ class AppState:
     job_runner: JobRunner = field(init=False)
     querylog: QueryLog | None = None  # rag.querylog.enabled: opened and closed by the lifespan
     admission: Admission = field(init=False)
+    space: SpaceGuard = field(init=False)
     store_probe: StoreProbe = field(default_factory=StoreProbe)
 
     def __post_init__(self) -> None:
@@ -52,7 +55,12 @@ class AppState:
             QueueBound(server.max_queued_documents, server.max_queued_bytes),
             attempts=server.job_attempts,
         )
-        self.job_runner = JobRunner(self.jobs)
+        # the folders this server writes to: writes and jobs wait or are refused while one is nearly full
+        store = self.settings.rag.store
+        folders = [server.jobs_dir, *([store.path] if store.mode == "embedded" else [])]
+        self.space = SpaceGuard(folders, int(store.min_free_mb * MIB))
+        self.job_runner = JobRunner(self.jobs, space=self.space.problem)
+        self.store_probe.space = self.space.problem
         self.jobs.kept_without_job = self.job_runner.reconcile_soon
         self.admission = Admission(
             server.max_concurrent_retrievals, server.max_queued_retrievals, server.queue_timeout_ms / 1000

@@ -11,6 +11,7 @@ from typing import Any
 from app import exit_codes, pidlock
 from app.cli.common import log, settings_with
 from app.settings import nested
+from app.stall import StallExit
 
 
 def add_serve_command(sub: Any) -> None:
@@ -80,12 +81,18 @@ def serve_command(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=max(1, int(deadline / 3)),
     )
     server = _Server(config)
+    # once ready (loading models and a large index may hold the interpreter lock for long)
+    stall = StallExit(
+        settings.rag.server.stall_exit_seconds, armed=lambda: state.ready or state.stopping.is_set()
+    )
+    stall.start()
     # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the
     # process as "killed by SIGTERM"; a clean shutdown on request is a success, so that re-raise is ignored.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server.run()
     finally:
+        stall.stop()
         signal.signal(signal.SIGTERM, previous)
         pidlock.announce(None)
     return exit_code["code"]

@@ -82,20 +82,28 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 def save_snapshot(
     directory: Path, state: dict[str, Any], tags: list[str], manifest: dict[str, Any]
 ) -> dict[str, Any]:
-    """Write a new snapshot and make it current; returns the new manifest (generation + 1, empty journal)."""
+    """Write a new snapshot and make it current; returns the new manifest (generation + 1, empty journal).
+    A snapshot that cannot be written whole (a full disk) leaves none of its files and the current one as it
+    was."""
     generation = int(manifest.get("generation", 0)) + 1
     arrays = directory / f"snap-{generation}.npz"
     strings = directory / f"snap-{generation}.json"
-    with open(arrays, "wb") as f:
-        np.savez(f, **{name: state[name] for name in _ARRAYS})
-        f.flush()
-        os.fsync(f.fileno())
-    _write_synced(strings, json.dumps({"ids": state["ids"], "terms": state["terms"], "tags": tags}))
     journal = directory / f"journal-{generation}.log"
-    _write_synced(journal, "")
-    new_manifest = {**manifest, "format": FORMAT, "generation": generation, "chunks": len(state["ids"])}
     tmp = directory / f"{MANIFEST}.tmp"
-    _write_synced(tmp, json.dumps(new_manifest, indent=1))
+    new_manifest = {**manifest, "format": FORMAT, "generation": generation, "chunks": len(state["ids"])}
+    try:
+        with open(arrays, "wb") as f:
+            np.savez(f, **{name: state[name] for name in _ARRAYS})
+            f.flush()
+            os.fsync(f.fileno())
+        _write_synced(strings, json.dumps({"ids": state["ids"], "terms": state["terms"], "tags": tags}))
+        _write_synced(journal, "")
+        _write_synced(tmp, json.dumps(new_manifest, indent=1))
+    except BaseException:
+        # (a full disk): the current snapshot stays, and the partial new one takes no space
+        for partial in (arrays, strings, journal, tmp):
+            partial.unlink(missing_ok=True)
+        raise
     os.replace(tmp, directory / MANIFEST)
     _sync_dir(directory)
     for old in directory.iterdir():

@@ -104,6 +104,7 @@ class LexicalSync:
         self._journal: Journal | None = None
         self._manifest: dict[str, Any] = {}
         self._snapshot_bytes = 0
+        self._snapshot_put_off = False  # a snapshot waits for disk space (`_room_for_snapshot`)
         self._watermark = 0  # newest change-log stamp applied
         self._seen: dict[str, int] = {}  # change-log entries applied (those within GRACE_NS of the watermark)
         # guards _seen and _watermark only, so that a catch-up with nothing new never waits for `_writing`
@@ -442,7 +443,20 @@ class LexicalSync:
             return
         self._journal.append(records)
         if self._journal.size > max(SNAPSHOT_MIN_JOURNAL_BYTES, self._snapshot_bytes // 10):
-            self._snapshot()
+            if self._room_for_snapshot():
+                self._snapshot()
+
+    def _room_for_snapshot(self) -> bool:
+        """Whether a new snapshot (about the size of the last, twice over while both exist) leaves the store's
+        reserve free (`ChromaStore.space`); when not, the journal goes on and the snapshot waits for room."""
+        space = getattr(self.store, "space", None)
+        if space is None or self.directory is None:
+            return True
+        problem = space.problem(need=2 * self._snapshot_bytes)
+        if problem is not None and not self._snapshot_put_off:
+            log.warning("BM25 snapshot put off until there is room, the journal goes on: %s", problem)
+        self._snapshot_put_off = problem is not None
+        return problem is None
 
     def _snapshot(self) -> None:
         if self.directory is None:
@@ -467,7 +481,11 @@ class LexicalSync:
             self._follower = None
         self.wait_pruned(timeout=60)
         with self._writing:
-            if self._journal is not None and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES:
+            if (
+                self._journal is not None
+                and self._journal.size > CLOSE_SNAPSHOT_JOURNAL_BYTES
+                and self._room_for_snapshot()
+            ):
                 self._snapshot()
             pidlock.release(self._lock_fd)
             self._lock_fd = None

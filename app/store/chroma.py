@@ -42,7 +42,9 @@ from chromadb.config import Settings as ChromaClientSettings
 from app import pidlock
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
+from app.store.errors import StoreError
 from app.store.exact import ExactSearch
+from app.store.space import MIB, SpaceGuard, storage_exhausted
 from app.store.types import ChangeEntry, StoredChunk, unit_of
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,6 @@ REBUILD_SUFFIX = "-rebuild"
 REBUILD_OF_KEY = "sieve_rebuild_of"  # a staging collection's metadata: the collection it rebuilds
 REBUILD_COMPLETE_KEY = "sieve_rebuild_complete"  # ... and whether every recorded document is in it
 REBUILT_FROM_KEY = "rebuilt_from"  # a change-log entry's metadata: the collection id a rebuild replaced
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used as asked; the message says why and what to do."""
 
 
 class StoreUnavailableError(StoreError):
@@ -205,9 +203,11 @@ class ChromaStore:
         lock_fd: int | None = None,
         heartbeat_url: str | None = None,
         cache_chunks: int = 0,
+        space: SpaceGuard | None = None,
     ):
         """`heartbeat_url`: the Chroma server's heartbeat endpoint (http mode); None for an embedded store.
-        `cache_chunks`: how many chunks `chunks` keeps in memory (app/store/chunk_cache.py; 0 = none)."""
+        `cache_chunks`: how many chunks `chunks` keeps in memory (app/store/chunk_cache.py; 0 = none).
+        `space`: the free space an embedded store's writes must leave (`_call`); None: unguarded."""
         self._client = client
         self._collection = collection
         self.description = description
@@ -219,6 +219,8 @@ class ChromaStore:
         self._failures_lock = threading.Lock()  # guards the two fields below
         self._failures: dict[tuple[FailureKind, str], StoreFailure] = {}
         self._failing: dict[str, Any] = {}  # collection name -> the collection a recorded failure was on
+        self.space = space
+        self._broken: str | None = None  # why this process no longer calls the store (`_call`)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -256,7 +258,9 @@ class ChromaStore:
                 else f"Chroma server at http://{settings.host}:{settings.port}"
             )
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
-        return cls(client, collection, description, lock_fd, heartbeat_url, settings.cache_chunks)
+        reserve = int(settings.min_free_mb * MIB)
+        space = SpaceGuard([settings.path], reserve) if settings.mode == "embedded" else None
+        return cls(client, collection, description, lock_fd, heartbeat_url, settings.cache_chunks, space)
 
     @property
     def client(self) -> Any:
@@ -795,12 +799,22 @@ class ChromaStore:
         `StoreUnavailableError` (the heartbeat says that one), any other error `StoreFailedError` naming what
         was done and on which collection, recorded (`failures`) until a success of the same kind on the same
         collection clears it. A call is a write when `fn` is one of Chroma's writes (`_WRITES`), else a
-        read."""
+        read.
+
+        An embedded store guards its disk (`space`, app/store/space.py): a write that would leave less than
+        the reserve is refused (`InsufficientStorage`) before Chroma is called. A call that fails while the
+        disk is that full anyway (another program filled it) marks the store broken: it is not called again
+        by this process (after such a failure Chroma's next call, once space is back, never returns and
+        holds the interpreter lock), every call raises `StoreFailedError` saying to restart."""
         kind: FailureKind = "write" if getattr(fn, "__name__", "") in _WRITES else "read"
         target = getattr(fn, "__self__", None)
         name = getattr(target, "name", None)
         if not isinstance(name, str):  # a call on the client (opening the change log): the store's own
             target, name = self._collection, self.name
+        if self._broken is not None:
+            raise StoreFailedError(kind, name, self._broken)
+        if kind == "write" and self.space is not None:
+            self.space.check()
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
@@ -809,12 +823,26 @@ class ChromaStore:
             if target is self._collection and (current := self._rebuilt_under_us(exc)) is not None:
                 self._follow_rebuild(current)  # then the same call on the collection that replaced it
                 return self._call(getattr(self._collection, fn.__name__), *args, **kwargs)
-            error = StoreFailedError(kind, name, f"{type(exc).__name__}: {exc}")
+            reason = f"{type(exc).__name__}: {exc}"
+            if self._out_of_space(exc):
+                self._broken = (
+                    f"{reason}, with the disk full ({self.space.least_free() if self.space else ''}); this "
+                    "process no longer calls the store (after such a failure Chroma hangs once space is "
+                    "back): free space, then restart the server (`sieve store check` afterwards)"
+                )
+                reason = self._broken
+            error = StoreFailedError(kind, name, reason)
             self._record_failure(kind, name, target, str(error))
             raise error from exc
         if self._failures:
             self._clear_failure(kind, name)
         return result
+
+    def _out_of_space(self, exc: BaseException) -> bool:
+        """A failed call of an embedded store on a disk below its reserve (or failing for lack of space)."""
+        if self.space is None:
+            return False
+        return storage_exhausted(exc) or self.space.nearly_full()
 
     # -- failures ----------------------------------------------------------------------------------
 

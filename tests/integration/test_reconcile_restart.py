@@ -4,11 +4,11 @@ holding the sample base and its document record, the packaged e5 (loaded once, s
 
 * a 202 write whose job file is damaged before it ran: after a restart its documents are served and
   `GET /api/jobs/{id}` answers `unreadable` (not 404);
-* a job that failed (a full disk, injected): `/ready` names its documents as unindexed, and after a
-  restart the job is retried and ends `done`, its documents served;
+* a job that failed (an embedder crash, injected; a full disk only delays a job): `/ready` names its
+  documents as unindexed, and after a restart the job is retried and ends `done`, its documents served;
 * documents of the record deleted from Chroma behind the service's back: served again after a restart;
-* a write whose documents were kept but whose job record could not be written (a full jobs folder,
-  injected): its documents are served without a restart.
+* a job-sized write whose record write fails midway (a full disk, injected): a 507, no job, and the
+  documents it kept are served without a restart.
 """
 
 from __future__ import annotations
@@ -141,22 +141,22 @@ def test_a_failed_job_is_retried_at_the_restart_and_its_documents_are_served(set
     with served(settings) as (client, state):
         sieve: Any = state.sieve
 
-        def full_disk(*args: Any, **kwargs: Any) -> Any:
-            raise OSError(28, "No space left on device")
+        def embedder_crash(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the embedder crashed")
 
-        sieve.ingest_documents = full_disk  # the job, and the reconciliation after it, fail
+        sieve.ingest_documents = embedder_crash  # the job, and the reconciliation after it, fail
         answer = client.post("/api/documents", json={"documents": DOCUMENTS}, headers=ADMIN)
         assert answer.status_code == 202, answer.text
         job_id = answer.json()["job"]
         wait_for(lambda: job_state(client, job_id)["state"] == "failed", lambda: job_state(client, job_id))
         failed = job_state(client, job_id)
-        assert failed["error"] == "OSError: [Errno 28] No space left on device"
+        assert failed["error"] == "RuntimeError: the embedder crashed"
         assert [f["error"] for f in failed["failures"]] == [failed["error"]]
         wait_for(lambda: "unindexed" in client.get("/ready").json(), lambda: client.get("/ready").json())
         unindexed = client.get("/ready").json()["unindexed"]
         assert unindexed.startswith(
             "4 documents of the document record not indexed, so not served (recon-marimba, "
-            "recon-origami, recon-quokka, recon-zeppelin): OSError: [Errno 28] No space left on device"
+            "recon-origami, recon-quokka, recon-zeppelin): RuntimeError: the embedder crashed"
         )
         del sieve.ingest_documents
 
@@ -214,18 +214,23 @@ def test_recorded_documents_deleted_from_chroma_behind_the_services_back_are_ser
     ]
 
 
-def test_a_write_kept_whose_job_record_cannot_be_written_is_served_without_a_restart(
+def test_a_job_write_whose_record_write_fails_midway_is_a_507_and_what_it_kept_is_served_without_a_restart(
     settings: Settings,
 ) -> None:
     with served(settings) as (client, state):
+        record = state.sieve.record  # type: ignore[attr-defined]
+        keep = record.put
 
-        def full_jobs_folder(job: object) -> None:
+        def two_then_full_disk(documents: list[Any]) -> int:  # once: the disk is freed right after
+            record.put = keep
+            keep(documents[:2])
             raise OSError(28, "No space left on device")
 
-        state.jobs._save = full_jobs_folder  # type: ignore[method-assign]
+        record.put = two_then_full_disk
         answer = client.post("/api/documents", json={"documents": DOCUMENTS}, headers=ADMIN)
-        assert answer.status_code >= 500, answer.text  # the write failed: no job, no 202
-        ids = list(QUERIES)
-        wait_for(lambda: indexed_ids(state, ids) == set(ids), lambda: indexed_ids(state, ids))
-        assert served_ids(client, QUERIES) == set(QUERIES)
+        assert answer.status_code == 507, answer.text  # the write failed: no job, no 202
+        assert client.get("/api/jobs", headers=ADMIN).json()["jobs"] == []
+        kept = [str(d["id"]) for d in DOCUMENTS[:2]]
+        wait_for(lambda: indexed_ids(state, kept) == set(kept), lambda: indexed_ids(state, kept))
+        assert served_ids(client, {i: QUERIES[i] for i in kept}) == set(kept)
         assert client.get("/ready").json() == {"status": "ready"}

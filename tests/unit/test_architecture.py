@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "app.jsonl",
         "app.querylog_files",
         "app.pidlock",
+        "app.stall",  # the last resort against a frozen interpreter (`sieve serve`)
         "app.records",  # the camelCase records serving and the evaluation both show
     ),
 )

@@ -245,7 +245,9 @@ def test_what_the_reconciliation_raises_does_not_stop_the_worker(tmp_path: Path)
     assert runner.stop(timeout=5)
 
 
-def test_documents_kept_whose_job_cannot_be_recorded_are_reconciled_soon(tmp_path: Path) -> None:
+def test_a_record_write_that_fails_midway_takes_the_job_away_and_has_the_kept_documents_reconciled(
+    tmp_path: Path,
+) -> None:
     book = JobBook(tmp_path)
     runner = JobRunner(book)
     book.kept_without_job = runner.reconcile_soon
@@ -253,13 +255,14 @@ def test_documents_kept_whose_job_cannot_be_recorded_are_reconciled_soon(tmp_pat
     runner.after_jobs = reconciled.set
     kept: list[str] = []
 
-    def full_disk(job: Job) -> None:
+    def first_then_full_disk() -> None:
+        kept.append("a")
         raise OSError(28, "No space left on device")
 
-    book._save = full_disk  # type: ignore[method-assign]
     with pytest.raises(OSError, match="No space left on device"):
-        book.accept("ingest", ["a", "b"], 0, 2, before=lambda: kept.extend(["a", "b"]))
-    assert kept == ["a", "b"]
+        book.accept("ingest", ["a", "b"], 0, 2, before=first_then_full_disk)
+    assert kept == ["a"]
+    assert list(tmp_path.glob("j-*.json")) == [] and book.all() == []
     assert reconciled.wait(5)
     assert runner.stop(timeout=5)
 

@@ -5,7 +5,7 @@ worker reconciles after the jobs, and a job whose file cannot be read is answere
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from app.api.jobs import JobBook
 from app.api.reconcile import PHASE, reconcile_after_jobs, reconcile_index
 from app.ingest.check import compare
 from app.ingest.reconcile import ReconcilePlan, ReconcileReport
+from app.ingest.types import Document
 from app.main import AppState, create_app
 from app.settings import Settings
 from tests.fixtures.fake_api import ADMIN_TOKEN, FakeSieve, api_settings  # noqa: F401
@@ -147,24 +148,28 @@ def test_a_job_whose_file_cannot_be_read_is_answered_unreadable_not_404(settings
     assert [j["state"] for j in listed] == ["unreadable"]
 
 
-def test_a_write_kept_whose_job_cannot_be_recorded_is_reconciled_by_the_worker(settings: Settings) -> None:
+def test_a_job_write_that_fails_once_some_documents_are_kept_is_reconciled_by_the_worker(
+    settings: Settings,
+) -> None:
     fake = FakeSieve(settings.model_copy(deep=True))
     fake.settings.rag.server.sync_write_chunks = 1  # every write is a job
     reconciled: list[str] = []
 
     def start(state: AppState) -> None:
         state.job_runner.after_jobs = lambda: reconciled.append("pass")
+        keep = state.jobs.held.put
 
-        def full_disk(job: object) -> None:
+        def first_then_full_disk(documents: Sequence[Document]) -> int:
+            keep(documents[:1])
             raise OSError(28, "No space left on device")
 
-        state.jobs._save = full_disk  # type: ignore[method-assign]
+        state.jobs.held.put = first_then_full_disk  # type: ignore[method-assign]
 
     with serve(fake, start) as client:
         ready_body(client)
         documents = [{"id": i, "title": i, "text": f"text of {i}"} for i in ("a", "b")]
         answer = client.post("/api/documents", json={"documents": documents})
-        assert answer.status_code >= 500
+        assert answer.status_code == 507
         deadline = time.monotonic() + WAIT_S
         while not reconciled:
             assert time.monotonic() < deadline

@@ -89,7 +89,7 @@ SPEED_KEYS: dict[str, tuple[str, ...]] = {
     ),
     # which knowledge base is read is the corpus fingerprint's business, not a setting's
     "ingest": ("paths", "on_startup", "commit_chunks", "progress_log_seconds"),
-    "store": ("mode", "path", "host", "port", "collection", "cache_chunks"),
+    "store": ("mode", "path", "host", "port", "collection", "cache_chunks", "min_free_mb"),
 }
 
 
