@@ -94,7 +94,12 @@ class Sieve:
             log.info("%s: %d documents kept", record.description, record.count())
         else:  # retrieval serves the index; the record refuses writes, and /ready says why
             log.error("%s", record.damaged_message(record.damage))
-        return cls(settings, embedder, store, reranker, record=record)
+        try:
+            return cls(settings, embedder, store, reranker, record=record)
+        except Exception:  # the BM25 index failed to open (a store that fails its reads): let go of both
+            record.close()
+            store.close()
+            raise
 
     def wait_id_check(self, timeout: float | None = None) -> None:
         """Wait for the BM25 index's background id check against the store, when one runs (it lists

@@ -27,8 +27,8 @@ def record_problems(record: DocumentRecord) -> list[Problem]:
 
 
 def unopenable_record(error: Exception) -> Problem:
-    """The record cannot be opened at all (its message names the way back already)."""
-    return Problem(f"the document record cannot be opened: {error}", record_way_back(), RECORD)
+    """The record cannot be opened at all."""
+    return Problem(str(getattr(error, "what", error)), record_way_back(), RECORD)
 
 
 def change_log_problems(store: ChromaStore) -> list[Problem]:
@@ -49,7 +49,8 @@ def chroma_files_problems(path: Path, opened: Exception | None) -> list[Problem]
     fix = f"{REBUILD} (moves Chroma's files aside and rebuilds them from the record)"
     problems = []
     if opened is not None:
-        problems.append(Problem(f"Chroma's files cannot be opened: {opened}", fix, CHROMA_FILES))
+        why = getattr(opened, "what", opened)
+        problems.append(Problem(f"Chroma's files cannot be opened: {why}", fix, CHROMA_FILES))
     found = chroma_files_problem(path)
     if found is not None:
         problems.append(Problem(f"Chroma's files are damaged: {found}", fix, CHROMA_FILES))

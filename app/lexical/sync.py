@@ -141,6 +141,16 @@ class LexicalSync:
         }
 
     def open(self, check_ids_in_background: bool = False) -> Bm25Index:
+        """`_open`; on a failure the index directory's lock is let go (the process may go on: a CLI test,
+        or a command that says what failed and runs the way back)."""
+        try:
+            return self._open(check_ids_in_background)
+        except BaseException:
+            pidlock.release(self._lock_fd)
+            self._lock_fd = None
+            raise
+
+    def _open(self, check_ids_in_background: bool = False) -> Bm25Index:
         """Load (or build) the index and catch it up with the store. The id check against the store (it lists
         every id: seconds at a million chunks) runs before this returns, or, with
         `check_ids_in_background` and when the index and the store hold as many chunks, in a thread of

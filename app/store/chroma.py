@@ -111,6 +111,18 @@ class StoreFailure:
         return f"{self.kind}s fail since {when}: {self.message}"
 
 
+class ChromaFilesError(StoreUnavailableError):
+    """An embedded store's Chroma files cannot be opened: `what` (Chroma's reason), and the message adds the
+    way back."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}. Its files may be damaged: `sieve store check` says what is wrong; "
+            "`sieve store rebuild` moves Chroma's files aside and rebuilds them from the document record"
+        )
+        self.what = what
+
+
 class ChangeLogError(StoreError):
     """A change-log entry cannot be read: its body is not JSON. The message names the collection and the
     entry."""
@@ -259,11 +271,7 @@ class ChromaStore:
         except Exception as exc:  # chromadb raises many types; wrap once, here, where we know what we did
             pidlock.release(lock_fd)
             if settings.mode == "embedded":  # its own files: a rebuild moves them aside (app/store/owned.py)
-                raise StoreUnavailableError(
-                    f"cannot open embedded Chroma at {settings.path}: {exc}. Its files may be damaged: "
-                    "`sieve store check` says what is wrong; `sieve store rebuild` moves Chroma's files "
-                    "aside and rebuilds them from the document record"
-                ) from exc
+                raise ChromaFilesError(f"cannot open embedded Chroma at {settings.path}: {exc}") from exc
             where = f"Chroma server at http://{settings.host}:{settings.port}"
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
         return cls(client, collection, description, lock_fd, heartbeat_url, settings.cache_chunks)

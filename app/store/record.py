@@ -122,7 +122,12 @@ class RecordError(StoreError):
 
 class RecordDamagedError(RecordError):
     """The document record is damaged (SQLite cannot open it, or `PRAGMA quick_check` finds it corrupt):
-    writes are refused; the message says what is wrong and the way back (`record_way_back`)."""
+    writes are refused; the message says what is wrong (`what`, alone) and the way back
+    (`record_way_back`)."""
+
+    def __init__(self, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what or message
 
 
 def backups(directory: Path = BACKUP_DIR) -> list[Path]:
@@ -173,6 +178,10 @@ def failing_as(description: str, action: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise RecordError(f"{description}: {action} failed: {type(exc).__name__}: {exc}") from exc
+
+
+# what SQLite says of a damaged file (as opposed to a closed connection, a locked database, a full disk)
+_CORRUPTION = ("malformed", "not a database", "corrupt")
 
 
 def content_hash(doc: Document) -> str:
@@ -227,9 +236,10 @@ class SqliteRecord:
             )
             self._db.execute("CREATE TABLE IF NOT EXISTS probe (id TEXT PRIMARY KEY)")
         except sqlite3.Error as exc:
+            what = f"{self.description}: open failed: {type(exc).__name__}: {exc}"
+            way_back = record_way_back(backup_dir)
             raise RecordDamagedError(
-                f"{self.description}: open failed: {type(exc).__name__}: {exc}. Way back (with `sieve serve` "
-                f"stopped): {record_way_back(backup_dir)}"
+                f"{what}. Way back (with `sieve serve` stopped): {way_back}", what=what
             ) from exc
         except OSError as exc:
             raise RecordError(f"{self.description}: open failed: {type(exc).__name__}: {exc}") from exc
@@ -242,6 +252,23 @@ class SqliteRecord:
         refusal of a damaged record says."""
         return damaged_message(self.description, why, self._backup_dir)
 
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        """`failing_as` for this record; a failure SQLite gives for a damaged file marks the record damaged
+        and names the way back (`RecordDamagedError`)."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            said = f"{self.description}: {action} failed: {type(exc).__name__}: {exc}"
+            if not any(word in str(exc) for word in _CORRUPTION):
+                raise RecordError(said) from exc
+            self.damage = self.damage or f"{type(exc).__name__}: {exc}"
+            raise RecordDamagedError(f"{said}. {self.damaged_message(self.damage)}", what=said) from exc
+        except Exception as exc:
+            raise RecordError(f"{self.description}: {action} failed: {type(exc).__name__}: {exc}") from exc
+
     def _refuse_if_damaged(self) -> None:
         if self.damage is not None:
             raise RecordDamagedError(f"writes are refused: {self.damaged_message(self.damage)}")
@@ -250,18 +277,18 @@ class SqliteRecord:
         """What is wrong with the record, or nothing: `PRAGMA quick_check` (as at open), every document
         read, and a scratch row written and deleted in a table of its own."""
         problems = []
-        if self.damage is not None:
-            problems.append(self.damaged_message(self.damage))
-        try:
+        if self.damage is None:
             with self._lock:
                 again = quick_check(self._db)
-            if again is not None and self.damage is None:
+            if again is not None:
                 self.damage = f"PRAGMA quick_check: {again}"
-                problems.append(self.damaged_message(self.damage))
+        if self.damage is not None:
+            problems.append(f"{self.description} is damaged ({self.damage})")
+        try:
             sum(1 for _ in self.iter_documents())
             self.tombstones()
         except StoreError as exc:
-            problems.append(f"reading {self.description} failed: {exc}")
+            problems.append(str(getattr(exc, "what", exc)))
         try:
             scratch = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
             with self._lock, self._transaction():
@@ -274,7 +301,7 @@ class SqliteRecord:
     def put_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
         """Keep `tombstones` as they are (a restore, a record rebuilt from the index)."""
         self._refuse_if_damaged()
-        with failing_as(self.description, "put tombstones"), self._lock, self._transaction():
+        with self._failing("put tombstones"), self._lock, self._transaction():
             self._db.executemany(
                 "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?, ?)",
                 [(t.doc_id, t.deleted_at, t.origin, t.content_hash) for t in tombstones],
@@ -282,7 +309,7 @@ class SqliteRecord:
 
     def put(self, documents: Sequence[Document]) -> int:
         self._refuse_if_damaged()
-        with failing_as(self.description, "put"):
+        with self._failing("put"):
             rows = {doc.doc_id: doc for doc in documents}  # the last of one id wins, as in the index
             kept = {
                 doc_id: (digest, origin)
@@ -304,7 +331,7 @@ class SqliteRecord:
             return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        with failing_as(self.description, "get"):
+        with self._failing("get"):
             found = {
                 row[0]: _document(*row)
                 for row in self._select("doc_id, title, text, metadata, origin", doc_ids)
@@ -313,7 +340,7 @@ class SqliteRecord:
 
     def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
         self._refuse_if_damaged()
-        with failing_as(self.description, "delete"):
+        with self._failing("delete"):
             ids = list(dict.fromkeys(doc_ids))
             deleted = 0
             with self._lock, self._transaction():
@@ -332,7 +359,7 @@ class SqliteRecord:
             return deleted
 
     def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
-        with failing_as(self.description, "tombstones"):
+        with self._failing("tombstones"):
             columns = "doc_id, deleted_at, origin, content_hash"
             if doc_ids is None:
                 with self._lock:
@@ -342,17 +369,17 @@ class SqliteRecord:
             return {row[0]: Tombstone(*row) for row in rows}
 
     def count(self) -> int:
-        with failing_as(self.description, "count"):
+        with self._failing("count"):
             with self._lock:
                 return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def hashes(self) -> dict[str, str]:
-        with failing_as(self.description, "hashes"):
+        with self._failing("hashes"):
             with self._lock:
                 return dict(self._db.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        with failing_as(self.description, "iter documents"):
+        with self._failing("iter documents"):
             after = ""
             while True:
                 with self._lock:

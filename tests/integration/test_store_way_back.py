@@ -23,13 +23,16 @@ import chromadb
 import numpy as np
 import pytest
 from chromadb.config import Settings as ChromaClientSettings
+from fastapi.testclient import TestClient
 
 from app.cli import main
+from app.main import create_app
 from app.service import Sieve
 from app.settings import load_settings
 from app.store.owned import BM25, CHANGE_LOG, CHROMA_FILES, JOBS, RECORD, STAGING
 from app.store.record import RecordError
 from app.store.types import Document
+from tests.fixtures.api_server import installs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,6 +41,8 @@ MODELS_CACHE = REPO / "target" / "models"
 EXIT_OK, EXIT_STORE_DAMAGED = 0, 4
 COLLECTION = "sieve"
 WIDE_KEYS = 6000
+TOKEN = "way-back-admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 DOCS = [
     Document(
@@ -203,7 +208,9 @@ def test_a_change_log_entry_that_is_not_json_is_named_serve_reads_the_store_and_
 # -- the record --------------------------------------------------------------------------------------------
 
 
-def test_a_record_with_garbled_pages_refuses_writes_and_comes_back_from_its_backup(store, capsys) -> None:
+def test_a_record_with_garbled_pages_refuses_writes_and_comes_back_from_its_backup(
+    store, capsys, monkeypatch
+) -> None:
     code, out, err = run(capsys, "store", "backup")
     assert code == EXIT_OK, err
     backup = Path(out.split(" to ")[-1].strip())
@@ -212,11 +219,22 @@ def test_a_record_with_garbled_pages_refuses_writes_and_comes_back_from_its_back
     checkpointed(record)
     garble(record, range(1, 9))
 
-    sieve = Sieve.open(load_settings({}))  # serves the index, refuses writes
+    monkeypatch.setenv("RAG__SERVER__ADMIN_TOKEN", TOKEN)
+    settings = load_settings({})
+    sieve = Sieve.open(settings)  # `sieve serve`: serves the index, refuses writes, /ready says why
     try:
         assert sieve.record is not None and sieve.record.damage is not None
-        with pytest.raises(RecordError, match=r"writes are refused: .* is damaged \(PRAGMA quick_check"):
-            sieve.ingest_documents([Document(doc_id="new", title="New", text="A new document.")])
+        with TestClient(create_app(settings, start=installs(sieve))) as client:
+            ready = client.get("/ready")
+            assert ready.status_code == 503
+            assert f"document record {record} is damaged (PRAGMA quick_check: " in ready.json()["reason"]
+            assert f"`sieve store restore {backup}`" in ready.json()["reason"]
+            new = {"id": "new", "title": "New", "text": "A new document."}
+            write = client.post("/api/documents", json={"documents": [new]}, headers=ADMIN)
+            assert write.status_code == 503, write.text
+            assert f"document record {record} is damaged (" in write.json()["error"]
+            assert f"`sieve store restore {backup}`" in write.json()["error"]
+            assert client.post("/api/retrieve", json={"query": "VPN"}).status_code == 200
     finally:
         sieve.close()
     code, report = check(capsys)
