@@ -882,7 +882,7 @@ class ChromaStore:
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            if _is_connection_error(exc):
+            if is_connection_error(exc):
                 raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
             if target is self._collection and (current := self._rebuilt_under_us(exc)) is not None:
                 self._follow_rebuild(current)  # then the same call on the collection that replaced it
@@ -1155,7 +1155,7 @@ def _lock(path: Path) -> int:
         raise StoreLockedError(path, held.holder, held.address) from None
 
 
-def _is_connection_error(exc: BaseException) -> bool:
+def is_connection_error(exc: BaseException) -> bool:
     names = {type(e).__name__ for e in _chain(exc)}
     return bool(
         names

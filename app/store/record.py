@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.settings import StoreSettings
-from app.store.chroma import PROBE_ID_PREFIX, StoreError, max_batch_size
+from app.store.chroma import PROBE_ID_PREFIX, StoreError, is_connection_error, max_batch_size
 from app.store.owned import RECORD_FROM_INDEX, RESTORE
 from app.store.types import Document
 
@@ -444,6 +444,20 @@ class ChromaRecord:
     def damaged_message(self, why: str) -> str:
         return damaged_message(self.description, why)
 
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        """`failing_as` for this record; a failure of the server's collection itself (not of the connection
+        to the server) names the way back (`RecordDamagedError`)."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            said = f"{self.description}: {action} failed: {type(exc).__name__}: {exc}"
+            if is_connection_error(exc):
+                raise RecordError(said) from exc
+            raise RecordDamagedError(f"{said}. {self.damaged_message(str(exc))}", what=said) from exc
+
     def probe(self) -> list[str]:
         """Every record read and its body parsed (`iter_documents`), the tombstones read, and a scratch
         record (`PROBE_ID_PREFIX`) written and deleted."""
@@ -462,7 +476,7 @@ class ChromaRecord:
         return problems
 
     def put_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
-        with failing_as(self.description, "put tombstones"):
+        with self._failing("put tombstones"):
             for start in range(0, len(tombstones), self._max_batch):
                 part = tombstones[start : start + self._max_batch]
                 self._collection.upsert(
@@ -482,7 +496,7 @@ class ChromaRecord:
                 )
 
     def put(self, documents: Sequence[Document]) -> int:
-        with failing_as(self.description, "put"):
+        with self._failing("put"):
             rows = {doc.doc_id: doc for doc in documents}
             kept = {
                 doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
@@ -504,7 +518,7 @@ class ChromaRecord:
             return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        with failing_as(self.description, "get"):
+        with self._failing("get"):
             found: dict[str, Document] = {}
             ids = list(dict.fromkeys(doc_ids))
             for start in range(0, len(ids), _IN_BATCH):
@@ -517,7 +531,7 @@ class ChromaRecord:
             return [found[doc_id] for doc_id in ids if doc_id in found]
 
     def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
-        with failing_as(self.description, "delete"):
+        with self._failing("delete"):
             ids = list(dict.fromkeys(doc_ids))
             kept = {doc_id: meta for doc_id, meta in self._metadata(ids).items() if not _is_tombstone(meta)}
             gone = [doc_id for doc_id in ids if doc_id in kept]
@@ -545,7 +559,7 @@ class ChromaRecord:
             return len(gone)
 
     def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
-        with failing_as(self.description, "tombstones"):
+        with self._failing("tombstones"):
             found = (
                 self._all_metadata(where={"tombstone": True})
                 if doc_ids is None
@@ -558,11 +572,11 @@ class ChromaRecord:
             }
 
     def count(self) -> int:
-        with failing_as(self.description, "count"):
+        with self._failing("count"):
             return int(self._collection.count()) - len(self._all_metadata(where={"tombstone": True}))
 
     def hashes(self) -> dict[str, str]:
-        with failing_as(self.description, "hashes"):
+        with self._failing("hashes"):
             return {
                 doc_id: str(meta.get("content_hash", ""))
                 for doc_id, meta in self._all_metadata().items()
@@ -570,7 +584,7 @@ class ChromaRecord:
             }
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        with failing_as(self.description, "iter documents"):
+        with self._failing("iter documents"):
             ids = sorted(self.hashes())
             for start in range(0, len(ids), batch):
                 yield from self.get(ids[start : start + batch])
@@ -625,7 +639,7 @@ def _from_body(doc_id: str, body: str | None) -> Document:
     try:
         data = json.loads(body or "{}")
     except ValueError as exc:
-        raise RecordError(f"the record of document {doc_id!r} is not JSON: {exc}") from exc
+        raise ValueError(f"the record of document {doc_id!r} is not JSON: {exc}") from exc
     return Document(
         doc_id=doc_id,
         text=data.get("text", ""),

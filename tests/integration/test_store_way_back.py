@@ -17,6 +17,8 @@ import json
 import os
 import re
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import chromadb
@@ -32,7 +34,9 @@ from app.settings import load_settings
 from app.store.owned import BM25, CHANGE_LOG, CHROMA_FILES, JOBS, RECORD, STAGING
 from app.store.record import RecordError
 from app.store.types import Document
+from tests.conftest import find_free_port
 from tests.fixtures.api_server import installs
+from tests.fixtures.processes import chroma_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,19 +67,15 @@ DOCS = [
 ]
 
 
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_embedder) -> Path:
-    """A user's shell in `tmp_path` on a fresh embedded store holding DOCS (written as the API writes
-    them: the record, then the index); the store's folder. The session's embedder stands in for
-    `load_embedder` (the same model, loaded once)."""
+def _shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_embedder) -> None:
+    """A user's shell in `tmp_path` (RAG__STORE__* as set before), with DOCS written as the API writes them
+    (the record, then the index). The session's embedder stands in for `load_embedder` (the same model,
+    loaded once)."""
     monkeypatch.chdir(tmp_path)
-    for name in [n for n in os.environ if n.startswith("RAG__")]:
-        monkeypatch.delenv(name)
     for name in ("SIEVE_SERVER", "SIEVE_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SIEVE_CONFIG", str(REPO / "config" / "application.yml"))
     monkeypatch.setenv("RAG__MODELS__CACHE_DIR", str(MODELS_CACHE))
-    monkeypatch.setenv("RAG__STORE__PATH", str(tmp_path / "store"))
     monkeypatch.setenv("RAG__SERVER__JOBS_DIR", str(tmp_path / "jobs"))
     for where in ("app.service.load_embedder", "app.models.load_embedder"):
         monkeypatch.setattr(where, lambda settings: real_embedder)
@@ -84,7 +84,42 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_embedder) -> Pat
         sieve.ingest_documents(DOCS)
     finally:
         sieve.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_outside_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("RAG__")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_embedder) -> Path:
+    """A fresh embedded store holding DOCS, in a shell of the test's own (`_shell`); the store's folder."""
+    monkeypatch.setenv("RAG__STORE__PATH", str(tmp_path / "store"))
+    _shell(monkeypatch, tmp_path, real_embedder)
     return tmp_path / "store"
+
+
+@pytest.fixture(scope="module")
+def own_chroma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A `chroma run` of this module alone: broken collections must not reach other modules' server."""
+    host, port = "127.0.0.1", find_free_port()
+    with chroma_run(tmp_path_factory.mktemp("way-back-chroma"), port, host):
+        yield host, port
+
+
+@pytest.fixture
+def server_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, real_embedder, own_chroma) -> str:
+    """As `store`, on a Chroma server (a collection of the test's own); the collection's name."""
+    host, port = own_chroma
+    collection = f"way-back-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setenv("RAG__STORE__MODE", "http")
+    monkeypatch.setenv("RAG__STORE__HOST", host)
+    monkeypatch.setenv("RAG__STORE__PORT", str(port))
+    monkeypatch.setenv("RAG__STORE__COLLECTION", collection)
+    monkeypatch.setenv("RAG__LEXICAL__PATH", str(tmp_path / "lexical"))
+    _shell(monkeypatch, tmp_path, real_embedder)
+    return collection
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -320,3 +355,35 @@ def test_an_unreadable_job_record_is_named_and_moved_aside_by_the_rebuild(store,
     (jobs / "j-broken.json").write_text('{"id": "j-broken", "state": "queu', encoding="utf-8")
     assert follow_the_way_back(capsys, JOBS) == ["store rebuild"]
     assert list(jobs.glob("j-broken.json.broken-*"))
+
+
+# -- on a Chroma server: the change log and the record ------------------------------------------------------
+
+
+def server_client() -> chromadb.ClientAPI:
+    store = load_settings({}).rag.store
+    return chromadb.HttpClient(
+        host=store.host,
+        port=store.port,
+        settings=ChromaClientSettings(anonymized_telemetry=False, allow_reset=False),
+    )
+
+
+def test_a_change_log_on_a_chroma_server_broken_by_a_wide_record_is_named_and_rebuilt(
+    server_store, capsys
+) -> None:
+    add_wide_record(server_client().get_collection(f"{server_store}-changes"), 1)
+    assert follow_the_way_back(capsys, CHANGE_LOG) == ["store rebuild"]
+
+
+@pytest.mark.parametrize("with_backup", [True, False], ids=["backup", "no-backup"])
+def test_a_record_on_a_chroma_server_broken_by_a_wide_record_comes_back(
+    server_store, capsys, with_backup
+) -> None:
+    if with_backup:
+        code, out, err = run(capsys, "store", "backup")
+        assert code == EXIT_OK and out.startswith("backed up: 4 documents, 0 tombstone(s) to "), err
+    add_wide_record(server_client().get_collection(f"{server_store}-documents"), 1)
+    expected = "store restore target/backups/" if with_backup else "store rebuild --record-from-index"
+    commands = follow_the_way_back(capsys, RECORD)
+    assert len(commands) == 1 and commands[0].startswith(expected)
