@@ -212,7 +212,10 @@ def startup_sequence(state: AppState) -> None:
     sieve = Sieve.open(state.settings)
     state.sieve = sieve
     state.owns_sieve = True
-    if rag.ingest.on_startup and rag.ingest.paths:
+    damaged = sieve.record is not None and sieve.record.damage is not None
+    if damaged:
+        log.error("start-up ingest skipped: the document record is damaged and refuses writes")
+    if rag.ingest.on_startup and rag.ingest.paths and not damaged:
         state.phase = f"ingesting {', '.join(rag.ingest.paths)}"
         with state.write_lock:
             report = sieve.ingest(rag.ingest.paths, progress="log", should_stop=state.stopping.is_set)

@@ -88,11 +88,23 @@ class Sieve:
             getattr(reranker, "name", None) or "none",
         )
         store = ChromaStore.open(rag.store, embedder.identity())
-        record = open_record(rag.store, store.client)
+        try:
+            record = open_record(rag.store, store.client)
+        except Exception:  # a record that cannot be opened: its message says the way back
+            store.close()
+            raise
         log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))
         log.info("%s", store.load_exact(rag.store.exact_search_max_chunks))
-        log.info("%s: %d documents kept", record.description, record.count())
-        return cls(settings, embedder, store, reranker, record=record)
+        if record.damage is None:
+            log.info("%s: %d documents kept", record.description, record.count())
+        else:  # retrieval serves the index; the record refuses writes, and /ready says why
+            log.error("%s", record.damaged_message(record.damage))
+        try:
+            return cls(settings, embedder, store, reranker, record=record)
+        except Exception:  # the BM25 index failed to open (a store that fails its reads): let go of both
+            record.close()
+            store.close()
+            raise
 
     def wait_id_check(self, timeout: float | None = None) -> None:
         """Wait for the BM25 index's background id check against the store, when one runs (it lists

@@ -173,6 +173,13 @@ class StoreProbe:
                 continue
 
 
+def record_problem(record: object) -> str | None:
+    """Why the document record refuses writes (damaged: `PRAGMA quick_check` failed at start-up), with its
+    way back; None when it does not (or there is none)."""
+    damage = getattr(record, "damage", None)
+    return None if damage is None else record.damaged_message(damage)  # type: ignore[attr-defined]
+
+
 def recorded_problem(store: object) -> str | None:
     """`failure_reason` for the failures `store` records now, or None (none, or not a `FailureLog`)."""
     if not isinstance(store, FailureLog):

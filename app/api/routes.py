@@ -26,6 +26,7 @@ from app.api.deps import (
 from app.api.errors import ApiError, safe_text
 from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse
 from app.api.querylog import QueryLogParams, query_record, read_newest
+from app.api.readiness import record_problem
 from app.api.schemas import (
     HTML_REPORT_ERRORS,
     READ_ERRORS,
@@ -75,6 +76,7 @@ async def ready(request: Request) -> JSONResponse:
     state = sieve_state(request)
     if state.ready and state.sieve is not None:
         problem = await state.store_probe.problem_soon(state.sieve.store)  # type: ignore[attr-defined]
+        problem = problem or record_problem(getattr(state.sieve, "record", None))
         if problem is None:
             if state.unindexed:  # serving, but not every recorded document: say which and why
                 return JSONResponse({"status": "ready", "unindexed": safe_text(state.unindexed)})

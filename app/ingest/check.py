@@ -20,11 +20,11 @@ from typing import Any, Protocol
 from app.ingest.chunker import chunk_document
 from app.ingest.types import Document
 from app.settings import IngestSettings
-from app.store import ChromaStore, StoredChunk
+from app.store import ChromaStore, StoredChunk, StoreError
 from app.store.chroma import PROBE_ID_PREFIX
+from app.store.owned import COLLECTION, REBUILD, RECORD_FROM_INDEX
 from app.store.record import Tombstone
 
-REBUILD = "sieve store rebuild"
 SHOWN_IDS = 5  # document ids named in a problem's line (the JSON output lists them all)
 
 ChunkIds = Mapping[str, frozenset[str]]
@@ -118,22 +118,26 @@ def stored_chunk_ids(chunks: Iterable[StoredChunk]) -> tuple[dict[str, frozenset
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing `sieve store check` found wrong: what, and the command (or action) that fixes it."""
+    """One thing `sieve store check` found wrong: what, the command (or action) that fixes it, and which
+    collection or file Sieve owns it is about (`part`, a key of app/store/owned.py's OWNED)."""
 
     what: str
     fix: str
+    part: str = COLLECTION
 
 
 @dataclass
 class CheckReport:
     """Everything `sieve store check` found: the comparison (None when the collection could not be read),
-    why the collection could not be read, an embedder mismatch, and the probes' failures."""
+    why the collection could not be read, an embedder mismatch, the probes' failures, and the problems of
+    the other collections and files Sieve owns (`others`, app/ingest/owned_checks.py: the record's first)."""
 
     store: str
     comparison: IndexComparison | None = None
     read_error: str | None = None
     embedder_mismatch: str | None = None
     probe_failures: list[str] = field(default_factory=list)
+    others: list[Problem] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -141,7 +145,7 @@ class CheckReport:
 
     def problems(self) -> list[Problem]:
         """What is wrong, each with its fix, most serious first."""
-        out = []
+        out = list(self.others)
         if self.read_error:
             out.append(Problem(f"the collection cannot be read: {self.read_error}", REBUILD))
         out += [Problem(failure, REBUILD) for failure in self.probe_failures]
@@ -157,7 +161,7 @@ class CheckReport:
         return {
             "healthy": self.healthy,
             "store": self.store,
-            "problems": [{"what": p.what, "fix": p.fix} for p in self.problems()],
+            "problems": [{"what": p.what, "fix": p.fix, "part": p.part} for p in self.problems()],
             "counts": None
             if c is None
             else {
@@ -196,8 +200,9 @@ def comparison_problems(c: IndexComparison) -> list[Problem]:
         out.append(
             Problem(
                 f"{_docs(c.unrecorded)} in the collection but not in the record (written before the record "
-                f"existed): {first_ids(c.unrecorded)}",
+                f"existed, or after the backup it was restored from): {first_ids(c.unrecorded)}",
                 "send them again (POST /api/documents or `sieve ingest PATH`) so the record keeps them; "
+                f"`{RECORD_FROM_INDEX}` takes them into the record from their chunks; "
                 f"`{REBUILD} --drop-unrecorded` drops them",
             )
         )
@@ -226,13 +231,14 @@ def first_ids(ids: list[str]) -> str:
 
 def check_store(
     live: ChromaStore,
-    record: RecordReader,
+    record: RecordReader | None,
     settings: IngestSettings,
     identity: dict[str, Any],
 ) -> CheckReport:
-    """Everything `sieve store check` looks at: the embedder the collection was built with, every chunk's
-    document id against what the record's documents make with `settings` (a document deleted through the
-    API is expected nowhere), and a read and a write probe."""
+    """What `sieve store check` looks at in the chunk collection: the embedder it was built with, every
+    chunk's document id against what the record's documents make with `settings` (a document deleted through
+    the API is expected nowhere), and a read and a write probe. Without a readable record (None, or one that
+    fails while read: its own probe names it) there is no comparison."""
     report = CheckReport(store=f"{live.description}, collection '{live.name}'")
     report.embedder_mismatch = live.embedder_mismatch(identity)
     try:
@@ -240,7 +246,13 @@ def check_store(
     except Exception as exc:  # a broken collection: said, with the fix, instead of a traceback
         report.read_error = f"{type(exc).__name__}: {exc}"
     else:
-        expected = expected_chunk_ids(record.iter_documents(), settings)
-        report.comparison = compare(expected, stored, orphans, frozenset(record.tombstones()))
+        if record is not None:
+            try:
+                expected = expected_chunk_ids(record.iter_documents(), settings)
+                tombstoned = frozenset(record.tombstones())
+            except StoreError:
+                pass  # a damaged record: `record_problems` says it, with its way back
+            else:
+                report.comparison = compare(expected, stored, orphans, tombstoned)
     report.probe_failures = live.probe()
     return report

@@ -20,7 +20,9 @@ One process at a time: `lock` is held (flock) while the index is open.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from app import pidlock
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -115,15 +119,65 @@ def save_snapshot(
 
 
 def load_snapshot(directory: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    generation = manifest["generation"]
+    generation = manifest.get("generation")
     try:
         with np.load(directory / f"snap-{generation}.npz", allow_pickle=False) as npz:
             state: dict[str, Any] = {name: npz[name] for name in _ARRAYS}
         strings = json.loads((directory / f"snap-{generation}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError) as exc:
-        raise LexicalFilesError(f"lexical snapshot {generation} in {directory} is unreadable: {exc}") from exc
-    state["ids"], state["terms"] = strings["ids"], strings["terms"]
-    return state, list(strings["tags"])
+        state["ids"], state["terms"] = strings["ids"], strings["terms"]
+        tags = list(strings["tags"])
+    except Exception as exc:  # a damaged zip, npy or JSON file raises many kinds: each means unreadable
+        raise LexicalFilesError(
+            f"lexical snapshot {generation} in {directory} is unreadable: {type(exc).__name__}: {exc}"
+        ) from exc
+    return state, tags
+
+
+def files_problems(directory: Path) -> list[str]:
+    """What `sieve store check` finds wrong with the index files in `directory`, read without changing
+    anything: `manifest.json` unreadable, the snapshot it names unreadable, journal lines whose checksum
+    fails (a line cut short at the end is a killed write, not damage: the next open drops it), or the folder
+    not writable. No folder or no manifest yet: nothing (the index is built at the next start)."""
+    path = directory / MANIFEST
+    if not path.exists():
+        return []
+    problems = []
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ValueError(f"not a manifest of format {FORMAT}")
+    except (OSError, ValueError) as exc:
+        return [f"BM25 index {path} is unreadable: {type(exc).__name__}: {exc}"]
+    try:
+        load_snapshot(directory, manifest)
+    except LexicalFilesError as exc:
+        problems.append(f"BM25 index: {exc}")
+    journal = directory / f"journal-{manifest.get('generation')}.log"
+    if journal.exists():
+        bad = _bad_journal_line(journal.read_bytes())
+        if bad is not None:
+            problems.append(f"BM25 index journal {journal}: line {bad} fails its checksum")
+    scratch = directory / f".probe-{uuid.uuid4().hex}"
+    try:
+        _write_synced(scratch, "")
+        scratch.unlink()
+    except OSError as exc:
+        problems.append(f"BM25 index folder {directory} cannot be written: {exc}")
+    return problems
+
+
+def _bad_journal_line(raw: bytes) -> int | None:
+    """The 1-based number of the first whole journal line that fails its checksum, or None."""
+    for number, line in enumerate(raw.split(b"\n")[:-1], start=1):
+        crc, _, body = line.partition(b" ")
+        try:
+            if int(crc, 16) == zlib.crc32(body):
+                json.loads(body)
+                continue
+        except ValueError:
+            pass
+        return number
+    return None
 
 
 class Journal:
@@ -158,6 +212,13 @@ class Journal:
                 break
             good += len(line) + 1
         if good != len(raw):
+            if raw[good:].count(b"\n"):  # more than a last line cut short by a kill: damage
+                log.warning(
+                    "BM25 index journal %s is damaged at byte %d: the records from there on are dropped, "
+                    "and the store's change log and the id check bring the index up to date",
+                    self.path,
+                    good,
+                )
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 f.flush()

@@ -53,6 +53,7 @@ from app.lexical.files import (
 )
 from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
 from app.store import ChangeEntry, ChromaStore, StoredChunk
+from app.store.chroma import ChangeLogError
 from app.store.types import knowledge_tag_of
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,16 @@ class LexicalSync:
         }
 
     def open(self, check_ids_in_background: bool = False) -> Bm25Index:
+        """`_open`; on a failure the index directory's lock is let go (the process may go on: a CLI test,
+        or a command that says what failed and runs the way back)."""
+        try:
+            return self._open(check_ids_in_background)
+        except BaseException:
+            pidlock.release(self._lock_fd)
+            self._lock_fd = None
+            raise
+
+    def _open(self, check_ids_in_background: bool = False) -> Bm25Index:
         """Load (or build) the index and catch it up with the store. The id check against the store (it lists
         every id: seconds at a million chunks) runs before this returns, or, with
         `check_ids_in_background` and when the index and the store hold as many chunks, in a thread of
@@ -156,7 +167,7 @@ class LexicalSync:
                 try:
                     self._load(manifest)
                     loaded = True
-                except (LexicalFilesError, ValueError, KeyError) as exc:
+                except Exception as exc:  # damaged files raise many kinds: the store has the truth
                     log.warning(
                         "lexical index in %s is unusable (%s); rebuilding it from the store",
                         self.directory,
@@ -351,11 +362,19 @@ class LexicalSync:
         new = [e for e in entries if e.entry not in self._seen]
         lost = [e.pruned_before for e in new if e.pruned_before is not None and e.pruned_before > floor]
         if lost:
-            changed = self._resync(max(lost), floor, new)
+            why = (
+                f"the change log was pruned up to {_utc(max(lost))}, past this index's watermark (read "
+                f"from {_utc(floor)})"
+            )
+            changed = self._resync(why, new)
         elif new:
-            put, deleted = self.store.change_ids([e.entry for e in new if e.pruned_before is None])
-            with self._writing:
-                changed = self._apply_ids(list(dict.fromkeys([*put, *deleted])), new)
+            try:
+                put, deleted = self.store.change_ids([e.entry for e in new if e.pruned_before is None])
+            except ChangeLogError as exc:  # a damaged entry: the store itself says what changed
+                changed = self._resync(f"{exc}; `sieve store rebuild` makes the change log anew", new)
+            else:
+                with self._writing:
+                    changed = self._apply_ids(list(dict.fromkeys([*put, *deleted])), new)
         else:
             changed = 0
         with self._log_lock:
@@ -367,11 +386,12 @@ class LexicalSync:
             self._seen = {e: s for e, s in seen.items() if s >= keep}  # replaced, never changed in place
         return changed
 
-    def _resync(self, pruned_before: int, floor: int, entries: list[ChangeEntry]) -> int:
-        """The change log was pruned past this index's read floor: entries it never applied may be gone
-        (a retag leaves no other trace). Re-read every chunk's metadata (no text, no vectors), bring each
-        chunk whose id or knowledge tag differs from the index's to its state in the store, and empty the
-        chunk cache, whose metadata may be stale too. Texts cannot differ: chunk ids are content hashes."""
+    def _resync(self, why: str, entries: list[ChangeEntry]) -> int:
+        """The change log cannot say what changed (`why`: pruned past this index's read floor, so entries
+        it never applied may be gone, and a retag leaves no other trace; or an entry is unreadable).
+        Re-read every chunk's metadata (no text, no vectors), bring each chunk whose id or knowledge tag
+        differs from the index's to its state in the store, and empty the chunk cache, whose metadata may
+        be stale too. Texts cannot differ: chunk ids are content hashes."""
         t0 = time.perf_counter()
         stored = {c.chunk_id: knowledge_tag_of(c.metadata) for c in self.store.iter_all(include_text=False)}
         with self._writing:
@@ -384,10 +404,8 @@ class LexicalSync:
             self._apply_ids(differ + extra, entries)
             self.resyncs += 1
         log.warning(
-            "the change log was pruned up to %s, past this index's watermark (read from %s): every "
-            "chunk's metadata re-read, %d chunk(s) brought to the store's state (%.1fs)",
-            _utc(pruned_before),
-            _utc(floor),
+            "%s: every chunk's metadata re-read, %d chunk(s) brought to the store's state (%.1fs)",
+            why,
             len(differ) + len(extra),
             time.perf_counter() - t0,
         )

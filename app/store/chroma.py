@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -37,6 +39,7 @@ import chromadb
 import chromadb.errors
 import httpx
 import numpy as np
+from chromadb.api.shared_system_client import SharedSystemClient
 from chromadb.config import Settings as ChromaClientSettings
 
 from app import pidlock
@@ -104,6 +107,23 @@ class StoreFailure:
         """The state in words: "writes fail since 2026-12-04T23:30:01Z: write to collection ..."."""
         when = datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return f"{self.kind}s fail since {when}: {self.message}"
+
+
+class ChromaFilesError(StoreUnavailableError):
+    """An embedded store's Chroma files cannot be opened: `what` (Chroma's reason), and the message adds the
+    way back."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}. Its files may be damaged: `sieve store check` says what is wrong; "
+            "`sieve store rebuild` moves Chroma's files aside and rebuilds them from the document record"
+        )
+        self.what = what
+
+
+class ChangeLogError(StoreError):
+    """A change-log entry cannot be read: its body is not JSON. The message names the collection and the
+    entry."""
 
 
 class StoreLockedError(StoreError):
@@ -252,11 +272,9 @@ class ChromaStore:
             raise
         except Exception as exc:  # chromadb raises many types; wrap once, here, where we know what we did
             pidlock.release(lock_fd)
-            where = (
-                f"embedded Chroma at {settings.path}"
-                if settings.mode == "embedded"
-                else f"Chroma server at http://{settings.host}:{settings.port}"
-            )
+            if settings.mode == "embedded":  # its own files: a rebuild moves them aside (app/store/owned.py)
+                raise ChromaFilesError(f"cannot open embedded Chroma at {settings.path}: {exc}") from exc
+            where = f"Chroma server at http://{settings.host}:{settings.port}"
             raise StoreUnavailableError(f"cannot open {where}: {exc}") from exc
         reserve = int(settings.min_free_mb * MIB)
         space = SpaceGuard([settings.path], reserve) if settings.mode == "embedded" else None
@@ -619,8 +637,10 @@ class ChromaStore:
         if _exists(self._client, name):
             collection = self._call(self._client.get_collection, name)
             kept = {k: v for k, v in (collection.metadata or {}).items() if k != REBUILD_COMPLETE_KEY}
-            if kept != wanted:
-                log.info("staging collection '%s' was built otherwise (%s): dropping it", name, kept)
+            unusable = _unusable(self, collection)
+            if kept != wanted or unusable:
+                why = unusable or f"built otherwise: {kept}"
+                log.warning("staging collection '%s' cannot be resumed (%s): dropping it", name, why)
                 self._call(self._client.delete_collection, name)
                 collection = None
         if collection is None:
@@ -773,11 +793,69 @@ class ChromaStore:
         page = self._call(self._change_log().get, ids=list(entry_ids), include=["documents"])
         put: dict[str, None] = {}
         deleted: dict[str, None] = {}
-        for doc in page["documents"]:
-            body = json.loads(doc or "{}")
+        for entry, doc in zip(page["ids"], page["documents"], strict=True):
+            body = self._entry_body(entry, doc)
             put.update(dict.fromkeys(body.get("put", [])))
             deleted.update(dict.fromkeys(body.get("del", [])))
         return list(put), list(deleted)
+
+    def _entry_body(self, entry: str, doc: str | None) -> dict[str, Any]:
+        """A change-log entry's body: {"put": [...], "del": [...]}; `ChangeLogError` when it is not that."""
+        try:
+            body = json.loads(doc or "{}")
+        except ValueError as exc:
+            body = exc
+        if not isinstance(body, dict):
+            raise ChangeLogError(
+                f"change log '{changes_collection_name(self.name)}' ({self.description}): entry {entry!r} "
+                f"is not a JSON object ({str(body)[:80]})"
+            )
+        return body
+
+    def probe_change_log(self) -> list[str]:
+        """Read every change-log entry and parse its body, then write a scratch record (no stamp: no reader
+        sees it) and delete it; what failed, or an empty list."""
+        name = changes_collection_name(self.name)
+        problems = []
+        try:
+            offset = 0
+            while True:
+                page = self._call(self._change_log().get, include=["documents"], limit=_PAGE, offset=offset)
+                for entry, doc in zip(page["ids"], page["documents"], strict=True):
+                    if not entry.startswith(PROBE_ID_PREFIX):
+                        self._entry_body(entry, doc)
+                if len(page["ids"]) < _PAGE:
+                    break
+                offset += _PAGE
+        except StoreError as exc:
+            problems.append(f"change log '{name}' cannot be read: {exc}")
+        try:
+            self.probe_write(self._change_log())
+        except StoreError as exc:
+            problems.append(f"change log '{name}' cannot be written: {exc}")
+        return problems
+
+    def reset_change_log(self) -> None:
+        """Drop the change log and start it anew (a rebuild: every process re-reads the new collection
+        anyway). A process still holding the dropped one opens the new one at its next read (`_call`)."""
+        name = changes_collection_name(self.name)
+        if _exists(self._client, name):
+            self._call(self._client.delete_collection, name)
+        self._changes = None
+        self._change_log()
+
+    def leftover_staging(self) -> str | None:
+        """What a stopped rebuild left (its staging collection: how many chunks, complete or not, or why it
+        cannot be read), or None when there is none."""
+        name = staging_collection_name(self.name)
+        if not _exists(self._client, name):
+            return None
+        try:
+            staging = self._client.get_collection(name)
+            count = staging.count()
+        except Exception as exc:
+            return f"a stopped rebuild left the staging collection '{name}', which cannot be read: {exc}"
+        return f"a stopped rebuild left the staging collection '{name}' ({count} chunks, not switched to)"
 
     def iter_ids(self) -> Iterator[str]:
         """Every chunk id, page by page (no text, no vectors)."""
@@ -818,11 +896,18 @@ class ChromaStore:
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            if _is_connection_error(exc):
+            if is_connection_error(exc):
                 raise StoreUnavailableError(f"{self.description} is unreachable: {exc}") from exc
             if target is self._collection and (current := self._rebuilt_under_us(exc)) is not None:
                 self._follow_rebuild(current)  # then the same call on the collection that replaced it
                 return self._call(getattr(self._collection, fn.__name__), *args, **kwargs)
+            if (
+                target is not None
+                and target is self._changes
+                and isinstance(exc, chromadb.errors.NotFoundError)
+            ):
+                self._changes = None  # a rebuild made the change log anew: the same call on the new one
+                return self._call(getattr(self._change_log(), fn.__name__), *args, **kwargs)
             reason = f"{type(exc).__name__}: {exc}"
             if self._out_of_space(exc):
                 self._broken = (
@@ -906,6 +991,67 @@ class ChromaStore:
             return recorded
         dimension = collection.get_model().dimension
         return int(dimension) if dimension else None
+
+
+def _unusable(store: ChromaStore, collection: Any) -> str | None:
+    """Why `collection` cannot be read and written (a count, a scratch record), or None."""
+    try:
+        store._call(collection.count)
+        store.probe_write(collection)
+    except StoreError as exc:
+        return str(exc)
+    return None
+
+
+CHROMA_FILE = "chroma.sqlite3"
+
+
+def chroma_files_problem(path: Path) -> str | None:
+    """What `PRAGMA quick_check` finds wrong with an embedded store's `chroma.sqlite3` (opened read-only),
+    or None (intact, or no such file yet)."""
+    file = path / CHROMA_FILE
+    if not file.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{file}?mode=ro", uri=True)
+        try:
+            rows = [str(r[0]) for r in db.execute("PRAGMA quick_check").fetchall()]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        return f"{file}: {type(exc).__name__}: {exc}"
+    return None if rows == ["ok"] else f"{file}: PRAGMA quick_check: {'; '.join(rows[:3])}"
+
+
+def _is_chroma_file(entry: Path) -> bool:
+    """`chroma.sqlite3` (and its journal files) and the segment folders (named by a UUID)."""
+    if entry.name.startswith(CHROMA_FILE):
+        return True
+    try:
+        uuid.UUID(entry.name)
+    except ValueError:
+        return False
+    return entry.is_dir()
+
+
+def move_chroma_files_aside(path: Path, now: datetime | None = None) -> Path:
+    """Move Chroma's own files out of the embedded store folder `path` into `<path>.chroma-broken-<UTC
+    time>` (the record, the lock and the BM25 folder stay), so the next open makes them anew; forget this
+    process's Chroma system for `path` (chromadb keeps one per path). The folder they went to."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    aside = path.with_name(f"{path.name}.chroma-broken-{stamp}")
+    aside.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(path.iterdir()):
+        if _is_chroma_file(entry):
+            shutil.move(str(entry), str(aside / entry.name))
+    system = SharedSystemClient._identifier_to_system.pop(str(path), None)
+    SharedSystemClient._identifier_to_refcount.pop(str(path), None)
+    if system is not None:
+        try:
+            system.stop()
+        except Exception as exc:  # its files are gone: whatever it says on the way out changes nothing
+            log.debug("stopping the Chroma system of %s: %s", path, exc)
+    return aside
 
 
 def _configuration(settings: StoreSettings) -> dict[str, Any]:
@@ -1037,7 +1183,7 @@ def _lock(path: Path) -> int:
         raise StoreLockedError(path, held.holder, held.address) from None
 
 
-def _is_connection_error(exc: BaseException) -> bool:
+def is_connection_error(exc: BaseException) -> bool:
     names = {type(e).__name__ for e in _chain(exc)}
     return bool(
         names

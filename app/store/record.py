@@ -12,6 +12,11 @@ Two kinds, chosen by `rag.store.mode` (docs/design.md, "The document record"):
   every replica shares and a broken chunk collection does not affect.
 
 A record that cannot be read or written raises `RecordError` (a `StoreError`: the API answers 503 naming it).
+The SQLite record is checked when it opens (`PRAGMA quick_check`): a damaged one opens with `damage` set,
+serves its reads as far as they go and refuses every write (`RecordDamagedError`, naming the way back: a
+backup, `restore_from`, or `sieve store rebuild --record-from-index`); one SQLite cannot open at all raises
+`RecordDamagedError` at once. `backup_to` copies a record into a SQLite file with SQLite's online backup
+(the server's record too, document by document), while the record serves.
 
 A document's content hash is the SHA-256 of its title, text and metadata (`content_hash`); putting a document
 whose hash and origin are those already kept writes nothing.
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,10 +42,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.settings import StoreSettings
-from app.store.chroma import StoreError, max_batch_size
+from app.store.chroma import PROBE_ID_PREFIX, StoreError, is_connection_error, max_batch_size
+from app.store.owned import RECORD_FROM_INDEX, RESTORE
 from app.store.types import Document
 
 RECORD_FILE = "documents.sqlite3"
+BACKUP_DIR = Path("target") / "backups"  # where `sieve store backup` writes by default (relative to cwd)
+QUICK_CHECK_LINES = 3  # of `PRAGMA quick_check`'s findings, how many a message quotes
 _IN_BATCH = 500  # ids per query
 _TOMBSTONE_FIELDS = ("deleted_at", "origin", "content_hash")  # a Tombstone's, after its id
 
@@ -58,6 +68,7 @@ class DocumentRecord(Protocol):
     """What Sieve keeps of every accepted document, and a tombstone of every one deleted through the API."""
 
     description: str
+    damage: str | None  # why the record is damaged (writes are refused), or None
 
     def put(self, documents: Sequence[Document]) -> int:
         """Keep `documents` (replacing those of the same id, and lifting their tombstones), durably before
@@ -90,11 +101,71 @@ class DocumentRecord(Protocol):
         """Every kept document, by id."""
         ...
 
+    def put_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        """Keep `tombstones` as they are (a restore, a record rebuilt from the index)."""
+        ...
+
+    def probe(self) -> list[str]:
+        """Read everything and write a scratch entry (deleted again); what failed, or an empty list."""
+        ...
+
+    def damaged_message(self, why: str) -> str:
+        """What a refusal of this record, damaged for `why`, says: the record, why, and the way back."""
+        ...
+
     def close(self) -> None: ...
 
 
 class RecordError(StoreError):
     """The document record could not be read or written; the message names the record and what failed."""
+
+
+class RecordDamagedError(RecordError):
+    """The document record is damaged (SQLite cannot open it, or `PRAGMA quick_check` finds it corrupt):
+    writes are refused; the message says what is wrong (`what`, alone) and the way back
+    (`record_way_back`)."""
+
+    def __init__(self, message: str, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what or message
+
+
+def backups(directory: Path = BACKUP_DIR) -> list[Path]:
+    """The record backups in `directory` (`sieve store backup`'s default folder), newest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(directory.glob("documents-*.sqlite3"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def record_way_back(directory: Path = BACKUP_DIR) -> str:
+    """The way back for a damaged record: the newest backup in `directory` when there is one, and always the
+    rebuild of the record from the index."""
+    found = backups(directory)
+    from_index = (
+        f"`{RECORD_FROM_INDEX}` (keeps what the record still reads, rebuilds the rest of each document from "
+        "its chunks in the collection)"
+    )
+    if not found:
+        return f"no backup in {directory}: {from_index}"
+    return f"`{RESTORE} {found[0]}` (the newest backup in {directory}), or {from_index}"
+
+
+def damaged_message(description: str, why: str, backup_dir: Path = BACKUP_DIR) -> str:
+    """ "<description> is damaged (<why>). Way back (with `sieve serve` stopped): <record_way_back>"."""
+    way_back = record_way_back(backup_dir)
+    return f"{description} is damaged ({why}). Way back (with `sieve serve` stopped): {way_back}"
+
+
+def quick_check(db: sqlite3.Connection) -> str | None:
+    """None when `PRAGMA quick_check` says "ok", else its first findings (or the error it raised)."""
+    try:
+        rows = [str(row[0]) for row in db.execute("PRAGMA quick_check").fetchall()]
+    except sqlite3.Error as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if rows == ["ok"]:
+        return None
+    more = f" (and {len(rows) - QUICK_CHECK_LINES} more)" if len(rows) > QUICK_CHECK_LINES else ""
+    return "; ".join(rows[:QUICK_CHECK_LINES]) + more
 
 
 @contextmanager
@@ -107,6 +178,10 @@ def failing_as(description: str, action: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise RecordError(f"{description}: {action} failed: {type(exc).__name__}: {exc}") from exc
+
+
+# what SQLite says of a damaged file (as opposed to a closed connection, a locked database, a full disk)
+_CORRUPTION = ("malformed", "not a database", "corrupt")
 
 
 def content_hash(doc: Document) -> str:
@@ -136,11 +211,16 @@ def _metadata_json(doc: Document) -> str:
 class SqliteRecord:
     """The record of an embedded store: one SQLite file, opened by the process holding the store's lock."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, backup_dir: Path = BACKUP_DIR):
+        """Open (or create) the record at `path` and check it (`PRAGMA quick_check`): a damaged one opens
+        with `damage` set (writes refused); one SQLite cannot open raises `RecordDamagedError`. Both name
+        the way back, with the newest backup in `backup_dir`."""
         self.path = path
         self.description = f"document record {path}"
+        self.damage: str | None = None
+        self._backup_dir = backup_dir
         self._lock = threading.Lock()
-        with failing_as(self.description, "open"):
+        try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -154,9 +234,82 @@ class SqliteRecord:
                 "CREATE TABLE IF NOT EXISTS tombstones (doc_id TEXT PRIMARY KEY, deleted_at TEXT NOT NULL, "
                 "origin TEXT NOT NULL, content_hash TEXT NOT NULL)"
             )
+            self._db.execute("CREATE TABLE IF NOT EXISTS probe (id TEXT PRIMARY KEY)")
+        except sqlite3.Error as exc:
+            what = f"{self.description}: open failed: {type(exc).__name__}: {exc}"
+            way_back = record_way_back(backup_dir)
+            raise RecordDamagedError(
+                f"{what}. Way back (with `sieve serve` stopped): {way_back}", what=what
+            ) from exc
+        except OSError as exc:
+            raise RecordError(f"{self.description}: open failed: {type(exc).__name__}: {exc}") from exc
+        found = quick_check(self._db)
+        if found is not None:
+            self.damage = f"PRAGMA quick_check: {found}"
+
+    def damaged_message(self, why: str) -> str:
+        """ "document record X is damaged (why). Way back (with `sieve serve` stopped): ...": what every
+        refusal of a damaged record says."""
+        return damaged_message(self.description, why, self._backup_dir)
+
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        """`failing_as` for this record; a failure SQLite gives for a damaged file marks the record damaged
+        and names the way back (`RecordDamagedError`)."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            said = f"{self.description}: {action} failed: {type(exc).__name__}: {exc}"
+            if not any(word in str(exc) for word in _CORRUPTION):
+                raise RecordError(said) from exc
+            self.damage = self.damage or f"{type(exc).__name__}: {exc}"
+            raise RecordDamagedError(f"{said}. {self.damaged_message(self.damage)}", what=said) from exc
+        except Exception as exc:
+            raise RecordError(f"{self.description}: {action} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _refuse_if_damaged(self) -> None:
+        if self.damage is not None:
+            raise RecordDamagedError(f"writes are refused: {self.damaged_message(self.damage)}")
+
+    def probe(self) -> list[str]:
+        """What is wrong with the record, or nothing: `PRAGMA quick_check` (as at open), every document
+        read, and a scratch row written and deleted in a table of its own."""
+        problems = []
+        if self.damage is None:
+            with self._lock:
+                again = quick_check(self._db)
+            if again is not None:
+                self.damage = f"PRAGMA quick_check: {again}"
+        if self.damage is not None:
+            problems.append(f"{self.description} is damaged ({self.damage})")
+        try:
+            sum(1 for _ in self.iter_documents())
+            self.tombstones()
+        except StoreError as exc:
+            problems.append(str(getattr(exc, "what", exc)))
+        try:
+            scratch = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
+            with self._lock, self._transaction():
+                self._db.execute("INSERT INTO probe VALUES (?)", (scratch,))
+                self._db.execute("DELETE FROM probe WHERE id = ?", (scratch,))
+        except sqlite3.Error as exc:
+            problems.append(f"writing {self.description} failed: {type(exc).__name__}: {exc}")
+        return problems
+
+    def put_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        """Keep `tombstones` as they are (a restore, a record rebuilt from the index)."""
+        self._refuse_if_damaged()
+        with self._failing("put tombstones"), self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO tombstones VALUES (?, ?, ?, ?)",
+                [(t.doc_id, t.deleted_at, t.origin, t.content_hash) for t in tombstones],
+            )
 
     def put(self, documents: Sequence[Document]) -> int:
-        with failing_as(self.description, "put"):
+        self._refuse_if_damaged()
+        with self._failing("put"):
             rows = {doc.doc_id: doc for doc in documents}  # the last of one id wins, as in the index
             kept = {
                 doc_id: (digest, origin)
@@ -178,7 +331,7 @@ class SqliteRecord:
             return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        with failing_as(self.description, "get"):
+        with self._failing("get"):
             found = {
                 row[0]: _document(*row)
                 for row in self._select("doc_id, title, text, metadata, origin", doc_ids)
@@ -186,7 +339,8 @@ class SqliteRecord:
             return [found[doc_id] for doc_id in dict.fromkeys(doc_ids) if doc_id in found]
 
     def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
-        with failing_as(self.description, "delete"):
+        self._refuse_if_damaged()
+        with self._failing("delete"):
             ids = list(dict.fromkeys(doc_ids))
             deleted = 0
             with self._lock, self._transaction():
@@ -205,7 +359,7 @@ class SqliteRecord:
             return deleted
 
     def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
-        with failing_as(self.description, "tombstones"):
+        with self._failing("tombstones"):
             columns = "doc_id, deleted_at, origin, content_hash"
             if doc_ids is None:
                 with self._lock:
@@ -215,17 +369,17 @@ class SqliteRecord:
             return {row[0]: Tombstone(*row) for row in rows}
 
     def count(self) -> int:
-        with failing_as(self.description, "count"):
+        with self._failing("count"):
             with self._lock:
                 return int(self._db.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
     def hashes(self) -> dict[str, str]:
-        with failing_as(self.description, "hashes"):
+        with self._failing("hashes"):
             with self._lock:
                 return dict(self._db.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        with failing_as(self.description, "iter documents"):
+        with self._failing("iter documents"):
             after = ""
             while True:
                 with self._lock:
@@ -285,9 +439,64 @@ class ChromaRecord:
         self._collection = collection
         self.description = description
         self._max_batch = max_batch
+        self.damage: str | None = None  # a collection's damage shows as failing reads and writes instead
+
+    def damaged_message(self, why: str) -> str:
+        return damaged_message(self.description, why)
+
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        """`failing_as` for this record; a failure of the server's collection itself (not of the connection
+        to the server) names the way back (`RecordDamagedError`)."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            said = f"{self.description}: {action} failed: {type(exc).__name__}: {exc}"
+            if is_connection_error(exc):
+                raise RecordError(said) from exc
+            raise RecordDamagedError(f"{said}. {self.damaged_message(str(exc))}", what=said) from exc
+
+    def probe(self) -> list[str]:
+        """Every record read and its body parsed (`iter_documents`), the tombstones read, and a scratch
+        record (`PROBE_ID_PREFIX`) written and deleted."""
+        problems = []
+        try:
+            sum(1 for _ in self.iter_documents())
+            self.tombstones()
+        except StoreError as exc:
+            problems.append(f"reading {self.description} failed: {exc}")
+        try:
+            scratch = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex}"
+            self._collection.upsert(ids=[scratch], embeddings=[[1.0]])
+            self._collection.delete(ids=[scratch])
+        except Exception as exc:
+            problems.append(f"writing {self.description} failed: {type(exc).__name__}: {exc}")
+        return problems
+
+    def put_tombstones(self, tombstones: Sequence[Tombstone]) -> None:
+        with self._failing("put tombstones"):
+            for start in range(0, len(tombstones), self._max_batch):
+                part = tombstones[start : start + self._max_batch]
+                self._collection.upsert(
+                    ids=[t.doc_id for t in part],
+                    embeddings=[[1.0]] * len(part),
+                    documents=[""] * len(part),
+                    metadatas=[
+                        {
+                            "accepted_at": None,
+                            "tombstone": True,
+                            "deleted_at": t.deleted_at,
+                            "origin": t.origin,
+                            "content_hash": t.content_hash,
+                        }
+                        for t in part
+                    ],
+                )
 
     def put(self, documents: Sequence[Document]) -> int:
-        with failing_as(self.description, "put"):
+        with self._failing("put"):
             rows = {doc.doc_id: doc for doc in documents}
             kept = {
                 doc_id: (str(meta.get("content_hash")), str(meta.get("origin")))
@@ -309,7 +518,7 @@ class ChromaRecord:
             return len(changed)
 
     def get(self, doc_ids: Sequence[str]) -> list[Document]:
-        with failing_as(self.description, "get"):
+        with self._failing("get"):
             found: dict[str, Document] = {}
             ids = list(dict.fromkeys(doc_ids))
             for start in range(0, len(ids), _IN_BATCH):
@@ -322,7 +531,7 @@ class ChromaRecord:
             return [found[doc_id] for doc_id in ids if doc_id in found]
 
     def delete(self, doc_ids: Sequence[str], tombstone: bool = False) -> int:
-        with failing_as(self.description, "delete"):
+        with self._failing("delete"):
             ids = list(dict.fromkeys(doc_ids))
             kept = {doc_id: meta for doc_id, meta in self._metadata(ids).items() if not _is_tombstone(meta)}
             gone = [doc_id for doc_id in ids if doc_id in kept]
@@ -350,7 +559,7 @@ class ChromaRecord:
             return len(gone)
 
     def tombstones(self, doc_ids: Sequence[str] | None = None) -> dict[str, Tombstone]:
-        with failing_as(self.description, "tombstones"):
+        with self._failing("tombstones"):
             found = (
                 self._all_metadata(where={"tombstone": True})
                 if doc_ids is None
@@ -363,11 +572,11 @@ class ChromaRecord:
             }
 
     def count(self) -> int:
-        with failing_as(self.description, "count"):
+        with self._failing("count"):
             return int(self._collection.count()) - len(self._all_metadata(where={"tombstone": True}))
 
     def hashes(self) -> dict[str, str]:
-        with failing_as(self.description, "hashes"):
+        with self._failing("hashes"):
             return {
                 doc_id: str(meta.get("content_hash", ""))
                 for doc_id, meta in self._all_metadata().items()
@@ -375,7 +584,7 @@ class ChromaRecord:
             }
 
     def iter_documents(self, batch: int = _IN_BATCH) -> Iterator[Document]:
-        with failing_as(self.description, "iter documents"):
+        with self._failing("iter documents"):
             ids = sorted(self.hashes())
             for start in range(0, len(ids), batch):
                 yield from self.get(ids[start : start + batch])
@@ -403,6 +612,7 @@ class ChromaRecord:
             found.update(
                 (doc_id, dict(meta or {}))
                 for doc_id, meta in zip(page["ids"], page["metadatas"], strict=True)
+                if not doc_id.startswith(PROBE_ID_PREFIX)  # another process's probe, there for milliseconds
             )
             if len(page["ids"]) < page_size:
                 return found
@@ -426,7 +636,10 @@ def _body(doc: Document) -> str:
 
 
 def _from_body(doc_id: str, body: str | None) -> Document:
-    data = json.loads(body or "{}")
+    try:
+        data = json.loads(body or "{}")
+    except ValueError as exc:
+        raise ValueError(f"the record of document {doc_id!r} is not JSON: {exc}") from exc
     return Document(
         doc_id=doc_id,
         text=data.get("text", ""),
@@ -445,11 +658,105 @@ def open_record(settings: StoreSettings, client: Any) -> DocumentRecord:
     folder's lock); on a Chroma server, the collection `<collection>-documents` (created when missing) through
     `client`, the store's own."""
     if settings.mode == "embedded":
-        return SqliteRecord(Path(settings.path) / RECORD_FILE)
+        return SqliteRecord(record_path(settings))
     name = record_collection_name(settings.collection)
     collection = client.get_or_create_collection(
         name, configuration={"hnsw": {"space": "l2"}}, embedding_function=None
     )
-    where = f"http://{settings.host}:{settings.port}"
-    description = f"document record '{name}' on the Chroma server at {where}"
-    return ChromaRecord(collection, description, max_batch_size(client))
+    return ChromaRecord(collection, _server_description(settings), max_batch_size(client))
+
+
+def record_path(settings: StoreSettings) -> Path:
+    """The SQLite file of an embedded store's record."""
+    return Path(settings.path) / RECORD_FILE
+
+
+def _server_description(settings: StoreSettings) -> str:
+    name = record_collection_name(settings.collection)
+    return f"document record '{name}' on the Chroma server at http://{settings.host}:{settings.port}"
+
+
+def drop_server_record(settings: StoreSettings, client: Any) -> None:
+    """Delete the record collection of a Chroma server (a restore or a rebuild from the index makes it
+    anew); nothing when it does not exist."""
+    name = record_collection_name(settings.collection)
+    if name in {c if isinstance(c, str) else c.name for c in client.list_collections()}:
+        client.delete_collection(name)
+
+
+# -- backup and restore --------------------------------------------------------------------------------
+
+
+def backup_name(collection: str, now: datetime | None = None) -> str:
+    """`documents-<collection>-<UTC time>.sqlite3`: a backup's file name in `BACKUP_DIR`."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return f"documents-{collection}-{stamp}.sqlite3"
+
+
+def backup_sqlite(source: Path, target: Path) -> None:
+    """SQLite's online backup of the record file `source` into `target` (a new file): consistent while
+    another process (`sieve serve`) writes the record, read-only on `source`."""
+    if not source.exists():
+        raise RecordError(f"no document record at {source}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+        try:
+            dst = sqlite3.connect(target)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    except sqlite3.Error as exc:
+        target.unlink(missing_ok=True)
+        raise RecordDamagedError(
+            f"document record {source} cannot be backed up ({type(exc).__name__}: {exc}); "
+            f"way back: {record_way_back()}"
+        ) from exc
+
+
+def copy_documents(source: DocumentRecord, target: DocumentRecord) -> tuple[int, int]:
+    """Every document and tombstone of `source` into `target`; (documents, tombstones)."""
+    documents = 0
+    batch: list[Document] = []
+    for doc in source.iter_documents():
+        batch.append(doc)
+        if len(batch) >= _IN_BATCH:
+            documents += len(batch)
+            target.put(batch)
+            batch = []
+    if batch:
+        documents += len(batch)
+        target.put(batch)
+    stones = list(source.tombstones().values())
+    if stones:
+        target.put_tombstones(stones)
+    return documents, len(stones)
+
+
+def checked_backup(path: Path) -> SqliteRecord:
+    """The backup at `path`, opened, when it is a record SQLite finds intact; else `RecordError` naming
+    it."""
+    if not path.is_file():
+        raise RecordError(f"no backup file {path}")
+    try:
+        backup = SqliteRecord(path)
+    except RecordError as exc:
+        raise RecordError(f"{path} is not a usable record backup: {exc}") from exc
+    if backup.damage is not None:
+        backup.close()
+        raise RecordError(f"{path} is not a usable record backup: it is damaged ({backup.damage})")
+    return backup
+
+
+def moved_aside(path: Path, now: datetime | None = None) -> Path:
+    """Rename `path` (and its SQLite `-wal` and `-shm` files) to `<path>.broken-<UTC time>`; the new path."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    aside = path.with_name(f"{path.name}.broken-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            shutil.move(str(part), str(aside.with_name(aside.name + suffix)))
+    return aside

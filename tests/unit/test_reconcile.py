@@ -201,9 +201,11 @@ def test_the_log_says_what_was_found_and_what_was_done(caplog: pytest.LogCapture
         "indexed, an older version or another chunking), indexing them again: half, old",
         f"reconcile: 1 document deleted through the API still in the index, removing their "
         f"{len(chunk_ids(doc('gone')))} chunks: gone",
-        "reconcile: 1 document in the collection but not in the record (written before the record existed): "
-        "stray; left as they are (fix: send them again (POST /api/documents or `sieve ingest PATH`) so the "
-        "record keeps them; `sieve store rebuild --drop-unrecorded` drops them)",
+        "reconcile: 1 document in the collection but not in the record (written before the record existed, "
+        "or after the backup it was restored from): stray; left as they are (fix: send them again (POST "
+        "/api/documents or `sieve ingest PATH`) so the record keeps them; `sieve store rebuild "
+        "--record-from-index` takes them into the record from their chunks; `sieve store rebuild "
+        "--drop-unrecorded` drops them)",
         "reconcile: 1 chunk(s) in the collection carry no document id; left as they are (fix: sieve store "
         "rebuild)",
         "reconcile: indexed 3 documents (5 new chunks embedded) and removed 2 chunks of deleted documents "
