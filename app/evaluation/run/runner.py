@@ -24,9 +24,11 @@ which is what a user waits: `single_latency_ms`.
 from __future__ import annotations
 
 import difflib
+import gc
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -286,7 +288,8 @@ def evaluate(
     check_knowledge_tags(golden, known)
     cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
     warnings = _run_warnings(golden, cases)
-    _run_batches(chain, cases, as_of, ks, gain, progress)
+    with cyclic_gc_paused():
+        _run_batches(chain, cases, as_of, ks, gain, progress)
     duration_ms = (time.perf_counter() - t0) * 1000
     _time_single_queries(chain, cases, latency_sample)
     return Evaluation(
@@ -301,6 +304,21 @@ def evaluate(
         k_values=ks,
         gain=gain,
     )
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block (then as it was before). An evaluation, or a replay
+    of one, allocates many short-lived objects and none in a reference cycle (reference counting frees
+    them), while each collection would walk everything the run keeps, and now and then the whole heap (a
+    loaded model's objects included), for nothing (docs/benchmarks.md, "Evaluation cost")."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _run_warnings(golden: GoldenSet, cases: list[CaseResult]) -> list[str]:
