@@ -297,7 +297,10 @@ def best_alternative(
     ranking [a, x]: Recall = max(1/1, 0/1) = 1; all-required {a: 1, b: 1} would give 1/2.
     Raises `UndefinedMetricError` when no alternative has a relevant id.
     """
-    usable = [r for r in alternatives_of(relevance) if has_relevant(r)]
+    alternatives = alternatives_of(relevance)
+    if len(alternatives) == 1 and has_relevant(alternatives[0]):  # the usual case: the max of one value
+        return measure(ranked_ids, alternatives[0], k, **options)
+    usable = [r for r in alternatives if has_relevant(r)]
     if not usable:
         raise UndefinedMetricError(
             "the case has no relevant document (no grade > 0); the metric is undefined"
