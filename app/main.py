@@ -205,7 +205,7 @@ def _startup(
 
 def startup_sequence(state: AppState) -> None:
     from app.evaluation.session import evaluate
-    from app.service import Sieve
+    from app.service import Sieve, freeze_loaded_objects
 
     rag = state.settings.rag
     state.phase = "loading models and opening the store"
@@ -226,6 +226,8 @@ def startup_sequence(state: AppState) -> None:
     reconcile_index(state, sieve, full=True)
     state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
+    if state.freeze_after_load:
+        freeze_loaded_objects()
     if rag.evaluate.enabled:
         state.phase = "running the startup evaluation"
 

@@ -7,7 +7,11 @@ measured in one run, and so can the evaluation's wall time against the model tim
 spends beyond the model: candidates, stages, scoring). A script that prints figures, not a timed test: these
 machines are shared and noisy.
 
-    .venv/bin/python scripts/bench_eval.py [--golden-set F] [--store-path DIR] [--repeat 3]
+    .venv/bin/python scripts/bench_eval.py [--golden-set F] [--store-path DIR] [--repeat 3] [--no-freeze]
+
+Once loaded, the service's objects are frozen out of the garbage collector's reach as `sieve eval` and
+`sieve serve` do (`freeze_loaded_objects`); `--no-freeze` leaves them in, as code that opens a service
+itself (a test) runs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 
 from app.evaluation.golden.cases import load_golden_set
 from app.evaluation.run.runner import KnownIds, evaluate
-from app.service import Sieve
+from app.service import Sieve, freeze_loaded_objects
 from app.settings import load_settings, merge, nested
 
 
@@ -33,6 +37,12 @@ def main() -> None:
     parser.add_argument("--golden-set", default="golden_set/golden-set.json")
     parser.add_argument("--store-path", default="target/bench/eval-chroma")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the loaded service's objects, as `sieve eval` does (default on)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -45,6 +55,8 @@ def main() -> None:
         k = settings.rag.evaluate.top_k
         n = len(golden.cases)
         sieve.retrieve("warm-up query", k)  # first call pays one-off initialisation (jieba, torch kernels)
+        if args.freeze:
+            freeze_loaded_objects()
 
         eval_wall, eval_model, single_wall, single_model = [], [], [], []
         for _ in range(args.repeat):
@@ -67,7 +79,10 @@ def main() -> None:
     print(
         f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}"
     )
-    print(f"cases: {n}, K={k}, repeats: {args.repeat} (medians shown), embedder: {sieve.embedder.name}")
+    print(
+        f"cases: {n}, K={k}, repeats: {args.repeat} (medians shown), embedder: {sieve.embedder.name}, "
+        f"loaded objects frozen: {'yes' if args.freeze else 'no'}"
+    )
     print(f"{'':<34}{'wall ms/case':>14}{'model ms/case':>15}{'model share':>13}")
     for label, wall, model in (
         ("evaluation (batched)", eval_wall, eval_model),

@@ -29,6 +29,8 @@ class AppState:
     exit_code: int = 0
     sieve: object | None = None  # app.service.Sieve once loaded
     owns_sieve: bool = False  # opened by this app's startup (then its shutdown closes it)
+    # the process is `sieve serve` itself: its startup freezes what it loaded (`freeze_loaded_objects`)
+    freeze_after_load: bool = False
     evaluation_progress: str | None = None
     # recorded documents the last reconciliation left unindexed, and why (app/api/reconcile.py): /ready
     unindexed: str | None = None

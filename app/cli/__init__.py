@@ -49,6 +49,9 @@ __all__ = [
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    # the process's own command line (the `sieve` script, `python -m app`), not a call from code (the tests):
+    # what a command may do once per process (`freeze_loaded_objects`)
+    args.process_start = argv is None
     set_config_path(args.config)
     configure_logging(args.verbose)
     try:

@@ -129,6 +129,7 @@ def _eval_here(args: argparse.Namespace) -> int:
     from app.evaluation.run.runner import check_knowledge_tags
     from app.evaluation.scoring.trec import export_evaluation
     from app.evaluation.session import evaluate, resolve_baseline
+    from app.service import freeze_loaded_objects
 
     if args.top_k is not None and not 1 <= args.top_k <= 100:
         return fail(f"--top-k must be between 1 and 100, got {args.top_k}")
@@ -153,6 +154,8 @@ def _eval_here(args: argparse.Namespace) -> int:
                 return exit_codes.BAD_INPUT
         elif settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
+        if getattr(args, "process_start", False):
+            freeze_loaded_objects()
         target = sieve.evaluation_target()
         check_knowledge_tags(golden, target.known)  # GoldenSetError -> exit 2, before any case runs
         outcome = evaluate(target, ev, golden, baseline=baseline)

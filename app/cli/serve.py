@@ -54,6 +54,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     app = create_app(settings, on_fatal=on_fatal)
     state = app.state.sieve_state
+    state.freeze_after_load = getattr(args, "process_start", False)
     deadline = settings.rag.server.shutdown_seconds
 
     class _Server(uvicorn.Server):

@@ -595,11 +595,12 @@ class Bm25Index:
         out = dict.fromkeys(ids, 0.0)
         with self._lock:
             q = self._query_terms(query)
-            known = [chunk_id for chunk_id in out if chunk_id in self._slot_of]
+            slot_of = self._slot_of
+            known = [chunk_id for chunk_id in out if chunk_id in slot_of]
             if not q or not known:
                 return out
-            values = self._scores_of(q)[[self._slot_of[chunk_id] for chunk_id in known]]
-        out.update(zip(known, (float(v) for v in values), strict=True))
+            values = self._scores_of(q)[[slot_of[chunk_id] for chunk_id in known]]
+        out.update(zip(known, values.tolist(), strict=True))  # tolist: Python floats, the same values
         return out
 
     def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]:

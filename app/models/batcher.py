@@ -4,7 +4,9 @@ Each caller hands its texts to `QueryBatcher.embed` and blocks. The first caller
 waits up to `wait_ms` for others to join (less if the batch fills up), then takes the model (the caller of
 `encode` holds the urgent side of the priority lock) and, once it has it, takes every text that has arrived
 meanwhile, up to `max_batch`. Callers that arrive while a batch is being encoded form the next one, so under
-load batches grow by themselves and an idle model costs one query at most `wait_ms`.
+load batches grow by themselves and an idle model costs one query at most `wait_ms`. A caller that hands
+several texts at once (a batch of its own, as the evaluation's) leads without waiting for company: it takes
+whatever has arrived, and its batch costs no wait.
 
 Results are the rows of one `encode` call over the batch: identical in value to one call per query up to
 float rounding (padding to the batch's longest text is masked out by the model's attention).
@@ -59,7 +61,9 @@ class QueryBatcher:
                 if request.done:
                     return self._outcome(request)
                 self._leading = True  # this caller leads the next batch
-                deadline = time.monotonic() + self.wait_ms / 1000
+                # a batch of its own (several texts) does not wait for company
+                wait_ms = self.wait_ms if len(request.texts) == 1 else 0.0
+                deadline = time.monotonic() + wait_ms / 1000
                 while self._pending_texts() < self.max_batch and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
             self._lead()

@@ -188,16 +188,28 @@ def _withheld(
     if not rules:
         return {}
     by_id = {c.chunk_id: c for c in raw}
+    # A stage that removes every candidate it would withhold (`Withholding`, `removes_withheld`) withholds
+    # none of those it kept, so they are not asked of it again: most removals come after the hard filter
+    # (the diversity stage's), of candidates it kept.
+    passed = [
+        set(trace.ranked_after.get(getattr(rule, "name", ""), ()))
+        if getattr(rule, "removes_withheld", False)
+        else None
+        for rule in rules
+    ]
     withheld: dict[str, str] = {}
     for stage in trace.stages:
         for removal in stage.removed:
-            candidate = by_id.get(removal.chunk_id)
-            if candidate is None or removal.chunk_id in withheld:
+            chunk_id = removal.chunk_id
+            candidate = by_id.get(chunk_id)
+            if candidate is None or chunk_id in withheld:
                 continue
-            for rule in rules:
+            for rule, kept in zip(rules, passed, strict=True):
+                if kept is not None and chunk_id in kept:
+                    continue
                 kind = rule.withheld(ctx, candidate)
                 if kind is not None:
-                    withheld[removal.chunk_id] = kind
+                    withheld[chunk_id] = kind
                     break
     return withheld
 

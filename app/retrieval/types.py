@@ -186,7 +186,10 @@ class Stage(Protocol):
 class Withholding(Protocol):
     """A stage whose rules hide some documents from readers altogether (the hard filter's status, dates and
     source rules): `withheld` says which rule hides a candidate's document, in words that name no document,
-    or None."""
+    or None.
+
+    A stage that removes every candidate its `withheld` names may say so with a true `removes_withheld`
+    attribute: the chain then never asks it about a candidate it kept (`_withheld` in chain.py)."""
 
     def withheld(self, query: QueryContext, candidate: Candidate) -> str | None: ...
 

@@ -261,6 +261,37 @@ def test_the_trace_names_removals_a_withholding_stage_hides_from_readers_whichev
     assert result.trace.withheld == {"c4": "not yet effective", "c1": "status=draft"}
 
 
+def test_a_stage_that_removes_what_it_withholds_is_not_asked_about_the_candidates_it_kept() -> None:
+    asked: list[str] = []
+
+    class Removes:
+        """Removes c1, c3; withholds every candidate it is asked about."""
+
+        name = "removes"
+        removes_withheld = True
+
+        def run(self, query: QueryContext, candidates: list[Candidate]) -> StageOutcome:
+            gone = {"c1", "c3"}
+            return StageOutcome(
+                kept=[c for c in candidates if c.chunk_id not in gone],
+                removed=[Removal(c.chunk_id, c.doc_id, "rule") for c in candidates if c.chunk_id in gone],
+            )
+
+        def withheld(self, query: QueryContext, candidate: Candidate) -> str | None:
+            asked.append(candidate.chunk_id)
+            return "status=draft"
+
+    log: list[str] = []
+    chain, _, _ = chain_of(
+        ChainStage(Recorder("early", log, keep=lambda ids: ids[:5]), True),  # removes c5
+        ChainStage(Removes(), True),
+        ChainStage(Recorder("late", log, keep=lambda ids: ids[:1]), True),  # removes c2, c4
+    )
+    result = chain.retrieve("q", 5)
+    assert result.trace.withheld == {"c5": "status=draft", "c1": "status=draft", "c3": "status=draft"}
+    assert sorted(asked) == ["c1", "c3", "c5"]
+
+
 def test_a_disabled_withholding_stage_hides_nothing() -> None:
     from app.retrieval.stages import HardFilterStage
     from app.settings import HardFilterSettings

@@ -136,6 +136,14 @@ def test_an_idle_model_costs_one_query_at_most_the_wait() -> None:
     assert 0.03 <= took < 0.5
 
 
+def test_a_request_of_several_texts_does_not_wait_for_company() -> None:
+    encoder = FakeEncoder()
+    batcher = QueryBatcher(encoder, nullcontext, max_batch=8, wait_ms=200.0)
+    started = time.perf_counter()
+    assert batcher.embed(["a", "b", "c"]).shape == (3, 3)
+    assert encoder.sizes == [3] and time.perf_counter() - started < 0.15
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=5), min_size=1, max_size=8),

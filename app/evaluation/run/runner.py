@@ -24,9 +24,11 @@ which is what a user waits: `single_latency_ms`.
 from __future__ import annotations
 
 import difflib
+import gc
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -286,7 +288,8 @@ def evaluate(
     check_knowledge_tags(golden, known)
     cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
     warnings = _run_warnings(golden, cases)
-    _run_batches(chain, cases, as_of, ks, gain, progress)
+    with cyclic_gc_paused():
+        _run_batches(chain, cases, as_of, ks, gain, progress)
     duration_ms = (time.perf_counter() - t0) * 1000
     _time_single_queries(chain, cases, latency_sample)
     return Evaluation(
@@ -301,6 +304,21 @@ def evaluate(
         k_values=ks,
         gain=gain,
     )
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused for the block (then as it was before). An evaluation, or a replay
+    of one, allocates many short-lived objects and none in a reference cycle (reference counting frees
+    them), while each collection would walk everything the run keeps, and now and then the whole heap (a
+    loaded model's objects included), for nothing (docs/benchmarks.md, "Evaluation cost")."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _run_warnings(golden: GoldenSet, cases: list[CaseResult]) -> list[str]:
@@ -688,7 +706,9 @@ def analyse_trace(
     # every list of the trace as ranks matched, and as a set of the ids it returns, once (the stage rows, the
     # measures after each stage and the losses all read them)
     keys_after = _keys_after(item, outcome, by_chunk)
-    present_after = _present_after(keys_after)
+    # a rank is one id unless the case matches chunks and a returned document carries attached ones
+    one_id_each = item.key != "chunk" or not any(c.attached for c in outcome.documents)
+    present_after = _present_after(keys_after, one_id_each)
     stats = _stage_stats(outcome.trace, by_chunk, metrics.relevant_ids(item.relevance), present_after)
     after = (
         _after_stage(item, keys_after, gain) if metrics.has_relevant_alternative(item.relevance_maps) else {}
@@ -697,14 +717,16 @@ def analyse_trace(
     return TraceAnalysis(stage_stats=stats, after_stage=after, lost=lost, evidence_lost=evidence_lost)
 
 
-def _present_after(keys_after: dict[str, list[Rank]]) -> dict[str, set[str]]:
-    """The set of ids each list of `keys_after` returns; one set for lists that are one object (read only)."""
+def _present_after(keys_after: dict[str, list[Rank]], one_id_each: bool = False) -> dict[str, set[str]]:
+    """The set of ids each list of `keys_after` returns; one set for lists that are one object (read only).
+    `one_id_each`: every rank is one id (no tuple), so a list's set is the set of its ranks."""
     out: dict[str, set[str]] = {}
     keys_before: list[Rank] | None = None
     present: set[str] = set()
     for name, keys in keys_after.items():
         if keys is not keys_before:
-            keys_before, present = keys, set(_returned_ids(keys))
+            keys_before = keys
+            present = set(keys) if one_id_each else set(_returned_ids(keys))  # type: ignore[arg-type]
         out[name] = present
     return out
 
@@ -719,7 +741,8 @@ def _stage_stats(
     for stage in trace.stages:
         after = present_after.get(stage.name, no_list)
         # a relevant id the stage made disappear; dropping a second chunk of a document that stays is no loss
-        removed_relevant = len((before - after) & relevant)
+        # (the relevant ids are few, the lists long: each relevant id is looked up, no set difference made)
+        gone = 0 if after is before else sum(1 for i in relevant if i in before and i not in after)
         before = after
         flags = [by_chunk.get(r.chunk_id) in relevant for r in stage.removed]
         # the removed items as field dicts: StageStat's validation makes them RemovedItems in one call, a
@@ -736,7 +759,7 @@ def _stage_stats(
                 input=stage.input_count,
                 output=stage.output_count,
                 removed=len(stage.removed),
-                removed_relevant=removed_relevant,
+                removed_relevant=gone,
                 removed_relevant_chunks=sum(flags),
                 added=len(stage.added),
                 latency_ms=stage.latency_ms,

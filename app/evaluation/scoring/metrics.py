@@ -30,6 +30,7 @@ tests/unit/test_metrics_pytrec.py checks it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
@@ -233,6 +234,7 @@ def top1_accuracy(ranked_ids: Sequence[Rank], relevance: Mapping[str, float]) ->
     return hit_rate_at_k(ranked_ids, relevance, 1)
 
 
+@functools.lru_cache(maxsize=4096)  # pure; the top K's texts recur at every cut-off and in every run
 def normalised_text(text: str) -> str:
     """Text as the duplicate rate compares it: case-folded, every run of whitespace one space, stripped."""
     return " ".join(text.split()).casefold()
@@ -297,7 +299,10 @@ def best_alternative(
     ranking [a, x]: Recall = max(1/1, 0/1) = 1; all-required {a: 1, b: 1} would give 1/2.
     Raises `UndefinedMetricError` when no alternative has a relevant id.
     """
-    usable = [r for r in alternatives_of(relevance) if has_relevant(r)]
+    alternatives = alternatives_of(relevance)
+    if len(alternatives) == 1 and has_relevant(alternatives[0]):  # the usual case: the max of one value
+        return measure(ranked_ids, alternatives[0], k, **options)
+    usable = [r for r in alternatives if has_relevant(r)]
     if not usable:
         raise UndefinedMetricError(
             "the case has no relevant document (no grade > 0); the metric is undefined"
@@ -369,7 +374,9 @@ def latency_summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def _is_judged(rank: Rank, judged: Collection[str]) -> bool:
-    return any(i in judged for i in rank_ids(rank))
+    if isinstance(rank, str):  # one id, the usual rank: what the general case below makes of it
+        return rank in judged
+    return any(i in judged for i in rank)
 
 
 def judged_at_k(ranked_ids: Sequence[Rank], judged: Collection[str], k: int) -> float:

@@ -33,7 +33,6 @@ by their number; agreement = for each recommended point, the folds that recommen
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import math
@@ -56,7 +55,7 @@ from app.evaluation.report.model import (
     SweepRow,
 )
 from app.evaluation.run.build import summary_record
-from app.evaluation.run.runner import Evaluation
+from app.evaluation.run.runner import Evaluation, cyclic_gc_paused
 from app.evaluation.scoring import measures
 from app.evaluation.tune.holdout import HELD_OUT, TUNING, case_kind
 from app.evaluation.tune.model import (
@@ -297,12 +296,8 @@ def _score_points(
     verdict of that part's cases alone, per settings, and the ms each settings cost (its replay, summaries
     and gate checks).
 
-    The cyclic garbage collector is paused meanwhile: a replay allocates many short-lived objects, none in
-    a cycle (reference counting frees them), and each collection would walk the whole heap (a loaded model's
-    objects included) for nothing."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    The cyclic garbage collector is paused meanwhile (`cyclic_gc_paused`)."""
+    with cyclic_gc_paused():
         started = time.perf_counter()
         out = []
         for point in settings:
@@ -317,9 +312,6 @@ def _score_points(
                 scores[name] = _figures(part, thresholds)
             out.append(scores)
         per_point_ms = (time.perf_counter() - started) * 1000 / len(settings) if settings else 0.0
-    finally:
-        if collecting:
-            gc.enable()
     return out, per_point_ms
 
 

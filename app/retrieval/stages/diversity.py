@@ -73,11 +73,12 @@ class DiversityStage:
         removed: list[Removal] = []
         for candidate in candidates:
             text_key = normalise_text(candidate.text)
-            why = kept.first_broken(candidate, text_key)
+            doc_hash = candidate.doc_sha256
+            why = kept.first_broken(candidate, text_key, doc_hash)
             if why is not None:
                 removed.append(Removal(candidate.chunk_id, candidate.doc_id, why))
             else:
-                kept.keep(candidate, text_key)
+                kept.keep(candidate, text_key, doc_hash)
         survivors = kept.with_attachments()
         if self.settings.mmr and len(survivors) > 1:
             survivors = mmr_order(survivors, self.settings.mmr_lambda)
@@ -87,8 +88,9 @@ class DiversityStage:
 class _Kept:
     """The candidates kept so far, and what each rule of `DiversityStage` compares a new candidate with.
 
-    A rule is a method that returns the reason a candidate fails it, or None when it passes (or the rule is
-    off); `first_broken` asks them in order, `keep` records a candidate that passed them all."""
+    `first_broken` asks the rules in order and returns the reason of the first one a candidate fails, or
+    None when it passes them all (a rule that is off passes everything); `keep` records a candidate that
+    passed them all."""
 
     def __init__(self, settings: DiversitySettings, size: int):
         self.drop_exact_duplicates = settings.drop_exact_duplicates
@@ -105,73 +107,65 @@ class _Kept:
         self.first_kept: dict[str, str] = {}  # doc id -> chunk id of its first kept chunk
         self.attachments: dict[str, list[Candidate]] = {}
 
-    def first_broken(self, candidate: Candidate, text_key: str) -> str | None:
-        """The reason of the first rule `candidate` fails, in the stage's order, or None.
+    def first_broken(self, candidate: Candidate, text_key: str, doc_hash: str | None) -> str | None:
+        """The reason of the first rule `candidate` fails, in the stage's order, or None (`text_key`: its
+        `normalise_text`; `doc_hash`: its `doc_sha256`).
 
-        A hot path (every candidate of every query), so a rule that is off is not asked at all, and the
-        cosine rule only when some candidate was kept: either way the rule would say None."""
-        why = None
+        A hot path (every candidate of every query), so the rules are written out here, a rule that is off
+        is not asked at all, and the cosine rule only when some candidate was kept: either way the rule
+        would say None."""
+        # 1. drop_exact_duplicates
         if self.drop_exact_duplicates:
-            why = self.same_text(text_key)
-        if why is None and self.drop_document_copies:
-            why = self.copied_document(candidate)
-        if why is None and self.vectors.ids:
-            why = self.too_similar(candidate)
-        if why is None and self.max_per_source is not None:
-            why = self.source_full(candidate)
-        if why is None and self.max_per_document is not None:
-            why = self.document_full(candidate)
-        return why
-
-    def same_text(self, text_key: str) -> str | None:
-        """Rule 1, `drop_exact_duplicates`."""
-        if self.drop_exact_duplicates and text_key in self.seen_text:
-            return f"duplicate of {self.seen_text[text_key]} (same text)"
-        return None
-
-    def copied_document(self, candidate: Candidate) -> str | None:
-        """Rule 2, `drop_document_copies`."""
-        doc_hash = candidate.doc_sha256
-        original = self.documents.get(doc_hash) if doc_hash is not None else None
-        if self.drop_document_copies and original is not None and original != candidate.doc_id:
-            return f"copy of doc {original}"
-        return None
-
-    def too_similar(self, candidate: Candidate) -> str | None:
-        """Rule 3, `max_cosine`."""
-        return self.vectors.too_similar(candidate)
-
-    def source_full(self, candidate: Candidate) -> str | None:
-        """Rule 4, `max_per_source`."""
-        source = self._counted_source(candidate)
-        if source and self.per_source.get(source, 0) >= self.max_per_source:  # type: ignore[operator]
-            return f"source={source} already has {self.per_source[source]}"
+            first = self.seen_text.get(text_key)
+            if first is not None:
+                return f"duplicate of {first} (same text)"
+        # 2. drop_document_copies: a kept chunk's document has this one's whole text under another id
+        if self.drop_document_copies and doc_hash is not None:
+            original = self.documents.get(doc_hash)
+            if original is not None and original != candidate.doc_id:
+                return f"copy of doc {original}"
+        # 3. max_cosine
+        if self.vectors.ids:
+            why = self.vectors.too_similar(candidate)
+            if why is not None:
+                return why
+        # 4. max_per_source
+        if self.max_per_source is not None:
+            source = candidate.source
+            if source and self.per_source.get(source, 0) >= self.max_per_source:
+                return f"source={source} already has {self.per_source[source]}"
+        # 5. max_per_document
+        if self.max_per_document is not None:
+            return self.document_full(candidate)
         return None
 
     def document_full(self, candidate: Candidate) -> str | None:
         """Rule 5, `max_per_document`, attaching the chunk to its document's first kept chunk while that one
         has room (`attach_per_document`)."""
         doc_id = candidate.doc_id
-        if self.max_per_document is None or self.per_doc.get(doc_id, 0) < self.max_per_document:
+        count = self.per_doc.get(doc_id, 0)
+        if self.max_per_document is None or count < self.max_per_document:
             return None
-        why = f"doc={doc_id} already has {self.per_doc[doc_id]}"
+        why = f"doc={doc_id} already has {count}"
         host = self.first_kept[doc_id]
         if len(self.attachments.get(host, ())) < self.attach_per_document:
             self.attachments.setdefault(host, []).append(candidate)
             why += f"; attached to {host}"
         return why
 
-    def keep(self, candidate: Candidate, text_key: str) -> None:
+    def keep(self, candidate: Candidate, text_key: str, doc_hash: str | None) -> None:
+        chunk_id, doc_id = candidate.chunk_id, candidate.doc_id
         self.candidates.append(candidate)
-        self.seen_text.setdefault(text_key, candidate.chunk_id)
-        if candidate.doc_sha256 is not None:
-            self.documents.setdefault(candidate.doc_sha256, candidate.doc_id)
+        self.seen_text.setdefault(text_key, chunk_id)
+        if doc_hash is not None:
+            self.documents.setdefault(doc_hash, doc_id)
         self.vectors.add(candidate)
-        source = self._counted_source(candidate)
-        if source:
-            self.per_source[source] = self.per_source.get(source, 0) + 1
-        self.per_doc[candidate.doc_id] = self.per_doc.get(candidate.doc_id, 0) + 1
-        self.first_kept.setdefault(candidate.doc_id, candidate.chunk_id)
+        if self.max_per_source is not None:  # sources are counted only for a cap
+            source = candidate.source
+            if source:
+                self.per_source[source] = self.per_source.get(source, 0) + 1
+        self.per_doc[doc_id] = self.per_doc.get(doc_id, 0) + 1
+        self.first_kept.setdefault(doc_id, chunk_id)
 
     def with_attachments(self) -> list[Candidate]:
         """The kept candidates in order, each document's first kept chunk carrying its attached ones."""
@@ -181,10 +175,6 @@ class _Kept:
             c.with_attached(tuple(self.attachments[c.chunk_id])) if c.chunk_id in self.attachments else c
             for c in self.candidates
         ]
-
-    def _counted_source(self, candidate: Candidate) -> str:
-        """The candidate's source, or "" when sources are not capped (they are counted only for a cap)."""
-        return candidate.source if self.max_per_source is not None else ""
 
 
 class _KeptVectors:

@@ -27,6 +27,8 @@ class HardFilterStage:
     """
 
     name = "hard_filter"
+    # what `withheld` names, `reason` (or a rule of the same meaning) removes: rules 2-4 are both's
+    removes_withheld = True
 
     def __init__(self, settings: HardFilterSettings, rule: Rule | None = None):
         # HardFilterSettings rejects blank rule entries at load time.
