@@ -10,7 +10,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ from app.settings import ModelsSettings, StoreSettings
 from app.store import ChromaStore
 from app.store.record import RECORD_FILE, SqliteRecord
 from tests.fixtures.processes import stop_process
-from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, wait_ready
+from tests.fixtures.sieve_serve import EXIT_TIMEOUT_S, clean_env, spawn_serve, wait_ready
 from tests.fixtures.tiny_models import TINY_WORDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,14 +59,7 @@ def env_for(tmp: Path, embedder_dir: Path) -> dict[str, str]:
 
 
 def start(env: dict[str, str], port: int, log_path: Path) -> subprocess.Popen:
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = spawn_serve(env, port, log_path)
     wait_ready(proc, f"http://127.0.0.1:{port}", log_path)
     return proc
 
