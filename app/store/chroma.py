@@ -132,8 +132,13 @@ class StoreLockedError(StoreError):
     (`app.pidlock.announce`; None otherwise)."""
 
     def __init__(self, path: Path, holder: str, address: str | None = None) -> None:
+        who = (
+            f"`sieve serve` (pid {holder}, listening on {address})"
+            if address
+            else f"another process (pid {holder})"
+        )
         super().__init__(
-            f"the embedded store {path} is already open in another process (pid {holder}). "
+            f"the embedded store {path} is already open in {who}. "
             f"Chroma's embedded mode allows one process per path: stop the other process, or run a "
             f"Chroma server (rag.store.mode: http) to share the index."
         )

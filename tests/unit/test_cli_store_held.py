@@ -18,7 +18,7 @@ import pytest
 
 from app.cli import main
 from app.exit_codes import UNAVAILABLE
-from app.store.chroma import LOCK_FILE
+from app.store.chroma import LOCK_FILE, StoreLockedError
 
 REPO = Path(__file__).resolve().parents[2]
 SIEVE = Path(sys.executable).with_name("sieve")
@@ -173,3 +173,11 @@ def test_the_hint_names_the_address_the_server_recorded_with_its_lock(
         "through a Chroma server (rag.store.mode: http)\n"
     )
     assert "8010" not in err  # this shell's rag.server.port is not where that server listens
+
+
+def test_a_store_held_by_sieve_serve_names_its_address_to_commands_without_server() -> None:
+    error = StoreLockedError(Path("/data/chroma"), "4242", "http://127.0.0.1:8010")
+    assert str(error).startswith(
+        "the embedded store /data/chroma is already open in `sieve serve` (pid 4242, listening on "
+        "http://127.0.0.1:8010). Chroma's embedded mode allows one process per path: stop the other process"
+    )
