@@ -73,15 +73,7 @@ def create_app(
         worker.start()
         state.querylog = open_query_log(settings.rag.querylog)
         yield
-        counts = state.admission.counts()
-        if counts["refusedQueueFull"] or counts["refusedWaitedTooLong"]:
-            log.info(
-                "admission: %d retrievals admitted, refused %d with the queue full and %d that waited too "
-                "long",
-                counts["admitted"],
-                counts["refusedQueueFull"],
-                counts["refusedWaitedTooLong"],
-            )
+        _log_refusals(state)
         stop_writers(state)
         if state.querylog is not None:
             state.querylog.close(timeout=QUERYLOG_CLOSE_S)
@@ -107,6 +99,18 @@ def create_app(
     app.add_middleware(AdmissionGate, admission=lambda: state.admission)
     install_error_handlers(app)
     return app
+
+
+def _log_refusals(state: AppState) -> None:
+    """At shutdown, one line on the retrievals the admission refused, when it refused any."""
+    counts = state.admission.counts()
+    if counts["refusedQueueFull"] or counts["refusedWaitedTooLong"]:
+        log.info(
+            "admission: %d retrievals admitted, refused %d with the queue full and %d that waited too long",
+            counts["admitted"],
+            counts["refusedQueueFull"],
+            counts["refusedWaitedTooLong"],
+        )
 
 
 def _recover_jobs(state: AppState) -> None:

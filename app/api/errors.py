@@ -151,6 +151,22 @@ def install_error_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         return JSONResponse({"error": safe_text(detail)}, status_code=exc.status_code, headers=exc.headers)
 
+    _install_store_error_handlers(app)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's ServerErrorMiddleware calls this for anything no other handler took, wherever it was
+        # raised (a route, a dependency, any middleware), answers with it, then re-raises the exception
+        if storage_exhausted(exc):
+            return storage_error_response(request.scope, exc)
+        return internal_error_response(request.scope, exc)
+
+    keep_connection_open(app)
+
+
+def _install_store_error_handlers(app: FastAPI) -> None:
+    """The store's failures during a request: 503 naming the store, 507 for lack of space."""
+
     @app.exception_handler(StoreUnavailableError)
     async def _store_down(request: Request, exc: StoreUnavailableError) -> JSONResponse:
         return store_error_response(request.scope, f"vector store unavailable: {exc}")
@@ -169,16 +185,6 @@ def install_error_handlers(app: FastAPI) -> None:
         if storage_exhausted(exc):
             return storage_error_response(request.scope, exc)
         return store_error_response(request.scope, f"store: {exc}")
-
-    @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        # Starlette's ServerErrorMiddleware calls this for anything no other handler took, wherever it was
-        # raised (a route, a dependency, any middleware), answers with it, then re-raises the exception
-        if storage_exhausted(exc):
-            return storage_error_response(request.scope, exc)
-        return internal_error_response(request.scope, exc)
-
-    keep_connection_open(app)
 
 
 def store_error_response(scope: Scope, reason: str) -> JSONResponse:

@@ -30,20 +30,11 @@ def add_serve_command(sub: Any) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    import signal
-
     import uvicorn
 
     from app.main import create_app
 
-    overrides = []
-    if args.evaluate is not None:
-        overrides.append(nested("rag.evaluate.enabled", args.evaluate))
-    if args.host:
-        overrides.append(nested("rag.server.host", args.host))
-    if args.port is not None:  # --port 0 is refused by the settings (1-65535), not ignored
-        overrides.append(nested("rag.server.port", args.port))
-    settings = settings_with(*overrides)
+    settings = settings_with(*_overrides(args))
     exit_code = {"code": 0}
     server: uvicorn.Server | None = None
 
@@ -56,6 +47,38 @@ def serve_command(args: argparse.Namespace) -> int:
     state = app.state.sieve_state
     state.freeze_after_load = getattr(args, "process_start", False)
     deadline = settings.rag.server.shutdown_seconds
+    config = uvicorn.Config(
+        app,
+        host=settings.rag.server.host,
+        port=settings.rag.server.port,
+        log_level="info",
+        log_config=None,
+        timeout_graceful_shutdown=max(1, int(deadline / 3)),
+    )
+    server = _sieve_server(state, deadline)(config)
+    # once ready (loading models and a large index may hold the interpreter lock for long)
+    stall = StallExit(
+        settings.rag.server.stall_exit_seconds, armed=lambda: state.ready or state.stopping.is_set()
+    )
+    _run(server, stall)
+    return exit_code["code"]
+
+
+def _overrides(args: argparse.Namespace) -> list[dict[str, Any]]:
+    overrides = []
+    if args.evaluate is not None:
+        overrides.append(nested("rag.evaluate.enabled", args.evaluate))
+    if args.host:
+        overrides.append(nested("rag.server.host", args.host))
+    if args.port is not None:  # --port 0 is refused by the settings (1-65535), not ignored
+        overrides.append(nested("rag.server.port", args.port))
+    return overrides
+
+
+def _sieve_server(state: Any, deadline: float) -> type[Any]:
+    """uvicorn's server, which records where it listens once it does and starts the shutdown deadline
+    at the first signal."""
+    import uvicorn
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
@@ -73,19 +96,12 @@ def serve_command(args: argparse.Namespace) -> int:
             state.stopping.set()
             super().handle_exit(sig, frame)
 
-    config = uvicorn.Config(
-        app,
-        host=settings.rag.server.host,
-        port=settings.rag.server.port,
-        log_level="info",
-        log_config=None,
-        timeout_graceful_shutdown=max(1, int(deadline / 3)),
-    )
-    server = _Server(config)
-    # once ready (loading models and a large index may hold the interpreter lock for long)
-    stall = StallExit(
-        settings.rag.server.stall_exit_seconds, armed=lambda: state.ready or state.stopping.is_set()
-    )
+    return _Server
+
+
+def _run(server: Any, stall: StallExit) -> None:
+    import signal
+
     stall.start()
     # uvicorn re-raises the SIGTERM that stopped it after its graceful shutdown, which would end the
     # process as "killed by SIGTERM"; a clean shutdown on request is a success, so that re-raise is ignored.
@@ -96,7 +112,6 @@ def serve_command(args: argparse.Namespace) -> int:
         stall.stop()
         signal.signal(signal.SIGTERM, previous)
         pidlock.announce(None)
-    return exit_code["code"]
 
 
 def listening_address(servers: list[Any]) -> str | None:

@@ -159,30 +159,8 @@ class LexicalSync:
         that within seconds, and queries meanwhile use the index as loaded)."""
         t0 = time.perf_counter()
         identity = self._identity()
-        loaded = False
-        if self.directory is not None:
-            self._lock_fd = lock(self.directory)
-            manifest = read_manifest(self.directory)
-            if manifest is not None and all(manifest.get(k) == v for k, v in identity.items()):
-                try:
-                    self._load(manifest)
-                    loaded = True
-                except Exception as exc:  # damaged files raise many kinds: the store has the truth
-                    log.warning(
-                        "lexical index in %s is unusable (%s); rebuilding it from the store",
-                        self.directory,
-                        exc,
-                    )
-        if not loaded:
-            # A change-log entry is written after the write it records: whatever is logged now is in the
-            # store the build reads, so it counts as applied; entries logged during the build are not.
-            logged = self.store.changes_since(0)
-            self.index = build_from_store(self.store, self.analyzer, self.k1, self.b, self.text_of)
-            self._seen = {e.entry: e.stamp for e in logged}
-            self._watermark = max((e.stamp for e in logged), default=0)
-            self._manifest = dict(identity)
-            self._snapshot()
-            self.how_opened = f"built from the store ({len(self.index)} chunks)"
+        if not self._load_files(identity):
+            self._build(identity)
         t1 = time.perf_counter()
         caught = self._catch_up_now()
         in_store = self.store.count()
@@ -205,6 +183,36 @@ class LexicalSync:
             time.perf_counter() - t1,
         )
         return self.index
+
+    def _load_files(self, identity: dict[str, Any]) -> bool:
+        """Load the index from its files when they hold this identity (locking the folder); False when there
+        are none, they hold another, or they are damaged (then logged)."""
+        if self.directory is None:
+            return False
+        self._lock_fd = lock(self.directory)
+        manifest = read_manifest(self.directory)
+        if manifest is None or any(manifest.get(k) != v for k, v in identity.items()):
+            return False
+        try:
+            self._load(manifest)
+        except Exception as exc:  # damaged files raise many kinds: the store has the truth
+            log.warning(
+                "lexical index in %s is unusable (%s); rebuilding it from the store", self.directory, exc
+            )
+            return False
+        return True
+
+    def _build(self, identity: dict[str, Any]) -> None:
+        """Build the index from the store and write its files."""
+        # A change-log entry is written after the write it records: whatever is logged now is in the
+        # store the build reads, so it counts as applied; entries logged during the build are not.
+        logged = self.store.changes_since(0)
+        self.index = build_from_store(self.store, self.analyzer, self.k1, self.b, self.text_of)
+        self._seen = {e.entry: e.stamp for e in logged}
+        self._watermark = max((e.stamp for e in logged), default=0)
+        self._manifest = dict(identity)
+        self._snapshot()
+        self.how_opened = f"built from the store ({len(self.index)} chunks)"
 
     def _repair_in_background(self) -> None:
         started = time.perf_counter()
