@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -40,6 +41,9 @@ from app.label_desk import LabelDesk
 from app.settings import Settings
 
 __all__ = ["AppState", "create_app", "create_label_app", "startup_sequence", "stop_writers"]
+
+if TYPE_CHECKING:
+    from app.service import Sieve
 
 log = logging.getLogger("sieve")
 
@@ -203,6 +207,16 @@ def _startup(
         on_fatal(state.exit_code)
 
 
+def _say_missing_spans(sieve: Sieve) -> None:
+    """One warning when chunks of the index carry no character span (a store indexed before chunker
+    md-v2), naming the command that gives them spans."""
+    from app.ingest.check import spanless_chunks, spans_missing_line
+
+    missing = spanless_chunks(sieve.store.iter_all(include_text=False))
+    if missing:
+        log.warning("%s", spans_missing_line(missing, sieve.store.count()))
+
+
 def startup_sequence(state: AppState) -> None:
     from app.evaluation.session import evaluate
     from app.service import Sieve
@@ -226,6 +240,7 @@ def startup_sequence(state: AppState) -> None:
     reconcile_index(state, sieve, full=True)
     state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
+    _say_missing_spans(sieve)
     if rag.evaluate.enabled:
         state.phase = "running the startup evaluation"
 
