@@ -173,7 +173,7 @@ def _check(args: argparse.Namespace) -> int:
     from app.evaluation.golden.audit import source
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.render.audit import audit_json, audit_text
-    from app.evaluation.run.runner import KnownIds, check_knowledge_tags
+    from app.evaluation.run.runner import KnownIds, check_golden_against_index
 
     settings = settings_with()
     ev = settings.rag.evaluate
@@ -182,7 +182,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
+        check_golden_against_index(golden, KnownIds.from_store(sieve.store, sieve.record))  # -> exit 2
         audit_source = source.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
         result = source.run_audit(
             golden,

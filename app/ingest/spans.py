@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 Span = tuple[int, int]
+# (document id, start, end): a span of one document's normalised text
+DocSpan = tuple[str, int, int]
 
 # a character and the combining marks that follow it (the Unicode combining-mark blocks, kana voicing marks)
 _COMBINING = r"\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f\u3099\u309a"
@@ -102,3 +104,11 @@ def occurrences(haystack: str, needle: str, limit: int = 2) -> list[int]:
         found.append(at)
         at = haystack.find(needle, at + 1)
     return found
+
+
+def by_document(spans: Iterable[DocSpan]) -> dict[str, list[Span]]:
+    """`spans` grouped by document, each document's merged (`merge`)."""
+    out: dict[str, list[Span]] = {}
+    for doc_id, start, end in spans:
+        out.setdefault(doc_id, []).append((start, end))
+    return {doc_id: merge(found) for doc_id, found in out.items()}

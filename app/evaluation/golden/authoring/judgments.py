@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from app.evaluation.golden.authoring.dataset_version import next_dataset_version
 from app.evaluation.golden.authoring.generate import CaseJson
-from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
+from app.evaluation.golden.cases import GoldenCase, GoldenSetError, chunk_evidence, parse_golden_set
 from app.files import atomic_write_text, change_line
 from app.jsonl import (
     append_lines,
@@ -412,7 +412,7 @@ class _Against:
         self.verdict = verdict
         self.doc_of = doc_of
         self.conflicts: list[Conflict] = []
-        self.evidence = {c for group in case.evidence_groups() for c in group} | set(case.expected_chunk_ids)
+        self.evidence = chunk_evidence(case) | set(case.expected_chunk_ids)
         self.forbidden_docs = set(case.forbidden_doc_ids)
 
     def against(self, key: str | None, said: Sequence[Judgment], detail: str) -> None:
