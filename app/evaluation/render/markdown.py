@@ -605,8 +605,14 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
         stale = ev.unscorable
         not_scored = f"; not scored, no group whole in the index: {_ids(stale)}" if stale else ""
         rows.append(
-            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
+            f"| Evidence: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
             f"{_f(ev.evidence_recall)} / {_f(ev.evidence_hit)} ({lost}{not_scored}) |"
+        )
+    if ev.char_cases:
+        rows.append(
+            f"| Evidence characters: EvidenceCharRecall{kl} / CharPrecision{kl} ({ev.char_cases} cases; "
+            "evidence characters returned / evidence characters, / characters returned) | "
+            f"{_f(ev.evidence_char_recall)} / {_f(ev.char_precision)} |"
         )
     return rows
 
@@ -906,6 +912,11 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
             f"Evidence ({groups}): EvidenceRecall {_f(c.scores.evidence.get('evidenceRecall'))}, "
             f"EvidenceHit {_f(c.scores.evidence.get('evidenceHit'))}"
         )
+        if "evidenceCharRecall" in c.scores.evidence:
+            line += (
+                f", EvidenceCharRecall {_f(c.scores.evidence['evidenceCharRecall'])}, "
+                f"CharPrecision {_f(c.scores.evidence['charPrecision'])}"
+            )
         if c.analysis.evidence_lost:
             line += "; lost: " + _losses(c.analysis.evidence_lost)
         out += [line, ""]

@@ -181,10 +181,14 @@ def _evidence_summary(cases: list[CaseResult]) -> EvidenceFigures:
     where the evidence chunks of the unanswered ones were lost; `unscorable`: the cases that name evidence
     but none of whose groups the index holds whole (no evidence figure)."""
     tables = [c.evidence for c in cases if c.evidence is not None]
+    chars = [t for t in tables if "evidenceCharRecall" in t]
     return EvidenceFigures(
         cases=len(tables),
         evidence_recall=_mean_or_none([t["evidenceRecall"] for t in tables]),
         evidence_hit=_mean_or_none([t["evidenceHit"] for t in tables]),
+        char_cases=len(chars),
+        evidence_char_recall=_mean_or_none([t["evidenceCharRecall"] for t in chars]),
+        char_precision=_mean_or_none([t["charPrecision"] for t in chars]),
         lost_by=_lost_by(c.evidence_lost for c in cases if c.evidence is not None),
         unscorable=[c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
     )
