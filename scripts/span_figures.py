@@ -42,7 +42,8 @@ def figures(path: str) -> dict:
         "contextChars": s.get("budget", {}).get("contextChars"),
         "recall": s.get("recall"),
         "hitAtCoverage": {
-            str(t): (fmean(1.0 if r >= t - 1e-9 else 0.0 for r in single) if single else None) for t in THRESHOLDS
+            str(t): (fmean(1.0 if r >= t - 1e-9 else 0.0 for r in single) if single else None)
+            for t in THRESHOLDS
         },
         "oneQuoteCases": len(single),
     }
