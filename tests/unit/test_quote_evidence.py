@@ -7,6 +7,7 @@ import pytest
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet, GoldenSetError, parse_golden_set
 from app.evaluation.golden.quotes import find_quote, is_returned, quote_key
+from app.evaluation.run.build import stage_table
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.scoring.characters import (
     best_group_chars,
@@ -198,3 +199,17 @@ def test_context_chars_counts_every_text_in_full():
 
 def test_a_quote_key_names_its_document_and_span():
     assert quote_key("hr-payroll-en", (120, 146)) == "hr-payroll-en[120:146]"
+
+
+def test_the_list_after_each_stage_has_its_character_figures():
+    run = evaluate(
+        ListChain([chunk("c1"), chunk("c3")]), golden(evidence=[{"docId": "A", "quote": QUOTE}]), 5, known()
+    )
+    after = run.cases[0].after_stage["candidates"]
+    # the top K of the candidate list: c1 (40 characters of A) and c3 (20 of B)
+    assert after["contextChars"] == (40 - 0) + (20 - 0)
+    assert after["evidenceCharRecall"] == (40 - Q_START) / (Q_END - Q_START)
+    assert after["charPrecision"] == (40 - Q_START) / ((40 - 0) + (20 - 0))
+    [row] = stage_table(run)  # the candidates row: this chain has no stages
+    assert row.after_stage["contextChars"] == (40 + 20) / 1
+    assert row.after_stage["evidenceCharRecall"] == (40 - Q_START) / (Q_END - Q_START)

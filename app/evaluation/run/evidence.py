@@ -219,3 +219,26 @@ def evidence_table(evidence: CaseEvidence, documents: Sequence[Any], coverage: f
         table["evidenceCharRecall"] = recall
         table["charPrecision"] = precision
     return table
+
+
+STAGE_CHAR_KEYS = ("evidenceCharRecall", "charPrecision", "contextChars")
+
+
+def chars_after_stages(
+    evidence: CaseEvidence, ranked_after: Mapping[str, Sequence[str]], by_id: Mapping[str, Any], k: int
+) -> dict[str, dict[str, float]]:
+    """Per list of the trace (`ranked_after`: stage name -> chunk ids), its top K's character figures:
+    contextChars (`characters.context_chars`) and, when the evidence has spans, evidenceCharRecall and
+    charPrecision (`characters.best_group_chars`). `by_id`: chunk id -> its candidate (a returned one
+    carries its attached chunks)."""
+    groups = evidence.group_spans()
+    out: dict[str, dict[str, float]] = {}
+    for name, ids in ranked_after.items():
+        top = [by_id[i] for i in ids[:k] if i in by_id]
+        row = {"contextChars": float(characters.context_chars(c.text for d in top for c in (d, *d.attached)))}
+        if any(groups):
+            row["evidenceCharRecall"], row["charPrecision"] = characters.best_group_chars(
+                returned_spans(top), groups
+            )
+        out[name] = row
+    return out

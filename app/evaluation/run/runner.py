@@ -46,6 +46,7 @@ from app.evaluation.run.evidence import (
     EvidenceIndex,
     TextSource,
     case_evidence,
+    chars_after_stages,
     document_texts,
     evidence_table,
     resolve_quotes,
@@ -757,6 +758,9 @@ def analyse_trace(
     after = (
         _after_stage(item, keys_after, gain) if metrics.has_relevant_alternative(item.relevance_maps) else {}
     )
+    by_id = {c.chunk_id: c for c in outcome.raw_candidates} | {c.chunk_id: c for c in outcome.documents}
+    for name, chars in chars_after_stages(item.placed, outcome.trace.ranked_after, by_id, item.k).items():
+        after[name] = {**after.get(name, {}), **chars}
     lost, evidence_lost = _locate_losses(item, outcome, scores, by_chunk, present_after)
     return TraceAnalysis(stage_stats=stats, after_stage=after, lost=lost, evidence_lost=evidence_lost)
 
