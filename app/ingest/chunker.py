@@ -232,13 +232,7 @@ def chunk_document(
             if len(text) < min_chunk_chars:
                 continue
             position = len(chunks)
-            metadata = {
-                **base_metadata,
-                "position": position,
-                "heading_path": HEADING_PATH_SEPARATOR.join(section.heading_path),
-                CHAR_START: span[0],
-                CHAR_END: span[1],
-            }
+            metadata = {**base_metadata, "position": position, **_place(section, span)}
             chunks.append(
                 Chunk(
                     chunk_id=chunk_id(
@@ -252,6 +246,15 @@ def chunk_document(
                 )
             )
     return chunks
+
+
+def _place(section: Section, span: Span) -> dict[str, Any]:
+    """The metadata that says where a chunk lies: its heading path (joined) and its span."""
+    return {
+        "heading_path": HEADING_PATH_SEPARATOR.join(section.heading_path),
+        CHAR_START: span[0],
+        CHAR_END: span[1],
+    }
 
 
 def _plain_section(text: str) -> Section:
