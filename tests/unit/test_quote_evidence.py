@@ -8,6 +8,7 @@ import pytest
 from app.evaluation.golden.cases import GoldenCase, GoldenSet, GoldenSetError, parse_golden_set
 from app.evaluation.golden.quotes import find_quote, is_returned, quote_key
 from app.evaluation.run.build import stage_table
+from app.evaluation.run.evidence import EvidenceIndex, document_texts
 from app.evaluation.run.runner import KnownIds, evaluate
 from app.evaluation.scoring.characters import (
     best_group_chars,
@@ -18,6 +19,7 @@ from app.evaluation.scoring.characters import (
 )
 from app.ingest.spans import normalise
 from app.retrieval.types import Candidate, RetrievalResult, RetrievalTrace
+from app.store import StoredChunk
 
 # Document A's normalised text, and two overlapping chunks of it: c1 = [0, 40), c2 = [30, 80)
 TEXT_A = "Pay day. Salaries are paid on the 10th of each month. Holidays move the payday earlier."
@@ -213,3 +215,17 @@ def test_the_list_after_each_stage_has_its_character_figures():
     [row] = stage_table(run)  # the candidates row: this chain has no stages
     assert row.after_stage["contextChars"] == (40 + 20) / 1
     assert row.after_stage["evidenceCharRecall"] == (40 - Q_START) / (Q_END - Q_START)
+
+
+def test_without_the_record_a_documents_text_is_the_one_its_chunks_hold():
+    class Store:
+        def get(self, ids, include_embeddings=True):
+            spans = {"a#0": (0, 9), "a#1": (12, 20)}  # characters 9..12 (a heading, say) are in no chunk
+            texts = {"a#0": "Pay  day.", "a#1": "the 10th"}
+            return [StoredChunk(i, texts[i], {"doc_id": "a", "char_start": spans[i][0]}) for i in ids]
+
+    index = EvidenceIndex(doc_chunks={"a": ["a#0", "a#1"]})
+    text = document_texts(Store(), None, index)(["a"])["a"]
+    assert text == "Pay day." + "\0" * (12 - 8) + "the 10th"
+    assert find_quote(text, "the 10th") == (12, 20)
+    assert find_quote(text, "day. the").startswith("not found")  # never across a gap
