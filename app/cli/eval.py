@@ -154,7 +154,8 @@ def _eval_here(args: argparse.Namespace) -> int:
         elif settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
         target = sieve.evaluation_target()
-        check_golden_against_index(golden, target.known)  # GoldenSetError -> exit 2, before any case runs
+        # GoldenSetError -> exit 2, before any case runs
+        check_golden_against_index(golden, target.known, ev.evidence_coverage)
         outcome = evaluate(target, ev, golden, baseline=baseline)
     finally:
         sieve.close()

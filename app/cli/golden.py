@@ -265,7 +265,8 @@ def _check(args: argparse.Namespace) -> int:
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        check_golden_against_index(golden, KnownIds.from_store(sieve.store, sieve.record))  # -> exit 2
+        known = KnownIds.from_store(sieve.store, sieve.record)
+        check_golden_against_index(golden, known, ev.evidence_coverage)  # GoldenSetError -> exit 2
         audit_source = source.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
         result = source.run_audit(
             golden,

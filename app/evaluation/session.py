@@ -121,7 +121,8 @@ def evaluate(
     try:
         if golden is None:
             golden = load_golden_set(settings.resource_location)
-        check_golden_against_index(golden, target.known)  # a tag no chunk carries, a quote found nowhere
+        # a tag no chunk carries, a quote found nowhere
+        check_golden_against_index(golden, target.known, settings.evidence_coverage)
     except GoldenSetError as exc:
         return _not_run(str(exc), target.described, settings)
     if baseline is None:

@@ -229,3 +229,23 @@ def test_without_the_record_a_documents_text_is_the_one_its_chunks_hold():
     assert text == "Pay day." + "\0" * (12 - 8) + "the 10th"
     assert find_quote(text, "the 10th") == (12, 20)
     assert find_quote(text, "day. the").startswith("not found")  # never across a gap
+
+
+def test_a_quote_no_chunk_could_return_is_a_golden_set_error():
+    # "payday earlier." is [72, 87) of TEXT_A; the chunks reach 80: 8 of its 15 characters are in a chunk
+    tail = [{"docId": "A", "quote": "payday earlier."}]
+    with pytest.raises(GoldenSetError) as err:
+        evidence_of([chunk("c2")], evidence=tail)
+    assert "quote 'payday earlier.' of document 'A': found at characters 72-87, but even all" in str(
+        err.value
+    )
+    assert evidence_of([chunk("c2")], coverage=(80 - 72) / (87 - 72), evidence=tail)["evidenceHit"] == 1.0
+
+
+def test_a_quote_on_chunks_without_spans_names_the_rebuild():
+    index = KnownIds.from_metadata([("c1", {"doc_id": "A"})])  # a store indexed before chunker md-v2
+    index.texts = lambda ids: {"A": TEXT_A}
+    with pytest.raises(GoldenSetError) as err:
+        evaluate(ListChain([chunk("c1")]), golden(evidence=[{"docId": "A", "quote": QUOTE}]), 5, index)
+    assert "the document's chunks carry no character span" in str(err.value)
+    assert "run `sieve store rebuild`" in str(err.value)

@@ -109,30 +109,55 @@ def quoted(golden: GoldenSet) -> list[tuple[GoldenCase, EvidenceQuote]]:
     return out
 
 
-def resolve_quotes(golden: GoldenSet, index: EvidenceIndex, texts: TextSource | None) -> None:
+def resolve_quotes(
+    golden: GoldenSet, index: EvidenceIndex, texts: TextSource | None, coverage: float = 1.0
+) -> None:
     """Resolve every quote of `golden` on this index into `index.quotes`. A quote whose document the index
     does not hold stays unresolved (a real miss: it scores 0, as a missing document does). Raises
-    `GoldenSetError` naming the file, case and quote of each quote found nowhere in its document's text, or
-    found twice or more."""
+    `GoldenSetError` naming the file, case and quote of each quote found nowhere in its document's text,
+    found twice or more, or found where no ranking could return it: even all of its document's chunks
+    together do not cover `coverage` of it (it lies in a heading line, or the chunks carry no span)."""
     wanted = quoted(golden)
     docs = sorted({q.doc_id for _, q in wanted if q.doc_id in index.doc_chunks})
     if not wanted or not docs:
         return
     if texts is None:
         raise GoldenSetError(golden.path, [f"{golden.path}: quotes need the documents' texts: none given"])
-    found = texts(docs)
+    documents = texts(docs)
     problems: list[QuoteProblem] = []
     for case, quote in wanted:
-        text = found.get(quote.doc_id)
+        text = documents.get(quote.doc_id)
         if text is None:
             continue
-        span = find_quote(text, quote.quote)
-        if isinstance(span, str):
-            problems.append(QuoteProblem(case.id, quote.doc_id, quote.quote, span))
+        found = find_quote(text, quote.quote)
+        if isinstance(found, str):
+            why: str | None = found
         else:
-            index.quotes[(quote.doc_id, quote.quote)] = span
+            why = _unreachable(index, (quote.doc_id, found[0], found[1]), coverage)
+            index.quotes[(quote.doc_id, quote.quote)] = found
+        if why is not None:
+            problems.append(QuoteProblem(case.id, quote.doc_id, quote.quote, why))
     if problems:
         raise GoldenSetError(golden.path, [p.message(golden.path) for p in problems])
+
+
+def _unreachable(index: EvidenceIndex, quote: DocSpan, coverage: float) -> str | None:
+    """Why no ranking on this index could return `quote` (all of its document's chunks together cover
+    less than `coverage` of it), or None."""
+    doc_id, start, end = quote
+    spans = [index.spans[c][1:] for c in index.doc_chunks.get(doc_id, ()) if c in index.spans]
+    if is_returned({doc_id: spans}, quote, coverage):
+        return None
+    if not spans:
+        return (
+            f"found at characters {start}-{end}, but the document's chunks carry no character span "
+            "(indexed before chunker md-v2): run `sieve store rebuild`"
+        )
+    return (
+        f"found at characters {start}-{end}, but even all of the document's chunks together cover less than "
+        f"rag.evaluate.evidence_coverage={coverage:g} of it (a heading line is in no chunk): no ranking "
+        "could return it; quote the text under the heading"
+    )
 
 
 @dataclass

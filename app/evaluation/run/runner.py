@@ -309,7 +309,7 @@ def evaluate(
     t0 = time.perf_counter()
     as_of = today or date.today()
     ks = tuple(sorted(set(k_values)))
-    check_golden_against_index(golden, known)
+    check_golden_against_index(golden, known, coverage)
     cases = [
         _prepare(case, default_k, known, case.as_of or as_of, coverage)
         for case in golden.cases
@@ -576,12 +576,13 @@ def _prepare(
     )
 
 
-def check_golden_against_index(golden: GoldenSet, known: KnownIds) -> None:
+def check_golden_against_index(golden: GoldenSet, known: KnownIds, coverage: float = 1.0) -> None:
     """The golden-set errors only the index can tell: a knowledge tag no chunk carries
-    (`check_knowledge_tags`), a quote found nowhere in its document or ambiguously (`resolve_quotes`, which
-    also resolves every quote into `known.evidence`)."""
+    (`check_knowledge_tags`), a quote found nowhere in its document, ambiguously, or where no ranking could
+    return it under the coverage rule (`resolve_quotes`, which also resolves every quote into
+    `known.evidence`)."""
     check_knowledge_tags(golden, known)
-    resolve_quotes(golden, known.evidence, known.texts)
+    resolve_quotes(golden, known.evidence, known.texts, coverage)
 
 
 def check_knowledge_tags(golden: GoldenSet, known: KnownIds) -> None:
