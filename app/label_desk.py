@@ -32,7 +32,7 @@ from app.evaluation.golden.authoring.pool import (
     report_rankings,
     variant_settings,
 )
-from app.evaluation.golden.cases import GoldenCase, case_relevance_key, load_golden_set
+from app.evaluation.golden.cases import GoldenCase, case_relevance_key, chunk_evidence, load_golden_set
 
 if TYPE_CHECKING:
     from app.service import Sieve
@@ -205,7 +205,7 @@ class LabelDesk:
         case = label_case.case
         grades, judged, _ = resolve_case(case, self._known)
         level = case_relevance_key(case)
-        evidence = {c for group in case.evidence_groups() for c in group}
+        evidence = chunk_evidence(case)
         terms = sieve.analyzer.tokens(case.query)
         by_chunk: dict[str, list[Judgment]] = {}
         for j in said:

@@ -15,11 +15,13 @@ shutdown then waits for the job worker at most `rag.server.shutdown_seconds`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -41,12 +43,17 @@ from app.settings import Settings
 
 __all__ = ["AppState", "create_app", "create_label_app", "startup_sequence", "stop_writers"]
 
+if TYPE_CHECKING:
+    from app.service import Sieve
+
 log = logging.getLogger("sieve")
 
 # of rag.server.shutdown_seconds, what the shutdown keeps for the process's own exit after the writers stop
 EXIT_ALLOWANCE_S = 1.5
 # of that allowance, what the query log's writer may take to write its queue at shutdown
 QUERYLOG_CLOSE_S = 1.0
+# how many chunks the start-up looks at for character spans (`_say_missing_spans`)
+SPAN_SAMPLE = 2000
 
 
 def create_app(
@@ -207,6 +214,19 @@ def _startup(
         on_fatal(state.exit_code)
 
 
+def _say_missing_spans(sieve: Sieve) -> None:
+    """One warning when chunks of the index carry no character span (a store indexed before chunker
+    md-v2), naming the command that gives them spans. It looks at the first `SPAN_SAMPLE` chunks only (one
+    page: a start at a million chunks does not read every chunk's metadata for a warning); a store
+    indexed before md-v2 has no span on any of them."""
+    from app.ingest.check import spanless_chunks, spans_missing_line
+
+    sample = list(itertools.islice(sieve.store.iter_all(include_text=False), SPAN_SAMPLE))
+    missing = spanless_chunks(sample)
+    if missing:
+        log.warning("%s", spans_missing_line(missing, len(sample)))
+
+
 def startup_sequence(state: AppState) -> None:
     from app.evaluation.session import evaluate
     from app.service import Sieve, freeze_loaded_objects
@@ -230,6 +250,7 @@ def startup_sequence(state: AppState) -> None:
     reconcile_index(state, sieve, full=True)
     state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
+    _say_missing_spans(sieve)
     if state.freeze_after_load:
         freeze_loaded_objects()
     if rag.evaluate.enabled:

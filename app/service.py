@@ -328,7 +328,7 @@ class Sieve:
 
         return EvaluationTarget(
             chain=self.chain,  # one chain for the run and its sweep, even if an ingest rebuilds it meanwhile
-            known=KnownIds.from_store(self.store),
+            known=KnownIds.from_store(self.store, self.record),
             described=ServiceDescription.model_validate(self.describe()),
             chain_settings=self.settings.rag.chain,
             audit=AuditSource(self.store, self.embedder, self.settings.rag.chain.hard_filter),

@@ -468,6 +468,9 @@ class EvaluateSettings(_Strict):
     # the date the hard filter's effective-date rules use; None = today
     as_of: date | None = None
     latency_sample: int = Field(20, ge=0)
+    # a quote of a golden case is returned when the returned chunks' spans cover this share of its
+    # characters (1.0: every character; app/evaluation/golden/quotes.py)
+    evidence_coverage: float = Field(1.0, gt=0.0, le=1.0)
     # timestamped report sets kept in output_dir (the -latest files are never pruned); None = keep all
     keep_reports: int | None = Field(50, ge=1)
     sweep: SweepSettings = SweepSettings()

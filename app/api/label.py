@@ -226,15 +226,15 @@ def add_judgment(body: JudgmentRequest, request: Request) -> JSONResponse:
         raise ApiError(422, "id: the chunk being judged is required (only noAnswer has none)", field="id")
     found = _find(desk, body.caseId, field="caseId")
     pool = _pools(desk, sieve, [found])[found.case.id]
-    doc_id = None
+    doc_id = quote = None
     if body.label != NO_ANSWER:
-        pooled = {c.entry.chunk_id: c.entry.doc_id for c in pool.chunks}
-        doc_id = pooled.get(body.id or "")
-        if not doc_id:
-            stored = sieve.store.chunks([body.id or ""])
-            if body.id not in stored:
-                raise ApiError(422, f"id: no chunk {body.id!r} in the index", field="id")
-            doc_id = str(stored[body.id or ""].metadata.get("doc_id", ""))
+        stored = sieve.store.chunks([body.id or ""])
+        if body.id not in stored:
+            raise ApiError(422, f"id: no chunk {body.id!r} in the index", field="id")
+        chunk = stored[body.id or ""]
+        doc_id = str(chunk.metadata.get("doc_id", ""))
+        # a grade records the chunk's text as its quote, so the export's judgment resolves on any chunking
+        quote = " ".join(chunk.text.split()) if body.grade is not None and chunk.text.strip() else None
     try:
         judgment = make_judgment(
             found.case.id,
@@ -244,6 +244,7 @@ def add_judgment(body: JudgmentRequest, request: Request) -> JSONResponse:
             grade=body.grade,
             label=body.label,
             who=body.who.strip(),
+            quote=quote,
         )
         desk.log.append(judgment)  # checks that the line reads back before writing it
     except ValueError as exc:

@@ -126,7 +126,7 @@ def _eval_here(args: argparse.Namespace) -> int:
     from app.evaluation.compare.comparison import BaselineError
     from app.evaluation.golden.beir import load_beir_cases
     from app.evaluation.golden.cases import load_golden_set
-    from app.evaluation.run.runner import check_knowledge_tags
+    from app.evaluation.run.runner import check_golden_against_index
     from app.evaluation.scoring.trec import export_evaluation
     from app.evaluation.session import evaluate, resolve_baseline
     from app.service import freeze_loaded_objects
@@ -157,7 +157,8 @@ def _eval_here(args: argparse.Namespace) -> int:
         if getattr(args, "process_start", False):
             freeze_loaded_objects()
         target = sieve.evaluation_target()
-        check_knowledge_tags(golden, target.known)  # GoldenSetError -> exit 2, before any case runs
+        # GoldenSetError -> exit 2, before any case runs
+        check_golden_against_index(golden, target.known, ev.evidence_coverage)
         outcome = evaluate(target, ev, golden, baseline=baseline)
     finally:
         sieve.close()

@@ -24,10 +24,11 @@ def add_golden_commands(sub: Any) -> None:
 
 
 def _add_golden_subcommands(gsub: Any) -> None:
-    """`sieve golden sample | generate | pool | export | check`."""
+    """`sieve golden sample | generate | pool | export | check | anchor`."""
     _add_sample(gsub)
     _add_generate(gsub)
     _add_check(gsub)
+    _add_anchor(gsub)
     _add_pool(gsub)
     _add_export(gsub)
 
@@ -147,6 +148,88 @@ def _question_generator(
     return gen.OfflineGenerator(tokens, idf, cfg.seed, cfg.key_terms)
 
 
+def _add_anchor(gsub: Any) -> None:
+    anchor = gsub.add_parser(
+        "anchor",
+        help="rewrite chunk-id evidence and chunk judgments as quotes, using the current index",
+        description="Each evidenceChunkIds entry, anyOf chunk id and chunk judgment the index holds "
+        "becomes a quote of that chunk's text ({docId, quote}), which resolves on any chunking; stale "
+        "and ambiguous ids and expectedChunkIds are kept and listed (docs/golden-set.md). Writes --out "
+        "(default <name>.anchored.json beside the golden set); an existing file is replaced only with "
+        "--force, and the golden set itself only with --in-place.",
+    )
+    anchor.add_argument("--golden-set", help="golden set file (default rag.evaluate.resource_location)")
+    where = anchor.add_mutually_exclusive_group()
+    where.add_argument("--out", help="file to write (default: <name>.anchored<suffix> beside the golden set)")
+    where.add_argument("--in-place", action="store_true", help="rewrite the golden set file itself")
+    anchor.add_argument("--force", action="store_true", help="replace --out when it exists")
+    anchor.set_defaults(func=_anchor)
+
+
+def _anchor(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from app import exit_codes
+    from app.cli.common import open_sieve, settings_with
+    from app.evaluation.golden import anchor
+    from app.evaluation.golden.cases import load_golden_set
+    from app.files import atomic_write_text
+
+    settings = settings_with()
+    source = Path(args.golden_set or settings.rag.evaluate.resource_location)
+    golden = load_golden_set(source)  # GoldenSetError -> exit 2
+    out = source if args.in_place else Path(args.out) if args.out else anchor.default_out(source)
+    if out.exists() and not (args.force or args.in_place):
+        print(f"error: {out} exists; pass --force to replace it (or --out FILE)", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    top, cases, form = anchor.read_raw(source)
+    sieve = open_sieve(settings)
+    try:
+        if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
+            sieve.ingest(settings.rag.ingest.paths, progress=True)
+        chunks, unique = _anchor_sources(sieve, golden)
+    finally:
+        sieve.close()
+    report = anchor.AnchorReport()
+    anchored = [anchor.anchor_case(c, chunks, unique, report) for c in cases]
+    atomic_write_text(out, anchor.render_raw(top, anchored, form))
+    for line in report.lines():
+        print(line)
+    print(f"wrote {out} ({len(anchored)} cases)")
+    return exit_codes.OK
+
+
+def _anchor_sources(sieve: Any, golden: Any) -> tuple[Any, Any]:
+    """(chunk id -> (doc id, normalised text) for the chunk ids `golden` names that the index holds, and
+    whether a quote occurs once in its document's text on this index)."""
+    from app.evaluation.run.runner import KnownIds
+    from app.ingest.ids import looks_like_chunk_id
+    from app.ingest.spans import normalise, occurrences
+
+    known = KnownIds.from_store(sieve.store, sieve.record)
+    named = {
+        i
+        for c in golden.cases
+        for i in [
+            *c.evidence_chunk_ids,
+            *c.judgments,
+            *(x for g in c.any_of for x in g if isinstance(x, str)),
+        ]
+        if looks_like_chunk_id(i) and i in known.chunk
+    }
+    stored = sieve.store.get(sorted(named), include_embeddings=False)
+    # the chunk's own text with its whitespace runs made one space: readable (full-width punctuation kept),
+    # and compared normalised like every quote
+    chunks = {c.chunk_id: (str(c.metadata.get("doc_id", "")), " ".join(c.text.split())) for c in stored}
+    texts = known.texts([d for d, _ in chunks.values()]) if known.texts else {}
+
+    def unique(doc_id: str, quote: str) -> bool:
+        return len(occurrences(texts.get(doc_id, ""), normalise(quote), limit=2)) == 1
+
+    return chunks, unique
+
+
 def _add_check(gsub: Any) -> None:
     check = gsub.add_parser(
         "check",
@@ -173,7 +256,7 @@ def _check(args: argparse.Namespace) -> int:
     from app.evaluation.golden.audit import source
     from app.evaluation.golden.cases import load_golden_set
     from app.evaluation.render.audit import audit_json, audit_text
-    from app.evaluation.run.runner import KnownIds, check_knowledge_tags
+    from app.evaluation.run.runner import KnownIds, check_golden_against_index
 
     settings = settings_with()
     ev = settings.rag.evaluate
@@ -182,7 +265,8 @@ def _check(args: argparse.Namespace) -> int:
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        check_knowledge_tags(golden, KnownIds.from_store(sieve.store))  # GoldenSetError -> exit 2
+        known = KnownIds.from_store(sieve.store, sieve.record)
+        check_golden_against_index(golden, known, ev.evidence_coverage)  # GoldenSetError -> exit 2
         audit_source = source.AuditSource(sieve.store, sieve.embedder, settings.rag.chain.hard_filter)
         result = source.run_audit(
             golden,

@@ -33,7 +33,7 @@ from app.evaluation.report.model import Comparison, Report, ServiceDescription, 
 from app.evaluation.run import runner
 from app.evaluation.run.build import Verdict, build_report, invalid_report, measure_report
 from app.evaluation.run.fingerprint import run_fingerprint
-from app.evaluation.run.runner import Evaluation, KnownIds, check_knowledge_tags
+from app.evaluation.run.runner import Evaluation, KnownIds, check_golden_against_index
 from app.evaluation.tune.grid import Grid, threshold_sweep
 from app.evaluation.tune.model import Split, TuneReport
 from app.evaluation.tune.replay import record
@@ -121,7 +121,8 @@ def evaluate(
     try:
         if golden is None:
             golden = load_golden_set(settings.resource_location)
-        check_knowledge_tags(golden, target.known)  # a case no chunk can match is a golden-set error
+        # a tag no chunk carries, a quote found nowhere
+        check_golden_against_index(golden, target.known, settings.evidence_coverage)
     except GoldenSetError as exc:
         return _not_run(str(exc), target.described, settings)
     if baseline is None:
@@ -203,6 +204,7 @@ def run_evaluation(
         today=settings.as_of,
         k_values=settings.k_values,
         latency_sample=settings.latency_sample,
+        coverage=settings.evidence_coverage,
         gain=settings.gain,
     )
 

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.ingest.chunker import chunk_document
+from app.ingest.chunker import CHAR_END, CHAR_START, CHUNKER_VERSION, chunk_document
 from app.ingest.types import Document
 from app.settings import IngestSettings
 from app.store import ChromaStore, StoredChunk, StoreError
@@ -256,3 +256,19 @@ def check_store(
                 report.comparison = compare(expected, stored, orphans, tombstoned)
     report.probe_failures = live.probe()
     return report
+
+
+def spanless_chunks(chunks: Iterable[StoredChunk]) -> int:
+    """How many of `chunks` carry no character span (`char_start`/`char_end`: written by chunker md-v2 on;
+    a store indexed before holds none until `sieve store rebuild` or a re-ingest of its files)."""
+    return sum(1 for c in chunks if CHAR_START not in c.metadata or CHAR_END not in c.metadata)
+
+
+def spans_missing_line(count: int, total: int) -> str:
+    """The one start-up line for a store whose chunks lack spans, with the command that gives them."""
+    return (
+        f"{count} of {total} chunks looked at carry no character span (indexed before chunker "
+        f"{CHUNKER_VERSION}): "
+        "golden evidence written as quotes cannot be placed on them; run `sieve store rebuild` to give "
+        "them spans from the document record"
+    )

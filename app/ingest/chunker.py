@@ -14,6 +14,11 @@
 
 Lengths are in characters (code points), which works alike for English and Chinese. A chunk's text is its
 piece with surrounding whitespace stripped, so it is never longer than `chunk_size`.
+
+Every chunk records where its text lies in its document: metadata `char_start` and `char_end`, the half-open
+span `[char_start, char_end)` of the chunk's text in the document's normalised text (app/ingest/spans.py).
+`normalised document text[char_start:char_end]` is the chunk's text normalised, and the spans of one
+document's chunks (overlaps included) are comparable across chunk sizes.
 """
 
 from __future__ import annotations
@@ -21,20 +26,29 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
 from app.ingest.ids import chunk_id, normalise_text, text_sha256
+from app.ingest.spans import NormalisedText, Span, normalise_with_offsets
 from app.ingest.types import Chunk, Document
 
 # Change whenever the same document could chunk differently, or `embedding_text` could build another string
 # from the same title, headings and text: it is part of every chunk id, so stored vectors are then redone.
-CHUNKER_VERSION = "md-v1"
+CHUNK_ID_VERSION = "md-v1"
+# What a chunk carries, recorded in its metadata (`chunker`): change it whenever the metadata a chunk is
+# written with changes meaning. md-v2 added the character span (CHAR_START, CHAR_END); the text, the embedded
+# string and so the id are those of md-v1, so a store written by md-v1 keeps its vectors and gets its spans
+# from `sieve store rebuild` (or any ingest of the same files, which rewrites the metadata in place).
+CHUNKER_VERSION = "md-v2"
 
 EMBEDDING_SEPARATOR = " › "
 # Chunk metadata key: sha256 of the whole normalised document text (ids.text_sha256).
 DOC_SHA256 = "doc_sha256"
+# Chunk metadata keys: the chunk's text is [CHAR_START, CHAR_END) of its document's normalised text.
+CHAR_START = "char_start"
+CHAR_END = "char_end"
 HEADING_PATH_SEPARATOR = " > "
 
 _PLAIN_SUFFIXES = (".txt", ".jsonl", ".json")
@@ -51,6 +65,7 @@ _WORD_BREAK = re.compile(r"\s+|[，、：]+\s*")
 class Section:
     heading_path: tuple[str, ...]
     text: str  # the body under the heading, stripped; may be empty
+    start: int = field(default=0, compare=False)  # where `text` begins in the text it was split from
 
 
 def split_sections(text: str) -> list[Section]:
@@ -62,36 +77,41 @@ def split_sections(text: str) -> list[Section]:
     sections: list[Section] = []
     stack: list[tuple[int, str]] = []
     body: list[str] = []
+    body_start: int | None = None  # where the body's first non-whitespace character is in `text`
     fence: str | None = None
+    offset = 0
 
     def close() -> None:
-        sections.append(Section(tuple(title for _, title in stack), "\n".join(body).strip()))
+        body_text = "\n".join(body).strip()
+        sections.append(Section(tuple(title for _, title in stack), body_text, body_start or 0))
 
-    for line in text.splitlines():
-        fence_match = _FENCE.match(line)
-        if fence is not None:
-            # a fence closes with the same character, at least as long as the opener
-            closer = fence_match.group(1) if fence_match else ""
-            if closer[:1] == fence[0] and len(closer) >= len(fence):
-                fence = None
-            body.append(line)
+    for raw_line in text.splitlines(keepends=True):
+        line = raw_line.splitlines()[0]
+        line_offset, offset = offset, offset + len(raw_line)
+        if fence is None and (heading := _HEADING.match(line)) is not None and not _FENCE.match(line):
+            close()
+            body, body_start = [], None
+            level = len(heading.group(1))
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, normalise_text(heading.group(2) or "")))
             continue
-        if fence_match:
-            fence = fence_match.group(1)
-            body.append(line)
-            continue
-        heading = _HEADING.match(line)
-        if heading is None:
-            body.append(line)
-            continue
-        close()
-        body = []
-        level = len(heading.group(1))
-        while stack and stack[-1][0] >= level:
-            stack.pop()
-        stack.append((level, normalise_text(heading.group(2) or "")))
+        fence = _next_fence(fence, line)
+        body.append(line)
+        if body_start is None and line.strip():
+            body_start = line_offset + len(line) - len(line.lstrip())
     close()
     return sections
+
+
+def _next_fence(fence: str | None, line: str) -> str | None:
+    """The open fence after `line` (None: outside any): a fence closes with the same character, at least
+    as long as its opener."""
+    fence_match = _FENCE.match(line)
+    if fence is None:
+        return fence_match.group(1) if fence_match else None
+    closer = fence_match.group(1) if fence_match else ""
+    return None if closer[:1] == fence[0] and len(closer) >= len(fence) else fence
 
 
 def _boundaries(pattern: re.Pattern[str], text: str) -> list[int]:
@@ -194,36 +214,29 @@ def chunk_document(
     `markdown=None` decides by `is_markdown(doc)`. Chunks whose stripped text is shorter than
     `min_chunk_chars` are dropped (with the default 1, only empty ones), and positions stay consecutive.
     Chunk metadata = the document's scalar metadata (None dropped, lists comma-joined, dates as ISO strings)
-    + doc_id, title, position, heading_path (joined with " > ") and doc_sha256 (`text_sha256` of the whole
-    document text, so copies of a document under another id can be recognised), all scalars as Chroma
-    requires.
+    + doc_id, title, position, heading_path (joined with " > "), doc_sha256 (`text_sha256` of the whole
+    document text, so copies of a document under another id can be recognised) and char_start/char_end (the
+    chunk's span in the document's normalised text), all scalars as Chroma requires.
     """
     if min_chunk_chars < 1:
         raise ValueError(f"min_chunk_chars must be at least 1, got {min_chunk_chars}")
     use_markdown = is_markdown(doc) if markdown is None else markdown
-    sections = split_sections(doc.text) if use_markdown else [Section((), doc.text.strip())]
+    sections = split_sections(doc.text) if use_markdown else [_plain_section(doc.text)]
     base_metadata = {k: v for k, v in ((k, _scalar(v)) for k, v in doc.metadata.items()) if v is not None}
-    doc_sha256 = text_sha256(doc.text)
+    base_metadata.update({"doc_id": doc.doc_id, "title": doc.title, DOC_SHA256: text_sha256(doc.text)})
+    document = normalise_with_offsets(doc.text)
 
     chunks: list[Chunk] = []
     for section in sections:
-        for start, end in split_spans(section.text, chunk_size, overlap):
-            text = section.text[start:end].strip()
+        for text, span in _section_pieces(section, document, chunk_size, overlap):
             if len(text) < min_chunk_chars:
                 continue
             position = len(chunks)
-            metadata = {
-                **base_metadata,
-                "doc_id": doc.doc_id,
-                "title": doc.title,
-                "position": position,
-                "heading_path": HEADING_PATH_SEPARATOR.join(section.heading_path),
-                DOC_SHA256: doc_sha256,
-            }
+            metadata = {**base_metadata, "position": position, **_place(section, span)}
             chunks.append(
                 Chunk(
                     chunk_id=chunk_id(
-                        doc.doc_id, CHUNKER_VERSION, position, section.heading_path, text, title=doc.title
+                        doc.doc_id, CHUNK_ID_VERSION, position, section.heading_path, text, title=doc.title
                     ),
                     doc_id=doc.doc_id,
                     text=text,
@@ -233,6 +246,43 @@ def chunk_document(
                 )
             )
     return chunks
+
+
+def _place(section: Section, span: Span) -> dict[str, Any]:
+    """The metadata that says where a chunk lies: its heading path (joined) and its span."""
+    return {
+        "heading_path": HEADING_PATH_SEPARATOR.join(section.heading_path),
+        CHAR_START: span[0],
+        CHAR_END: span[1],
+    }
+
+
+def _plain_section(text: str) -> Section:
+    """A plain-text document as one section: its stripped text, from its first non-whitespace character."""
+    return Section((), text.strip(), len(text) - len(text.lstrip()))
+
+
+def _section_pieces(
+    section: Section, document: NormalisedText, chunk_size: int, overlap: int
+) -> list[tuple[str, Span]]:
+    """(text, span) of each piece of `section`: the piece stripped, and its span in the document's
+    normalised text (`document`). The section's text is its lines joined with "\\n", which normalises
+    like the document's own line breaks, so a place in it maps to the document through the section start."""
+    if not section.text:
+        return []
+    within = normalise_with_offsets(section.text)
+    origin = document.starts[section.start]
+    pieces: list[tuple[str, Span]] = []
+    for start, end in split_spans(section.text, chunk_size, overlap):
+        piece = section.text[start:end]
+        text = piece.strip()
+        if not text:
+            pieces.append((text, (origin, origin)))
+            continue
+        first = start + len(piece) - len(piece.lstrip())
+        lo, hi = within.span_of(first, first + len(text))
+        pieces.append((text, (origin + lo, origin + hi)))
+    return pieces
 
 
 def stored_chunk(stored_id: str, text: str, metadata: dict[str, Any]) -> Chunk:

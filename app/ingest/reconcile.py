@@ -46,7 +46,7 @@ from app.ingest.check import (
     expected_chunk_ids,
     first_ids,
 )
-from app.ingest.chunker import CHUNKER_VERSION
+from app.ingest.chunker import CHUNK_ID_VERSION
 from app.ingest.types import Document
 from app.settings import IngestSettings
 from app.store.chroma import PROBE_ID_PREFIX
@@ -100,7 +100,7 @@ class ChunkIdCache:
     def __init__(self, settings: IngestSettings, path: Path | None = None):
         self.settings = settings
         self.path = path
-        self._key = [CHUNKER_VERSION, settings.chunk_size, settings.chunk_overlap, settings.min_chunk_chars]
+        self._key = [CHUNK_ID_VERSION, settings.chunk_size, settings.chunk_overlap, settings.min_chunk_chars]
         self._ids: dict[str, tuple[str, str, frozenset[str]]] = {}  # doc id -> (hash, origin, chunk ids)
         self._changed = False
         if path is not None and path.is_file():

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.ingest.chunker import DOC_SHA256, HEADING_PATH_SEPARATOR, is_markdown
+from app.ingest.chunker import CHAR_END, CHAR_START, DOC_SHA256, HEADING_PATH_SEPARATOR, is_markdown
 from app.ingest.ids import text_sha256
 from app.ingest.types import Document
 from app.store import StoredChunk
@@ -32,7 +32,9 @@ from app.store.record import Tombstone
 log = logging.getLogger(__name__)
 
 # chunk metadata keys that the chunker and the ingest pipeline add: not the document's own metadata
-CHUNK_KEYS = frozenset({"doc_id", "title", "position", "heading_path", DOC_SHA256, "origin", "chunker"})
+CHUNK_KEYS = frozenset(
+    {"doc_id", "title", "position", "heading_path", DOC_SHA256, CHAR_START, CHAR_END, "origin", "chunker"}
+)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.ingest.chunker import (
-    CHUNKER_VERSION,
+    CHUNK_ID_VERSION,
     DOC_SHA256,
     Section,
     chunk_document,
@@ -189,7 +189,12 @@ def test_chunk_ids_are_derived_from_content():
     chunks = chunk_document(md(PAYROLL), chunk_size=600, overlap=50)
     for chunk in chunks:
         assert chunk.chunk_id == chunk_id(
-            "payroll", CHUNKER_VERSION, chunk.position, chunk.heading_path, chunk.text, title="Payroll policy"
+            "payroll",
+            CHUNK_ID_VERSION,
+            chunk.position,
+            chunk.heading_path,
+            chunk.text,
+            title="Payroll policy",
         )
     assert chunk_document(md(PAYROLL), 600, 50) == chunks
     assert len({c.chunk_id for c in chunks}) == len(chunks)
@@ -232,6 +237,9 @@ def test_chunk_metadata_is_document_metadata_plus_chunk_fields():
         "position": 0,
         "heading_path": "Payroll policy > Pay dates",
         "doc_sha256": hashlib.sha256(b"# Payroll policy ## Pay dates On the 25th.").hexdigest(),
+        # the span of "On the 25th." in the normalised text "# Payroll policy ## Pay dates On the 25th."
+        "char_start": len("# Payroll policy ## Pay dates "),
+        "char_end": len("# Payroll policy ## Pay dates ") + len("On the 25th."),
     }
 
 

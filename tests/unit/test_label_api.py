@@ -159,7 +159,15 @@ def test_a_judgment_is_appended_and_shown(client: TestClient, tmp_path: Path) ->
     )
     lines = [json.loads(x) for x in (tmp_path / "judgments.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in x.items() if k != "at"} for x in lines] == [
-        {"caseId": "pay", "query": "when is payday", "id": "faq#0", "docId": "faq", "grade": 0, "who": "ann"},
+        {
+            "caseId": "pay",
+            "query": "when is payday",
+            "id": "faq#0",
+            "docId": "faq",
+            "grade": 0,
+            "who": "ann",
+            "quote": "text of faq#0",  # the chunk's text: the export's judgment resolves on any chunking
+        },
         {
             "caseId": "d1",
             "query": "new hire laptop",
@@ -168,7 +176,15 @@ def test_a_judgment_is_appended_and_shown(client: TestClient, tmp_path: Path) ->
             "label": "noAnswer",
             "who": "bob",
         },
-        {"caseId": "pay", "query": "when is payday", "id": "faq#0", "docId": "faq", "grade": 1, "who": "ann"},
+        {
+            "caseId": "pay",
+            "query": "when is payday",
+            "id": "faq#0",
+            "docId": "faq",
+            "grade": 1,
+            "who": "ann",
+            "quote": "text of faq#0",
+        },
     ]
     assert all(x["at"].endswith("Z") for x in lines)
     view = client.get("/api/label/cases/pay", headers=ADMIN).json()

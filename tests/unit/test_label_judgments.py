@@ -203,6 +203,18 @@ def test_grades_forbidden_and_field_order() -> None:
     assert (out.applied, out.promoted, out.conflicts) == (3, False, [])
 
 
+def test_a_grade_that_carries_its_chunks_quote_is_exported_as_a_judged_quote() -> None:
+    raw = case(
+        expectedDocIds=["d9"], judgedQuotes=[{"docId": "d1", "quote": "Paid on the 10th.", "grade": 1}]
+    )
+    quoted = make_judgment("c1", "q", "d1#0", "d1", grade=3, who="ann", quote="Paid on the 10th.")
+    out = merged(raw, quoted, j(chunk="d2#0", grade=0))
+    # the same passage's grade is replaced; a judgment without a quote stays a chunk-id judgment
+    assert out.case["judgedQuotes"] == [{"docId": "d1", "quote": "Paid on the 10th.", "grade": 3}]
+    assert out.case["judgments"] == {"d2#0": 0}
+    assert json.loads(json.dumps(quoted.to_json()))["quote"] == "Paid on the 10th."
+
+
 def test_a_draft_is_promoted_by_a_relevant_grade_only() -> None:
     draft = case(draft=True, origin="log")
     assert merged(draft, j(grade=0)).promoted is False

@@ -207,3 +207,20 @@ def test_the_comparison_shows_the_budget_the_removed_cases_and_whether_the_run_b
     assert removed is not None
     assert "&lt;hard-1&gt;" in removed.group(1) and "(no retired reason given)" in removed.group(1)
     assert "The baseline stays: the gate failed." in html
+
+
+def test_a_tile_shows_the_evidence_characters_with_char_precision_and_context() -> None:
+    report = sample_report()
+    report["summary"]["evidence"] = {
+        "cases": 2,
+        "evidenceHit": 0.5,
+        "charCases": 2,
+        "evidenceCharRecall": 0.75,
+    }
+    report["summary"]["evidence"]["charPrecision"] = 0.125
+    report["summary"]["budget"] = {"contextChars": 2249.4}
+    html = page(report)
+    tile = re.search(r'data-metric="evidenceCharRecall">(.*?)</div>\s*</div>', html, re.S)
+    assert tile is not None
+    assert '<div class="value">0.750</div>' in tile.group(1)
+    assert "CharPrecision 0.125; 2249 context characters a case" in tile.group(1)

@@ -50,6 +50,34 @@ class GoldenSetError(ValueError):
         super().__init__("\n".join(lines))
 
 
+class EvidenceQuote(BaseModel):
+    """A passage of a document that holds (part of) the answer: `{"docId": ..., "quote": ...}`. It is
+    resolved on each index to a span of the document's normalised text (app/evaluation/golden/quotes.py),
+    so it survives re-chunking where a chunk id does not."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+
+    doc_id: str = Field(alias="docId")
+    quote: str
+
+    @field_validator("doc_id", "quote")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("blank", "must not be empty or blank")
+        return value
+
+
+class JudgedQuote(EvidenceQuote):
+    """A judged passage: `{"docId", "quote", "grade"}` (grade 0 = judged not relevant, > 0 relevant), what
+    the labelling page records for a chunk, so the judgment resolves on any chunking."""
+
+    grade: float = Field(ge=0.0)
+
+
+EvidenceItem = str | EvidenceQuote  # a chunk id, or a quote
+
+
 class GoldenCase(BaseModel):
     """One golden query.
 
@@ -72,7 +100,12 @@ class GoldenCase(BaseModel):
         a key that is a chunk id in the index judges that chunk, any other key a document) → judgments
       evidenceChunkIds (list[str]: the chunks that together hold the answer: one evidence group) →
         evidence_chunk_ids
-      anyOf (list[list[str]]: acceptable evidence groups of chunk ids; any one whole group answers) → any_of
+      evidence (list[{docId, quote}]: the passages that together hold the answer, as quotes of their
+        documents: one evidence group, with evidenceChunkIds when both are given) → evidence
+      anyOf (list[list[str | {docId, quote}]]: acceptable evidence groups, each of chunk ids and/or quotes;
+        any one whole group answers) → any_of
+      judgedQuotes (list[{docId, quote, grade}]: judged passages; each grades what holds it on this index,
+        as a judged chunk does) → judged_quotes
       origin ("manual" | "generated" | "log": how the case was made) → origin
       generator (str | null: what made a generated case, e.g. "offline:heading", "llm:qwen2.5") → generator
       passageChunkId (str | null: the chunk a generated case was made from) → passage_chunk_id
@@ -110,7 +143,9 @@ class GoldenCase(BaseModel):
     group: str | None = None
     judgments: dict[str, float] = Field(default_factory=dict)
     evidence_chunk_ids: list[str] = Field(default_factory=list, alias="evidenceChunkIds")
-    any_of: list[list[str]] = Field(default_factory=list, alias="anyOf")
+    evidence: list[EvidenceQuote] = Field(default_factory=list)
+    any_of: list[list[str | EvidenceQuote]] = Field(default_factory=list, alias="anyOf")
+    judged_quotes: list[JudgedQuote] = Field(default_factory=list, alias="judgedQuotes")
     origin: Literal["manual", "generated", "log"] = "manual"
     generator: str | None = None
     passage_chunk_id: str | None = Field(default=None, alias="passageChunkId")
@@ -162,9 +197,9 @@ class GoldenCase(BaseModel):
 
     @field_validator("any_of")
     @classmethod
-    def _groups_not_empty(cls, value: list[list[str]]) -> list[list[str]]:
+    def _groups_not_empty(cls, value: list[list[EvidenceItem]]) -> list[list[EvidenceItem]]:
         if any(not group for group in value):
-            raise PydanticCustomError("empty_group", "every anyOf group names at least one chunk id")
+            raise PydanticCustomError("empty_group", "every anyOf group names at least one chunk id or quote")
         return value
 
     @model_validator(mode="after")
@@ -188,8 +223,10 @@ class GoldenCase(BaseModel):
                 ("expectedChunkIds", self.expected_chunk_ids),
                 ("relevance", self.relevance),
                 ("evidenceChunkIds", self.evidence_chunk_ids),
+                ("evidence", self.evidence),
                 ("anyOf", self.any_of),
                 ("judgments (a grade > 0)", {k: g for k, g in self.judgments.items() if g > 0}),
+                ("judgedQuotes (a grade > 0)", [q for q in self.judged_quotes if q.grade > 0]),
             )
             if value
         ]
@@ -218,7 +255,7 @@ class GoldenCase(BaseModel):
             raise PydanticCustomError(
                 "no_expectation",
                 "no expectation: give expectedDocIds, expectedSources, expectedChunkIds, relevance, "
-                "judgments or evidenceChunkIds, or set expectNoAnswer (or draft while labelling)",
+                "judgments, evidence or evidenceChunkIds, or set expectNoAnswer (or draft while labelling)",
             )
 
     def _expected_docs_not_graded_out(self) -> None:
@@ -234,7 +271,7 @@ class GoldenCase(BaseModel):
 
     def _evidence_not_judged_out(self) -> None:
         """No evidence chunk is judged not relevant."""
-        evidence = {chunk for group in self.evidence_groups() for chunk in group}
+        evidence = chunk_evidence(self)
         judged_out = sorted(c for c in evidence if c in self.judgments and self.judgments[c] <= 0)
         if judged_out:
             raise PydanticCustomError(
@@ -264,18 +301,21 @@ class GoldenCase(BaseModel):
             or self.expected_sources
             or self.expected_chunk_ids
             or self.evidence_chunk_ids
+            or self.evidence
             or self.any_of
             or any(grade > 0 for grade in self.relevance.values())
             or any(grade > 0 for grade in self.judgments.values())
+            or any(q.grade > 0 for q in self.judged_quotes)
         )
 
-    def evidence_groups(self) -> list[list[str]]:
-        """The acceptable evidence groups: each `anyOf` group, then `evidenceChunkIds` as one more group;
-        at chunk level (only `expectedChunkIds` named) those chunks are the one group. Any one whole
-        group in the top K answers the question."""
-        groups = [list(group) for group in self.any_of]
-        if self.evidence_chunk_ids:
-            groups.append(list(self.evidence_chunk_ids))
+    def evidence_groups(self) -> list[list[EvidenceItem]]:
+        """The acceptable evidence groups, of chunk ids and quotes: each `anyOf` group, then
+        `evidenceChunkIds` and `evidence` together as one more group; at chunk level (only
+        `expectedChunkIds` named) those chunks are the one group. Any one whole group in the top K answers
+        the question."""
+        groups: list[list[EvidenceItem]] = [list(group) for group in self.any_of]
+        if self.evidence_chunk_ids or self.evidence:
+            groups.append([*self.evidence_chunk_ids, *self.evidence])
         if not groups and self.expected_chunk_ids and not (self.expected_doc_ids or self.relevance):
             groups.append(list(self.expected_chunk_ids))
         return groups
@@ -288,6 +328,11 @@ class GoldenCase(BaseModel):
         return grades
 
 
+def chunk_evidence(case: GoldenCase) -> set[str]:
+    """The chunk ids among the case's evidence groups (its quotes left out)."""
+    return {item for group in case.evidence_groups() for item in group if isinstance(item, str)}
+
+
 def case_relevance_key(case: GoldenCase) -> RelevanceKey:
     """What a retrieved chunk is matched on when scoring `case`:
 
@@ -295,8 +340,8 @@ def case_relevance_key(case: GoldenCase) -> RelevanceKey:
                  so two chunks of one expected document are a hit and then a duplicate;
     * "chunk"  — otherwise, when it names expectedChunkIds: the chunk id itself (judgments of chunk ids
                  then count at chunk level, and the expected chunks are the case's evidence);
-    * "doc"    — otherwise, when it names judgments, evidenceChunkIds or anyOf: chunks roll up to their
-                 documents (see `runner.resolve_case`);
+    * "doc"    — otherwise, when it names judgments, judgedQuotes, evidence, evidenceChunkIds or anyOf:
+                 chunks and quotes roll up to their documents (see `runner.resolve_case`);
     * "source" — otherwise (only expectedSources): the chunk's source value.
 
     An expectNoAnswer case (which names none) is "doc", the level forbiddenDocIds is checked at.
@@ -306,7 +351,7 @@ def case_relevance_key(case: GoldenCase) -> RelevanceKey:
         return "doc"
     if case.expected_chunk_ids:
         return "chunk"
-    if case.judgments or case.evidence_chunk_ids or case.any_of:
+    if case.judgments or case.judged_quotes or case.evidence_chunk_ids or case.evidence or case.any_of:
         return "doc"
     if case.expected_sources:
         return "source"

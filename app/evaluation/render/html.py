@@ -104,7 +104,13 @@ def tiles(report: Report) -> list[Tile]:
     correct abstention, Judged@K, evidence hit and latency p95 where the report has them."""
     s = report.summary or Summary()
     kl = k_label(report)
-    extras = (_abstention_tile(s), _judged_tile(s, kl), _evidence_tile(s, kl), _latency_tile(s))
+    extras = (
+        _abstention_tile(s),
+        _judged_tile(s, kl),
+        _evidence_tile(s, kl),
+        _evidence_chars_tile(s, kl),
+        _latency_tile(s),
+    )
     return _metric_tiles(report, s, kl) + [t for t in extras if t is not None]
 
 
@@ -153,12 +159,29 @@ def _judged_tile(s: Summary, kl: str) -> Tile | None:
 
 
 def _evidence_tile(s: Summary, kl: str) -> Tile | None:
-    """EvidenceHit@K over the cases that name evidence chunks (None without any)."""
+    """EvidenceHit@K over the cases that name evidence (None without any)."""
     evidence = s.evidence
     if not evidence.cases:
         return None
-    counts = f"{evidence.cases} cases name evidence chunks"
+    counts = f"{evidence.cases} cases name evidence"
     return Tile(key="evidenceHit", label="Evidence hit" + kl, value=evidence.evidence_hit, counts=counts)
+
+
+def _evidence_chars_tile(s: Summary, kl: str) -> Tile | None:
+    """EvidenceCharRecall@K, with CharPrecision and the context characters (None without evidence spans)."""
+    evidence = s.evidence
+    if not evidence.char_cases or evidence.evidence_char_recall is None:
+        return None
+    context = s.budget.get("contextChars")
+    counts = f"CharPrecision {evidence.char_precision or 0:.3f}" + (
+        f"; {context:.0f} context characters a case" if context is not None else ""
+    )
+    return Tile(
+        key="evidenceCharRecall",
+        label="Evidence characters" + kl,
+        value=evidence.evidence_char_recall,
+        counts=counts,
+    )
 
 
 def _latency_tile(s: Summary) -> Tile | None:

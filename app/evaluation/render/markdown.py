@@ -605,8 +605,14 @@ def _judgment_rows(s: Summary, kl: str) -> list[str]:
         stale = ev.unscorable
         not_scored = f"; not scored, no group whole in the index: {_ids(stale)}" if stale else ""
         rows.append(
-            f"| Evidence chunks: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
+            f"| Evidence: EvidenceRecall{kl} / EvidenceHit{kl} ({ev.cases} cases) | "
             f"{_f(ev.evidence_recall)} / {_f(ev.evidence_hit)} ({lost}{not_scored}) |"
+        )
+    if ev.char_cases:
+        rows.append(
+            f"| Evidence characters: EvidenceCharRecall{kl} / CharPrecision{kl} ({ev.char_cases} cases; "
+            "evidence characters returned / evidence characters, / characters returned) | "
+            f"{_f(ev.evidence_char_recall)} / {_f(ev.char_precision)} |"
         )
     return rows
 
@@ -647,7 +653,27 @@ def _own_dates(report: Report) -> str:
     return f"; {own} case(s) are judged as of their own asOf" if own else ""
 
 
+# the character figures of the list after each stage (run/evidence.py), when the run has them
+_STAGE_CHAR_LABELS = {"evidenceCharRecall": "EvidenceCharRecall", "charPrecision": "CharPrecision"}
+
+
+def _stage_char_columns(report: Report, kl: str) -> tuple[list[str], list[str]]:
+    """(keys, headers) of the character columns of the stage table: context characters, and the evidence
+    character figures when some case's evidence has spans."""
+    keys = [
+        k for k in (*_STAGE_CHAR_LABELS, "contextChars") if any(k in st.after_stage for st in report.stages)
+    ]
+    return keys, [
+        f"{_STAGE_CHAR_LABELS[k]}{kl}" if k in _STAGE_CHAR_LABELS else "Context chars" for k in keys
+    ]
+
+
+def _stage_char_cell(key: str, value: float | None) -> str:
+    return (f"{value:.0f}" if value is not None else "—") if key == "contextChars" else _f(value)
+
+
 def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
+    char_keys, char_headers = _stage_char_columns(report, kl)
     lines = [
         "## Per-stage filter statistics",
         "",
@@ -655,12 +681,13 @@ def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         "stage made disappear from the list (a filter removing relevant documents is a bug to look at; "
         "dropping a second chunk of a document that stays is not counted). "
         + "/".join(measures.label(m) for m in measures.AFTER_STAGE)
-        + " are of the list after the stage, cut at K.",
+        + " are of the list after the stage, cut at K"
+        + (", and so are its character figures (means over the cases that have them)." if char_keys else "."),
         "",
         "| Stage | Removed | Removed relevant | Avg ms | "
-        + " | ".join(measures.label(m, kl) for m in measures.AFTER_STAGE)
+        + " | ".join([*(measures.label(m, kl) for m in measures.AFTER_STAGE), *char_headers])
         + " | Note |",
-        "|---|---|---|---|" + "---|" * len(measures.AFTER_STAGE) + "---|",
+        "|---|---|---|---|" + "---|" * (len(measures.AFTER_STAGE) + len(char_keys)) + "---|",
     ]
     for st in report.stages:
         note = st.skipped or ("" if st.enabled else "disabled")
@@ -669,7 +696,12 @@ def _stages_markdown(report: Report, s: Summary, kl: str) -> list[str]:
         flag = " ⚠" if st.removed_relevant else ""
         lines.append(
             f"| {st.name} | {st.removed} | {st.removed_relevant}{flag} | {_ms(st.latency_ms)} | "
-            + " | ".join(_f(st.after_stage.get(m)) for m in measures.AFTER_STAGE)
+            + " | ".join(
+                [
+                    *(_f(st.after_stage.get(m)) for m in measures.AFTER_STAGE),
+                    *(_stage_char_cell(k, st.after_stage.get(k)) for k in char_keys),
+                ]
+            )
             + f" | {note} |"
         )
     if report.candidate_origins:
@@ -906,6 +938,11 @@ def _case_judgment_lines(c: CaseRecord) -> list[str]:
             f"Evidence ({groups}): EvidenceRecall {_f(c.scores.evidence.get('evidenceRecall'))}, "
             f"EvidenceHit {_f(c.scores.evidence.get('evidenceHit'))}"
         )
+        if "evidenceCharRecall" in c.scores.evidence:
+            line += (
+                f", EvidenceCharRecall {_f(c.scores.evidence['evidenceCharRecall'])}, "
+                f"CharPrecision {_f(c.scores.evidence['charPrecision'])}"
+            )
         if c.analysis.evidence_lost:
             line += "; lost: " + _losses(c.analysis.evidence_lost)
         out += [line, ""]

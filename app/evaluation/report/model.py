@@ -623,13 +623,18 @@ def _field_name(model: type[BaseModel], key: str) -> str:
 
 
 class EvidenceFigures(Model):
-    """Over the cases that name evidence chunks and ran: their number, the mean EvidenceRecall and
-    EvidenceHit, where the evidence chunks of the unanswered ones were lost (`lost_by`), and the cases none of
-    whose groups the index holds whole (`unscorable`: no evidence figure)."""
+    """Over the cases that name evidence (chunk ids or quotes) and ran: their number, the mean
+    EvidenceRecall and EvidenceHit, the mean EvidenceCharRecall and CharPrecision over those whose evidence
+    has character spans (`char_cases` of them), where the evidence chunks of the unanswered ones were lost
+    (`lost_by`), and the cases none of whose groups the index holds whole (`unscorable`: no evidence
+    figure)."""
 
     cases: int = 0
     evidence_recall: float | None = None
     evidence_hit: float | None = None
+    char_cases: int = 0
+    evidence_char_recall: float | None = None
+    char_precision: float | None = None
     lost_by: dict[str, int] = Field(default_factory=dict)
     unscorable: list[str] = Field(default_factory=list)
 
@@ -640,6 +645,8 @@ _GROUPED_FIGURES = {
     "falseAnswerRate": ("no_answer", "false_answer_rate"),
     "evidenceRecall": ("evidence", "evidence_recall"),
     "evidenceHit": ("evidence", "evidence_hit"),
+    "evidenceCharRecall": ("evidence", "evidence_char_recall"),
+    "charPrecision": ("evidence", "char_precision"),
 }
 
 

@@ -36,6 +36,7 @@ from app.evaluation.report.model import (
     SummaryCounts,
     Sweep,
 )
+from app.evaluation.run.evidence import STAGE_CHAR_KEYS
 from app.evaluation.run.fingerprint import case_sha256
 from app.evaluation.run.runner import (
     NOT_IN_INDEX,
@@ -181,10 +182,14 @@ def _evidence_summary(cases: list[CaseResult]) -> EvidenceFigures:
     where the evidence chunks of the unanswered ones were lost; `unscorable`: the cases that name evidence
     but none of whose groups the index holds whole (no evidence figure)."""
     tables = [c.evidence for c in cases if c.evidence is not None]
+    chars = [t for t in tables if "evidenceCharRecall" in t]
     return EvidenceFigures(
         cases=len(tables),
         evidence_recall=_mean_or_none([t["evidenceRecall"] for t in tables]),
         evidence_hit=_mean_or_none([t["evidenceHit"] for t in tables]),
+        char_cases=len(chars),
+        evidence_char_recall=_mean_or_none([t["evidenceCharRecall"] for t in chars]),
+        char_precision=_mean_or_none([t["charPrecision"] for t in chars]),
         lost_by=_lost_by(c.evidence_lost for c in cases if c.evidence is not None),
         unscorable=[c.case.id for c in cases if c.case.evidence_groups() and not c.evidence_groups],
     )
@@ -194,7 +199,6 @@ def stage_table(evaluation: Evaluation) -> list[StageRow]:
     """Per stage, over all cases: removed, removedRelevant, latency, and the averages of Recall/MRR/nDCG of
     the list after that stage (first row: the raw candidates)."""
     ok = [c for c in evaluation.cases if c.result is not None]
-    scored = [c for c in ok if c.metrics is not None]
     rows = [
         StageRow(
             name="candidates",
@@ -204,7 +208,7 @@ def stage_table(evaluation: Evaluation) -> list[StageRow]:
             removed_relevant=0,
             added=0,
             latency_ms=_mean([c.result.trace.candidates_ms for c in ok]),  # type: ignore[union-attr]
-            after_stage=_after(scored, "candidates"),
+            after_stage=_after(ok, "candidates"),
         )
     ]
     for i, name in enumerate(evaluation.stage_names):
@@ -219,17 +223,22 @@ def stage_table(evaluation: Evaluation) -> list[StageRow]:
                 removed_relevant=sum(s.removed_relevant for s in stats),
                 added=sum(s.added for s in stats),
                 latency_ms=_mean([s.latency_ms for s in stats]),
-                after_stage=_after(scored, name),
+                after_stage=_after(ok, name),
             )
         )
     return rows
 
 
-def _after(scored: list[CaseResult], stage: str) -> dict[str, float | None]:
-    """The `AFTER_STAGE` means of the list after `stage`."""
-    return _table_means(
+def _after(cases: list[CaseResult], stage: str) -> dict[str, float | None]:
+    """The `AFTER_STAGE` means of the list after `stage` over the scored cases, and the means of its
+    character figures (`evidence.STAGE_CHAR_KEYS`) over the cases that have them (a figure none has is
+    left out)."""
+    scored = [c for c in cases if c.metrics is not None]
+    means = _table_means(
         [c.after_stage[stage] for c in scored if stage in c.after_stage], measures.AFTER_STAGE
     )
+    chars = _table_means([c.after_stage[stage] for c in cases if stage in c.after_stage], STAGE_CHAR_KEYS)
+    return {**means, **{key: value for key, value in chars.items() if value is not None}}
 
 
 def _mean(values: list[float]) -> float | None:

@@ -34,6 +34,8 @@ from datetime import date
 from typing import Any
 
 from app.evaluation.golden.cases import (
+    EvidenceItem,
+    EvidenceQuote,
     GoldenCase,
     GoldenSet,
     GoldenSetError,
@@ -41,6 +43,16 @@ from app.evaluation.golden.cases import (
     case_relevance_key,
 )
 from app.evaluation.report.model import Loss, Ranks, StageStat
+from app.evaluation.run.evidence import (
+    CaseEvidence,
+    EvidenceIndex,
+    TextSource,
+    case_evidence,
+    chars_after_stages,
+    document_texts,
+    evidence_table,
+    resolve_quotes,
+)
 from app.evaluation.scoring import measures, metrics
 from app.evaluation.scoring.measures import Ranking
 from app.evaluation.scoring.metrics import Gain, Rank, match_key
@@ -81,11 +93,18 @@ class KnownIds:
     chunk_doc: dict[str, str] = field(default_factory=dict)
     source_docs: dict[str, set[str]] = field(default_factory=dict)
     tags: set[str] = field(default_factory=set)
+    # the chunks' spans, and where the golden set's quotes resolved (`resolve_quotes`)
+    evidence: EvidenceIndex = field(default_factory=EvidenceIndex)
+    # the normalised texts of documents, to resolve quotes in (None: quotes cannot be resolved)
+    texts: TextSource | None = None
 
     @classmethod
-    def from_store(cls, store: Any) -> KnownIds:
-        """Every id in a store (anything with `iter_all(include_text=False)` yielding chunks)."""
-        return cls.from_metadata((c.chunk_id, c.metadata) for c in store.iter_all(include_text=False))
+    def from_store(cls, store: Any, record: Any = None) -> KnownIds:
+        """Every id in a store (anything with `iter_all(include_text=False)` yielding chunks); documents'
+        texts from `record` (the document record), else from the store's chunks (`document_texts`)."""
+        known = cls.from_metadata((c.chunk_id, c.metadata) for c in store.iter_all(include_text=False))
+        known.texts = document_texts(store, record, known.evidence)
+        return known
 
     @classmethod
     def from_metadata(cls, rows: Iterable[tuple[str, ChunkMetadata]]) -> KnownIds:
@@ -95,6 +114,7 @@ class KnownIds:
             known.chunk.add(chunk_id)
             known.doc.add(doc_id)
             known.chunk_doc[chunk_id] = doc_id
+            known.evidence.add(chunk_id, doc_id, meta)
             if meta.get("source"):
                 source = str(meta["source"])
                 known.source.add(source)
@@ -170,6 +190,10 @@ class CaseResult:
     unscorable: str | None = None
     # the date the case is judged as of: its own asOf, else the run's
     as_of: date | None = None
+    # its evidence groups as keys on this index, with their spans (quotes resolved)
+    placed: CaseEvidence = field(default_factory=CaseEvidence)
+    # the share of a quote's characters the returned chunks must cover (`quotes.is_returned`)
+    coverage: float = 1.0
 
     @property
     def metrics(self) -> dict[str, float] | None:
@@ -276,17 +300,23 @@ def evaluate(
     k_values: Sequence[int] = (),
     latency_sample: int = 0,
     gain: Gain = "linear",
+    coverage: float = 1.0,
 ) -> Evaluation:
     """Run `golden` through `chain`. `today` is the date the hard filter's effective-date rules use
     (None = the real today) for every case without its own `asOf`; `k_values` are extra cut-offs scored
     from the same ranking; `latency_sample` cases are re-run one at a time for the single-query latency;
-    `gain` is nDCG's (`metrics.gain_of`)."""
+    `gain` is nDCG's (`metrics.gain_of`); `coverage` the quotes' coverage rule (`quotes.is_returned`).
+    Raises `GoldenSetError` for a knowledge tag no chunk carries and a quote that does not resolve."""
     started = time.time()
     t0 = time.perf_counter()
     as_of = today or date.today()
     ks = tuple(sorted(set(k_values)))
-    check_knowledge_tags(golden, known)
-    cases = [_prepare(case, default_k, known, case.as_of or as_of) for case in golden.cases if not case.draft]
+    check_golden_against_index(golden, known, coverage)
+    cases = [
+        _prepare(case, default_k, known, case.as_of or as_of, coverage)
+        for case in golden.cases
+        if not case.draft
+    ]
     warnings = _run_warnings(golden, cases)
     with cyclic_gc_paused():
         _run_batches(chain, cases, as_of, ks, gain, progress)
@@ -400,11 +430,16 @@ def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int) -> No
             item.single_latency_ms = round(elapsed, 3)
 
 
-def usable_groups(case: GoldenCase, known: KnownIds) -> list[list[str]]:
+def usable_groups(case: GoldenCase, known: KnownIds) -> list[list[EvidenceItem]]:
     """The case's evidence groups (`GoldenCase.evidence_groups`) whose every chunk the index holds. A group
     with a chunk the index does not hold is left out whole: the chunks that together held the answer are no
-    longer all known, so no figure can say the answer was found with them."""
-    return [group for group in case.evidence_groups() if all(c in known.chunk for c in group)]
+    longer all known, so no figure can say the answer was found with them. A quote never makes a group
+    unusable: it resolves on any chunking (and one whose document is not in the index is a real miss)."""
+    return [
+        group
+        for group in case.evidence_groups()
+        if all(not isinstance(c, str) or c in known.chunk for c in group)
+    ]
 
 
 def stale_chunk_ids(case: GoldenCase, known: KnownIds) -> list[str]:
@@ -412,7 +447,7 @@ def stale_chunk_ids(case: GoldenCase, known: KnownIds) -> list[str]:
     its expectedChunkIds at chunk level, and the `judgments` keys shaped like a chunk id
     (`ids.looks_like_chunk_id`) that are no document of the index either (`_stale_judgment`). They are
     left out of every figure (see `resolve_case`)."""
-    named = [c for group in case.evidence_groups() for c in group]
+    named = [c for group in case.evidence_groups() for c in group if isinstance(c, str)]
     if case_relevance_key(case) == "chunk":
         named += case.expected_chunk_ids
     named += [key for key in case.judgments if _stale_judgment(key, known)]
@@ -426,7 +461,7 @@ def _stale_judgment(key: str, known: KnownIds) -> bool:
 
 
 def _grades(
-    case: GoldenCase, known: KnownIds, groups: list[list[str]]
+    case: GoldenCase, known: KnownIds, groups: list[list[EvidenceItem]]
 ) -> tuple[dict[str, float], dict[str, list[str]]]:
     """`case`'s grades at its level with evidence `groups` (chunks the index holds), and its expectedSources
     expanded to documents (see `resolve_case`)."""
@@ -435,11 +470,7 @@ def _grades(
     if key == "source":
         return case_expected_relevance(case), expanded
     if key == "chunk":
-        grades = {c: 1.0 for c in case.expected_chunk_ids if c in known.chunk}
-        grades.update({i: float(g) for i, g in case.judgments.items() if i in known.chunk})
-        for chunk in (c for group in groups for c in group):
-            grades.setdefault(chunk, 1.0)
-        return grades, expanded
+        return _chunk_grades(case, known, groups), expanded
     grades = case.relevance_map()
     own = {
         i: float(g)
@@ -449,13 +480,11 @@ def _grades(
     grades.update(own)
     graded_directly = set(grades)
     rolled: dict[str, float] = {}
-    for chunk, grade in case.judgments.items():
-        if chunk in known.chunk:
-            doc = known.chunk_doc[chunk]
-            rolled[doc] = max(rolled.get(doc, 0.0), float(grade))
-    for chunk in (c for group in groups for c in group):
-        doc = known.chunk_doc[chunk]
-        rolled[doc] = max(rolled.get(doc, 0.0), 1.0)
+    judged = [(known.chunk_doc[c], float(g)) for c, g in case.judgments.items() if c in known.chunk]
+    judged += [(q.doc_id, q.grade) for q in case.judged_quotes]
+    judged += [(_item_doc(item, known), 1.0) for group in groups for item in group]
+    for doc, grade in judged:
+        rolled[doc] = max(rolled.get(doc, 0.0), grade)
     if case.expected_sources and (case.expected_doc_ids or case.relevance or case.judgments):
         for source in case.expected_sources:
             docs = sorted(known.source_docs.get(source, ()))
@@ -466,6 +495,32 @@ def _grades(
         if doc not in graded_directly:
             grades[doc] = grade
     return grades, expanded
+
+
+def _item_doc(item: EvidenceItem, known: KnownIds) -> str:
+    """The document of an evidence item: a chunk's, or the one a quote names."""
+    return known.chunk_doc[item] if isinstance(item, str) else item.doc_id
+
+
+def _chunk_grades(case: GoldenCase, known: KnownIds, groups: list[list[EvidenceItem]]) -> dict[str, float]:
+    """Chunk-level grades: expectedChunkIds (1), the judgments of chunk ids, each judged quote's grade on
+    the chunks that hold part of it (the highest), then the evidence chunks and the chunks holding an
+    evidence quote (1 unless judged)."""
+    grades = {c: 1.0 for c in case.expected_chunk_ids if c in known.chunk}
+    grades.update({i: float(g) for i, g in case.judgments.items() if i in known.chunk})
+    for quote in case.judged_quotes:
+        for chunk in _quote_holders(quote, known):
+            grades[chunk] = max(grades.get(chunk, 0.0), quote.grade)
+    for item in (i for group in groups for i in group):
+        for chunk in [item] if isinstance(item, str) else _quote_holders(item, known):
+            grades.setdefault(chunk, 1.0)
+    return grades
+
+
+def _quote_holders(quote: EvidenceQuote, known: KnownIds) -> list[str]:
+    """The chunks of this index that hold part of a resolved quote (none for an unresolved one)."""
+    span = known.evidence.quotes.get((quote.doc_id, quote.quote))
+    return known.evidence.holders((quote.doc_id, *span)) if span is not None else []
 
 
 def resolve_case(
@@ -506,15 +561,18 @@ def case_alternatives(case: GoldenCase, known: KnownIds) -> list[dict[str, float
     return [_grades(case, known, [group])[0] for group in groups]
 
 
-def _prepare(case: GoldenCase, default_k: int, known: KnownIds, as_of: date) -> CaseResult:
+def _prepare(
+    case: GoldenCase, default_k: int, known: KnownIds, as_of: date, coverage: float = 1.0
+) -> CaseResult:
     key = case_relevance_key(case)
     relevance, judged, expanded = resolve_case(case, known)
     alternatives = case_alternatives(case, known)
     stale = stale_chunk_ids(case, known)
+    placed = case_evidence(usable_groups(case, known), known.chunk_doc, known.evidence)
     pool = {"doc": known.doc, "chunk": known.chunk, "source": known.source}[key]
     missing = sorted(i for i, grade in relevance.items() if grade > 0 and i not in pool)
     missing += [s for s, docs in expanded.items() if not docs]
-    missing += [c for c in stale if c not in missing]
+    missing += [c for c in [*stale, *placed.unplaced] if c not in missing]
     unscorable = None
     if not case.expect_no_answer and not metrics.has_relevant_alternative(alternatives):
         unscorable = "every expectation it names is a chunk id not in the index: " + ", ".join(stale)
@@ -525,13 +583,24 @@ def _prepare(case: GoldenCase, default_k: int, known: KnownIds, as_of: date) -> 
         relevance,
         missing_from_index=missing,
         judged_ids=judged,
-        evidence_groups=usable_groups(case, known),
+        evidence_groups=placed.groups,
         expanded_sources=expanded,
         alternatives=alternatives if len(alternatives) > 1 else [],
         stale_chunk_ids=stale,
         unscorable=unscorable,
         as_of=as_of,
+        placed=placed,
+        coverage=coverage,
     )
+
+
+def check_golden_against_index(golden: GoldenSet, known: KnownIds, coverage: float = 1.0) -> None:
+    """The golden-set errors only the index can tell: a knowledge tag no chunk carries
+    (`check_knowledge_tags`), a quote found nowhere in its document, ambiguously, or where no ranking could
+    return it under the coverage rule (`resolve_quotes`, which also resolves every quote into
+    `known.evidence`)."""
+    check_knowledge_tags(golden, known)
+    resolve_quotes(golden, known.evidence, known.texts, coverage)
 
 
 def check_knowledge_tags(golden: GoldenSet, known: KnownIds) -> None:
@@ -663,12 +732,9 @@ def score_ranking(
 
 
 def _evidence(item: CaseResult, outcome: RetrievalResult) -> dict[str, float]:
-    """evidenceRecall and evidenceHit of the chunks the top K returns (attached ones included)."""
-    chunks = [c.chunk_ids_with_attached() for c in outcome.documents[: item.k]]
-    return {
-        "evidenceRecall": metrics.evidence_recall_at_k(chunks, item.evidence_groups, item.k),
-        "evidenceHit": metrics.evidence_hit_at_k(chunks, item.evidence_groups, item.k),
-    }
+    """evidenceRecall and evidenceHit of the chunks the top K returns (attached ones included), the quotes
+    they cover, and the character figures (`evidence.evidence_table`)."""
+    return evidence_table(item.placed, outcome.documents[: item.k], item.coverage)
 
 
 def _keys_after(
@@ -713,6 +779,9 @@ def analyse_trace(
     after = (
         _after_stage(item, keys_after, gain) if metrics.has_relevant_alternative(item.relevance_maps) else {}
     )
+    by_id = {c.chunk_id: c for c in outcome.raw_candidates} | {c.chunk_id: c for c in outcome.documents}
+    for name, chars in chars_after_stages(item.placed, outcome.trace.ranked_after, by_id, item.k).items():
+        after[name] = {**after.get(name, {}), **chars}
     lost, evidence_lost = _locate_losses(item, outcome, scores, by_chunk, present_after)
     return TraceAnalysis(stage_stats=stats, after_stage=after, lost=lost, evidence_lost=evidence_lost)
 
@@ -803,7 +872,8 @@ def _locate_losses(
         # where each evidence chunk that is not in the top K went, at chunk level
         chunk_after = {name: set(ids) for name, ids in trace.ranked_after.items()}
         identity = {c.chunk_id: c.chunk_id for c in outcome.raw_candidates}
-        wanted = {c for group in item.evidence_groups for c in group}
+        holders = item.placed.holders
+        wanted = {h for group in item.evidence_groups for c in group for h in holders.get(c, [c])}
         top_chunks = [i for c in outcome.documents[:k] for i in c.chunk_ids_with_attached()]
         evidence_lost = _where_lost(item, outcome, identity, wanted, top_chunks, chunk_after)
     if not lost and not evidence_lost:  # nothing to give ranks to (most cases)

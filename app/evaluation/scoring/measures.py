@@ -240,8 +240,9 @@ MEASURES: tuple[Measure, ...] = (
         True,
         3,
         "higher",
-        "max over the case's evidence groups G of |G ∩ chunks the top K returns| / |G| "
-        "(attached chunks count)",
+        "max over the case's evidence groups G of |G ∩ items the top K returns| / |G|: a chunk id when a "
+        "returned chunk (or one attached to it) is that chunk, a quote when the returned chunks' spans "
+        "cover it (rag.evaluate.evidence_coverage of its characters)",
     ),
     Measure(
         "evidenceHit",
@@ -250,7 +251,28 @@ MEASURES: tuple[Measure, ...] = (
         True,
         3,
         "higher",
-        "1 when some evidence group is wholly among the chunks the top K returns, else 0",
+        "1 when some evidence group is wholly among the items the top K returns, else 0",
+    ),
+    Measure(
+        "evidenceCharRecall",
+        "EvidenceCharRecall",
+        None,
+        True,
+        3,
+        "higher",
+        "|E ∩ R| / |E|: the evidence characters the top K returns over the evidence characters, E the spans "
+        "of the best-covered evidence group and R those of the returned chunks (attached ones included), "
+        "each character once",
+    ),
+    Measure(
+        "charPrecision",
+        "CharPrecision",
+        None,
+        True,
+        3,
+        "higher",
+        "|E ∩ R| / |R|: the evidence characters the top K returns over the characters it returns (a big "
+        "chunk cannot win by overlap alone)",
     ),
 )
 

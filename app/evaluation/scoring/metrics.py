@@ -409,21 +409,33 @@ def condensed(ranked_ids: Sequence[Rank], judged: Collection[str]) -> list[Rank]
     return [i for i in ranked_ids if _is_judged(i, judged)]
 
 
+def evidence_recall(returned: Collection[str], groups: Sequence[Collection[str]]) -> float:
+    """EvidenceRecall = max over the acceptable evidence groups G_j of |G_j ∩ T| / |G_j|, T the evidence
+    items the top K returns (`returned`): chunk ids, and the quotes its chunks cover (app/evaluation/run/
+    evidence.py). How much of the best-covered way of answering is there (1.0: one whole group is). Raises
+    `UndefinedMetricError` without a group. Example: groups [{a, b}, {c}], T = {a, x} -> max(1/2, 0/1)."""
+    if not groups or any(not g for g in groups):
+        raise UndefinedMetricError("the case names no evidence group")
+    return max(len(set(g) & set(returned)) / len(set(g)) for g in groups)
+
+
+def evidence_hit(returned: Collection[str], groups: Sequence[Collection[str]]) -> float:
+    """EvidenceHit = 1 when some acceptable evidence group is wholly among the items the top K returns, else
+    0 (the answer can be read from the top K). Equals 1 exactly when `evidence_recall` is 1."""
+    return 1.0 if evidence_recall(returned, groups) == 1.0 else 0.0
+
+
 def evidence_recall_at_k(
     ranked_chunks: Sequence[Sequence[str]], groups: Sequence[Collection[str]], k: int
 ) -> float:
-    """EvidenceRecall@K = max over the acceptable evidence groups G_j of |G_j ∩ T| / |G_j|, T the chunk ids
-    the top K returns: how much of the best-covered way of answering is there (1.0: one whole group is).
+    """EvidenceRecall@K = `evidence_recall` of T, the chunk ids the top K returns.
 
     Each rank of `ranked_chunks` is the chunk ids that rank returns: its chunk, then the chunks the diversity
     stage attached to it (`attach_per_document`); the cut is at K ranks. Groups are sets of chunk ids (anyOf:
     any one group answers). Raises `UndefinedMetricError` without a group. Example: groups [{a, b}, {c}],
     top 2 = [[a], [x]] -> max(1/2, 0/1) = 0.5; top 1 = [[x, c]] -> 1/1."""
     check_k(k)
-    if not groups or any(not g for g in groups):
-        raise UndefinedMetricError("the case names no evidence group")
-    top = {chunk for rank in ranked_chunks[:k] for chunk in rank}
-    return max(len(set(g) & top) / len(set(g)) for g in groups)
+    return evidence_recall({chunk for rank in ranked_chunks[:k] for chunk in rank}, groups)
 
 
 def evidence_hit_at_k(

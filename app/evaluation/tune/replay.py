@@ -40,6 +40,7 @@ from app.evaluation.compare.gate import check_gate
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
 from app.evaluation.run.build import summary_record
+from app.evaluation.run.evidence import CaseEvidence
 from app.evaluation.run.runner import CaseResult, Evaluation, score_case
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.metrics import Gain
@@ -83,6 +84,8 @@ class RecordedCase:
     stale_chunk_ids: list[str] = field(default_factory=list)
     unscorable: str | None = None
     as_of: date | None = None  # the date the case is judged as of (its own asOf, else the run's)
+    placed: CaseEvidence = field(default_factory=CaseEvidence)  # its evidence as keys, with their spans
+    coverage: float = 1.0  # the quotes' coverage rule
 
 
 class RecordedLexical:
@@ -163,6 +166,8 @@ def _recorded_case(item: CaseResult, request: RetrievalRequest, cset: CandidateS
         stale_chunk_ids=list(item.stale_chunk_ids),
         unscorable=item.unscorable,
         as_of=item.as_of,
+        placed=item.placed,
+        coverage=item.coverage,
     )
 
 
@@ -469,6 +474,8 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             stale_chunk_ids=list(rc.stale_chunk_ids),
             unscorable=rc.unscorable,
             as_of=rc.as_of or recording.as_of,
+            placed=rc.placed,
+            coverage=rc.coverage,
         )
         if rc.candidates is None:
             item.error = rc.error or "failed before its stages ran"

@@ -143,7 +143,12 @@ def case_refs(case: GoldenCase) -> list[Ref]:
     ]
     refs += [Ref("expectedChunkIds", i, CHUNK, "relevant") for i in case.expected_chunk_ids]
     refs += [Ref("evidenceChunkIds", i, CHUNK, "relevant") for i in case.evidence_chunk_ids]
-    refs += [Ref(f"anyOf[{n}]", i, CHUNK, "relevant") for n, group in enumerate(case.any_of) for i in group]
+    refs += [
+        Ref(f"anyOf[{n}]", i, CHUNK, "relevant")
+        for n, group in enumerate(case.any_of)
+        for i in group
+        if isinstance(i, str)
+    ]
     if case.passage_chunk_id:
         refs.append(Ref("passageChunkId", case.passage_chunk_id, CHUNK, "named"))
     refs += [Ref("expectedSources", i, SOURCE, "relevant") for i in case.expected_sources]

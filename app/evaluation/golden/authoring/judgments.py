@@ -3,7 +3,11 @@
 The judgments file (default golden_set/judgments.jsonl) is append-only, one JSON object a line:
 
     {"caseId": "...", "query": "...", "id": "<chunk id>", "docId": "<its document>", "grade": 0..3,
-     "who": "...", "at": "2026-01-02T03:04:05Z"}
+     "who": "...", "at": "2026-01-02T03:04:05Z", "quote": "<the chunk's text>"}
+
+`quote` (optional; the labelling page writes it for every graded chunk) is the chunk's text with its
+whitespace runs made one space: the export writes that grade as a `judgedQuotes` entry, which resolves on
+any chunking, instead of a `judgments` key of the chunk id, which holds only on this one.
 
 with `"label": "forbidden"` instead of a grade (the chunk's document must never be returned for the query),
 or `"label": "noAnswer"` with `"id": null` (nothing in the knowledge base answers the query).
@@ -18,13 +22,14 @@ The merge, as pure functions over parsed values:
    * "forbidden vs relevant": a document marked forbidden while a chunk of it is graded > 0 (by anyone);
    * "noAnswer vs relevant": "no answer" for a case in which a chunk is graded > 0.
    Forbidden beside a grade 0 is no conflict: both say "not relevant".
-3. `merge_case`: the agreed judgments into one case: grades into `judgments` (chunk id keys; a later
-   export replaces the grade of the same key), forbidden documents into `forbiddenDocIds`, "noAnswer" into
-   `expectNoAnswer: true`. A judgment that contradicts the case itself is a conflict too ("against the
-   golden set": forbidding a document the case expects, grading an evidence chunk 0, a grade > 0 in an
-   expectNoAnswer case, "noAnswer" for a case that names expectations), and so is anything that leaves the
-   case invalid (`GoldenCase`). A draft case that receives a grade > 0 or "noAnswer" is promoted (its
-   `draft` field is removed: a scored case).
+3. `merge_case`: the agreed judgments into one case: grades into `judgedQuotes` ({docId, quote, grade},
+   for judgments that carry the chunk's quote; a later export replaces the grade of the same passage) or
+   else `judgments` (chunk id keys; a later export replaces the grade of the same key), forbidden
+   documents into `forbiddenDocIds`, "noAnswer" into `expectNoAnswer: true`. A judgment that contradicts
+   the case itself is a conflict too ("against the golden set": forbidding a document the case expects,
+   grading an evidence chunk 0, a grade > 0 in an expectNoAnswer case, "noAnswer" for a case that names
+   expectations), and so is anything that leaves the case invalid (`GoldenCase`). A draft case that
+   receives a grade > 0 or "noAnswer" is promoted (its `draft` field is removed: a scored case).
 4. `export`: every case of the golden set, plus the promoted drafts appended in the drafts file's order.
    A draft whose id is already in the golden set was promoted by an earlier export; its judgments merge
    into that case. Judgments of unknown cases, or of a case whose query has changed since, are skipped
@@ -47,7 +52,7 @@ from pydantic import ValidationError
 
 from app.evaluation.golden.authoring.dataset_version import next_dataset_version
 from app.evaluation.golden.authoring.generate import CaseJson
-from app.evaluation.golden.cases import GoldenCase, GoldenSetError, parse_golden_set
+from app.evaluation.golden.cases import GoldenCase, GoldenSetError, chunk_evidence, parse_golden_set
 from app.files import atomic_write_text, change_line
 from app.jsonl import (
     append_lines,
@@ -96,6 +101,7 @@ class Judgment:
     who: str
     at: str
     line: int = 0
+    quote: str | None = None  # the judged chunk's text (whitespace runs as one space), when recorded
 
     @property
     def slot(self) -> str | None:
@@ -117,6 +123,8 @@ class Judgment:
             out["grade"] = self.grade
         out["who"] = self.who
         out["at"] = self.at
+        if self.quote is not None:
+            out["quote"] = self.quote
         return out
 
 
@@ -134,6 +142,7 @@ def make_judgment(
     label: str | None = None,
     who: str = "",
     at: str | None = None,
+    quote: str | None = None,
 ) -> Judgment:
     """A validated judgment (the labelling API's write); ValueError names the bad field."""
     return _validated(
@@ -145,6 +154,7 @@ def make_judgment(
             **({"grade": grade} if label is None else {"label": label}),
             "who": who,
             "at": at or utc_now(),
+            **({"quote": quote} if quote is not None else {}),
         },
         0,
     )
@@ -153,7 +163,7 @@ def make_judgment(
 def _validated(value: Any, line: int) -> Judgment:
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    known = {"caseId", "query", "id", "docId", "grade", "label", "who", "at"}
+    known = {"caseId", "query", "id", "docId", "grade", "label", "who", "at", "quote"}
     unknown = sorted(set(value) - known)
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(known))})")
@@ -173,9 +183,11 @@ def _validated(value: Any, line: int) -> Judgment:
         raise ValueError(f"grade: must be one of 0, 1, 2, 3 (got {grade!r})")
     if has_label and label not in LABELS:
         raise ValueError(f'label: must be "forbidden" or "noAnswer" (got {label!r})')
-    chunk_id, doc_id = value.get("id"), value.get("docId")
+    chunk_id, doc_id, quote = value.get("id"), value.get("docId"), value.get("quote")
+    if quote is not None and (not isinstance(quote, str) or not quote.strip()):
+        raise ValueError(f"quote: must be a non-blank string when given (got {quote!r})")
     if label == NO_ANSWER:
-        chunk_id = doc_id = None
+        chunk_id = doc_id = quote = None
     else:
         for name, text in (("id", chunk_id), ("docId", doc_id)):
             if not isinstance(text, str) or not text.strip():
@@ -190,6 +202,7 @@ def _validated(value: Any, line: int) -> Judgment:
         who=value["who"].strip(),
         at=value["at"],
         line=line,
+        quote=quote,
     )
 
 
@@ -380,9 +393,7 @@ def merge_case(
     no_answer = check.no_answer()
     out = json.loads(json.dumps(dict(raw)))  # a deep copy, the same JSON types
     if grades:
-        judgments = dict(out.get("judgments") or {})
-        judgments.update(grades)
-        out["judgments"] = judgments
+        _merge_grades(out, grades, verdict, check.doc_of)
     new_forbidden = [d for d in forbidden if d not in check.forbidden_docs]
     if new_forbidden:
         out["forbiddenDocIds"] = [*(out.get("forbiddenDocIds") or []), *new_forbidden]
@@ -403,6 +414,28 @@ def merge_case(
     return CaseMerge(out, applied=applied, promoted=promoted, conflicts=check.conflicts)
 
 
+def _merge_grades(
+    out: dict[str, Any], grades: Mapping[str, int], verdict: CaseVerdict, doc_of: Mapping[str, str]
+) -> None:
+    """Write `grades` into the case `out`: a grade whose judgments carry the chunk's quote as a
+    `judgedQuotes` entry (replacing the grade of the same passage), any other under its chunk id in
+    `judgments` (replacing the grade of the same key)."""
+    quoted = {c: q for c in grades if (q := _quote(verdict.sources.get(c, []))) is not None}
+    plain = {c: g for c, g in grades.items() if c not in quoted}
+    if plain:
+        out["judgments"] = {**(out.get("judgments") or {}), **plain}
+    if quoted:
+        entries = [{"docId": doc_of.get(c, ""), "quote": q, "grade": grades[c]} for c, q in quoted.items()]
+        passages = {(e["docId"], e["quote"]) for e in entries}
+        kept = [e for e in out.get("judgedQuotes") or [] if (e.get("docId"), e.get("quote")) not in passages]
+        out["judgedQuotes"] = [*kept, *entries]
+
+
+def _quote(said: Sequence[Judgment]) -> str | None:
+    """The chunk's quote the judgments of one chunk recorded (the latest that has one)."""
+    return next((j.quote for j in reversed(said) if j.quote is not None), None)
+
+
 class _Against:
     """A case's verdict checked against what the case already says: each part of the verdict that
     contradicts the case becomes a conflict ("against the golden set") and is left out."""
@@ -412,7 +445,7 @@ class _Against:
         self.verdict = verdict
         self.doc_of = doc_of
         self.conflicts: list[Conflict] = []
-        self.evidence = {c for group in case.evidence_groups() for c in group} | set(case.expected_chunk_ids)
+        self.evidence = chunk_evidence(case) | set(case.expected_chunk_ids)
         self.forbidden_docs = set(case.forbidden_doc_ids)
 
     def against(self, key: str | None, said: Sequence[Judgment], detail: str) -> None:
