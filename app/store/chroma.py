@@ -844,6 +844,45 @@ class ChromaStore:
         self._changes = None
         self._change_log()
 
+    # -- side collections: `sieve experiment`'s variant indexes on the same client ----------------------
+
+    def collections(self) -> dict[str, dict[str, Any]]:
+        """Every collection of this store's client: {name: its metadata}."""
+        out = {}
+        for entry in self._call(self._client.list_collections):
+            collection = self._call(self._client.get_collection, entry) if isinstance(entry, str) else entry
+            out[collection.name] = dict(collection.metadata or {})
+        return out
+
+    def side(self, name: str, settings: StoreSettings, metadata: dict[str, Any]) -> ChromaStore:
+        """A store over collection `name` on this client, created with `settings`' HNSW configuration and
+        `metadata` when missing (an existing one is opened as it is). It holds no lock of its own (this
+        store's is held until this store closes) and has no chunk cache; never this store's collection."""
+        if name == self.name:
+            raise ValueError(f"'{name}' is this store's own collection")
+        if _exists(self._client, name):
+            collection = self._call(self._client.get_collection, name)
+        else:
+            collection = self._call(
+                self._client.create_collection,
+                name,
+                configuration=_configuration(settings),
+                metadata=metadata,
+                embedding_function=None,
+            )
+        return ChromaStore(self._client, collection, f"{self.description}, collection '{name}'")
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Replace this collection's metadata with `metadata`."""
+        self._call(self._collection.modify, metadata=metadata)
+
+    def drop(self, name: str) -> None:
+        """Drop collection `name` of this client (never this store's own)."""
+        if name == self.name:
+            raise ValueError(f"'{name}' is this store's own collection")
+        if _exists(self._client, name):
+            self._call(self._client.delete_collection, name)
+
     def leftover_staging(self) -> str | None:
         """What a stopped rebuild left (its staging collection: how many chunks, complete or not, or why it
         cannot be read), or None when there is none."""

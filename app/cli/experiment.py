@@ -1,0 +1,149 @@
+"""`sieve experiment FILE`: the variants of an experiment file side by side on this store (app/experiment/),
+and `sieve experiment --clean`, which drops the variant collections.
+
+Everything in the file is checked before any model loads; the base collection, the document record and the
+baseline files of `rag.evaluate.output_dir` are never written. Two experiments on one store are refused (a
+lock file: `<rag.store.path>/experiment.lock` embedded, `<rag.experiment.cache_dir>/experiment-<host>-<port>
+.lock` on a Chroma server).
+
+Exit codes (`app.exit_codes`): 0 done; 2 bad input (the experiment file, a settings value, the golden set,
+the store budget); 3 the store is held by another process or cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from app import exit_codes
+from app.cli.common import _Invocation, fail, settings_with
+from app.settings import Settings, config_source
+
+LOCK_NAME = "experiment.lock"
+
+
+def add_experiment_command(sub: Any) -> None:
+    ex = sub.add_parser(
+        "experiment",
+        help="run variants of the settings side by side (own collections, never switched in) and compare",
+        description="FILE (YAML) holds `variants: {NAME: {dotted.settings.key: value}}` and/or `axes: "
+        "{key: [values]}` with `design: grid|one-at-a-time`; the base is the current configuration. "
+        "See docs/cli.md.",
+    )
+    ex.add_argument("file", nargs="?", help="the experiment file (YAML)")
+    ex.add_argument(
+        "--output-dir",
+        help="report folder (default <rag.evaluate.output_dir>/experiments/<name or timestamp>)",
+    )
+    ex.add_argument("--clean", action="store_true", help="drop this store's experiment collections and exit")
+    ex.set_defaults(func=experiment_command)
+
+
+def experiment_command(args: argparse.Namespace) -> int:
+    from app import pidlock
+    from app.evaluation.golden.cases import load_golden_set
+    from app.experiment.spec import ExperimentFileError, load_spec
+
+    settings = settings_with()
+    if args.clean == bool(args.file):
+        return fail("give an experiment FILE, or --clean (not both)")
+    try:
+        spec = None if args.clean else load_spec(args.file, settings, _Invocation.config_path)
+    except ExperimentFileError as exc:
+        return fail(str(exc))
+    golden = None if spec is None else load_golden_set(settings.rag.evaluate.resource_location)
+    lock_path = experiment_lock(settings)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = pidlock.acquire(lock_path)
+    except pidlock.LockHeldError as held:
+        return fail(f"another experiment (pid {held.holder}) is running on this store ({lock_path})")
+    try:
+        sieve = _open(settings)
+        if isinstance(sieve, int):
+            return sieve
+        try:
+            return _clean(sieve) if spec is None else _run(spec, golden, sieve, args.output_dir)
+        finally:
+            sieve.close()
+    finally:
+        pidlock.release(fd)
+
+
+def experiment_lock(settings: Settings) -> Path:
+    store = settings.rag.store
+    if store.mode == "embedded":
+        return Path(store.path) / LOCK_NAME
+    return Path(settings.rag.experiment.cache_dir) / f"experiment-{store.host}-{store.port}.lock"
+
+
+def _open(settings: Settings) -> Any:
+    """The Sieve of `settings`, or the exit code of a store another process holds (said on stderr)."""
+    from app.cli.common import open_sieve
+    from app.store import StoreLockedError
+
+    try:
+        return open_sieve(settings)
+    except StoreLockedError as exc:
+        server = f" listening on {exc.address}" if exc.address else ""
+        return fail(
+            f"the embedded store {exc.path} is open in another process (pid {exc.holder}{server}, e.g. "
+            "`sieve serve`), and it allows one process at a time. `sieve experiment --server` is not "
+            "available yet: stop that process for the experiment, or share the store through a Chroma "
+            "server (rag.store.mode: http), where an experiment runs beside a serving Sieve",
+            exit_codes.UNAVAILABLE,
+        )
+
+
+def _clean(sieve: Any) -> int:
+    from app.experiment.index import is_experiment_collection
+
+    base = sieve.settings.rag.store.collection
+    dropped = [n for n, m in sieve.store.collections().items() if is_experiment_collection(base, n, m)]
+    for name in dropped:
+        sieve.store.drop(name)
+    print(f"dropped {len(dropped)} experiment collection(s){': ' + ', '.join(dropped) if dropped else ''}")
+    return exit_codes.OK
+
+
+def _run(spec: Any, golden: Any, sieve: Any, output_dir: str | None) -> int:
+    from app.evaluation.run.runner import check_knowledge_tags
+    from app.experiment.render import verdict_lines
+    from app.experiment.report import experiment_json, write_experiment
+    from app.experiment.run import ExperimentError, run_experiment
+
+    settings = sieve.settings
+    out = Path(output_dir) if output_dir else default_output_dir(settings, spec.name)
+    for note in spec.notes:
+        print(f"note: {note}", file=sys.stderr)
+    check_knowledge_tags(golden, sieve.evaluation_target().known)  # GoldenSetError -> exit 2
+    try:
+        run = run_experiment(spec, sieve, golden, out, "bar" if sys.stderr.isatty() else "log")
+    except ExperimentError as exc:
+        return fail(str(exc))
+    data = experiment_json(run, settings)
+    paths = write_experiment(data, out, config_source(_Invocation.config_path))
+    print_table(data)
+    for line in verdict_lines(data):
+        print(line)
+    for path in paths:
+        print(f"experiment: {path}")
+    return exit_codes.OK
+
+
+def default_output_dir(settings: Settings, name: str | None) -> Path:
+    from app.evaluation.render.files import report_stamp
+
+    return Path(settings.rag.evaluate.output_dir) / "experiments" / (name or report_stamp())
+
+
+def print_table(data: dict[str, Any]) -> None:
+    from app.experiment.render import HEADER, table_rows
+
+    header = [h.format(measure=data["measure"]) for h in HEADER]
+    rows = [header, *table_rows(data)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

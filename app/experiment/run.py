@@ -1,0 +1,314 @@
+"""`sieve experiment`: the variants of an experiment file run side by side on one store, the base untouched.
+
+1. Plan (nothing built yet): each variant's index (`index.decide`), its embedder (one per distinct
+   rag.models embedder/prompts, loaded once) and its reranker; the estimated bytes of the collections to
+   build against `rag.experiment.max_store_bytes`.
+2. Build what is missing (`build.build`: from the document record, passage vectors through the shared
+   embedding cache), reuse what is complete. Progress per variant in the log.
+3. Evaluate the base, then each variant, on the same golden set and K, each into its own folder
+   (`<output-dir>/<variant>/`, the files `sieve eval` writes), never compared with nor promoted to a
+   baseline: `rag.evaluate.output_dir`'s baseline files are never read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.evaluation.compare.baselines import Baseline
+from app.evaluation.golden.cases import GoldenSet
+from app.evaluation.report.model import Report
+from app.evaluation.session import evaluate
+from app.experiment.build import Built, build, collection_bytes, open_variant, reused
+from app.experiment.embed_cache import CachedEmbedder
+from app.experiment.index import (
+    BYTES_KEY,
+    Budget,
+    Decision,
+    collection_name,
+    decide,
+    index_hash,
+    is_experiment_collection,
+    model_settings,
+    record_digest,
+)
+from app.experiment.spec import ExperimentSpec, Variant
+from app.ingest.check import RecordReader
+from app.models import Embedder, load_embedder, load_reranker
+from app.service import Sieve
+from app.settings import Settings
+from app.store.record import DocumentRecord
+
+log = logging.getLogger("sieve.experiment")
+
+BASE = "base"
+
+
+class ExperimentError(RuntimeError):
+    """The experiment cannot run as asked (the message says why and what to do); nothing was built."""
+
+
+@dataclass
+class Planned:
+    """One variant's plan: its settings, index decision, collection, embedder and reranker."""
+
+    variant: Variant
+    decision: Decision
+    collection: str
+    hashed: str
+    embedder: Embedder
+    reranker: object | None
+    built: Built | None = None
+
+
+@dataclass
+class VariantRun:
+    """One evaluated variant (the base included): its report and what it cost."""
+
+    name: str
+    overlay: dict[str, Any]
+    decision: str
+    collection: str
+    report: Report
+    paths: list[Path]
+    cost: dict[str, float | int | None]
+
+
+@dataclass
+class ExperimentRun:
+    spec: ExperimentSpec
+    output_dir: Path
+    runs: list[VariantRun] = field(default_factory=list)
+    seconds: float = 0.0
+    embedded: int = 0
+    cache_hits: int = 0
+
+
+class Models:
+    """The embedders and rerankers variants need, loaded once each (the base's are the open Sieve's)."""
+
+    def __init__(self, sieve: Sieve):
+        self.sieve = sieve
+        base = sieve.settings
+        self._embedders: dict[str, Embedder] = {json.dumps(model_settings(base)): sieve.embedder}
+        self._rerankers: dict[str, object | None] = {_rerank_key(base): sieve.reranker}
+        self.loaded: list[Embedder] = []
+
+    def embedder(self, settings: Settings) -> Embedder:
+        key = json.dumps(model_settings(settings))
+        if key not in self._embedders:
+            log.info("experiment: loading embedder %s", settings.rag.models.embedder)
+            self._embedders[key] = load_embedder(settings.rag.models)
+            self.loaded.append(self._embedders[key])
+        return self._embedders[key]
+
+    def reranker(self, settings: Settings) -> object | None:
+        key = _rerank_key(settings)
+        if key not in self._rerankers:
+            rerank = settings.rag.chain.rerank
+            loaded = load_reranker(rerank, device=settings.rag.models.device) if rerank.enabled else None
+            self._rerankers[key] = loaded
+        return self._rerankers[key]
+
+    def close(self) -> None:
+        for embedder in self.loaded:
+            close = getattr(embedder, "close", None)
+            if close is not None:
+                close()
+
+
+def _rerank_key(settings: Settings) -> str:
+    rerank = settings.rag.chain.rerank
+    return json.dumps([rerank.enabled, rerank.model])
+
+
+def plan(spec: ExperimentSpec, sieve: Sieve, models: Models) -> list[Planned]:
+    """Each variant's plan."""
+    record = readable_record(sieve)
+    digest = record_digest(record.hashes(), record.tombstones())
+    stored = sieve.store.collections()
+    out = []
+    for variant in spec.variants:
+        hashed = index_hash(variant.settings, digest)
+        name = collection_name(sieve.settings.rag.store.collection, hashed)
+        decision = decide(sieve.settings, variant.settings, stored.get(name))
+        if decision == "base":
+            name = sieve.store.name
+        embedder, reranker = models.embedder(variant.settings), models.reranker(variant.settings)
+        out.append(Planned(variant, decision, name, hashed, embedder, reranker))
+    return out
+
+
+def readable_record(sieve: Sieve) -> DocumentRecord:
+    """The open Sieve's document record; an `ExperimentError` when there is none or it is damaged."""
+    record = sieve.record
+    if record is None or record.damage is not None:
+        raise ExperimentError("the document record cannot be read: `sieve store check` says why")
+    return record
+
+
+def check_budget(plans: list[Planned], sieve: Sieve, limit: int) -> Budget:
+    """The budget of the experiment collections (`ExperimentError` when over): every stored one but those
+    this run builds again, plus the estimate of those it builds (each document chunked with the variant's
+    settings; metadata bytes per chunk as the base collection's)."""
+    base_name = sieve.settings.rag.store.collection
+    stored = {n: m for n, m in sieve.store.collections().items() if is_experiment_collection(base_name, n, m)}
+    building = {p.collection for p in plans if p.decision in ("build", "resume")}
+    kept = sum(int(m.get(BYTES_KEY, 0)) for n, m in stored.items() if n not in building)
+    new = sum(_estimate(p, sieve) for p in plans if p.decision in ("build", "resume"))
+    budget = Budget(limit, kept, new)
+    problem = budget.problem()
+    if problem:
+        raise ExperimentError(problem)
+    return budget
+
+
+def _estimate(planned: Planned, sieve: Sieve) -> int:
+    """The estimated bytes of `planned`'s collection once built (`index.estimated_bytes`)."""
+    from app.experiment.index import estimated_bytes
+    from app.ingest.chunker import chunk_document
+
+    ingest = planned.variant.settings.rag.ingest
+    text = chunks = 0
+    for doc in sieve.record.iter_documents() if sieve.record is not None else ():
+        for chunk in chunk_document(doc, ingest.chunk_size, ingest.chunk_overlap, ingest.min_chunk_chars):
+            text += len(chunk.text.encode("utf-8"))
+            chunks += 1
+    per_chunk = _base_metadata_bytes(sieve)
+    return estimated_bytes(text, per_chunk * chunks, chunks, planned.embedder.dimension)
+
+
+def _base_metadata_bytes(sieve: Sieve, sample: int = 200) -> int:
+    """Mean metadata bytes per chunk over the base collection's first `sample` chunks (256 when empty)."""
+    sizes = []
+    for chunk in sieve.store.iter_all(include_text=False):
+        sizes.append(len(json.dumps(chunk.metadata, ensure_ascii=False).encode("utf-8")))
+        if len(sizes) >= sample:
+            break
+    return int(sum(sizes) / len(sizes)) if sizes else 256
+
+
+def build_all(
+    plans: list[Planned], sieve: Sieve, record: RecordReader, cache_dir: Path, progress: Any
+) -> tuple[int, int]:
+    """Build or reuse every variant collection the plans name, once each (variants sharing index settings
+    share it); (chunks embedded by the model, chunks whose vector the cache held)."""
+    done: dict[str, Built] = {}
+    embedded = hits = 0
+    for i, planned in enumerate(plans, start=1):
+        where = f"variant '{planned.variant.name}' ({i}/{len(plans)})"
+        if planned.decision == "base":
+            log.info(
+                "experiment: %s: the base collection '%s' (index settings unchanged)", where, sieve.store.name
+            )
+            continue
+        if planned.collection in done:
+            planned.built = done[planned.collection]
+            continue
+        identity = planned.embedder.identity()
+        store = open_variant(
+            sieve.store, planned.collection, planned.variant.settings, identity, planned.hashed
+        )
+        if planned.decision == "reuse":
+            log.info("experiment: %s: reusing collection '%s' (complete)", where, planned.collection)
+            planned.built = reused(store)
+        else:
+            verb = "resuming" if planned.decision == "resume" else "building"
+            log.info(
+                "experiment: %s: %s collection '%s' from the document record", where, verb, planned.collection
+            )
+            cached = CachedEmbedder(planned.embedder, identity, planned.embedder.passage_prompt, cache_dir)
+            try:
+                planned.built = build(
+                    store, record, cached, planned.variant.settings, identity, planned.hashed, progress
+                )
+            finally:
+                cached.close()
+            embedded, hits = embedded + cached.misses, hits + cached.hits
+            log.info(
+                "experiment: %s: %d chunks in %.1fs (%d embedded, %d from the embedding cache)",
+                where,
+                planned.built.chunks,
+                planned.built.seconds,
+                cached.misses,
+                cached.hits,
+            )
+        done[planned.collection] = planned.built
+    return embedded, hits
+
+
+NO_BASELINE = Baseline(None, None, "an experiment's variant is compared with the experiment's base")
+
+
+def evaluate_all(plans: list[Planned], sieve: Sieve, golden: GoldenSet, output_dir: Path) -> list[VariantRun]:
+    """The base's evaluation, then each variant's, each into its own folder under `output_dir`."""
+    base_bytes, base_chunks = collection_bytes(sieve.store, sieve.embedder.dimension)
+    base_cost: dict[str, float | int | None] = {
+        "ingestSeconds": None,
+        "chunks": base_chunks,
+        "storeBytes": base_bytes,
+    }
+    runs = [_evaluated(BASE, {}, "base", sieve, golden, output_dir, base_cost)]
+    for i, planned in enumerate(plans, start=1):
+        log.info("experiment: evaluating variant '%s' (%d/%d)", planned.variant.name, i, len(plans))
+        store = planned.built.store if planned.built is not None else sieve.store
+        if store is not sieve.store:
+            log.info("%s", store.load_exact(planned.variant.settings.rag.store.exact_search_max_chunks))
+        variant = sieve.with_settings(planned.variant.settings, planned.embedder, store, planned.reranker)
+        built = planned.built
+        cost: dict[str, float | int | None] = (
+            {"ingestSeconds": built.seconds, "chunks": built.chunks, "storeBytes": built.bytes}
+            if built is not None
+            else dict(base_cost)
+        )
+        name, overlay = planned.variant.name, planned.variant.overlay
+        runs.append(_evaluated(name, overlay, planned.decision, variant, golden, output_dir, cost))
+    return runs
+
+
+def _evaluated(
+    name: str,
+    overlay: dict[str, Any],
+    decision: str,
+    sieve: Sieve,
+    golden: GoldenSet,
+    output_dir: Path,
+    cost: dict[str, float | int | None],
+) -> VariantRun:
+    """`sieve`'s evaluation into `output_dir/name`, never a baseline; its cost completed from the summary."""
+    ev = sieve.settings.rag.evaluate.model_copy(
+        update={"output_dir": str(output_dir / name), "baseline": "none"}
+    )
+    outcome = evaluate(sieve.evaluation_target(), ev, golden, baseline=NO_BASELINE, promote=False)
+    summary = outcome.report.summary
+    latency = (summary.latency_ms or {}) if summary is not None else {}
+    context = summary.budget.get("contextChars") if summary is not None else None
+    full = {**cost, "p50Ms": latency.get("p50"), "p95Ms": latency.get("p95"), "contextChars": context}
+    return VariantRun(name, overlay, decision, sieve.store.name, outcome.report, outcome.paths, full)
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    sieve: Sieve,
+    golden: GoldenSet,
+    output_dir: Path,
+    progress: Any = "log",
+    clock: Callable[[], float] = time.perf_counter,
+) -> ExperimentRun:
+    """Plan, check the budget, build, evaluate (the module docstring's steps)."""
+    started = clock()
+    models = Models(sieve)
+    try:
+        plans = plan(spec, sieve, models)
+        check_budget(plans, sieve, sieve.settings.rag.experiment.max_store_bytes)
+        cache_dir = Path(sieve.settings.rag.experiment.cache_dir)
+        embedded, hits = build_all(plans, sieve, readable_record(sieve), cache_dir, progress)
+        runs = evaluate_all(plans, sieve, golden, output_dir)
+    finally:
+        models.close()
+    return ExperimentRun(spec, output_dir, runs, clock() - started, embedded, hits)
