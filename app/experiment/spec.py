@@ -188,8 +188,9 @@ def current_value(settings: Settings, key: str) -> Any:
 
 
 def expand_axes(axes: dict[str, list[Any]], design: str, base: Settings) -> dict[str, dict[str, Any]]:
-    """The variants `axes` make, named `key=value,...` by each key's last part. `grid`: every combination;
-    `one-at-a-time`: each value of each axis alone. A combination equal to the base is left out."""
+    """The variants `axes` make, each named `key=value,...` by the last part of the keys that differ from
+    the base. `grid`: every combination; `one-at-a-time`: each value of each axis alone. A combination
+    equal to the base is left out."""
     if not axes:
         return {}
     if design == "grid":
