@@ -38,6 +38,11 @@ def add_experiment_command(sub: Any) -> None:
         help="report folder (default <rag.evaluate.output_dir>/experiments/<name or timestamp>)",
     )
     ex.add_argument("--clean", action="store_true", help="drop this store's experiment collections and exit")
+    ex.add_argument(
+        "--rerun",
+        action="store_true",
+        help="evaluate every variant again, even when a stored evaluation of it still holds (latency)",
+    )
     ex.set_defaults(func=experiment_command)
 
 
@@ -61,13 +66,10 @@ def experiment_command(args: argparse.Namespace) -> int:
     except pidlock.LockHeldError as held:
         return fail(f"another experiment (pid {held.holder}) is running on this store ({lock_path})")
     try:
-        sieve = _open(settings)
-        if isinstance(sieve, int):
-            return sieve
-        try:
-            return _clean(sieve) if spec is None else _run(spec, golden, sieve, args.output_dir)
-        finally:
-            sieve.close()
+        if spec is None:
+            return _held(settings, lambda: _clean(settings))
+        out = Path(args.output_dir) if args.output_dir else default_output_dir(settings, spec.name)
+        return _held(settings, lambda: _run(spec, golden, settings, out, args.rerun))
     finally:
         pidlock.release(fd)
 
@@ -79,13 +81,12 @@ def experiment_lock(settings: Settings) -> Path:
     return Path(settings.rag.experiment.cache_dir) / f"experiment-{store.host}-{store.port}.lock"
 
 
-def _open(settings: Settings) -> Any:
-    """The Sieve of `settings`, or the exit code of a store another process holds (said on stderr)."""
-    from app.cli.common import open_sieve
+def _held(settings: Settings, work: Any) -> int:
+    """`work()`, or the exit code of an embedded store another process holds (said on stderr)."""
     from app.store import StoreLockedError
 
     try:
-        return open_sieve(settings)
+        return int(work())
     except StoreLockedError as exc:
         server = f" listening on {exc.address}" if exc.address else ""
         return fail(
@@ -97,30 +98,32 @@ def _open(settings: Settings) -> Any:
         )
 
 
-def _clean(sieve: Any) -> int:
+def _clean(settings: Settings) -> int:
+    from app.cli.common import open_sieve
     from app.experiment.index import is_experiment_collection
 
-    base = sieve.settings.rag.store.collection
-    dropped = [n for n, m in sieve.store.collections().items() if is_experiment_collection(base, n, m)]
-    for name in dropped:
-        sieve.store.drop(name)
+    sieve = open_sieve(settings)
+    try:
+        base = settings.rag.store.collection
+        dropped = [n for n, m in sieve.store.collections().items() if is_experiment_collection(base, n, m)]
+        for name in dropped:
+            sieve.store.drop(name)
+    finally:
+        sieve.close()
     print(f"dropped {len(dropped)} experiment collection(s){': ' + ', '.join(dropped) if dropped else ''}")
     return exit_codes.OK
 
 
-def _run(spec: Any, golden: Any, sieve: Any, output_dir: str | None) -> int:
-    from app.evaluation.run.runner import check_knowledge_tags
+def _run(spec: Any, golden: Any, settings: Settings, out: Path, rerun: bool) -> int:
     from app.experiment.render import verdict_lines
     from app.experiment.report import experiment_json, write_experiment
-    from app.experiment.run import ExperimentError, run_experiment
+    from app.experiment.run import ExperimentError, reuse_only
 
-    settings = sieve.settings
-    out = Path(output_dir) if output_dir else default_output_dir(settings, spec.name)
     for note in spec.notes:
         print(f"note: {note}", file=sys.stderr)
-    check_knowledge_tags(golden, sieve.evaluation_target().known)  # GoldenSetError -> exit 2
     try:
-        run = run_experiment(spec, sieve, golden, out, "bar" if sys.stderr.isatty() else "log")
+        run = None if rerun else reuse_only(spec, settings, golden, out)
+        run = run or _full_run(spec, golden, settings, out, rerun)
     except ExperimentError as exc:
         return fail(str(exc))
     data = experiment_json(run, settings)
@@ -131,6 +134,21 @@ def _run(spec: Any, golden: Any, sieve: Any, output_dir: str | None) -> int:
     for path in paths:
         print(f"experiment: {path}")
     return exit_codes.OK
+
+
+def _full_run(spec: Any, golden: Any, settings: Settings, out: Path, rerun: bool) -> Any:
+    """The experiment with the models loaded: what changed built and evaluated, the rest reused."""
+    from app.cli.common import open_sieve
+    from app.evaluation.run.runner import check_knowledge_tags
+    from app.experiment.run import run_experiment
+
+    sieve = open_sieve(settings)
+    try:
+        check_knowledge_tags(golden, sieve.evaluation_target().known)  # GoldenSetError -> exit 2
+        progress = "bar" if sys.stderr.isatty() else "log"
+        return run_experiment(spec, sieve, golden, out, progress, rerun=rerun)
+    finally:
+        sieve.close()
 
 
 def default_output_dir(settings: Settings, name: str | None) -> Path:

@@ -10,6 +10,7 @@ MEASURES = ("recall", "hitRate", "mrr", "ndcg")
 HEADER = (
     "variant",
     "index",
+    "eval",
     *MEASURES,
     "Δ {measure} (pHolm)",
     "fixed/broken",
@@ -53,6 +54,7 @@ def table_rows(data: dict[str, Any]) -> list[list[str]]:
             [
                 row["name"],
                 row["index"],
+                row.get("evaluation", "ran"),
                 *(_num(s.get(m)) for m in MEASURES),
                 _delta(row, measure),
                 changed,
@@ -99,7 +101,8 @@ def experiment_markdown(data: dict[str, Any]) -> str:
         f"Golden set `{data['goldenSet']}` at K = {data['k']}, file `{data['file']}` ({data['design']}); "
         f"{data['seconds']:.1f} s, {data['embedded']} chunks embedded, {data['embeddingCacheHits']} from "
         "the embedding cache. `*`: significant after Holm over variants × measures; fixed/broken: cases "
-        "whose hit went 0 → 1 / 1 → 0 against the base; ◆: on the Pareto front (quality, p95, context).",
+        "whose hit went 0 → 1 / 1 → 0 against the base; ◆: on the Pareto front (quality, p95, context); "
+        "eval `reused`: nothing the evaluation depends on changed since it ran (`--rerun` runs it again).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

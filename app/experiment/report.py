@@ -76,6 +76,7 @@ def _variant_row(
         "name": run.name,
         "overlay": run.overlay,
         "index": run.decision,
+        "evaluation": "reused" if run.reused else "ran",
         "collection": run.collection,
         "summary": summary.to_json() if summary is not None else {},
         "cost": run.cost,

@@ -22,6 +22,8 @@ from typing import Any
 
 from app.evaluation.compare.baselines import Baseline
 from app.evaluation.golden.cases import GoldenSet
+from app.evaluation.render.files import write_reports
+from app.evaluation.render.markdown import render_markdown
 from app.evaluation.report.model import Report
 from app.evaluation.session import evaluate
 from app.experiment.build import Built, build, collection_bytes, open_variant, reused
@@ -37,11 +39,13 @@ from app.experiment.index import (
     model_settings,
     record_digest,
 )
+from app.experiment.reuse import code_digest, collection_state, evaluation_key, load_entry, save_entry
 from app.experiment.spec import ExperimentSpec, Variant
 from app.ingest.check import RecordReader
 from app.models import Embedder, load_embedder, load_reranker
 from app.service import Sieve
-from app.settings import Settings
+from app.settings import EvaluateSettings, Settings
+from app.store import ChromaStore
 from app.store.record import DocumentRecord
 
 log = logging.getLogger("sieve.experiment")
@@ -77,6 +81,7 @@ class VariantRun:
     report: Report
     paths: list[Path]
     cost: dict[str, float | int | None]
+    reused: bool = False  # the evaluation is a stored one (app/experiment/reuse.py)
 
 
 @dataclass
@@ -127,21 +132,41 @@ def _rerank_key(settings: Settings) -> str:
     return json.dumps([rerank.enabled, rerank.model])
 
 
-def plan(spec: ExperimentSpec, sieve: Sieve, models: Models) -> list[Planned]:
-    """Each variant's plan."""
-    record = readable_record(sieve)
-    digest = record_digest(record.hashes(), record.tombstones())
-    stored = sieve.store.collections()
+@dataclass(frozen=True)
+class IndexPlan:
+    """Which collection a variant runs on, decided without any model (`index.decide`)."""
+
+    variant: Variant
+    decision: Decision
+    collection: str
+    hashed: str
+
+
+def index_plans(spec: ExperimentSpec, base: Settings, store: ChromaStore, digest: str) -> list[IndexPlan]:
+    """Each variant's collection: the base's (`store`) for unchanged index settings, else its own."""
+    stored = store.collections()
     out = []
     for variant in spec.variants:
         hashed = index_hash(variant.settings, digest)
-        name = collection_name(sieve.settings.rag.store.collection, hashed)
-        decision = decide(sieve.settings, variant.settings, stored.get(name))
-        if decision == "base":
-            name = sieve.store.name
-        embedder, reranker = models.embedder(variant.settings), models.reranker(variant.settings)
-        out.append(Planned(variant, decision, name, hashed, embedder, reranker))
+        name = collection_name(base.rag.store.collection, hashed)
+        decision = decide(base, variant.settings, stored.get(name))
+        out.append(IndexPlan(variant, decision, store.name if decision == "base" else name, hashed))
     return out
+
+
+def plan(spec: ExperimentSpec, sieve: Sieve, models: Models, digest: str) -> list[Planned]:
+    """Each variant's plan: its collection, embedder and reranker."""
+    return [
+        Planned(
+            p.variant,
+            p.decision,
+            p.collection,
+            p.hashed,
+            models.embedder(p.variant.settings),
+            models.reranker(p.variant.settings),
+        )
+        for p in index_plans(spec, sieve.settings, sieve.store, digest)
+    ]
 
 
 def readable_record(sieve: Sieve) -> DocumentRecord:
@@ -245,7 +270,24 @@ def build_all(
 NO_BASELINE = Baseline(None, None, "an experiment's variant is compared with the experiment's base")
 
 
-def evaluate_all(plans: list[Planned], sieve: Sieve, golden: GoldenSet, output_dir: Path) -> list[VariantRun]:
+@dataclass(frozen=True)
+class Reuse:
+    """What an evaluation's key is made of besides its settings and collection (app/experiment/reuse.py),
+    and whether a stored evaluation may stand in for it (`enabled`: not with --rerun)."""
+
+    cache_dir: Path
+    golden: bytes
+    record: str
+    code: str
+    enabled: bool = True
+
+    def key(self, settings: Settings, store: ChromaStore) -> str:
+        return evaluation_key(self.golden, settings, collection_state(store), self.record, self.code)
+
+
+def evaluate_all(
+    plans: list[Planned], sieve: Sieve, golden: GoldenSet, output_dir: Path, reuse: Reuse
+) -> list[VariantRun]:
     """The base's evaluation, then each variant's, each into its own folder under `output_dir`."""
     base_bytes, base_chunks = collection_bytes(sieve.store, sieve.embedder.dimension)
     base_cost: dict[str, float | int | None] = {
@@ -253,7 +295,7 @@ def evaluate_all(plans: list[Planned], sieve: Sieve, golden: GoldenSet, output_d
         "chunks": base_chunks,
         "storeBytes": base_bytes,
     }
-    runs = [_evaluated(BASE, {}, "base", sieve, golden, output_dir, base_cost)]
+    runs = [_evaluated(BASE, {}, "base", sieve, golden, output_dir, base_cost, reuse)]
     for i, planned in enumerate(plans, start=1):
         log.info("experiment: evaluating variant '%s' (%d/%d)", planned.variant.name, i, len(plans))
         store = planned.built.store if planned.built is not None else sieve.store
@@ -267,7 +309,7 @@ def evaluate_all(plans: list[Planned], sieve: Sieve, golden: GoldenSet, output_d
             else dict(base_cost)
         )
         name, overlay = planned.variant.name, planned.variant.overlay
-        runs.append(_evaluated(name, overlay, planned.decision, variant, golden, output_dir, cost))
+        runs.append(_evaluated(name, overlay, planned.decision, variant, golden, output_dir, cost, reuse))
     return runs
 
 
@@ -279,17 +321,43 @@ def _evaluated(
     golden: GoldenSet,
     output_dir: Path,
     cost: dict[str, float | int | None],
+    reuse: Reuse,
 ) -> VariantRun:
-    """`sieve`'s evaluation into `output_dir/name`, never a baseline; its cost completed from the summary."""
-    ev = sieve.settings.rag.evaluate.model_copy(
-        update={"output_dir": str(output_dir / name), "baseline": "none"}
-    )
+    """`sieve`'s evaluation into `output_dir/name`, never a baseline, its cost completed from the summary;
+    a stored one when nothing it depends on changed (app/experiment/reuse.py)."""
+    ev = variant_evaluate_settings(sieve.settings, output_dir, name)
+    key = reuse.key(sieve.settings, sieve.store)
+    entry = load_entry(reuse.cache_dir, key) if reuse.enabled else None
+    if entry is not None:
+        log.info("experiment: '%s': nothing it depends on changed: its evaluation is reused", name)
+        return reused_run(name, overlay, decision, sieve.store.name, entry, ev)
     outcome = evaluate(sieve.evaluation_target(), ev, golden, baseline=NO_BASELINE, promote=False)
     summary = outcome.report.summary
     latency = (summary.latency_ms or {}) if summary is not None else {}
     context = summary.budget.get("contextChars") if summary is not None else None
     full = {**cost, "p50Ms": latency.get("p50"), "p95Ms": latency.get("p95"), "contextChars": context}
+    save_entry(reuse.cache_dir, key, outcome.report, full)
     return VariantRun(name, overlay, decision, sieve.store.name, outcome.report, outcome.paths, full)
+
+
+def variant_evaluate_settings(settings: Settings, output_dir: Path, name: str) -> EvaluateSettings:
+    """The evaluation settings of one variant: its own folder, no baseline."""
+    update = {"output_dir": str(output_dir / name), "baseline": "none"}
+    return settings.rag.evaluate.model_copy(update=update)
+
+
+def reused_run(
+    name: str,
+    overlay: dict[str, Any],
+    decision: str,
+    collection: str,
+    entry: tuple[Report, dict[str, Any]],
+    ev: EvaluateSettings,
+) -> VariantRun:
+    """A stored evaluation as this run's: its report files written again into the variant's folder."""
+    report, cost = entry
+    paths = write_reports(report, ev, render_markdown(report, ev.report.case_detail))
+    return VariantRun(name, overlay, decision, collection, report, paths, cost, reused=True)
 
 
 def run_experiment(
@@ -298,17 +366,82 @@ def run_experiment(
     golden: GoldenSet,
     output_dir: Path,
     progress: Any = "log",
+    rerun: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ExperimentRun:
     """Plan, check the budget, build, evaluate (the module docstring's steps)."""
     started = clock()
     models = Models(sieve)
+    record = readable_record(sieve)
+    digest = record_digest(record.hashes(), record.tombstones())
+    experiment = sieve.settings.rag.experiment
+    reuse = Reuse(Path(experiment.cache_dir), golden_bytes(golden), digest, code_digest(), not rerun)
     try:
-        plans = plan(spec, sieve, models)
-        check_budget(plans, sieve, sieve.settings.rag.experiment.max_store_bytes)
-        cache_dir = Path(sieve.settings.rag.experiment.cache_dir)
-        embedded, hits = build_all(plans, sieve, readable_record(sieve), cache_dir, progress)
-        runs = evaluate_all(plans, sieve, golden, output_dir)
+        plans = plan(spec, sieve, models, digest)
+        check_budget(plans, sieve, experiment.max_store_bytes)
+        embedded, hits = build_all(plans, sieve, record, Path(experiment.cache_dir), progress)
+        runs = evaluate_all(plans, sieve, golden, output_dir, reuse)
     finally:
         models.close()
     return ExperimentRun(spec, output_dir, runs, clock() - started, embedded, hits)
+
+
+def golden_bytes(golden: GoldenSet) -> bytes:
+    """The golden set file's bytes (its path as the key when it cannot be read: then nothing is reused)."""
+    try:
+        return Path(golden.path).read_bytes()
+    except (OSError, TypeError):
+        return f"unreadable:{golden.path}:{time.time()}".encode()
+
+
+def reuse_only(
+    spec: ExperimentSpec, settings: Settings, golden: GoldenSet, output_dir: Path
+) -> ExperimentRun | None:
+    """The whole experiment from stored evaluations, without loading any model, when every variant's
+    collection is complete and none of the evaluations' keys changed; None otherwise (the full run then
+    evaluates what changed). Opens the store (its lock, embedded) and the record only to read them."""
+    from app.store.record import open_record
+
+    started = time.perf_counter()
+    store = ChromaStore.open(settings.rag.store, {}, check_embedder=False, create=False)
+    try:
+        record = open_record(settings.rag.store, store.client)
+        try:
+            if record.damage is not None:
+                return None
+            digest = record_digest(record.hashes(), record.tombstones())
+            reuse = Reuse(
+                Path(settings.rag.experiment.cache_dir), golden_bytes(golden), digest, code_digest()
+            )
+            runs = _stored_runs(spec, settings, store, reuse, output_dir)
+        finally:
+            record.close()
+    finally:
+        store.close()
+    if runs is None:
+        return None
+    log.info("experiment: every evaluation reused (nothing any depends on changed; --rerun runs them again)")
+    return ExperimentRun(spec, output_dir, runs, time.perf_counter() - started)
+
+
+def _stored_runs(
+    spec: ExperimentSpec, settings: Settings, store: ChromaStore, reuse: Reuse, output_dir: Path
+) -> list[VariantRun] | None:
+    """The base's and every variant's stored evaluation, or None as soon as one is missing."""
+    plans = index_plans(spec, settings, store, reuse.record)
+    if any(p.decision in ("build", "resume") for p in plans):
+        return None
+    targets: list[tuple[str, dict[str, Any], str, Settings, ChromaStore]] = [
+        (BASE, {}, "base", settings, store)
+    ]
+    for p in plans:
+        own = store if p.decision == "base" else store.side(p.collection, p.variant.settings.rag.store, {})
+        targets.append((p.variant.name, p.variant.overlay, p.decision, p.variant.settings, own))
+    entries = [load_entry(reuse.cache_dir, reuse.key(s, st)) for _, _, _, s, st in targets]
+    if any(entry is None for entry in entries):
+        return None
+    return [
+        reused_run(name, overlay, decision, st.name, entry, variant_evaluate_settings(s, output_dir, name))
+        for (name, overlay, decision, s, st), entry in zip(targets, entries, strict=True)
+        if entry is not None
+    ]

@@ -246,11 +246,16 @@ class ChromaStore:
 
     @classmethod
     def open(
-        cls, settings: StoreSettings, embedder_identity: dict[str, Any], check_embedder: bool = True
+        cls,
+        settings: StoreSettings,
+        embedder_identity: dict[str, Any],
+        check_embedder: bool = True,
+        create: bool = True,
     ) -> ChromaStore:
         """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}.
         `check_embedder=False` opens a collection built with another embedder too (`sieve store check` and
-        `sieve store rebuild`, which never query it with this one)."""
+        `sieve store rebuild`, which never query it with this one). `create=False`: a missing collection is
+        a `StoreError` (a reader that loads no model: `sieve experiment` deciding what it can reuse)."""
         lock_fd = None
         heartbeat_url = None
         telemetry_off = ChromaClientSettings(anonymized_telemetry=False, allow_reset=False)
@@ -266,6 +271,10 @@ class ChromaStore:
                 client = chromadb.HttpClient(host=settings.host, port=settings.port, settings=telemetry_off)
                 client.heartbeat()
                 heartbeat_url = f"http://{settings.host}:{settings.port}/api/v2/heartbeat"
+            if not create and not _exists(client, settings.collection):
+                raise StoreError(
+                    f"{description} holds no collection '{settings.collection}': ingest documents first"
+                )
             collection = _get_or_create(client, settings, embedder_identity, check_embedder)
         except StoreError:
             pidlock.release(lock_fd)

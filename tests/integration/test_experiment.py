@@ -106,8 +106,8 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def experiment(tmp: Path, capsys: pytest.CaptureFixture[str]) -> tuple[dict[str, Any], str]:
-    code = main(["experiment", str(tmp / "exp.yml"), "--output-dir", str(tmp / "out")])
+def experiment(tmp: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[dict[str, Any], str]:
+    code = main(["experiment", str(tmp / "exp.yml"), "--output-dir", str(tmp / "out"), *flags])
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads((tmp / "out" / "experiment.json").read_text(encoding="utf-8")), out
@@ -145,10 +145,20 @@ def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
     variant_collection = small["collection"]
     assert variant_collection != name and after[variant_collection]["metadata"]["sieve_experiment_complete"]
 
-    again, _ = experiment(shell, capsys)
+    assert [v["evaluation"] for v in data["variants"]] == ["ran", "ran", "ran"]
+
+    again, _ = experiment(shell, capsys)  # nothing changed: every evaluation reused, no model loaded
+    assert [v["evaluation"] for v in again["variants"]] == ["reused", "reused", "reused"]
     assert again["variants"][1]["index"] == "reuse"
-    assert again["variants"][1]["cost"]["chunks"] == small["cost"]["chunks"]
+    assert again["variants"][1]["summary"] == small["summary"]
+
+    rerun, _ = experiment(shell, capsys, "--rerun")  # evaluated again, on the same variant collection
+    assert [v["evaluation"] for v in rerun["variants"]] == ["ran", "ran", "ran"]
+    assert rerun["variants"][1]["index"] == "reuse"
+    assert rerun["variants"][1]["cost"]["chunks"] == small["cost"]["chunks"]
+    assert rerun["variants"][1]["cost"]["ingestSeconds"] == small["cost"]["ingestSeconds"]  # its build's
     assert collections(real_embedder)[variant_collection]["id"] == after[variant_collection]["id"]
+    assert collections(real_embedder)[name] == before[name]
     assert files(shell / "eval") == baseline
 
     assert main(["experiment", "--clean"]) == 0
