@@ -89,7 +89,7 @@ def check_key(key: str, where: str, known: list[str]) -> str:
     unknown key with the closest known ones (difflib), a key no experiment may vary with why."""
     full = key if key.startswith("rag.") else f"rag.{key}"
     if full not in known:
-        close = difflib.get_close_matches(full, known, n=3, cutoff=0.6)
+        close = difflib.get_close_matches(full, known, n=3, cutoff=0.85)
         hint = f"; did you mean {' or '.join(close)}?" if close else " (see config/application.yml)"
         raise ExperimentFileError(f"{where}: unknown settings key '{key}'{hint}")
     if not full.startswith(VARIABLE_PREFIXES):

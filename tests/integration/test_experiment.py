@@ -1,8 +1,9 @@
 """`sieve experiment` in-process (`app.cli.main`) on an embedded Chroma with the packaged e5, over a tiny
 knowledge base: two variants (a chunk size, which gets its own collection built from the document record, and
 BM25 off, which runs on the base collection); the experiment JSON carries the names the issue promises; the
-base collection and the passing baseline are byte-for-byte what they were; a second run reuses the variant
-collection; `--clean` drops it."""
+base collection and the passing baseline are byte-for-byte what they were; a second run reuses every
+evaluation, a `--rerun` the variant collection; a run past `rag.experiment.max_store_bytes` is refused before
+it builds; `--clean` drops the variant collection."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def experiment(tmp: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tu
 
 
 def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
-    shell: Path, capsys, real_embedder, caplog
+    shell: Path, capsys, real_embedder, monkeypatch
 ) -> None:
     before, baseline = collections(real_embedder), files(shell / "eval")
     name = load_settings({}).rag.store.collection
@@ -160,6 +161,15 @@ def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
     assert collections(real_embedder)[variant_collection]["id"] == after[variant_collection]["id"]
     assert collections(real_embedder)[name] == before[name]
     assert files(shell / "eval") == baseline
+
+    monkeypatch.setenv("RAG__EXPERIMENT__MAX_STORE_BYTES", str(small["cost"]["storeBytes"]))
+    (shell / "more.yml").write_text(
+        "variants:\n  tiny: {rag.ingest.chunk_size: 120, rag.ingest.chunk_overlap: 10}\n"
+    )
+    assert main(["experiment", str(shell / "more.yml"), "--output-dir", str(shell / "more")]) == 2
+    assert "over rag.experiment.max_store_bytes" in capsys.readouterr().err
+    assert set(collections(real_embedder)) == set(after)  # refused before anything was built
+    monkeypatch.delenv("RAG__EXPERIMENT__MAX_STORE_BYTES")
 
     assert main(["experiment", "--clean"]) == 0
     assert f"dropped 1 experiment collection(s): {variant_collection}" in capsys.readouterr().out
