@@ -108,7 +108,10 @@ def experiment_markdown(data: dict[str, Any]) -> str:
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(data)]
-    lines += ["", *verdict_lines(data), "", "## Variants", ""]
+    lines.append("")
+    for line in verdict_lines(data):
+        lines += [line, ""]
+    lines += ["## Variants", ""]
     for row in data["variants"]:
         overlay = ", ".join(f"`{k}: {v}`" for k, v in row["overlay"].items()) or "the current configuration"
         lines.append(

@@ -48,6 +48,7 @@ ONE_AT_A_TIME_CAVEAT = (
 )
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,79}$")
 _TOP_KEYS = {"name", "variants", "axes", "design"}
+_WHOLE_SECTION = re.compile(r" \(got \{.*\}\)$")  # a section-wide rule's input: the whole section
 
 
 class ExperimentFileError(ValueError):
@@ -222,4 +223,5 @@ def validated(p: Path, name: str, overlay: dict[str, Any], config_path: str | Pa
 def _problems(exc: SettingsError) -> str:
     """The settings error's lines without their source (an overlay is neither the file nor a flag)."""
     lines = str(exc).splitlines()[1:] or [str(exc)]
-    return "; ".join(line.strip()[line.strip().find("'rag.") :] for line in lines)
+    kept = [line.strip()[line.strip().find("'rag.") :] for line in lines]
+    return "; ".join(_WHOLE_SECTION.sub("", line) for line in kept)
