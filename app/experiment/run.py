@@ -231,40 +231,42 @@ def build_all(
             log.info(
                 "experiment: %s: the base collection '%s' (index settings unchanged)", where, sieve.store.name
             )
-            continue
-        if planned.collection in done:
+        elif planned.collection in done:
             planned.built = done[planned.collection]
-            continue
-        identity = planned.embedder.identity()
-        store = open_variant(
-            sieve.store, planned.collection, planned.variant.settings, identity, planned.hashed
-        )
-        if planned.decision == "reuse":
-            log.info("experiment: %s: reusing collection '%s' (complete)", where, planned.collection)
-            planned.built = reused(store)
         else:
-            verb = "resuming" if planned.decision == "resume" else "building"
-            log.info(
-                "experiment: %s: %s collection '%s' from the document record", where, verb, planned.collection
-            )
-            cached = CachedEmbedder(planned.embedder, identity, planned.embedder.passage_prompt, cache_dir)
-            try:
-                planned.built = build(
-                    store, record, cached, planned.variant.settings, identity, planned.hashed, progress
-                )
-            finally:
-                cached.close()
-            embedded, hits = embedded + cached.misses, hits + cached.hits
-            log.info(
-                "experiment: %s: %d chunks in %.1fs (%d embedded, %d from the embedding cache)",
-                where,
-                planned.built.chunks,
-                planned.built.seconds,
-                cached.misses,
-                cached.hits,
-            )
-        done[planned.collection] = planned.built
+            planned.built, counts = _build_one(planned, sieve.store, record, cache_dir, progress, where)
+            embedded, hits = embedded + counts[0], hits + counts[1]
+            done[planned.collection] = planned.built
     return embedded, hits
+
+
+def _build_one(
+    planned: Planned, base: ChromaStore, record: RecordReader, cache_dir: Path, progress: Any, where: str
+) -> tuple[Built, tuple[int, int]]:
+    """`planned`'s collection, reused when complete, else built (or resumed) through the embedding cache;
+    (it, (chunks embedded, chunks from the cache))."""
+    identity = planned.embedder.identity()
+    settings = planned.variant.settings
+    store = open_variant(base, planned.collection, settings, identity, planned.hashed)
+    if planned.decision == "reuse":
+        log.info("experiment: %s: reusing collection '%s' (complete)", where, planned.collection)
+        return reused(store), (0, 0)
+    verb = "resuming" if planned.decision == "resume" else "building"
+    log.info("experiment: %s: %s collection '%s' from the document record", where, verb, planned.collection)
+    cached = CachedEmbedder(planned.embedder, identity, planned.embedder.passage_prompt, cache_dir)
+    try:
+        built = build(store, record, cached, settings, identity, planned.hashed, progress)
+    finally:
+        cached.close()
+    log.info(
+        "experiment: %s: %d chunks in %.1fs (%d embedded, %d from the embedding cache)",
+        where,
+        built.chunks,
+        built.seconds,
+        cached.misses,
+        cached.hits,
+    )
+    return built, (cached.misses, cached.hits)
 
 
 NO_BASELINE = Baseline(None, None, "an experiment's variant is compared with the experiment's base")
