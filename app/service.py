@@ -148,7 +148,7 @@ class Sieve:
         else:  # a variant's own index, in memory only (the persisted one belongs to this Sieve)
             bm25 = settings.rag.chain.bm25
             analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
-            lexical = build_from_store(store, analyzer, bm25.k1, bm25.b, _index_text)
+            lexical = build_from_store(store, analyzer, bm25.k1, bm25.b, index_text)
         return Sieve(
             settings,
             embedder or self.embedder,
@@ -272,9 +272,7 @@ class Sieve:
         if self._sync is not None:
             self._sync.apply_commit(upserted, deleted_ids)
         else:  # an index handed in from outside (tests, variants): update it in memory
-            self.lexical.upsert(
-                [(c.chunk_id, _index_text(c), knowledge_tag_of(c.metadata)) for c in upserted]
-            )
+            self.lexical.upsert([(c.chunk_id, index_text(c), knowledge_tag_of(c.metadata)) for c in upserted])
             self.lexical.delete(deleted_ids)
 
     def _open_index(self) -> None:
@@ -303,7 +301,7 @@ class Sieve:
             rag.chain.bm25.k1,
             rag.chain.bm25.b,
             rag.lexical.refresh_seconds,
-            _index_text,
+            index_text,
             rag.lexical.change_log_retention_seconds,
         )
         # a server must not wait for a million ids to be listed when the counts already agree
@@ -378,6 +376,7 @@ def lexical_directory(settings: Settings) -> Path:
     return Path("target") / "lexical" / f"{rag.store.host}-{rag.store.port}-{rag.store.collection}"
 
 
-def _index_text(stored: StoredChunk) -> str:
+def index_text(stored: StoredChunk) -> str:
+    """The text a stored chunk was embedded and BM25-indexed from (`chunker.embedding_text`)."""
     chunk = stored_chunk(stored.chunk_id, stored.text, stored.metadata)
     return embedding_text(chunk, str(stored.metadata.get("title", "")))

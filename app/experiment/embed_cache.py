@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,24 @@ class CachedEmbedder:
         elif on_progress is not None:
             on_progress(len(texts), len(texts))
         return np.stack([found[key] for key in keys]).astype(np.float32)
+
+    def seed(self, rows: Iterable[tuple[str, np.ndarray]], batch: int = 2000) -> int:
+        """Keep the (text, vector) pairs of `rows` (vectors this model made for these texts under this
+        prompt, e.g. the base collection's) that the cache lacks; how many were new."""
+        added = 0
+        pending: dict[str, np.ndarray] = {}
+        for text, vector in rows:
+            pending[cache_key(self.identity, self.prompt, text)] = vector
+            if len(pending) >= batch:
+                added += self._put_new(pending)
+                pending = {}
+        return added + self._put_new(pending)
+
+    def _put_new(self, vectors: dict[str, np.ndarray]) -> int:
+        new = {k: v for k, v in vectors.items() if k not in self._get(list(vectors))}
+        if new:
+            self._put(new)
+        return len(new)
 
     def _get(self, keys: list[str]) -> dict[str, np.ndarray]:
         out = {}

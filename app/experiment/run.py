@@ -43,7 +43,7 @@ from app.experiment.reuse import code_digest, collection_state, evaluation_key, 
 from app.experiment.spec import ExperimentSpec, Variant
 from app.ingest.check import RecordReader
 from app.models import Embedder, load_embedder, load_reranker
-from app.service import Sieve
+from app.service import Sieve, index_text
 from app.settings import EvaluateSettings, Settings
 from app.store import ChromaStore
 from app.store.record import DocumentRecord
@@ -225,6 +225,7 @@ def build_all(
     share it); (chunks embedded by the model, chunks whose vector the cache held)."""
     done: dict[str, Built] = {}
     embedded = hits = 0
+    seed_from_base(plans, sieve, cache_dir)
     for i, planned in enumerate(plans, start=1):
         where = f"variant '{planned.variant.name}' ({i}/{len(plans)})"
         if planned.decision == "base":
@@ -238,6 +239,25 @@ def build_all(
             embedded, hits = embedded + counts[0], hits + counts[1]
             done[planned.collection] = planned.built
     return embedded, hits
+
+
+def seed_from_base(plans: list[Planned], sieve: Sieve, cache_dir: Path) -> int:
+    """When a collection to build shares the base's embedder (the same model and prompts), put the base
+    collection's vectors into the embedding cache first: the build then embeds only the texts the base does
+    not hold (reading a stored vector costs far less than embedding its text). How many were new."""
+    if not any(p.decision in ("build", "resume") and p.embedder is sieve.embedder for p in plans):
+        return 0
+    embedder = sieve.embedder
+    cached = CachedEmbedder(embedder, embedder.identity(), embedder.passage_prompt, cache_dir)
+    try:
+        chunks = sieve.store.iter_all(include_text=True, include_vectors=True)
+        added = cached.seed((index_text(c), c.embedding) for c in chunks if c.embedding is not None)
+    finally:
+        cached.close()
+    log.info(
+        "experiment: %d passage vectors taken into the embedding cache from '%s'", added, sieve.store.name
+    )
+    return added
 
 
 def _build_one(

@@ -127,3 +127,15 @@ def test_the_embedding_cache_embeds_each_text_once_per_model_and_prompt(tmp_path
     other_model = CachedEmbedder(inner, {**identity, "checksum": "d"}, "passage: ", tmp_path)
     other_model.embed_passages(["aa"])
     assert inner.asked == ["aa", "b", "ccc", "aa", "aa"]
+
+
+def test_seeded_vectors_stand_in_for_the_model(tmp_path: Path) -> None:
+    inner = _Counting()
+    identity = {"name": "m", "dimension": 2, "checksum": "c"}
+    cache = CachedEmbedder(inner, identity, "passage: ", tmp_path)
+    stored = np.array([9.0, 9.0], dtype=np.float32)
+    assert cache.seed([("kept", stored), ("kept", stored)]) == 1
+    assert cache.seed([("kept", stored)]) == 0  # already held
+    vectors = cache.embed_passages(["kept", "new"])
+    assert inner.asked == ["new"]
+    np.testing.assert_array_equal(vectors[0], stored)
