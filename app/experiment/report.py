@@ -33,7 +33,7 @@ def experiment_json(run: ExperimentRun, settings: Settings) -> dict[str, Any]:
     front = pareto_front({r.name: _point(r, ex.measure) for r in run.runs})
     rows = [_variant_row(r, comparisons.get(r.name), r.name in front, run.output_dir) for r in run.runs]
     top = ceiling(_base_values(base, ex.measure))
-    warnings = [w for w in [top.warning(ex.measure, ex.ceiling_share)] if w]
+    warnings = [*run.warnings, *(w for w in [top.warning(ex.measure, ex.ceiling_share)] if w)]
     return {
         "name": run.spec.name,
         "file": str(run.spec.path),

@@ -92,6 +92,7 @@ class ExperimentRun:
     seconds: float = 0.0
     embedded: int = 0
     cache_hits: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 class Models:
@@ -167,6 +168,24 @@ def plan(spec: ExperimentSpec, sieve: Sieve, models: Models, digest: str) -> lis
         )
         for p in index_plans(spec, sieve.settings, sieve.store, digest)
     ]
+
+
+def base_against_record(store: ChromaStore, record: RecordReader) -> str | None:
+    """Why the base collection's documents are not the record's (variants are built from the record, so
+    they would differ from the base by more than their settings), or None; an `ExperimentError` when the
+    base collection is empty (nothing to compare with)."""
+    recorded = set(record.hashes())
+    indexed = {str(c.metadata.get("doc_id")) for c in store.iter_all(include_text=False)}
+    if not indexed:
+        raise ExperimentError(f"the base collection '{store.name}' is empty: `sieve ingest` documents first")
+    extra, missing = indexed - recorded, recorded - indexed
+    if not extra and not missing:
+        return None
+    return (
+        f"the base collection '{store.name}' holds {len(extra)} document(s) the document record lacks and "
+        f"lacks {len(missing)} recorded one(s) (`sieve store check` says which): the variants' "
+        "collections are built from the record, so they differ from the base by more than their settings"
+    )
 
 
 def readable_record(sieve: Sieve) -> DocumentRecord:
@@ -398,6 +417,7 @@ def run_experiment(
     digest = record_digest(record.hashes(), record.tombstones())
     experiment = sieve.settings.rag.experiment
     reuse = Reuse(Path(experiment.cache_dir), golden_bytes(golden), digest, code_digest(), not rerun)
+    warning = base_against_record(sieve.store, record)
     try:
         plans = plan(spec, sieve, models, digest)
         check_budget(plans, sieve, experiment.max_store_bytes)
@@ -405,7 +425,8 @@ def run_experiment(
         runs = evaluate_all(plans, sieve, golden, output_dir, reuse)
     finally:
         models.close()
-    return ExperimentRun(spec, output_dir, runs, clock() - started, embedded, hits)
+    warnings = [warning] if warning else []
+    return ExperimentRun(spec, output_dir, runs, clock() - started, embedded, hits, warnings)
 
 
 def golden_bytes(golden: GoldenSet) -> bytes:
@@ -429,21 +450,38 @@ def reuse_only(
     try:
         record = open_record(settings.rag.store, store.client)
         try:
-            if record.damage is not None:
-                return None
-            digest = record_digest(record.hashes(), record.tombstones())
-            reuse = Reuse(
-                Path(settings.rag.experiment.cache_dir), golden_bytes(golden), digest, code_digest()
+            found = (
+                None
+                if record.damage is not None
+                else _reused(spec, settings, golden, output_dir, store, record)
             )
-            runs = _stored_runs(spec, settings, store, reuse, output_dir)
         finally:
             record.close()
     finally:
         store.close()
+    if found is None:
+        return None
+    runs, warnings = found
+    log.info("experiment: every evaluation reused (nothing any depends on changed; --rerun runs them again)")
+    return ExperimentRun(spec, output_dir, runs, time.perf_counter() - started, warnings=warnings)
+
+
+def _reused(
+    spec: ExperimentSpec,
+    settings: Settings,
+    golden: GoldenSet,
+    output_dir: Path,
+    store: ChromaStore,
+    record: RecordReader,
+) -> tuple[list[VariantRun], list[str]] | None:
+    """(every stored run, the warnings) or None (`reuse_only`)."""
+    digest = record_digest(record.hashes(), record.tombstones())
+    reuse = Reuse(Path(settings.rag.experiment.cache_dir), golden_bytes(golden), digest, code_digest())
+    runs = _stored_runs(spec, settings, store, reuse, output_dir)
     if runs is None:
         return None
-    log.info("experiment: every evaluation reused (nothing any depends on changed; --rerun runs them again)")
-    return ExperimentRun(spec, output_dir, runs, time.perf_counter() - started)
+    warning = base_against_record(store, record)
+    return runs, [warning] if warning else []
 
 
 def _stored_runs(
