@@ -4,9 +4,10 @@ Cases are paired as `sieve compare` pairs them (`pairing.pair`: by id, then by c
 each gated measure (recall, hit rate, MRR, nDCG) gets the two-sided paired sign-flip test (exact up to 20
 non-zero differences, Monte Carlo beyond, as `stats.sign_flip_p_value`) and a bootstrap 95 % interval of the
 mean difference; the raw p-values of every variant × measure form one family, adjusted by Holm
-(`stats.holm`). Fixed / broken cases are those whose hit (a relevant document in the top K) went 0 -> 1 /
-1 -> 0. Each measure also gets the detectable difference of its paired differences
-(`verdict.detectable_difference`).
+(`stats.holm`). Fixed / broken cases (the hit, a relevant document in the top K, went 0 -> 1 / 1 -> 0) and
+unverified drops (broken or worse cases whose drop may come from documents nobody judged) are those
+`sieve compare` names (`compare_reports`). Each measure also gets the detectable difference of its paired
+differences (`verdict.detectable_difference`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
-from app.evaluation.compare.comparison import scored_figures
+from app.evaluation.compare.comparison import compare_reports, scored_figures
 from app.evaluation.compare.pairing import pair
 from app.evaluation.report.model import Report
 from app.evaluation.scoring import measures, stats
@@ -56,6 +57,7 @@ class VariantComparison:
     tests: dict[str, MeasureTest] = field(default_factory=dict)
     fixed: list[str] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class VariantComparison:
             "measures": {name: t.to_json() for name, t in self.tests.items()},
             "fixed": self.fixed,
             "broken": self.broken,
+            "unverified": self.unverified,
         }
 
 
@@ -89,9 +92,8 @@ def compare_with_base(base: Report, variant: Report, seed: int) -> VariantCompar
             exact=nonzero <= stats.EXACT_MAX_NONZERO,
             detectable=detectable_difference(diffs),
         )
-    hits_before = {i: float(before[i]["hitRate"]) for i in ids}
-    hits_after = {i: float(after[i]["hitRate"]) for i in ids}
-    out.fixed, out.broken = stats.fixed_and_broken(hits_before, hits_after)
+    cases = compare_reports(base, variant, "base", seed=seed).cases
+    out.fixed, out.broken, out.unverified = cases.fixed, cases.broken, cases.unverified
     return out
 
 

@@ -43,13 +43,22 @@ def _delta(row: dict[str, Any], measure: str) -> str:
     return f"{test['delta']:+.4f} ({_num(test['pHolm'], 3)}){mark}"
 
 
+def _changed(comparison: dict[str, Any] | None) -> str:
+    """`fixed/broken`, with the unverified drops among them when there are any."""
+    if comparison is None:
+        return "–"
+    unverified = comparison.get("unverified") or []
+    extra = f" ({len(unverified)} unverified)" if unverified else ""
+    return f"{len(comparison['fixed'])}/{len(comparison['broken'])}{extra}"
+
+
 def table_rows(data: dict[str, Any]) -> list[list[str]]:
     """One row of cells per variant, in HEADER's order."""
     measure = data["measure"]
     rows = []
     for row in data["variants"]:
         s, cost, comparison = row["summary"], row["cost"], row.get("comparison")
-        changed = f"{len(comparison['fixed'])}/{len(comparison['broken'])}" if comparison else "–"
+        changed = _changed(comparison)
         rows.append(
             [
                 row["name"],
