@@ -51,16 +51,17 @@ def identity_metadata(identity: dict[str, Any], hashed: str) -> dict[str, Any]:
 
 def open_variant(
     base: ChromaStore, name: str, settings: Settings, identity: dict[str, Any], hashed: str
-) -> ChromaStore:
-    """The variant collection `name`, created when missing; one built with another embedder (same name:
-    an embedder folder whose weights changed) is dropped first."""
+) -> tuple[ChromaStore, bool]:
+    """(the variant collection `name`, created when missing; whether it was made anew because the one
+    stored was built with another embedder (same name: an embedder folder whose weights changed), which is
+    dropped first)."""
     store = base.side(name, settings.rag.store, identity_metadata(identity, hashed))
     mismatch = store.embedder_mismatch(identity)
-    if mismatch:
-        log.warning("experiment: %s: dropping it", mismatch)
-        base.drop(name)
-        store = base.side(name, settings.rag.store, identity_metadata(identity, hashed))
-    return store
+    if not mismatch:
+        return store, False
+    log.warning("experiment: %s: dropping it", mismatch)
+    base.drop(name)
+    return base.side(name, settings.rag.store, identity_metadata(identity, hashed)), True
 
 
 def build(

@@ -7,7 +7,10 @@ latency sample, sweep, audit; the date the hard filter uses when `as_of` is unse
 on (its name, Chroma id, the embedder its metadata records, and the sha256 of its sorted chunk ids); the
 document record's digest; and the sha256 of Sieve's own code (every `app/**/*.py`). Any change runs the
 evaluation again; `sieve experiment --rerun` does so regardless (e.g. to measure latency again). A reused
-evaluation keeps its figures, latency included, from the run that made it (its report says when).
+evaluation keeps its figures, latency included, from the run that made it (its report says when). The
+embedder enters the key by its settings name and the identity the collection recorded; an embedder folder
+whose weights change under the same path is seen only once a model loads (its collection is rebuilt then):
+after replacing a model in place, run with `--rerun`.
 
 The entries live in `<rag.experiment.cache_dir>/runs/<key>.json`: the report, the cost and the collection.
 """

@@ -286,11 +286,11 @@ def _build_one(
     (it, (chunks embedded, chunks from the cache))."""
     identity = planned.embedder.identity()
     settings = planned.variant.settings
-    store = open_variant(base, planned.collection, settings, identity, planned.hashed)
-    if planned.decision == "reuse":
+    store, anew = open_variant(base, planned.collection, settings, identity, planned.hashed)
+    if planned.decision == "reuse" and not anew:
         log.info("experiment: %s: reusing collection '%s' (complete)", where, planned.collection)
         return reused(store), (0, 0)
-    verb = "resuming" if planned.decision == "resume" else "building"
+    verb = "resuming" if planned.decision == "resume" and not anew else "building"
     log.info("experiment: %s: %s collection '%s' from the document record", where, verb, planned.collection)
     cached = CachedEmbedder(planned.embedder, identity, planned.embedder.passage_prompt, cache_dir)
     try:
