@@ -117,7 +117,8 @@ def _clean(settings: Settings) -> int:
 def _run(spec: Any, golden: Any, settings: Settings, out: Path, rerun: bool) -> int:
     from app.experiment.render import verdict_lines
     from app.experiment.report import experiment_json, write_experiment
-    from app.experiment.run import ExperimentError, reuse_only
+    from app.experiment.run import ExperimentError
+    from app.experiment.stored import reuse_only
 
     for note in spec.notes:
         print(f"note: {note}", file=sys.stderr)
