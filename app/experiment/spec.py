@@ -36,8 +36,6 @@ VARIABLE_PREFIXES = (
     "rag.ingest.min_chunk_chars",
     "rag.models.",
     "rag.store.hnsw_",
-    "rag.store.exact_search_max_chunks",
-    "rag.store.cache_chunks",
     "rag.retrieval.",
     "rag.chain.",
 )
@@ -95,9 +93,9 @@ def check_key(key: str, where: str, known: list[str]) -> str:
         raise ExperimentFileError(f"{where}: unknown settings key '{key}'{hint}")
     if not full.startswith(VARIABLE_PREFIXES):
         raise ExperimentFileError(
-            f"{where}: '{full}' cannot vary in an experiment: variants share the store, the golden set, K "
-            "and the server; a variant may set rag.ingest chunking, rag.models, rag.store hnsw_* / "
-            "exact_search_max_chunks / cache_chunks, rag.retrieval and rag.chain keys"
+            f"{where}: '{full}' cannot vary in an experiment: variants share the store, the golden set, K, "
+            "the server, and the store's search mode and caches; a variant may set rag.ingest chunking, "
+            "rag.models, rag.store hnsw_*, rag.retrieval and rag.chain keys"
         )
     return full
 
