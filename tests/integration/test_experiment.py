@@ -3,7 +3,8 @@ knowledge base: two variants (a chunk size, which gets its own collection built 
 BM25 off, which runs on the base collection); the experiment JSON carries the names the issue promises; the
 base collection and the passing baseline are byte-for-byte what they were; a second run reuses every
 evaluation, a `--rerun` the variant collection; a run past `rag.experiment.max_store_bytes` is refused before
-it builds; `--clean` drops the variant collection."""
+it builds; `--clean` drops the variant collection. A build stopped midway leaves its collection marked
+incomplete, and the next run resumes it, keeping what was committed."""
 
 from __future__ import annotations
 
@@ -174,3 +175,33 @@ def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
     assert main(["experiment", "--clean"]) == 0
     assert f"dropped 1 experiment collection(s): {variant_collection}" in capsys.readouterr().out
     assert set(collections(real_embedder)) == set(before)
+
+
+def test_a_build_killed_midway_is_never_used_and_the_next_run_finishes_it(
+    shell: Path, capsys, real_embedder, monkeypatch
+) -> None:
+    import app.experiment.build as build_module
+    from app.ingest.pipeline import Ingestor
+
+    real_build = build_module.build_staging
+
+    def killed(staging, record, embedder, settings, progress, report):
+        first = next(iter(record.iter_documents()))
+        Ingestor(staging, embedder, settings).ingest_documents([first])
+        raise KeyboardInterrupt  # Ctrl-C after one document's chunks were committed
+
+    monkeypatch.setattr(build_module, "build_staging", killed)
+    assert main(["experiment", str(shell / "exp.yml"), "--output-dir", str(shell / "out")]) == 130
+    stopped = {n: c for n, c in collections(real_embedder).items() if "-exp-" in n}
+    ((name, half),) = stopped.items()
+    assert half["metadata"]["sieve_experiment_complete"] is False and half["chunks"]
+
+    monkeypatch.setattr(build_module, "build_staging", real_build)
+    capsys.readouterr()
+    data, _ = experiment(shell, capsys)
+    small = data["variants"][1]
+    assert (small["collection"], small["index"]) == (name, "resume")
+    finished = collections(real_embedder)[name]
+    assert finished["metadata"]["sieve_experiment_complete"] is True
+    assert len(finished["chunks"]) == small["cost"]["chunks"] > len(half["chunks"])
+    assert {c[0] for c in half["chunks"]} < {c[0] for c in finished["chunks"]}  # what was committed is kept
