@@ -94,9 +94,9 @@ def detectable_json(comparisons: dict[str, VariantComparison], measure: str) -> 
         name: {m: t.detectable for m, t in c.tests.items()} for name, c in comparisons.items() if c.tests
     }
     by_measure: dict[str, float | None] = {}
-    for name in {m for v in by_variant.values() for m in v}:
-        values = [v[name] for v in by_variant.values() if v.get(name) is not None]
-        by_measure[name] = max(values) if values else None  # type: ignore[type-var]
+    for name in sorted({m for v in by_variant.values() for m in v}):
+        values = [d for v in by_variant.values() if (d := v.get(name)) is not None]
+        by_measure[name] = max(values) if values else None
     paired = max((c.paired_cases for c in comparisons.values()), default=0)
     return {
         "measure": measure,

@@ -139,3 +139,21 @@ def test_seeded_vectors_stand_in_for_the_model(tmp_path: Path) -> None:
     vectors = cache.embed_passages(["kept", "new"])
     assert inner.asked == ["new"]
     np.testing.assert_array_equal(vectors[0], stored)
+
+
+def test_the_reported_detectable_difference_is_the_largest_over_the_variants() -> None:
+    from app.experiment.report import detectable_json
+
+    def test(d: float | None) -> MeasureTest:
+        return MeasureTest(0.5, 0.5, 0.0, None, None, 1.0, True, d)
+
+    comparisons = {
+        "a": VariantComparison(63, {"ndcg": test(0.03), "recall": test(None)}),
+        "b": VariantComparison(63, {"ndcg": test(0.05), "recall": test(0.01)}),
+        "empty": VariantComparison(0),
+    }
+    dd = detectable_json(comparisons, "ndcg")
+    assert (dd["value"], dd["byMeasure"], dd["pairedCases"]) == (0.05, {"ndcg": 0.05, "recall": 0.01}, 63)
+    assert dd["byVariant"] == {"a": {"ndcg": 0.03, "recall": None}, "b": {"ndcg": 0.05, "recall": 0.01}}
+    assert (dd["alpha"], dd["power"]) == (0.05, 0.8)
+    assert detectable_json({}, "ndcg")["value"] is None
