@@ -6,8 +6,12 @@ baseline files of `rag.evaluate.output_dir` are never written. Two experiments o
 lock file: `<rag.store.path>/experiment.lock` embedded, `<rag.experiment.cache_dir>/experiment-<host>-<port>
 .lock` on a Chroma server).
 
+`--server URL` sends the file to a running `sieve serve` (`POST /api/experiments`), which runs it as a job on
+its store and models; the command waits for the job and prints what a local run prints.
+
 Exit codes (`app.exit_codes`): 0 done; 2 bad input (the experiment file, a settings value, the golden set,
-the store budget); 3 the store is held by another process or cannot be opened.
+the store budget, a token the server refuses); 3 the store is held by another process or cannot be opened,
+the server cannot be reached, or its job failed.
 """
 
 from __future__ import annotations
@@ -20,8 +24,6 @@ from typing import Any
 from app import exit_codes
 from app.cli.common import _Invocation, fail, settings_with
 from app.settings import Settings, config_source
-
-LOCK_NAME = "experiment.lock"
 
 
 def add_experiment_command(sub: Any) -> None:
@@ -43,12 +45,32 @@ def add_experiment_command(sub: Any) -> None:
         action="store_true",
         help="evaluate every variant again, even when a stored evaluation of it still holds (latency)",
     )
+    ex.add_argument(
+        "--server",
+        metavar="URL",
+        help="run the experiment on a running `sieve serve` at URL, as a job on its store, models and golden "
+        "set (admin token; default $SIEVE_SERVER)",
+    )
     ex.set_defaults(func=experiment_command)
 
 
 def experiment_command(args: argparse.Namespace) -> int:
+    from app.cli.client import ServerError, server_url
+
+    try:
+        url = server_url(args.server)
+        if url is not None:
+            return _on_server(url, args)
+    except ServerError as exc:
+        return fail(exc.message, exc.code)
+    return _here(args)
+
+
+def _here(args: argparse.Namespace) -> int:
+    """`sieve experiment` on this machine: the file checked, the locks taken, then the run."""
     from app import pidlock
     from app.evaluation.golden.cases import load_golden_set
+    from app.experiment.run import default_output_dir, experiment_lock
     from app.experiment.spec import ExperimentFileError, load_spec
 
     settings = settings_with()
@@ -74,28 +96,17 @@ def experiment_command(args: argparse.Namespace) -> int:
         pidlock.release(fd)
 
 
-def experiment_lock(settings: Settings) -> Path:
-    store = settings.rag.store
-    if store.mode == "embedded":
-        return Path(store.path) / LOCK_NAME
-    return Path(settings.rag.experiment.cache_dir) / f"experiment-{store.host}-{store.port}.lock"
-
-
 def _held(settings: Settings, work: Any) -> int:
-    """`work()`, or the exit code of an embedded store another process holds (said on stderr)."""
+    """`work()`, or the exit code of an embedded store another process holds (said on stderr, with the
+    `--server` to ask instead when that process is `sieve serve`)."""
+    from app.cli.common import held_store_message
     from app.store import StoreLockedError
 
     try:
         return int(work())
     except StoreLockedError as exc:
-        server = f" listening on {exc.address}" if exc.address else ""
-        return fail(
-            f"the embedded store {exc.path} is open in another process (pid {exc.holder}{server}, e.g. "
-            "`sieve serve`), and it allows one process at a time. `sieve experiment --server` is not "
-            "available yet: stop that process for the experiment, or share the store through a Chroma "
-            "server (rag.store.mode: http), where an experiment runs beside a serving Sieve",
-            exit_codes.UNAVAILABLE,
-        )
+        message = held_store_message(exc.path, exc.holder, exc.address, settings.rag.server, "experiment")
+        return fail(message, exit_codes.UNAVAILABLE)
 
 
 def _clean(settings: Settings) -> int:
@@ -152,10 +163,44 @@ def _full_run(spec: Any, golden: Any, settings: Settings, out: Path, rerun: bool
         sieve.close()
 
 
-def default_output_dir(settings: Settings, name: str | None) -> Path:
-    from app.evaluation.render.files import report_stamp
+POLL_S = 1.0
+FINISHED = ("done", "failed", "interrupted", "unreadable")
 
-    return Path(settings.rag.evaluate.output_dir) / "experiments" / (name or report_stamp())
+
+def _on_server(url: str, args: argparse.Namespace) -> int:
+    """`sieve experiment FILE --server URL`: `POST /api/experiments` with the file's text (the server checks
+    it), then `GET /api/jobs/{id}` until the job ends; prints what a local run prints. The reports are the
+    server's, in its `rag.evaluate.output_dir/experiments/`."""
+    import time
+
+    from app.cli.client import SieveClient, server_token
+    from app.experiment.render import verdict_lines
+
+    if args.clean or args.output_dir or not args.file:
+        return fail(
+            "with --server give an experiment FILE only: the server writes its reports in its "
+            "rag.evaluate.output_dir/experiments/ (--output-dir, --clean: run them on the server's machine)"
+        )
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return fail(f"{args.file}: cannot read the experiment file: {exc}")
+    client = SieveClient(url, server_token("admin", settings_with))
+    job_id = str(client.start_experiment({"experiment": text, "rerun": args.rerun})["job"])
+    print(f"experiment: job {job_id} on {url} (GET /api/jobs/{job_id})", file=sys.stderr)
+    while (job := client.job(job_id))["state"] not in FINISHED:
+        time.sleep(POLL_S)
+    if job["state"] != "done":
+        return fail(
+            f"the experiment job {job_id} ended {job['state']}: {job.get('error')}", exit_codes.UNAVAILABLE
+        )
+    data = job["report"]["experiment"]
+    print_table(data)
+    for line in verdict_lines(data):
+        print(line)
+    for path in job["report"]["files"]:
+        print(f"experiment (on the server): {path}")
+    return exit_codes.OK
 
 
 def print_table(data: dict[str, Any]) -> None:

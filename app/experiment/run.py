@@ -435,3 +435,22 @@ def golden_bytes(golden: GoldenSet) -> bytes:
         return Path(golden.path).read_bytes()
     except (OSError, TypeError):
         return f"unreadable:{golden.path}:{time.time()}".encode()
+
+
+LOCK_NAME = "experiment.lock"
+
+
+def experiment_lock(settings: Settings) -> Path:
+    """The lock file two experiments on one store cannot both hold: in the embedded store's folder, or
+    (a Chroma server) in `rag.experiment.cache_dir`, named by the server (this machine's experiments)."""
+    store = settings.rag.store
+    if store.mode == "embedded":
+        return Path(store.path) / LOCK_NAME
+    return Path(settings.rag.experiment.cache_dir) / f"experiment-{store.host}-{store.port}.lock"
+
+
+def default_output_dir(settings: Settings, name: str | None) -> Path:
+    """`<rag.evaluate.output_dir>/experiments/<name, else a timestamp>`."""
+    from app.evaluation.render.files import report_stamp
+
+    return Path(settings.rag.evaluate.output_dir) / "experiments" / (name or report_stamp())

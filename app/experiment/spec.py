@@ -104,7 +104,18 @@ def load_spec(path: str | Path, base: Settings, config_path: str | Path | None =
     """Read and check the experiment file at `path` against `base` (the current configuration): every
     variant's key checked and its settings validated (`ExperimentFileError`), before anything runs."""
     p = Path(path)
-    data = _read(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ExperimentFileError(f"{p}: experiment file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExperimentFileError(f"{p}: cannot read the experiment file: {exc}") from None
+    return parse_spec(text, p, base, config_path)
+
+
+def parse_spec(text: str, p: Path, base: Settings, config_path: str | Path | None = None) -> ExperimentSpec:
+    """`load_spec` of an experiment file's text (`p` names it in messages: a path, or the API request)."""
+    data = _parsed(text, p)
     known = settings_keys()
     design = str(data.get("design", "grid"))
     if design not in DESIGNS:
@@ -122,11 +133,9 @@ def load_spec(path: str | Path, base: Settings, config_path: str | Path | None =
     return ExperimentSpec(_name(p, data.get("name")), p, variants, design, notes)
 
 
-def _read(p: Path) -> dict[str, Any]:
+def _parsed(text: str, p: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ExperimentFileError(f"{p}: experiment file not found") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ExperimentFileError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

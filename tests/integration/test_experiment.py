@@ -205,3 +205,47 @@ def test_a_build_killed_midway_is_never_used_and_the_next_run_finishes_it(
     assert finished["metadata"]["sieve_experiment_complete"] is True
     assert len(finished["chunks"]) == small["cost"]["chunks"] > len(half["chunks"])
     assert {c[0] for c in half["chunks"]} < {c[0] for c in finished["chunks"]}  # what was committed is kept
+
+
+def test_post_api_experiments_runs_it_as_a_job_on_the_server(shell: Path, real_embedder) -> None:
+    """`POST /api/experiments` on the real app over the real Sieve holding the store: a misspelt key is a 422
+    naming it; a good file is a 202 job whose report, once done, is the experiment JSON, written in the
+    server's output folder; the serving collection and the baseline stay as they were."""
+    import time
+
+    from app.service import Sieve
+    from app.settings import merge, nested
+    from tests.fixtures.api_app import serving
+    from tests.fixtures.api_server import installs
+
+    token = "experiment-admin-token-0123"
+    settings = load_settings(
+        merge(nested("rag.server.admin_token", token), nested("rag.server.jobs_dir", str(shell / "jobs")))
+    )
+    baseline = files(shell / "eval")
+    sieve = Sieve.open(settings)
+    try:
+        base_before = sorted((c.chunk_id, c.text) for c in sieve.store.iter_all())
+        with serving(settings, installs(sieve)) as client:
+            client.headers["Authorization"] = f"Bearer {token}"
+            bad = client.post(
+                "/api/experiments", json={"experiment": "variants: {a: {rag.chian.bm25.enabled: false}}"}
+            )
+            assert bad.status_code == 422
+            assert "did you mean rag.chain.bm25.enabled" in bad.json()["error"]
+            accepted = client.post("/api/experiments", json={"experiment": EXPERIMENT})
+            assert accepted.status_code == 202, accepted.text
+            job_id = accepted.json()["job"]
+            deadline = time.monotonic() + 300
+            while (job := client.get(f"/api/jobs/{job_id}").json())["state"] not in ("done", "failed"):
+                assert time.monotonic() < deadline, job
+                time.sleep(0.2)
+        assert job["state"] == "done", job["error"]
+        data = job["report"]["experiment"]
+        assert [v["name"] for v in data["variants"]] == ["base", "small-chunks", "bm25-off"]
+        assert str(shell / "eval" / "experiments" / "tiny" / "experiment.json") in job["report"]["files"]
+        assert sorted((c.chunk_id, c.text) for c in sieve.store.iter_all()) == base_before
+    finally:
+        sieve.close()
+    after = files(shell / "eval")
+    assert {k: v for k, v in after.items() if not k.startswith("experiments/")} == baseline
