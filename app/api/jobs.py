@@ -358,7 +358,10 @@ class JobBook:
         return [j for j in everything if j.state not in FINISHED or j.id in shown]
 
     def finished_in(self, job: Job, seconds: float) -> None:
-        """Record how long `job` took: the pace Retry-After estimates come from."""
+        """Record how long `job` took: the pace Retry-After estimates come from. A job of no documents (an
+        experiment) says nothing of the write pace: not recorded."""
+        if job.documents == 0:
+            return
         with self._lock:
             self._pace = [*self._pace[-(PACE_WINDOW - 1) :], (job.documents, job.bytes, seconds)]
 

@@ -322,6 +322,8 @@ def test_retry_after_follows_the_measured_pace_within_its_limits(tmp_path: Path)
     done = accepted(book, [f"x{i}" for i in range(4)])
     book.update(done, state="done")
     book.finished_in(done, seconds=2.0)  # 2 documents a second
+    experiment = book.create("experiment", 0, 0)
+    book.finished_in(experiment, seconds=600.0)  # no documents: says nothing of the write pace
     accepted(book, [f"a{i}" for i in range(10)])
     with pytest.raises(QueueFull) as refused:
         accepted(book, [f"b{i}" for i in range(7)])
