@@ -232,7 +232,9 @@ class JobBook:
             elif job.state not in FINISHED:
                 job.state = "interrupted"
                 job.finishedAt = job.finishedAt or _now()
-                job.error = interrupted_error(job.stored)
+                job.error = (
+                    EXPERIMENT_INTERRUPTED if job.kind == "experiment" else interrupted_error(job.stored)
+                )
                 self._save(job)
                 interrupted.append(job)
             self._jobs[job.id] = job
@@ -584,6 +586,12 @@ def unreadable_job(path: Path, exc: Exception) -> Job | None:
             "accepted, and the start-up reconciliation indexes every recorded document the index lacks"
         ),
     )
+
+
+EXPERIMENT_INTERRUPTED = (
+    "the server stopped before this experiment finished; nothing the server serves was changed. Run it "
+    "again: the variant collections it completed, and the evaluations it finished, are reused"
+)
 
 
 def interrupted_error(stored: int) -> str:
