@@ -124,12 +124,23 @@ class Sieve:
             self.record.close()
         self.store.close()
 
-    def with_settings(self, settings: Settings) -> Sieve:
+    def with_settings(
+        self,
+        settings: Settings,
+        embedder: Embedder | None = None,
+        store: ChromaStore | None = None,
+        reranker: object | None = None,
+    ) -> Sieve:
         """Another Sieve over the same store and models, with `settings`' retrieval and chain options
         (benchmarks compare variants this way without reloading anything). The BM25 index is shared
-        unless the variant changes its analyzer or parameters; models and store settings are not re-read."""
+        unless the variant changes its analyzer or parameters; models and store settings are not re-read.
+        An experiment's variant may bring its own `embedder`, `reranker` and `store` (another collection of
+        this client): then its BM25 index is built in memory over that store. No record: nothing is written
+        through it."""
+        store = store or self.store
         same_index = (
-            settings.rag.retrieval.jieba_user_dict == self.settings.rag.retrieval.jieba_user_dict
+            store is self.store
+            and settings.rag.retrieval.jieba_user_dict == self.settings.rag.retrieval.jieba_user_dict
             and (settings.rag.chain.bm25.k1, settings.rag.chain.bm25.b)
             == (self.settings.rag.chain.bm25.k1, self.settings.rag.chain.bm25.b)
         )
@@ -138,8 +149,15 @@ class Sieve:
         else:  # a variant's own index, in memory only (the persisted one belongs to this Sieve)
             bm25 = settings.rag.chain.bm25
             analyzer = Analyzer(settings.rag.retrieval.jieba_user_dict)
-            lexical = build_from_store(self.store, analyzer, bm25.k1, bm25.b, _index_text)
-        return Sieve(settings, self.embedder, self.store, self.reranker, lexical, self.record)
+            lexical = build_from_store(store, analyzer, bm25.k1, bm25.b, index_text)
+        return Sieve(
+            settings,
+            embedder or self.embedder,
+            store,
+            self.reranker if reranker is None else reranker,
+            lexical,
+            self.record if store is self.store else None,
+        )
 
     # -- ingest ------------------------------------------------------------------------------------
 
@@ -255,9 +273,7 @@ class Sieve:
         if self._sync is not None:
             self._sync.apply_commit(upserted, deleted_ids)
         else:  # an index handed in from outside (tests, variants): update it in memory
-            self.lexical.upsert(
-                [(c.chunk_id, _index_text(c), knowledge_tag_of(c.metadata)) for c in upserted]
-            )
+            self.lexical.upsert([(c.chunk_id, index_text(c), knowledge_tag_of(c.metadata)) for c in upserted])
             self.lexical.delete(deleted_ids)
 
     def _open_index(self) -> None:
@@ -286,7 +302,7 @@ class Sieve:
             rag.chain.bm25.k1,
             rag.chain.bm25.b,
             rag.lexical.refresh_seconds,
-            _index_text,
+            index_text,
             rag.lexical.change_log_retention_seconds,
         )
         # a server must not wait for a million ids to be listed when the counts already agree
@@ -372,6 +388,7 @@ def lexical_directory(settings: Settings) -> Path:
     return Path("target") / "lexical" / f"{rag.store.host}-{rag.store.port}-{rag.store.collection}"
 
 
-def _index_text(stored: StoredChunk) -> str:
+def index_text(stored: StoredChunk) -> str:
+    """The text a stored chunk was embedded and BM25-indexed from (`chunker.embedding_text`)."""
     chunk = stored_chunk(stored.chunk_id, stored.text, stored.metadata)
     return embedding_text(chunk, str(stored.metadata.get("title", "")))

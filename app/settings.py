@@ -617,6 +617,20 @@ class LabelSettings(_Strict):
     queue: str = "target/label-queue.jsonl"
 
 
+class ExperimentSettings(_Strict):
+    """`sieve experiment` (app/experiment/): variant collections, the embedding cache and the verdict."""
+
+    # the estimated bytes (text, metadata, float32 vectors) every experiment collection of the store may
+    # hold together; a run that would pass it is refused before anything is built
+    max_store_bytes: int = Field(2 * 1024**3, ge=1)
+    # passage vectors kept by (model identity, passage prompt, text hash), shared by every variant
+    cache_dir: str = "target/experiment-cache"
+    # the measure a variant wins on, and whose detectable difference the report leads with
+    measure: Literal["recall", "hitRate", "mrr", "ndcg"] = "ndcg"
+    # the base scores 1.0 on at least this share of the scored cases: the set is at its ceiling (warned)
+    ceiling_share: float = Field(0.8, gt=0.0, le=1.0)
+
+
 class RagSettings(_Strict):
     models: ModelsSettings = ModelsSettings()
     ingest: IngestSettings = IngestSettings()
@@ -629,6 +643,7 @@ class RagSettings(_Strict):
     querylog: QueryLogSettings = QueryLogSettings()
     generate: GenerateSettings = GenerateSettings()
     label: LabelSettings = LabelSettings()
+    experiment: ExperimentSettings = ExperimentSettings()
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -480,7 +480,7 @@ def lexical_alone(args: argparse.Namespace) -> int:
     load it again, and time top(), a one-document update and a snapshot. Prints BENCH-JSON."""
     from app.lexical.files import Journal, load_snapshot, save_snapshot
     from app.lexical.index import Analyzer, Bm25Index
-    from app.service import _index_text
+    from app.service import index_text
     from app.store import StoredChunk
 
     directory = args.workdir / f"lexical-n{args.size}"
@@ -495,7 +495,7 @@ def lexical_alone(args: argparse.Namespace) -> int:
         done = 0
         for doc in corpus.chunks(args.size):
             for c in doc:
-                text = _index_text(StoredChunk(c.chunk_id, c.text, c.metadata()))
+                text = index_text(StoredChunk(c.chunk_id, c.text, c.metadata()))
                 pending.append((c.chunk_id, text, c.knowledge))
             if len(pending) >= 10_000:
                 index.upsert(pending)
@@ -545,7 +545,7 @@ def lexical_alone(args: argparse.Namespace) -> int:
     for i in range(20):
         doc = corpus.document(10_200_000 + i, chunks=3)
         items = [
-            (f"{c.chunk_id}-w", _index_text(StoredChunk(c.chunk_id, c.text, c.metadata())), c.knowledge)
+            (f"{c.chunk_id}-w", index_text(StoredChunk(c.chunk_id, c.text, c.metadata())), c.knowledge)
             for c in doc
         ]
         t = time.perf_counter()

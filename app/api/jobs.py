@@ -232,7 +232,9 @@ class JobBook:
             elif job.state not in FINISHED:
                 job.state = "interrupted"
                 job.finishedAt = job.finishedAt or _now()
-                job.error = interrupted_error(job.stored)
+                job.error = (
+                    EXPERIMENT_INTERRUPTED if job.kind == "experiment" else interrupted_error(job.stored)
+                )
                 self._save(job)
                 interrupted.append(job)
             self._jobs[job.id] = job
@@ -358,7 +360,10 @@ class JobBook:
         return [j for j in everything if j.state not in FINISHED or j.id in shown]
 
     def finished_in(self, job: Job, seconds: float) -> None:
-        """Record how long `job` took: the pace Retry-After estimates come from."""
+        """Record how long `job` took: the pace Retry-After estimates come from. A job of no documents (an
+        experiment) says nothing of the write pace: not recorded."""
+        if job.documents == 0:
+            return
         with self._lock:
             self._pace = [*self._pace[-(PACE_WINDOW - 1) :], (job.documents, job.bytes, seconds)]
 
@@ -581,6 +586,12 @@ def unreadable_job(path: Path, exc: Exception) -> Job | None:
             "accepted, and the start-up reconciliation indexes every recorded document the index lacks"
         ),
     )
+
+
+EXPERIMENT_INTERRUPTED = (
+    "the server stopped before this experiment finished; nothing the server serves was changed. Run it "
+    "again: the variant collections it completed, and the evaluations it finished, are reused"
+)
 
 
 def interrupted_error(stored: int) -> str:

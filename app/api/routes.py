@@ -25,6 +25,7 @@ from app.api.deps import (
 )
 from app.api.errors import ApiError, safe_text
 from app.api.evaluations import EvaluationRunRequest, EvaluationRunResponse
+from app.api.experiments import ExperimentRequest
 from app.api.querylog import QueryLogParams, query_record, read_newest
 from app.api.readiness import record_problem
 from app.api.schemas import (
@@ -32,6 +33,7 @@ from app.api.schemas import (
     READ_ERRORS,
     REPORT_ERRORS,
     WRITE_ERRORS,
+    JobAccepted,
     ReadyResponse,
     RetrieveRequest,
     error_responses,
@@ -237,6 +239,47 @@ def run_evaluation_outcome(
     if outcome.invalid_golden_set is not None:
         raise ApiError(422, outcome.invalid_golden_set)
     return outcome.view()
+
+
+@router.post(
+    "/api/experiments",
+    status_code=202,
+    tags=["evaluation"],
+    dependencies=admin,
+    responses={
+        202: {
+            "model": JobAccepted,
+            "description": "the experiment, checked and accepted as a background job",
+        },
+        **WRITE_ERRORS,
+    },
+)
+def start_experiment(request: Request, body: ExperimentRequest) -> JSONResponse:
+    """Run an experiment on this server (admin token): variants of the settings side by side on its store,
+    models and golden set (`sieve experiment --server`; docs/cli.md). The file is checked first (a misspelt
+    key, a value the settings refuse, a broken golden set: 422 naming it); then 202 `{"job": id}`, and
+    `GET /api/jobs/{id}` shows the job, whose report once done is the experiment JSON and the files written
+    in `<rag.evaluate.output_dir>/experiments/`. The serving collection and the baseline are never changed;
+    the job runs after the write jobs before it (and they after it)."""
+    from pathlib import Path as FilePath
+
+    from app.api.experiments import experiment_work
+    from app.evaluation.golden.cases import GoldenSetError, load_golden_set
+    from app.experiment.spec import ExperimentFileError, parse_spec
+
+    state = sieve_state(request)
+    sieve = require_sieve(request)
+    try:
+        spec = parse_spec(body.experiment, FilePath("experiment"), state.settings)
+        golden = load_golden_set(state.settings.rag.evaluate.resource_location)
+    except ExperimentFileError as exc:
+        raise ApiError(422, str(exc), field="experiment") from None
+    except GoldenSetError as exc:
+        raise ApiError(422, str(exc)) from None
+    job = state.jobs.create("experiment", 0, 0)
+    state.job_runner.submit(job, experiment_work(state.settings, sieve, spec, golden, body.rerun))
+    log.info("job %s queued: an experiment of %d variant(s)", job.id, len(spec.variants))
+    return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
 
 # how long GET /api/querylog waits for the entries queued before it to be written

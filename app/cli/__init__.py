@@ -4,6 +4,7 @@
 - `app.cli.ingest`: `ingest`;
 - `app.cli.query`: `query`;
 - `app.cli.eval`: `eval`, `tune`, `compare`, `trec-eval`;
+- `app.cli.experiment`: `experiment` (variants side by side, app/experiment/);
 - `app.cli.golden`: `golden ...`, `baseline ...`, `label`;
 - `app.cli.store`: `store check`, `store rebuild` (the index against the document record);
 - `app.cli.client`: `--server URL` (or `$SIEVE_SERVER`) on `query` and `eval`, which ask a running
@@ -31,6 +32,7 @@ from app.cli.common import (
     settings_with,
 )
 from app.cli.eval import add_eval_commands
+from app.cli.experiment import add_experiment_command
 from app.cli.golden import add_golden_commands
 from app.cli.ingest import add_ingest_command
 from app.cli.query import add_query_command, render_result
@@ -95,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     add_ingest_command(sub)
     add_query_command(sub)
     add_eval_commands(sub)
+    add_experiment_command(sub)
     add_golden_commands(sub)
     add_store_commands(sub)
     return parser

@@ -1,4 +1,4 @@
-"""`--server URL`: `sieve query` and `sieve eval` sent to a running `sieve serve` over HTTP.
+"""`--server URL`: `sieve query`, `sieve eval` and `sieve experiment` sent to a running `sieve serve`.
 
 The server has its models loaded and its store open, so a command answers in the time of the request, and
 `sieve eval` can run while `sieve serve` holds an embedded store (one process per store path).
@@ -6,7 +6,8 @@ The server has its models loaded and its store open, so a command answers in the
 - The URL: `--server URL`, else `$SIEVE_SERVER`; `http://` or `https://`, a host, an optional port.
 - The token, sent as `Authorization: Bearer <token>`: `$SIEVE_TOKEN` when set; otherwise, from this
   invocation's own settings (the same config file and `RAG__*` environment `sieve serve` reads), for a
-  query `rag.server.api_token` (else `rag.server.admin_token`), for an evaluation `rag.server.admin_token`.
+  query `rag.server.api_token` (else `rag.server.admin_token`), for an evaluation or an experiment
+  `rag.server.admin_token`.
   No token at all sends no header (a server without `api_token` answers queries without one).
 - Failures are one line and an exit code: the server cannot be reached, is not ready, is busy, or does not
   answer as a Sieve server: 3 (`exit_codes.UNAVAILABLE`); a token it refuses (401, 403) or input it
@@ -77,7 +78,7 @@ def server_token(kind: Literal["reader", "admin"], load_settings: Callable[[], A
 
 @dataclass
 class SieveClient:
-    """The two requests the CLI sends, each answered with the server's JSON object or a `ServerError`."""
+    """The requests the CLI sends, each answered with the server's JSON object or a `ServerError`."""
 
     url: str
     token: str | None = None
@@ -85,19 +86,34 @@ class SieveClient:
     transport: Any = None
 
     def retrieve(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._post("/api/retrieve", body, QUERY_TIMEOUT_S)
+        return self._request("/api/retrieve", body, QUERY_TIMEOUT_S)
 
     def evaluate(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._post("/api/evaluations/runs", body, EVALUATION_TIMEOUT_S)
+        return self._request("/api/evaluations/runs", body, EVALUATION_TIMEOUT_S)
 
-    def _post(self, path: str, body: dict[str, Any], read_timeout: float) -> dict[str, Any]:
+    def start_experiment(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`POST /api/experiments`: the accepted job, `{"job": id}`."""
+        return self._request("/api/experiments", body, QUERY_TIMEOUT_S, accepted=202)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """`GET /api/jobs/{id}`: the job as the server shows it."""
+        return self._request(f"/api/jobs/{job_id}", None, QUERY_TIMEOUT_S)
+
+    def _request(
+        self, path: str, body: dict[str, Any] | None, read_timeout: float, accepted: int = 200
+    ) -> dict[str, Any]:
+        """POST `body` to `path` (GET when `body` is None); the answer's JSON object when its status is
+        `accepted`, else a `ServerError`."""
         import httpx
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         timeout = httpx.Timeout(read_timeout, connect=CONNECT_TIMEOUT_S)
         try:
             with httpx.Client(transport=self.transport, timeout=timeout) as client:
-                response = client.post(self.url + path, json=body, headers=headers)
+                if body is None:
+                    response = client.get(self.url + path, headers=headers)
+                else:
+                    response = client.post(self.url + path, json=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise ServerError(
                 f"cannot reach the server at {self.url}: {_reason(exc)} (is `sieve serve` running there?)",
@@ -113,7 +129,7 @@ class SieveClient:
                 f"no answer from the server at {self.url}: {_reason(exc)}", exit_codes.UNAVAILABLE
             ) from None
         answer = _json_object(response)
-        if response.status_code == 200 and answer is not None:
+        if response.status_code == accepted and answer is not None:
             return answer
         raise _refusal(self.url, path, response, answer, sent_token=bool(self.token))
 

@@ -33,7 +33,7 @@ def settings_with(*overrides: dict[str, Any]):
     return load_settings(merge(*overrides), config_path=_Invocation.config_path)
 
 
-def open_sieve(settings, suggest_server: Literal["query", "eval"] | None = None):
+def open_sieve(settings, suggest_server: Literal["query", "eval", "experiment"] | None = None):
     """The Sieve of `settings`: models loaded, store opened, BM25 index built. An embedded store another
     process holds fails before the models load (`StoreLockedError`, exit 3); with `suggest_server` (the
     commands that take `--server`) its message says to ask that process, when it is `sieve serve`, instead."""
@@ -50,17 +50,17 @@ def open_sieve(settings, suggest_server: Literal["query", "eval"] | None = None)
 
 
 def held_store_message(
-    path: Any, holder: str, address: str | None, server: Any, command: Literal["query", "eval"]
+    path: Any, holder: str, address: str | None, server: Any, command: Literal["query", "eval", "experiment"]
 ) -> str:
-    """The one line for a local `query` or `eval` whose embedded store another process holds: ask the server
-    with `--server`; an evaluation also needs the server's admin token. The server's address is the one the
-    holder recorded with its lock (`sieve serve` does once it listens: then the holder is that server), else
-    `server`'s host and port, the address `sieve serve` takes by default."""
+    """The one line for a local `query`, `eval` or `experiment` whose embedded store another process holds:
+    ask the server with `--server`; an evaluation or an experiment also needs the server's admin token. The
+    server's address is the one the holder recorded with its lock (`sieve serve` does once it listens: then
+    the holder is that server), else `server`'s host and port, the address `sieve serve` takes by default."""
     from app.cli.client import SERVER_ENV, TOKEN_ENV
 
     token = (
         f", with its rag.server.admin_token (in ${TOKEN_ENV} or this shell's settings)"
-        if command == "eval"
+        if command != "query"
         else ""
     )
     if address is not None:

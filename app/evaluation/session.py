@@ -29,7 +29,7 @@ from app.evaluation.render import lines
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
 from app.evaluation.render.markdown import k_label, render_markdown
-from app.evaluation.report.model import Comparison, Report, ServiceDescription, Sweep
+from app.evaluation.report.model import BaselineUpdate, Comparison, Report, ServiceDescription, Sweep
 from app.evaluation.run import runner
 from app.evaluation.run.build import Verdict, build_report, invalid_report, measure_report
 from app.evaluation.run.fingerprint import run_fingerprint
@@ -44,6 +44,8 @@ from app.retrieval.chain import RetrievalChain
 from app.settings import ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
+
+NEVER_PROMOTED = "an experiment's run never becomes a baseline"
 
 __all__ = [
     "Baseline",
@@ -113,11 +115,13 @@ def evaluate(
     golden: GoldenSet | None = None,
     progress: Callable[[int, int], None] | None = None,
     baseline: Baseline | None = None,
+    promote: bool = True,
 ) -> Outcome:
     """Evaluate `golden` (default: the file at settings.resource_location) on `target.chain` against
     `baseline` (default: the configured one). A broken golden set is logged and reported (the report says
     why nothing ran); it never raises. A configured baseline file that cannot be used is logged and the run
-    goes on without a comparison."""
+    goes on without a comparison. `promote=False` (an experiment's variant): the run never becomes the last
+    passing baseline, whatever its gate says."""
     try:
         if golden is None:
             golden = load_golden_set(settings.resource_location)
@@ -132,7 +136,7 @@ def evaluate(
     sweep = run_sweep(evaluation, target.chain, target.chain_settings, settings)
     audit = audit_section(golden, target.audit, settings) if target.audit is not None else None
     run_info = run_description(target.described, evaluation, target.known)
-    return finish_evaluation(evaluation, settings, run_info, baseline, sweep, audit)
+    return finish_evaluation(evaluation, settings, run_info, baseline, sweep, audit, promote)
 
 
 def tune(
@@ -216,9 +220,11 @@ def finish_evaluation(
     baseline: Baseline | None = None,
     sweep: Sweep | None = None,
     audit: AuditResult | None = None,
+    promote: bool = True,
 ) -> Outcome:
     """Measure the run (segments, the sweep and the audit), judge
-    it (comparison, gate, baseline update), build the report once, write the files and log the lines."""
+    it (comparison, gate, baseline update unless not `promote`), build the report once, write the files
+    and log the lines."""
     baseline = baseline or Baseline(None, None, "rag.evaluate.baseline is none")
     stamp = report_stamp()
     if settings.write_json:
@@ -236,7 +242,11 @@ def finish_evaluation(
         not_checked=baseline.error,
         report_path=str(own) if own else None,
     )
-    update = baseline_update(measured, settings, gate.passed, baseline)
+    update = (
+        baseline_update(measured, settings, gate.passed, baseline)
+        if promote
+        else BaselineUpdate(promoted=False, reason=NEVER_PROMOTED)
+    )
     note = None if comparison is not None else baseline.note
     report = build_report(measured, Verdict(comparison, note, gate.record(), update))
     paths = write_reports(report, settings, render_markdown(report, settings.report.case_detail), stamp)

@@ -251,11 +251,16 @@ class ChromaStore:
 
     @classmethod
     def open(
-        cls, settings: StoreSettings, embedder_identity: dict[str, Any], check_embedder: bool = True
+        cls,
+        settings: StoreSettings,
+        embedder_identity: dict[str, Any],
+        check_embedder: bool = True,
+        create: bool = True,
     ) -> ChromaStore:
         """Open (or create) the collection; `embedder_identity` is {"name", "dimension", "checksum"}.
         `check_embedder=False` opens a collection built with another embedder too (`sieve store check` and
-        `sieve store rebuild`, which never query it with this one)."""
+        `sieve store rebuild`, which never query it with this one). `create=False`: a missing collection is
+        a `StoreError` (a reader that loads no model: `sieve experiment` deciding what it can reuse)."""
         lock_fd = None
         heartbeat_url = None
         telemetry_off = ChromaClientSettings(anonymized_telemetry=False, allow_reset=False)
@@ -271,6 +276,10 @@ class ChromaStore:
                 client = chromadb.HttpClient(host=settings.host, port=settings.port, settings=telemetry_off)
                 client.heartbeat()
                 heartbeat_url = f"http://{settings.host}:{settings.port}/api/v2/heartbeat"
+            if not create and not _exists(client, settings.collection):
+                raise StoreError(
+                    f"{description} holds no collection '{settings.collection}': ingest documents first"
+                )
             collection = _get_or_create(client, settings, embedder_identity, check_embedder)
         except StoreError:
             pidlock.release(lock_fd)
@@ -848,6 +857,45 @@ class ChromaStore:
             self._call(self._client.delete_collection, name)
         self._changes = None
         self._change_log()
+
+    # -- side collections: `sieve experiment`'s variant indexes on the same client ----------------------
+
+    def collections(self) -> dict[str, dict[str, Any]]:
+        """Every collection of this store's client: {name: its metadata}."""
+        out = {}
+        for entry in self._call(self._client.list_collections):
+            collection = self._call(self._client.get_collection, entry) if isinstance(entry, str) else entry
+            out[collection.name] = dict(collection.metadata or {})
+        return out
+
+    def side(self, name: str, settings: StoreSettings, metadata: dict[str, Any]) -> ChromaStore:
+        """A store over collection `name` on this client, created with `settings`' HNSW configuration and
+        `metadata` when missing (an existing one is opened as it is). It holds no lock of its own (this
+        store's is held until this store closes) and has no chunk cache; never this store's collection."""
+        if name == self.name:
+            raise ValueError(f"'{name}' is this store's own collection")
+        if _exists(self._client, name):
+            collection = self._call(self._client.get_collection, name)
+        else:
+            collection = self._call(
+                self._client.create_collection,
+                name,
+                configuration=_configuration(settings),
+                metadata=metadata,
+                embedding_function=None,
+            )
+        return ChromaStore(self._client, collection, f"{self.description}, collection '{name}'")
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Replace this collection's metadata with `metadata`."""
+        self._call(self._collection.modify, metadata=metadata)
+
+    def drop(self, name: str) -> None:
+        """Drop collection `name` of this client (never this store's own)."""
+        if name == self.name:
+            raise ValueError(f"'{name}' is this store's own collection")
+        if _exists(self._client, name):
+            self._call(self._client.delete_collection, name)
 
     def leftover_staging(self) -> str | None:
         """What a stopped rebuild left (its staging collection: how many chunks, complete or not, or why it

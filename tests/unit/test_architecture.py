@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.main",),  # the HTTP application, which `sieve serve` and `sieve label` start
     ("app.api",),  # its routes, schemas, dependencies and state
     ("app.label_desk",),  # the labelling desk the API and the CLI both serve
+    ("app.experiment",),  # `sieve experiment`: variants side by side over the composition root
     ("app.service",),  # the composition root: embedder, store, BM25 index and the one chain
     ("app.evaluation",),
     ("app.retrieve_response",),  # the answer to one retrieval: serving never depends on the evaluation

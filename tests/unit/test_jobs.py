@@ -322,6 +322,8 @@ def test_retry_after_follows_the_measured_pace_within_its_limits(tmp_path: Path)
     done = accepted(book, [f"x{i}" for i in range(4)])
     book.update(done, state="done")
     book.finished_in(done, seconds=2.0)  # 2 documents a second
+    experiment = book.create("experiment", 0, 0)
+    book.finished_in(experiment, seconds=600.0)  # no documents: says nothing of the write pace
     accepted(book, [f"a{i}" for i in range(10)])
     with pytest.raises(QueueFull) as refused:
         accepted(book, [f"b{i}" for i in range(7)])
@@ -395,3 +397,14 @@ def test_the_list_view_leaves_out_the_document_ids(tmp_path: Path) -> None:
     listed = job.view(with_ids=False)
     assert "documentIds" not in listed
     assert (listed["documents"], listed["bytes"], listed["resumed"]) == (2, 12, 0)
+
+
+def test_an_experiment_running_at_a_stop_is_interrupted_saying_to_run_it_again(tmp_path: Path) -> None:
+    book = JobBook(tmp_path)
+    job = book.create("experiment", 0, 0)
+    book.update(job, state="running")
+    again = JobBook(tmp_path)
+    (interrupted,) = again.recover()
+    assert (interrupted.id, interrupted.state) == (job.id, "interrupted")
+    assert interrupted.error is not None and "Run it again" in interrupted.error
+    assert again.unfinished() == []  # never resumed: it is run again by asking
