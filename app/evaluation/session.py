@@ -254,6 +254,8 @@ def finish_evaluation(
     if passing is not None:
         paths.append(passing)
         promotion = lines.baseline_updated_line(passing, update)
+    elif not promote:
+        promotion = f"baseline untouched: {NEVER_PROMOTED}"
     else:
         promotion = lines.baseline_kept_line(update, settings, report)
     _log_run(report, gate, paths, promotion)

@@ -9,6 +9,7 @@ incomplete, and the next run resumes it, keeping what was committed."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -116,7 +117,7 @@ def experiment(tmp: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tu
 
 
 def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
-    shell: Path, capsys, real_embedder, monkeypatch
+    shell: Path, capsys, caplog, real_embedder, monkeypatch
 ) -> None:
     before, baseline = collections(real_embedder), files(shell / "eval")
     name = load_settings({}).rag.store.collection
@@ -124,7 +125,8 @@ def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
     assert any(name.endswith("-passing.json") for name in baseline)
     capsys.readouterr()
 
-    data, printed = experiment(shell, capsys)
+    with caplog.at_level(logging.INFO):
+        data, printed = experiment(shell, capsys)
     assert [v["name"] for v in data["variants"]] == ["base", "small-chunks", "bm25-off"]
     base_summary = json.loads((shell / "out" / "base" / "retrieval-eval-latest.json").read_text())["summary"]
     for variant in data["variants"]:
@@ -144,6 +146,9 @@ def test_an_experiment_leaves_the_base_alone_and_reuses_its_variant_collection(
     after = collections(real_embedder)
     assert after[name] == before[name]  # the serving collection: not one byte moved
     assert files(shell / "eval") == baseline  # the baseline and every report of rag.evaluate.output_dir
+    said = caplog.text  # each variant's run says the baseline is untouched, and offers no way to move it
+    assert said.count("baseline untouched: an experiment's run never becomes a baseline") == 3
+    assert "sieve baseline accept" not in said
     variant_collection = small["collection"]
     assert variant_collection != name and after[variant_collection]["metadata"]["sieve_experiment_complete"]
 
