@@ -1,4 +1,4 @@
-"""A BEIR split as a golden set file, so that `sieve experiment` (which reads `rag.evaluate.resource_location`)
+"""A BEIR split as a golden set file, so that `sieve experiment` (it reads `rag.evaluate.resource_location`)
 can run on it: one case per query of `qrels/<split>.tsv`, its relevance the qrels grades (the same cases
 `sieve eval --beir DIR --split S` builds). The file goes under target/: the data is for measuring only.
 
