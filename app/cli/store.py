@@ -181,6 +181,7 @@ def check_everything(settings: Settings, embedder: Embedder) -> CheckReport:
         else:
             report = check_store(store, record, rag.ingest, embedder.identity())
             others += probe.change_log_problems(store) + probe.staging_problems(store)
+            report.notes += _experiment_notes(store, rag.store.collection)
         others += probe.bm25_problems(lexical_directory(settings))
         others += probe.jobs_problems(Path(rag.server.jobs_dir))
     finally:
@@ -190,6 +191,14 @@ def check_everything(settings: Settings, embedder: Embedder) -> CheckReport:
             store.close()
     report.others = others
     return report
+
+
+def _experiment_notes(store: ChromaStore, collection: str) -> list[str]:
+    """The experiment collections of `collection`, as a note: known, not strays (app/experiment/index.py)."""
+    from app.experiment.index import experiment_collections_note
+
+    note = experiment_collections_note(collection, store.collections())
+    return [] if note is None else [note]
 
 
 def render_check(report: CheckReport) -> str:
@@ -202,6 +211,7 @@ def render_check(report: CheckReport) -> str:
             f"record: {c.recorded} documents ({c.expected_chunks} chunks under the current chunking)"
             f"{stones}; index: {c.indexed} documents, {c.stored_chunks} chunks"
         )
+    lines += [f"note: {note}" for note in report.notes]
     problems = report.problems()
     if not problems:
         lines.append("healthy: the index matches the record, and the store reads and writes")

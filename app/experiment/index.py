@@ -75,6 +75,24 @@ def is_experiment_collection(base_collection: str, name: str, metadata: Mapping[
     return name.startswith(f"{base_collection}{NAME_MARK}") and EXPERIMENT_KEY in (metadata or {})
 
 
+def experiment_collections_note(
+    base_collection: str, collections: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """`sieve store check`'s line on `base_collection`'s experiment collections (known, never strays):
+    how many, how many finished their build, their estimated bytes and how to drop them; None without any."""
+    mine = {n: m for n, m in collections.items() if is_experiment_collection(base_collection, n, m)}
+    if not mine:
+        return None
+    complete = sum(1 for m in mine.values() if m.get(COMPLETE_KEY) is True)
+    unfinished = len(mine) - complete
+    stored = sum(int(m.get(BYTES_KEY) or 0) for m in mine.values())
+    resumed = f", {unfinished} unfinished (the next experiment resumes them)" if unfinished else ""
+    return (
+        f"experiment collections: {len(mine)} ({complete} complete{resumed}; ~{stored:,} bytes estimated), "
+        "never served; `sieve experiment --clean` drops them"
+    )
+
+
 def decide(base: Settings, variant: Settings, stored: Mapping[str, Any] | None) -> Decision:
     """What a variant's index takes: `base` (index settings equal the base's: the base collection),
     `reuse` (its collection exists, marked complete), `resume` (it exists, its build stopped) or `build`."""

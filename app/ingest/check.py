@@ -138,6 +138,7 @@ class CheckReport:
     embedder_mismatch: str | None = None
     probe_failures: list[str] = field(default_factory=list)
     others: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what else the store holds, known and not a problem
 
     @property
     def healthy(self) -> bool:
@@ -176,6 +177,7 @@ class CheckReport:
             "unrecorded": [] if c is None else c.unrecorded,
             "deleted": [] if c is None else c.deleted,
             "orphanChunks": 0 if c is None else c.orphans,
+            "notes": list(self.notes),
         }
 
 

@@ -6,12 +6,14 @@ import hashlib
 import json
 
 from app.experiment.index import (
+    BYTES_KEY,
     COMPLETE_KEY,
     EXPERIMENT_KEY,
     Budget,
     collection_name,
     decide,
     estimated_bytes,
+    experiment_collections_note,
     index_hash,
     is_experiment_collection,
     record_digest,
@@ -84,3 +86,21 @@ def test_the_budget_counts_kept_and_new_collections() -> None:
     assert "about 101 bytes (40 stored, 61 to build)" in problem
     assert "rag.experiment.max_store_bytes 100" in problem
     assert "sieve experiment --clean" in problem
+
+
+def test_store_check_notes_experiment_collections_as_known_with_their_state_and_bytes() -> None:
+    collections = {
+        "sieve": {},
+        "sieve-exp-aaa": {EXPERIMENT_KEY: "aaa", COMPLETE_KEY: True, BYTES_KEY: 1000},
+        "sieve-exp-bbb": {EXPERIMENT_KEY: "bbb", BYTES_KEY: 250},  # a stopped build
+        "other-exp-ccc": {EXPERIMENT_KEY: "ccc", COMPLETE_KEY: True, BYTES_KEY: 99},  # another base's
+        "sieve-exp-ddd": {},  # the name without the mark: not an experiment's
+    }
+    assert experiment_collections_note("sieve", collections) == (
+        f"experiment collections: 2 (1 complete, 1 unfinished (the next experiment resumes them); "
+        f"~{1000 + 250:,} bytes estimated), never served; `sieve experiment --clean` drops them"
+    )
+
+
+def test_store_check_has_no_experiment_note_without_experiment_collections() -> None:
+    assert experiment_collections_note("sieve", {"sieve": {}, "sieve-documents": {}}) is None

@@ -133,3 +133,14 @@ def test_expected_ids_are_the_chunkers_and_follow_the_chunk_size() -> None:
     assert len(small) > len(large) >= 1
     assert small.isdisjoint(large)
     assert expected_chunk_ids([doc], IngestSettings(chunk_size=300, chunk_overlap=50))["a"] == small
+
+
+def test_notes_are_printed_and_in_the_json_without_making_the_store_unhealthy() -> None:
+    from app.cli.store import render_check
+
+    comparison = compare({"a": ids("c1")}, {"a": ids("c1")})
+    note = "experiment collections: 1 (1 complete; ~10 bytes estimated)"
+    report = CheckReport("s", comparison, notes=[note])
+    assert report.healthy
+    assert report.as_json()["notes"] == [note]
+    assert f"note: {note}" in render_check(report).splitlines()
