@@ -14,7 +14,8 @@ import pytest
 from app.cli import main
 from app.exit_codes import BAD_INPUT, UNAVAILABLE
 from app.store.chroma import LOCK_FILE
-from tests.unit.test_cli_store_held import holding
+from tests.fixtures.experiment_data import experiment_data
+from tests.fixtures.store_holder import holding, holding_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,30 +76,6 @@ def test_an_embedded_store_held_by_another_process_says_what_to_do(shell: Path, 
     assert err.count("\n") == 1
 
 
-class holding_file:
-    """Another process holding the lock file at `path` (the helper of test_cli_store_held, on any file)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        import subprocess
-        import sys
-
-        from tests.unit.test_cli_store_held import HOLD
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(self.path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None and self.proc.stdout.readline() == "held\n"
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.communicate(timeout=10)
-
-
 assert LOCK_FILE == "sieve.lock"  # the store lock `holding` takes
 
 
@@ -111,7 +88,6 @@ def test_server_sends_the_file_waits_for_the_job_and_prints_its_table(
 
     import app.cli.client as client_module
     import app.cli.experiment as cli_experiment
-    from tests.unit.test_experiment_render import _data
 
     seen: list[tuple[str, str, Any]] = []
     polls = iter(["queued", "running", "done"])
@@ -122,7 +98,11 @@ def test_server_sends_the_file_waits_for_the_job_and_prints_its_table(
         if request.url.path == "/api/experiments":
             return httpx.Response(202, json={"job": "j-1"})
         state = next(polls)
-        report = {"experiment": _data(), "files": ["/srv/out/experiment.json"]} if state == "done" else None
+        report = (
+            {"experiment": experiment_data(), "files": ["/srv/out/experiment.json"]}
+            if state == "done"
+            else None
+        )
         return httpx.Response(200, json={"id": "j-1", "state": state, "report": report, "error": None})
 
     class Mocked(client_module.SieveClient):

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,42 +18,15 @@ import pytest
 from app.cli import main
 from app.exit_codes import UNAVAILABLE
 from app.store.chroma import LOCK_FILE, StoreLockedError
+from tests.fixtures.store_holder import holding
 
 REPO = Path(__file__).resolve().parents[2]
 SIEVE = Path(sys.executable).with_name("sieve")
-
-HOLD = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
-fcntl.flock(fd, fcntl.LOCK_EX)
-os.ftruncate(fd, 0)
-os.write(fd, (str(os.getpid()) + "".join(f"\\n{a}\\n" for a in sys.argv[2:])).encode())
-print("held", flush=True)
-sys.stdin.read()  # until the test closes our stdin
-"""
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return tmp_path / "chroma"
-
-
-@contextmanager
-def holding(store: Path, *address: str) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding the embedded store at `store`, as a running `sieve serve` does (recording
-    `address` beside its pid, as one that listens does)."""
-    store.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(store / LOCK_FILE), *address],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
-    try:
-        yield proc
-    finally:
-        proc.communicate(timeout=10)  # closes its stdin: it exits, and the lock goes with it
 
 
 @pytest.fixture
