@@ -24,10 +24,11 @@ from app.retrieval.candidates import CandidateGenerator
 from app.retrieval.chain import RetrievalChain
 from app.retrieval.stages import build_stages
 from app.retrieval.stages.rerank import PassageScorer
-from app.retrieval.types import RetrievalResult, knowledge_tag_of
+from app.retrieval.types import RetrievalResult
 from app.settings import Settings
 from app.store import ChromaStore, StoredChunk, check_not_locked
 from app.store.record import DocumentRecord, content_hash, open_record
+from app.store.types import index_label_of
 
 if TYPE_CHECKING:
     from app.evaluation.session import EvaluationTarget
@@ -273,7 +274,7 @@ class Sieve:
         if self._sync is not None:
             self._sync.apply_commit(upserted, deleted_ids)
         else:  # an index handed in from outside (tests, variants): update it in memory
-            self.lexical.upsert([(c.chunk_id, index_text(c), knowledge_tag_of(c.metadata)) for c in upserted])
+            self.lexical.upsert([(c.chunk_id, index_text(c), index_label_of(c.metadata)) for c in upserted])
             self.lexical.delete(deleted_ids)
 
     def _open_index(self) -> None:

@@ -28,10 +28,12 @@ floor, with its default epsilon = 0.25: such a term still counts a little instea
 for containing it. In a tiny collection the mean idf can itself be negative and then so can a score; `top()`
 returns only scores > 0, and the BM25 stage gives scores <= 0 no rank.
 
-Knowledge tags: the index keeps each chunk's knowledge tag, and `top(query, n, knowledge_tag=t)` takes its
-best n among the chunks tagged t only, so chunks of other tags can never push a tagged query's lexical
-candidates out of the cut. The statistics (N, df, avgdl, so idf and every score) stay those of the whole
-collection: restricting the candidates changes which chunks compete, never a chunk's score.
+Knowledge tags and scopes: the index keeps each chunk's label (`app.access.scope.chunk_label`: its knowledge
+tag, and its tenant and access list when it has them), and `top(query, n, knowledge_tag=t, principal=p)`
+takes its best n among the chunks tagged t that p may read only, so chunks of other tags or out of scope can
+never push a query's lexical candidates out of the cut. The statistics (N, df, avgdl, so idf and every
+score) stay those of the whole collection: restricting the candidates changes which chunks compete, never a
+chunk's score.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from app.access.scope import Principal, label_matches
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (also bm25s's "en" list).
 ENGLISH_STOP_WORDS = frozenset(
@@ -187,6 +191,9 @@ class Bm25Index:
         self._mean_idf: tuple[int, float] | None = None
         self._alive_mask: tuple[int, np.ndarray] | None = None
         self._tag_counts: tuple[int, np.ndarray] | None = None  # live chunks per tag number
+        # (knowledge tag, principal's key) -> (labels known when made, per label number whether it matches,
+        # the untagged chunks' answer last): labels are only ever added, so a mask grows, never changes
+        self._label_masks: dict[tuple[Any, ...], np.ndarray] = {}
         # term number -> (postings length when converted, slots as int64, each posting's term weight, the
         # version the weights are for): postings only grow between compactions, so the slots are valid
         # while the length is unchanged, the weights while the version is (N, avgdl and the idf change with
@@ -457,24 +464,63 @@ class Bm25Index:
         return self.tags_of([chunk_id])[0]
 
     def tags_of(self, ids: Sequence[str]) -> list[str | None]:
-        """`tag_of` of each id (None: untagged, or not in the index)."""
+        """The label of each id (`app.store.types.index_label_of`; None: untagged and unscoped, or not in
+        the index)."""
         with self._lock:  # a compaction renumbers slots and tags: read both under the lock
             slot_of, tag, tags = self._slot_of, self._tag, self._tags
             slots = [slot_of.get(chunk_id) for chunk_id in ids]
             return [None if slot is None or tag[slot] < 0 else tags[tag[slot]] for slot in slots]
 
-    def tag_count(self, knowledge_tag: str) -> int:
-        """How many live chunks carry `knowledge_tag` (counted once per change of the index)."""
+    def tag_count(self, knowledge_tag: str | None, principal: Principal | None = None) -> int:
+        """How many live chunks carry `knowledge_tag` (any, for None) and are readable by `principal` (all,
+        for None): counted once per change of the index."""
         with self._lock:
-            number = self._tag_no.get(knowledge_tag)
-            if number is None:
-                return 0
+            if knowledge_tag is None and (principal is None or principal.admin):
+                return self._live
             if self._tag_counts is None or self._tag_counts[0] != self._version:
                 tags = np.frombuffer(self._tag, dtype=np.int32)[self._alive_now()]
                 counts = np.bincount(tags[tags >= 0], minlength=len(self._tags))
                 self._tag_counts = (self._version, counts)
             counts = self._tag_counts[1]
-            return int(counts[number]) if number < len(counts) else 0
+            mask = self._label_mask(knowledge_tag, principal)[: len(counts)]
+            return int(counts[: len(mask)][mask].sum())
+
+    def readable(
+        self, ids: Sequence[str], knowledge_tag: str | None, principal: Principal | None
+    ) -> list[bool]:
+        """Per id, whether the index holds it with `knowledge_tag` (any, for None) and readable by
+        `principal` (everyone, for None)."""
+        with self._lock:
+            mask = self._label_mask(knowledge_tag, principal)
+            slot_of, tag = self._slot_of, self._tag
+            slots = [slot_of.get(chunk_id) for chunk_id in ids]
+            return [slot is not None and bool(mask[tag[slot]]) for slot in slots]
+
+    def _label_mask(self, knowledge_tag: str | None, principal: Principal | None) -> np.ndarray:
+        """Per label number, whether a chunk so labelled matches; one more entry, last, for the unlabelled
+        chunks, so that indexing it with a slot's label number (-1: none) answers for every slot."""
+        if principal is not None and principal.admin:
+            principal = None
+        key = (knowledge_tag, None if principal is None else principal.key)
+        known = self._label_masks.get(key)
+        count = len(self._tags)
+        if known is not None and len(known) == count + 1:
+            return known
+        done = 0 if known is None else len(known) - 1
+        fresh = [label_matches(label, knowledge_tag, principal) for label in self._tags[done:count]]
+        untagged = label_matches(None, knowledge_tag, principal)
+        head = known[:done] if known is not None else np.zeros(0, dtype=bool)
+        mask = np.concatenate([head, np.asarray(fresh, dtype=bool), [untagged]])
+        if len(self._label_masks) > 4096:  # bounded: a principal's key per entry
+            self._label_masks.clear()
+        self._label_masks[key] = mask
+        return mask
+
+    def _slot_mask(self, knowledge_tag: str | None, principal: Principal | None) -> np.ndarray | None:
+        """Per slot, whether it matches (None: every slot does)."""
+        if knowledge_tag is None and (principal is None or principal.admin):
+            return None
+        return self._label_mask(knowledge_tag, principal)[np.frombuffer(self._tag, dtype=np.int32)]
 
     def _query_terms(self, query: str) -> list[int]:
         """The query's term numbers, reused while the index is unchanged: a query's `top` and the bm25
@@ -603,28 +649,29 @@ class Bm25Index:
         out.update(zip(known, values.tolist(), strict=True))  # tolist: Python floats, the same values
         return out
 
-    def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]:
+    def top(
+        self, query: str, n: int, knowledge_tag: str | None = None, principal: Principal | None = None
+    ) -> list[tuple[str, float]]:
         """The best `n` chunks: score > 0 only, score descending, ties by id.
 
-        Over the whole collection, or, with `knowledge_tag`, over the chunks with that tag only (taken
-        before the cut, so other tags never crowd them out); the scores are the same either way."""
+        Over the whole collection, or only over the chunks tagged `knowledge_tag` and readable by
+        `principal` (taken before the cut, so other chunks never crowd them out); the scores are the same
+        either way."""
         if n <= 0:
             return []
         with self._lock:
             q = self._query_terms(query)
             if not q:
                 return []
-            number: int | None = None
-            if knowledge_tag is not None:
-                number = self._tag_no.get(knowledge_tag)
-                if number is None:
-                    return []
+            matching = self._slot_mask(knowledge_tag, principal)
+            if matching is not None and not matching.any():
+                return []
             all_scores = self._scores_of(q)
-            floor = self._score_floor(q, all_scores, n, number)
+            floor = self._score_floor(q, all_scores, n, matching)
             keep = all_scores >= floor if floor > 0 else all_scores > 0
             keep &= self._alive_now()
-            if number is not None:
-                keep &= np.frombuffer(self._tag, dtype=np.int32) == number
+            if matching is not None:
+                keep &= matching
             positive = np.flatnonzero(keep)
             if len(positive) > n:
                 # Keep everything tied with the n-th best, so the id tie-break sees all of them.
@@ -637,10 +684,10 @@ class Bm25Index:
         return ranked[:n]
 
     def _score_floor(
-        self, query_terms: list[int], scores: np.ndarray, n: int, tag_number: int | None
+        self, query_terms: list[int], scores: np.ndarray, n: int, matching: np.ndarray | None
     ) -> float:
         """A score the n-th best of `top` cannot be below (0.0 when none is found): the n-th best score
-        among the live (tagged) chunks holding the query's rarest term, a subset of those `top` ranks.
+        among the live (matching) chunks holding the query's rarest term, a subset of those `top` ranks.
 
         `top` then masks `scores >= floor` instead of `scores > 0`: at 1M chunks a query's common terms
         give half the collection a positive score, and finding, gathering and partitioning all of those
@@ -651,8 +698,8 @@ class Bm25Index:
             return 0.0
         at = self._weights(rarest)[0]
         eligible = self._alive_now()[at]
-        if tag_number is not None:
-            eligible &= np.frombuffer(self._tag, dtype=np.int32)[at] == tag_number
+        if matching is not None:
+            eligible &= matching[at]
         values = scores[at[eligible]]
         values = values[values > 0]
         if len(values) < n:

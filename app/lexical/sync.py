@@ -54,7 +54,7 @@ from app.lexical.files import (
 from app.lexical.index import ANALYZER_VERSION, Analyzer, Bm25Index
 from app.store import ChangeEntry, ChromaStore, StoredChunk
 from app.store.chroma import ChangeLogError
-from app.store.types import knowledge_tag_of
+from app.store.types import index_label_of
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def build_from_store(
     for stored in store.iter_all(include_text=True):
         ids.append(stored.chunk_id)
         texts.append(text_of(stored))
-        tags.append(knowledge_tag_of(stored.metadata))
+        tags.append(index_label_of(stored.metadata))
     return Bm25Index.build(ids, texts, analyzer, k1=k1, b=b, epsilon=EPSILON, knowledge_tags=tags)
 
 
@@ -291,7 +291,7 @@ class LexicalSync:
         other processes through the change log."""
         if not upserted and not deleted_ids:
             return
-        items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in upserted]
+        items = [(c.chunk_id, self.text_of(c), index_label_of(c.metadata)) for c in upserted]
         with self._writing:
             analysed = self.index.upsert(items)
             self.index.delete(list(deleted_ids))
@@ -401,7 +401,7 @@ class LexicalSync:
         differs from the index's to its state in the store, and empty the chunk cache, whose metadata may
         be stale too. Texts cannot differ: chunk ids are content hashes."""
         t0 = time.perf_counter()
-        stored = {c.chunk_id: knowledge_tag_of(c.metadata) for c in self.store.iter_all(include_text=False)}
+        stored = {c.chunk_id: index_label_of(c.metadata) for c in self.store.iter_all(include_text=False)}
         with self._writing:
             self.store.forget_all()
             in_index = set(self.index.ids)
@@ -448,7 +448,7 @@ class LexicalSync:
         self.store.forget(ids)
         present = self.store.get(ids, include_embeddings=False) if ids else []
         found = {c.chunk_id for c in present}
-        items = [(c.chunk_id, self.text_of(c), knowledge_tag_of(c.metadata)) for c in present]
+        items = [(c.chunk_id, self.text_of(c), index_label_of(c.metadata)) for c in present]
         gone = [i for i in ids if i not in found]
         analysed = self.index.upsert(items)
         self.index.delete(gone)

@@ -4,6 +4,11 @@ A query with a knowledge tag gets both top-Ns among the chunks with that tag, ta
 index's `knowledge_tag` for BM25; for the dense search either Chroma's `where` or, for a tag common enough,
 an unfiltered search for more chunks filtered here by the index's tags (see `CandidateGenerator._dense`).
 
+A query with a principal (`app.access.scope.Principal`, not the admin) gets candidates only among the chunks
+it may read, by the same means: its scope joins the tag in the index's filter, the post-filter and the store's
+`where`. Each candidate is then checked once more by `may_read` over its stored metadata, so a stale index
+can narrow a scope but never widen it.
+
 `candidate_k: 0` with `hybrid: true` makes the candidates lexical only (BM25 top-N).
 
 Every candidate gets a dense score, including those only BM25 found (their stored vector is compared with
@@ -19,6 +24,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from app.access.scope import Principal, may_read
 from app.retrieval.blas import one_thread
 from app.retrieval.types import SCORE_DENSE, Candidate, knowledge_tag_of, unit_rows, unit_vector
 from app.settings import RetrievalSettings
@@ -26,19 +32,23 @@ from app.store import ChromaStore, StoredChunk
 
 
 class LexicalIndex(Protocol):
-    def top(self, query: str, n: int, knowledge_tag: str | None = None) -> list[tuple[str, float]]: ...
+    def top(
+        self, query: str, n: int, knowledge_tag: str | None = None, principal: Principal | None = None
+    ) -> list[tuple[str, float]]: ...
 
     def scores(self, query: str, ids: list[str]) -> dict[str, float]: ...
 
 
 class TaggedIndex(Protocol):
-    """What the tag post-filter asks of the lexical index (`Bm25Index` has it; a fake may not)."""
+    """What the post-filter asks of the lexical index (`Bm25Index` has it; a fake may not)."""
 
     def __len__(self) -> int: ...
 
-    def tag_count(self, knowledge_tag: str) -> int: ...
+    def tag_count(self, knowledge_tag: str | None, principal: Principal | None = None) -> int: ...
 
-    def tags_of(self, ids: list[str]) -> list[str | None]: ...
+    def readable(
+        self, ids: list[str], knowledge_tag: str | None, principal: Principal | None
+    ) -> list[bool]: ...
 
 
 # The unfiltered search of a tagged query asks for this many times the chunks it needs, by the tag's share:
@@ -75,9 +85,14 @@ class CandidateGenerator:
         self.nearest = nearest
 
     def generate_many(
-        self, queries: list[str], embeddings: np.ndarray, knowledge_tags: list[str | None]
+        self,
+        queries: list[str],
+        embeddings: np.ndarray,
+        knowledge_tags: list[str | None],
+        principals: Sequence[Principal | None] | None = None,
     ) -> list[CandidateSet]:
-        """Candidates for several queries; queries sharing a knowledge tag go to the store in one call.
+        """Candidates for several queries; queries sharing a knowledge tag and a scope go to the store in one
+        call. `principals[i]`: whose scope query i retrieves in (None, or the admin: everything).
 
         The store's dense search returns ids and distances only; the texts, metadata and vectors of every
         query's candidates (dense and BM25-only) come from the store's chunk cache, the ones not cached read
@@ -85,75 +100,98 @@ class CandidateGenerator:
         refresh = getattr(self.lexical, "refresh", None)
         if refresh is not None:
             refresh()  # other processes' writes, at most every rag.lexical.refresh_seconds
+        scopes = [None if p is None or p.admin else p for p in (principals or [None] * len(queries))]
         dense: list[list[tuple[str, float]]] = [[] for _ in queries]
         if self.settings.candidate_k > 0:  # 0: lexical candidates only
-            for tag in dict.fromkeys(knowledge_tags):
-                idx = [i for i, t in enumerate(knowledge_tags) if t == tag]
-                for i, h in zip(idx, self._dense(embeddings[idx], tag), strict=True):
+            groups: dict[tuple[object, ...], list[int]] = {}
+            for i, (tag, scope) in enumerate(zip(knowledge_tags, scopes, strict=True)):
+                groups.setdefault((tag, None if scope is None else scope.key), []).append(i)
+            for idx in groups.values():
+                hits = self._dense(embeddings[idx], knowledge_tags[idx[0]], scopes[idx[0]])
+                for i, h in zip(idx, hits, strict=True):
                     dense[i] = h
         lexical: list[list[str]] = [[] for _ in queries]
         if self.settings.hybrid and self.lexical is not None:
-            # The tag restricts BM25 before its cut, as `where` does for the dense search.
+            # The tag and the scope restrict BM25 before its cut, as `where` does for the dense search.
             n = self.settings.bm25_candidate_k
             lexical = [
-                [chunk_id for chunk_id, _ in self.lexical.top(q, n, tag)]
-                for q, tag in zip(queries, knowledge_tags, strict=True)
+                [chunk_id for chunk_id, _ in self._lexical_top(q, n, tag, scope)]
+                for q, tag, scope in zip(queries, knowledge_tags, scopes, strict=True)
             ]
         wanted = dict.fromkeys(cid for ids in dense for cid, _ in ids)
         wanted.update(dict.fromkeys(cid for ids in lexical for cid in ids))
         chunks = self.store.chunks(list(wanted))
         return [
-            self._merge(embeddings[i], knowledge_tags[i], dense[i], lexical[i], chunks)
+            self._merge(embeddings[i], knowledge_tags[i], dense[i], lexical[i], chunks, scopes[i])
             for i in range(len(queries))
         ]
 
-    def _dense(self, embeddings: np.ndarray, tag: str | None) -> list[list[tuple[str, float]]]:
-        """The dense top `candidate_k` of each query vector, among the chunks tagged `tag` if not None.
+    def _lexical_top(
+        self, query: str, n: int, tag: str | None, scope: Principal | None
+    ) -> list[tuple[str, float]]:
+        index = cast("LexicalIndex", self.lexical)
+        if scope is None:  # an index without scopes (a test's fake) is asked as before
+            return index.top(query, n, tag)
+        return index.top(query, n, tag, scope)
+
+    def _dense(
+        self, embeddings: np.ndarray, tag: str | None, scope: Principal | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """The dense top `candidate_k` of each query vector, among the chunks tagged `tag` if not None and
+        readable by `scope` if not None.
 
         Chroma's search with `where` (its filtered HNSW search) costs far more than an unfiltered one at
         scale (docs/benchmarks.md#code-figures, docs/scaling.md).
-        So, when the lexical index knows that `tag` has `count` of its `live` chunks, the nearest
+        So, when the lexical index knows that `count` of its `live` chunks match, the nearest
         n = ceil(POST_FILTER_MARGIN * candidate_k * live / count) chunks are fetched unfiltered, if n is at
-        most `tag_post_filter_max`, and the first `candidate_k` of them with the tag (by the index's tags)
-        are kept. A query for which fewer are left, while the search may have stopped short of some chunks
-        of the tag (it returned all n), asks Chroma's filtered search after all; so the post-filter never
-        returns fewer candidates than `where` would. When n reaches the whole collection, one more than
-        `live` is asked for: every chunk comes back and nothing is left to ask for.
+        most `tag_post_filter_max`, and the first `candidate_k` of them that match (by the index's labels)
+        are kept. A query for which fewer are left, while the search may have stopped short of some
+        matching chunks (it returned all n), asks Chroma's filtered search after all; so the post-filter
+        never returns fewer candidates than `where` would. When n reaches the whole collection, one more
+        than `live` is asked for: every chunk comes back and nothing is left to ask for.
 
         A store that searches exactly (`ChromaStore.exact_search_active`, app/store/exact.py) filters by
-        tag exactly and cheaply itself: it gets the `where`.
+        tag and scope exactly and cheaply itself: it gets the `where` and the principal.
 
-        The tags are the index's, which follows other processes' writes at most
-        `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag."""
+        The labels are the index's, which follows other processes' writes at most
+        `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag and
+        scope."""
         k = self.settings.candidate_k
         exact = getattr(self.store, "exact_search_active", False)
-        if tag is None or exact or (n := self._post_filter_n(tag)) is None:
-            return self.store.query_ids(embeddings, k, _where(tag))
+        if (tag is None and scope is None) or exact or (n := self._post_filter_n(tag, scope)) is None:
+            return self._query(embeddings, k, tag, scope)
         index = cast("TaggedIndex", self.lexical)
         wide = self.store.query_ids(embeddings, n, None)
         out: list[list[tuple[str, float]]] = []
         short: list[int] = []
         for i, hits in enumerate(wide):
-            tags = index.tags_of([chunk_id for chunk_id, _ in hits])
-            kept = [hit for hit, t in zip(hits, tags, strict=True) if t == tag][:k]
+            matching = index.readable([chunk_id for chunk_id, _ in hits], tag, scope)
+            kept = [hit for hit, ok in zip(hits, matching, strict=True) if ok][:k]
             out.append(kept)
             if len(kept) < k and len(hits) >= n:
                 short.append(i)
         if short:
-            again = self.store.query_ids(embeddings[short], k, _where(tag))
+            again = self._query(embeddings[short], k, tag, scope)
             for i, hits in zip(short, again, strict=True):
                 out[i] = hits
         return out
 
-    def _post_filter_n(self, tag: str | None) -> int | None:
-        """How many chunks a query tagged `tag` fetches unfiltered, or None for Chroma's `where`."""
+    def _query(
+        self, embeddings: np.ndarray, n: int, tag: str | None, scope: Principal | None
+    ) -> list[list[tuple[str, float]]]:
+        if scope is None:  # a store without scopes (a test's fake) is asked as before
+            return self.store.query_ids(embeddings, n, _where(tag))
+        return self.store.query_ids(embeddings, n, _where(tag), scope)
+
+    def _post_filter_n(self, tag: str | None, scope: Principal | None = None) -> int | None:
+        """How many chunks a filtered query fetches unfiltered, or None for the store's filtered search."""
         limit = self.settings.tag_post_filter_max
         index = self.lexical
-        if tag is None or limit <= 0 or not hasattr(index, "tag_count"):
+        if limit <= 0 or not hasattr(index, "tag_count") or not hasattr(index, "readable"):
             return None
         tagged = cast("TaggedIndex", index)
-        count, live = tagged.tag_count(tag), len(tagged)
-        if count <= 0:  # a tag the index does not know (yet): Chroma's filter decides
+        count, live = tagged.tag_count(tag, scope), len(tagged)
+        if count <= 0:  # nothing the index knows of (yet): the store's filter decides
             return None
         n = min(math.ceil(POST_FILTER_MARGIN * self.settings.candidate_k * live / count), live + 1)
         return n if n <= limit else None
@@ -165,13 +203,15 @@ class CandidateGenerator:
         dense_hits: list[tuple[str, float]],
         lexical_ids: list[str],
         chunks: dict[str, StoredChunk],
+        scope: Principal | None = None,
     ) -> CandidateSet:
         """One query's candidates: its dense hits, then its lexical-only ones with the cosine of their stored
         vector, each the stored chunk, ordered by dense score descending, ties by doc id, then chunk id.
 
         A hit whose chunk is not in `chunks` (deleted since the search), or no longer carries the query's
         tag (retagged since the search or the index: post-filtered dense hits were picked by the index's
-        tags), is left out. A hot path (84 candidates a query on SciFact), so it keeps parallel lists.
+        tags), or that `scope` may not read by its stored metadata (`may_read`), is left out. A hot path
+        (84 candidates a query on SciFact), so it keeps parallel lists.
 
         Its `search_hits` are the dense hits and the lexical ids that became candidates, each in the order
         its search gave them."""
@@ -185,6 +225,8 @@ class CandidateGenerator:
         for chunk_id, similarity in dense_hits:
             hit = get(chunk_id)
             if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
+                continue
+            if scope is not None and not may_read(scope, hit.metadata):
                 continue
             if chunk_id in position:  # a store never repeats a hit; if one did, its last score counts
                 dense[position[chunk_id]] = float(similarity or 0.0)
@@ -204,6 +246,8 @@ class CandidateGenerator:
                 continue
             hit = get(chunk_id)
             if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
+                continue
+            if scope is not None and not may_read(scope, hit.metadata):
                 continue
             vector = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             position[chunk_id] = len(picked)

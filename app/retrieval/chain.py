@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from app.access.scope import Principal
 from app.retrieval.candidates import CandidateGenerator, CandidateSet
 from app.retrieval.types import (
     Candidate,
@@ -48,6 +49,8 @@ class RetrievalRequest:
     query: str
     top_k: int
     knowledge_tag: str | None = None
+    # whose scope the candidates are taken in (`app.access.scope`); None or the admin: every chunk
+    principal: Principal | None = None
 
 
 class RetrievalChain:
@@ -70,8 +73,10 @@ class RetrievalChain:
     def stage_names(self) -> list[str]:
         return [s.name for s in self.stages]
 
-    def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> RetrievalResult:
-        result = self.retrieve_many([RetrievalRequest(query, top_k, knowledge_tag)])[0]
+    def retrieve(
+        self, query: str, top_k: int, knowledge_tag: str | None = None, principal: Principal | None = None
+    ) -> RetrievalResult:
+        result = self.retrieve_many([RetrievalRequest(query, top_k, knowledge_tag, principal)])[0]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -91,7 +96,10 @@ class RetrievalChain:
         embeddings = self.embedder.embed_queries([r.query for r in requests])
         embedded_at = time.perf_counter()
         sets = self.candidates.generate_many(
-            [r.query for r in requests], np.asarray(embeddings), [r.knowledge_tag for r in requests]
+            [r.query for r in requests],
+            np.asarray(embeddings),
+            [r.knowledge_tag for r in requests],
+            [r.principal for r in requests],
         )
         shared_ms = (time.perf_counter() - start) * 1000 / len(requests)
         candidates_ms = (time.perf_counter() - embedded_at) * 1000 / len(requests)
@@ -148,6 +156,7 @@ class RetrievalChain:
             candidates_ms=round(candidates_ms, 3),
             candidate_origins=dict(cset.origins),
             search_hits=dict(cset.search_hits),
+            scope=None if request.principal is None else request.principal.describe(),
         )
         trace.ranked_after["candidates"] = [c.chunk_id for c in raw]
         current: list[Candidate] = [_copy(c) for c in raw] if copy_raw else list(raw)

@@ -227,6 +227,9 @@ class RetrievalTrace:
     # removed chunks whose documents an enabled `Withholding` stage hides from readers, whichever stage
     # removed them, with that stage's kind (`status=draft`): the API shows readers these as counts only
     withheld: dict[str, str] = field(default_factory=dict)
+    # the scope the candidates were taken in (`Principal.describe()`), None when unscoped: the trace says
+    # that a scope applied, never what it left out
+    scope: dict[str, Any] | None = None
 
 
 @dataclass

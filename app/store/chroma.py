@@ -43,6 +43,7 @@ from chromadb.api.shared_system_client import SharedSystemClient
 from chromadb.config import Settings as ChromaClientSettings
 
 from app import pidlock
+from app.access.scope import Principal, and_where, scope_where
 from app.settings import StoreSettings
 from app.store.chunk_cache import ChunkCache
 from app.store.errors import StoreError
@@ -430,15 +431,26 @@ class ChromaStore:
         return [found[cid] for cid in ids if cid in found]
 
     def query_ids(
-        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None = None
+        self,
+        embeddings: np.ndarray,
+        n: int,
+        where: dict[str, Any] | None = None,
+        principal: Principal | None = None,
     ) -> list[list[tuple[str, float]]]:
         """(chunk id, cosine similarity = 1 - cosine distance) of the nearest chunks for each query vector,
-        best first: `query` without reading any document, metadata or vector (`chunks` has those)."""
+        best first: `query` without reading any document, metadata or vector (`chunks` has those).
+
+        `principal`: only chunks it may read (`app.access.scope`): the exact search's own filter, or
+        Chroma's `where` with the scope's clause added (`scope_where`)."""
         if len(embeddings) == 0:
             return []
-        exact = self._exact_query(embeddings, n, where)
+        if principal is not None and principal.admin:
+            principal = None
+        exact = self._exact_query(embeddings, n, where, principal)
         if exact is not None:
             return exact
+        if principal is not None:
+            where = and_where(where, scope_where(principal))
         result = self._nearest(embeddings, n, where, ["distances"])
         return [
             [(cid, 1.0 - dist) for cid, dist in zip(ids, dists, strict=True)]
@@ -446,7 +458,7 @@ class ChromaStore:
         ]
 
     def _exact_query(
-        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None
+        self, embeddings: np.ndarray, n: int, where: dict[str, Any] | None, principal: Principal | None
     ) -> list[list[tuple[str, float]]] | None:
         """`query_ids`' answer from the exact search, or None when it cannot give one (not loaded, turned
         off, a `where` other than one knowledge tag, or ids still stale)."""
@@ -460,7 +472,7 @@ class ChromaStore:
         else:
             return None
         self._refresh_exact(wait=False)
-        return exact.search(embeddings, n, tag)
+        return exact.search(embeddings, n, tag, principal)
 
     def _refresh_exact(self, wait: bool) -> None:
         """Read the exact search's stale ids back from the store. `wait=False` (a query): when another

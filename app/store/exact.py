@@ -12,7 +12,8 @@ What it answers: what `query_ids` answers on a cosine collection, without approx
 vector q and `n`: the `n` chunks of largest cosine(q, v) = (q / |q|) · (v / |v|), computed in float32 (the
 chunks are kept as unit float32 vectors; a zero vector stays zero, similarity 0 with everything), best
 first, ties by chunk id (so every process orders them alike). With a knowledge tag: only the chunks whose
-`knowledge` metadata is that string, as Chroma's `where={"knowledge": tag}` matches it.
+`knowledge` metadata is that string, as Chroma's `where={"knowledge": tag}` matches it; with a principal:
+only the chunks it may read (`app.access.scope.may_read`, by each chunk's label, `index_label_of`).
 
 As current as the chunk cache (app/store/chunk_cache.py), by the same calls: `stale(ids)` after every write
 of this process (upsert, metadata update, delete, also a failed one) and for other processes' writes read
@@ -39,6 +40,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from app.access.scope import Principal, chunk_label, label_matches
 from app.store.types import StoredChunk, vector_norm
 
 NO_TAG = -1  # a live row without a (string) knowledge tag
@@ -57,11 +59,13 @@ class ExactSearch:
         # dimension x capacity: each chunk's float32 unit vector is a column (its "row" number below is
         # that column), so a query's product is q @ matrix (docstring above)
         self._columns: np.ndarray | None = None
-        self._tags = np.empty(0, dtype=np.int32)  # tag number per row, NO_TAG or DEAD
+        self._tags = np.empty(0, dtype=np.int32)  # label number per row, NO_TAG or DEAD
         self._ids: list[str | None] = []  # per row; None for a free row
         self._row_of: dict[str, int] = {}
         self._free: list[int] = []
-        self._tag_number: dict[str, int] = {}
+        self._tag_number: dict[str, int] = {}  # label -> label number (`index_label_of`)
+        self._labels: list[str] = []  # label number -> label
+        self._masks: dict[tuple[Any, ...], np.ndarray] = {}  # see _label_mask
         self._stale: set[str] = set()
         self._stale_all = False
         self.active = False
@@ -132,10 +136,13 @@ class ExactSearch:
 
     # -- searching ---------------------------------------------------------------------------------
 
-    def search(self, queries: np.ndarray, n: int, tag: str | None) -> list[list[tuple[str, float]]] | None:
+    def search(
+        self, queries: np.ndarray, n: int, tag: str | None, principal: Principal | None = None
+    ) -> list[list[tuple[str, float]]] | None:
         """(chunk id, cosine similarity) of the `n` nearest chunks of each row of `queries`, best first,
-        ties by chunk id; among the chunks tagged `tag` when not None. None when this index cannot answer
-        (not active, stale, another vector length, a query not finite): the store's search decides."""
+        ties by chunk id; among the chunks tagged `tag` when not None and readable by `principal` when not
+        None. None when this index cannot answer (not active, stale, another vector length, a query not
+        finite): the store's search decides."""
         q = np.asarray(queries, dtype=np.float32)
         if q.ndim != 2 or not np.isfinite(q).all():
             return None
@@ -152,11 +159,10 @@ class ExactSearch:
             if n <= 0 or not self._row_of:
                 return [[] for _ in q]
             used = len(self._ids)
-            if tag is not None:
-                number = self._tag_number.get(tag)
-                if number is None:
-                    return [[] for _ in q]
-                usable: np.ndarray | None = self._tags[:used] == number
+            if principal is not None and principal.admin:
+                principal = None
+            if tag is not None or principal is not None:
+                usable: np.ndarray | None = self._label_mask(tag, principal)[self._tags[:used]]
             else:
                 usable = self._tags[:used] != DEAD if self._free else None
             lengths = np.sqrt(np.einsum("ij,ij->i", q, q))
@@ -217,9 +223,34 @@ class ExactSearch:
 
     def _tag(self, metadata: dict[str, Any]) -> int:
         value = metadata.get("knowledge")
-        if not isinstance(value, str):  # Chroma's where={"knowledge": "<tag>"} matches strings only
+        # Chroma's where={"knowledge": "<tag>"} matches strings only
+        label = chunk_label(value if isinstance(value, str) else None, metadata)
+        if label is None:
             return NO_TAG
-        return self._tag_number.setdefault(value, len(self._tag_number))
+        number = self._tag_number.setdefault(label, len(self._tag_number))
+        if number == len(self._labels):
+            self._labels.append(label)
+        return number
+
+    def _label_mask(self, tag: str | None, principal: Principal | None) -> np.ndarray:
+        """Per label number whether its chunks match, then DEAD's answer (False) and NO_TAG's, so that
+        indexing it with a row's label number (DEAD -2, NO_TAG -1 count from the end) answers for every
+        row. Labels are only added: a mask made before is extended."""
+        key = (tag, None if principal is None else principal.key)
+        known = self._masks.get(key)
+        count = len(self._labels)
+        if known is not None and len(known) == count + 2:
+            return known
+        done = 0 if known is None else len(known) - 2
+        head = known[:done] if known is not None else np.zeros(0, dtype=bool)
+        fresh = [label_matches(label, tag, principal) for label in self._labels[done:count]]
+        mask = np.concatenate(
+            [head, np.asarray(fresh, dtype=bool), [False, label_matches(None, tag, principal)]]
+        )
+        if len(self._masks) > 4096:  # bounded: one entry per (tag, principal's scope)
+            self._masks.clear()
+        self._masks[key] = mask
+        return mask
 
     def _off(self, why: str) -> None:
         self._clear()
@@ -232,6 +263,7 @@ class ExactSearch:
         self._columns = None
         self._tags = np.empty(0, dtype=np.int32)
         self._ids, self._row_of, self._free, self._tag_number = [], {}, [], {}
+        self._labels, self._masks = [], {}
 
 
 def _top(

@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from app.access.scope import chunk_label
+
 # A chunk's metadata as the store holds it: scalar values by key.
 ChunkMetadata = dict[str, str | int | float | bool | None]
 
@@ -43,6 +45,12 @@ def knowledge_tag_of(metadata: dict[str, Any]) -> str | None:
     """A chunk's knowledge tag: its `knowledge` metadata as a string, None when absent or empty."""
     tag = metadata.get("knowledge")
     return str(tag) if tag not in (None, "") else None
+
+
+def index_label_of(metadata: dict[str, Any]) -> str | None:
+    """What the lexical index and the exact search keep of a chunk to filter by: its knowledge tag, with
+    its tenant and access list when it has them (`app.access.scope.chunk_label`)."""
+    return chunk_label(knowledge_tag_of(metadata), metadata)
 
 
 def unit_of(vector: np.ndarray) -> np.ndarray | None:

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "app.pidlock",
         "app.stall",  # the last resort against a frozen interpreter (`sieve serve`)
         "app.records",  # the camelCase records serving and the evaluation both show
+        "app.access",  # who may read what: principals, document scopes and the one rule
     ),
 )
 # The parts of `app.evaluation`, top first, under the same rule: the session wires the parts, the renderers

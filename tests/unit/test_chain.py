@@ -37,7 +37,7 @@ class FakeCandidates:
         self.raw = [cand(f"c{i}", 0.9 - 0.1 * i) for i in range(n)]
         self.calls: list[tuple[list[str], list[str | None]]] = []
 
-    def generate_many(self, queries, embeddings, knowledge_tags):
+    def generate_many(self, queries, embeddings, knowledge_tags, principals=None):
         self.calls.append((list(queries), list(knowledge_tags)))
         return [
             CandidateSet(

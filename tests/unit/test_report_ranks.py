@@ -43,7 +43,7 @@ class FakeEmbedder:
 class FakeCandidates:
     """Every query gets the union of both searches, in dense order, with the searches' own orders."""
 
-    def generate_many(self, queries, embeddings, knowledge_tags):
+    def generate_many(self, queries, embeddings, knowledge_tags, principals=None):
         raw = [
             Candidate(
                 chunk_id=c,

@@ -35,7 +35,7 @@ class Embedder:
 class Store:
     """Every query gets the three chunks, best dense score first."""
 
-    def generate_many(self, queries, embeddings, tags):
+    def generate_many(self, queries, embeddings, tags, principals=None):
         return [
             CandidateSet(
                 [

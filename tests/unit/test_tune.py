@@ -208,7 +208,7 @@ class CountingStore:
         self.calls = 0
         self.corpus = _corpus()
 
-    def generate_many(self, queries, embeddings, tags):
+    def generate_many(self, queries, embeddings, tags, principals=None):
         self.calls += 1
         out = []
         for emb, tag in zip(embeddings, tags, strict=True):
