@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from app.access.scope import Principal
 from app.ingest.chunker import embedding_text, stored_chunk
 from app.ingest.pipeline import Ingestor, IngestReport, Progress
 from app.ingest.reconcile import Reconciler, ReconcileReport, log_outcome, log_plan
@@ -319,9 +320,15 @@ class Sieve:
     # -- retrieval ---------------------------------------------------------------------------------
 
     def retrieve(
-        self, query: str, top_k: int | None = None, knowledge_tag: str | None = None
+        self,
+        query: str,
+        top_k: int | None = None,
+        knowledge_tag: str | None = None,
+        principal: Principal | None = None,
     ) -> RetrievalResult:
-        return self.chain.retrieve(query, top_k or self.settings.rag.retrieval.top_k, knowledge_tag)
+        """The chain's answer; `principal`: only chunks it may read (None: every chunk)."""
+        top_k = top_k or self.settings.rag.retrieval.top_k
+        return self.chain.retrieve(query, top_k, knowledge_tag, principal)
 
     def _build_chain(self) -> RetrievalChain:
         """The chain every caller retrieves through: the stages of `rag.chain`, in that order."""

@@ -84,6 +84,27 @@ class ModelsSettings(_Strict):
     trace_queries: bool = True
 
 
+class AccessDefault(_Strict):
+    """The scope of the documents under `path` (a file or folder, as given in rag.ingest.paths or below
+    one) that carry no `tenant` / `access` of their own."""
+
+    path: str = Field(min_length=1)
+    tenant: str | None = Field(None, min_length=1, max_length=200)
+    access: list[str] | None = Field(None, max_length=256)
+
+    @field_validator("access")
+    @classmethod
+    def _names(cls, value: list[str] | None) -> list[str] | None:
+        return _access_names(value)
+
+
+def _access_names(value: list[str] | None) -> list[str] | None:
+    for name in value or []:
+        if not name.strip() or name != name.strip() or len(name) > 200:
+            raise ValueError(f"access entry {name!r} must be a non-empty name without spaces around it")
+    return value
+
+
 class IngestSettings(_Strict):
     paths: list[str] = Field(default_factory=lambda: ["golden_set/knowledge-base"])
     on_startup: bool = True
@@ -105,6 +126,9 @@ class IngestSettings(_Strict):
     commit_chunks: int = Field(512, ge=1)
     # A long ingest in the server logs its progress this often (seconds); the CLI shows a bar instead.
     progress_log_seconds: float = Field(10.0, gt=0.0)
+    # Who may read the documents under a path when they do not say so themselves (`tenant`, `access` in
+    # front matter or a JSONL line win): the longest matching `path` counts (app/ingest/access.py).
+    access_defaults: list[AccessDefault] = Field(default_factory=list, max_length=1000)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:
@@ -557,6 +581,60 @@ class ServerSettings(_Strict):
         return self
 
 
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class PrincipalSettings(_Strict):
+    """One API token's principal: who the bearer of the token whose SHA-256 is `token_sha256` reads as."""
+
+    token_sha256: str = Field(
+        pattern=SHA256_HEX,
+        description="SHA-256 of the token, 64 lowercase hex digits (`printf %s TOKEN | sha256sum`); the "
+        "token itself is never configured",
+    )
+    tenant: str | None = Field(None, min_length=1, max_length=200)
+    groups: list[str] = Field(default_factory=list, max_length=1000)
+    user: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        return _access_names(value) or []
+
+
+class EvalPrincipalSettings(_Strict):
+    """A principal a golden case is evaluated as (`principal: NAME`): the identity comes from here, never
+    from the golden set."""
+
+    tenant: str | None = Field(None, min_length=1, max_length=200)
+    groups: list[str] = Field(default_factory=list, max_length=1000)
+    user: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        return _access_names(value) or []
+
+
+class AccessSettings(_Strict):
+    """Document access scopes (docs/access.md). Off: every reader token reads every document (as before
+    scopes existed). On: every request to a reading endpoint needs a token that is the admin token (reads
+    everything) or one of `principals` (reads its scope); no token, or an unknown one, is refused."""
+
+    enabled: bool = False
+    principals: dict[str, PrincipalSettings] = Field(default_factory=dict, max_length=10_000)
+    eval_principals: dict[str, EvalPrincipalSettings] = Field(default_factory=dict, max_length=1000)
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> AccessSettings:
+        seen: dict[str, str] = {}
+        for name, principal in self.principals.items():
+            other = seen.setdefault(principal.token_sha256, name)
+            if other != name:
+                raise ValueError(f"principals {other!r} and {name!r} have the same token_sha256")
+        return self
+
+
 class QueryLogSettings(_Strict):
     """The query log (app/api/querylog.py): one JSON line per /api/retrieve request, written off the
     request path; read back only through the admin route GET /api/querylog (docs/query-log.md)."""
@@ -644,6 +722,7 @@ class RagSettings(_Strict):
     generate: GenerateSettings = GenerateSettings()
     label: LabelSettings = LabelSettings()
     experiment: ExperimentSettings = ExperimentSettings()
+    access: AccessSettings = AccessSettings()
 
 
 class _YamlSource(PydanticBaseSettingsSource):

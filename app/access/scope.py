@@ -135,6 +135,12 @@ def checked_access(value: Any) -> list[str] | None:
     return out or None
 
 
+def scope_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The `tenant` and `access` of a document's fields, checked (`checked_tenant`, `checked_access`);
+    a field absent, or given as null or an empty list, is None."""
+    return {TENANT: checked_tenant(fields.get(TENANT)), ACCESS: checked_access(fields.get(ACCESS))}
+
+
 def _check_name(value: str, what: str) -> None:
     if not value.strip():
         raise AccessFieldError(f"{what} is empty")

@@ -6,6 +6,10 @@ Access, by `rag.server` settings:
   answer 403;
 - every other `/api/*` route needs `Bearer <api_token>` when one is configured (the admin token works too);
 - `/health`, `/ready` and the OpenAPI pages are always open.
+
+With `rag.access.enabled` (docs/access.md), every read needs a token that names who reads: the admin token
+(everything) or a `rag.access.principals` token (its scope, `request_principal`); no token, an unknown one
+or `rag.server.api_token` is a 401.
 The scheme is case-insensitive; tokens are compared as bytes in constant time. A header that is missing,
 malformed or not ASCII is a 401, never an error of the server.
 """
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request, Security
 from fastapi.security import HTTPBearer
 
+from app.access.scope import ADMIN, Principal
 from app.api.errors import ApiError
 
 if TYPE_CHECKING:
@@ -67,10 +72,15 @@ READER_SECURITY: dict[str, Any] = {"security": [{}, {"HTTPBearer": []}]}
 
 
 async def require_reader(request: Request) -> None:
-    """Reads: open unless `rag.server.api_token` is set; then that token or the admin token.
+    """Reads: open unless `rag.server.api_token` is set; then that token or the admin token. With access
+    scopes on, a principal's token or the admin token (`request_principal`).
 
     `async`: it does no I/O, and a sync dependency would wait for a worker thread, behind the retrievals."""
-    server = sieve_state(request).settings.rag.server
+    state = sieve_state(request)
+    if state.principals.enabled:
+        request_principal(request)
+        return
+    server = state.settings.rag.server
     if server.api_token is None:
         return
     given = bearer_token(request)
@@ -80,6 +90,27 @@ async def require_reader(request: Request) -> None:
             "missing or wrong token: send 'Authorization: Bearer <rag.server.api_token>'",
             headers=UNAUTHORIZED_HEADERS,
         )
+
+
+def request_principal(request: Request) -> Principal | None:
+    """Whose scope this request reads in: None with access scopes off (unscoped), else the admin or the
+    token's principal; a 401 for anything else (fail closed)."""
+    state = sieve_state(request)
+    if not state.principals.enabled:
+        return None
+    given = bearer_token(request)
+    if token_matches(given, state.settings.rag.server.admin_token):
+        return ADMIN
+    principal = state.principals.find(given) if given is not None else None
+    if principal is None:
+        raise ApiError(
+            401,
+            "access scopes are on (rag.access.enabled): send 'Authorization: Bearer <token>' with the token "
+            "of one of rag.access.principals (or the admin token)"
+            + ("" if given is None else "; this token is not one of them"),
+            headers=UNAUTHORIZED_HEADERS,
+        )
+    return principal
 
 
 def is_admin(request: Request) -> bool:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
+from app.access.scope import ACCESS, TENANT, AccessFieldError, scope_fields
 from app.api.bounds import MAX_ID_CHARS
 from app.api.deps import require_admin, require_sieve, sieve_state
 from app.api.errors import ApiError, safe_text
@@ -270,7 +271,17 @@ def _documents(body: DocumentsRequest, ingest: IngestSettings) -> list[Document]
     docs = []
     for i, item in enumerate(body.documents):
         extra = dict(item.model_extra or {})
-        bad = [k for k, v in extra.items() if isinstance(v, dict | list)]
+        try:
+            extra.update(scope_fields(extra))
+        except AccessFieldError as exc:
+            bad_field = ACCESS if "'access'" in str(exc) else TENANT
+            raise ApiError(
+                422, f"documents[{i}] (id {item.id}): {exc}", field=f"documents.{i}.{bad_field}"
+            ) from None
+        for key in (TENANT, ACCESS):
+            if extra.get(key) is None:
+                extra.pop(key)
+        bad = [k for k, v in extra.items() if isinstance(v, dict) or (isinstance(v, list) and k != ACCESS)]
         if bad:
             raise ApiError(
                 422,

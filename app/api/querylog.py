@@ -12,6 +12,8 @@ A record, one line of UTF-8 JSON (`query_record`):
                 is that score rounded to 6 decimals (both null for a candidate with none)
   abstained     true when no document was returned
   latencyMs     the chain's time for the query (the response's latencyMs)
+  principal     with access scopes on (rag.access.enabled): the name of the principal that asked ("admin"
+                for the admin token); `GET /api/querylog` shows a principal only its own records
 
 Every field a client sends is bounded before it gets here (`app.api.bounds`: the query by
 rag.retrieval.max_query_chars, the tag by MAX_TAG_CHARS), so a record is a few kilobytes at most.
@@ -53,6 +55,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.access.scope import Principal
 from app.jsonl import encode_line
 from app.querylog_files import log_files, rotated_file
 from app.retrieval.types import SCORE_BM25, SCORE_DENSE, SCORE_FUSED, SCORE_RERANK, RetrievalResult
@@ -133,7 +136,11 @@ def parse_timestamp(text: str) -> datetime:
 
 
 def query_record(
-    result: RetrievalResult, knowledge_tag: str | None, top_k: int, now: datetime | None = None
+    result: RetrievalResult,
+    knowledge_tag: str | None,
+    top_k: int,
+    principal: Principal | None = None,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """The log record of one answered query (see the module docstring for each field)."""
     results = []
@@ -141,7 +148,7 @@ def query_record(
         key = next((k for k in ORDER_KEYS if k in c.scores), None)
         score = round(float(c.scores[key]), 6) if key is not None else None
         results.append({"chunkId": c.chunk_id, "docId": c.doc_id, "score": score, "scoreKey": key})
-    return {
+    record: dict[str, Any] = {
         "time": utc_timestamp(now or datetime.now(UTC)),
         "query": result.query,
         "knowledgeTag": knowledge_tag,
@@ -150,6 +157,9 @@ def query_record(
         "abstained": not result.documents,
         "latencyMs": round(float(result.latency_ms), 3),
     }
+    if principal is not None:
+        record["principal"] = principal.name
+    return record
 
 
 class QueryLog:

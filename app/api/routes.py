@@ -14,10 +14,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from app.access.scope import Principal
 from app.api.admission import RETRY_AFTER_S
 from app.api.deps import (
     READER_SECURITY,
     is_admin,
+    request_principal,
     require_admin,
     require_reader,
     require_sieve,
@@ -123,17 +125,20 @@ async def retrieve(body: RetrieveRequest, request: Request) -> Response:
     try:
         # the chain, the response model and its JSON all run in a worker thread: a 100-document debug
         # answer takes milliseconds to build, which the event loop owes to /health
-        answer = await run_in_threadpool(_retrieve_json, state, sieve, body, not is_admin(request))
+        principal = request_principal(request)
+        answer = await run_in_threadpool(_retrieve_json, state, sieve, body, not is_admin(request), principal)
     finally:
         state.admission.release()
     return Response(answer, media_type="application/json")
 
 
-def _retrieve_json(state: AppState, sieve: Sieve, body: RetrieveRequest, withhold: bool) -> bytes:
+def _retrieve_json(
+    state: AppState, sieve: Sieve, body: RetrieveRequest, withhold: bool, principal: Principal | None
+) -> bytes:
     top_k = body.topK or sieve.settings.rag.retrieval.top_k
-    result = sieve.retrieve(body.query, top_k, body.knowledgeTag)
+    result = sieve.retrieve(body.query, top_k, body.knowledgeTag, principal)
     if state.querylog is not None:
-        state.querylog.submit(query_record(result, body.knowledgeTag, top_k))
+        state.querylog.submit(query_record(result, body.knowledgeTag, top_k, principal))
     return retrieve_response(result, debug=body.debug, withhold=withhold).model_dump_json().encode()
 
 

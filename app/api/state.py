@@ -14,6 +14,7 @@ from pathlib import Path
 
 from app.api.admission import Admission
 from app.api.jobs import JobBook, JobRunner, QueueBound
+from app.api.principals import PrincipalBook
 from app.api.querylog import QueryLog
 from app.api.readiness import StoreProbe
 from app.settings import Settings
@@ -47,8 +48,10 @@ class AppState:
     admission: Admission = field(init=False)
     space: SpaceGuard = field(init=False)
     store_probe: StoreProbe = field(default_factory=StoreProbe)
+    principals: PrincipalBook = field(init=False)  # rag.access: who each token reads as
 
     def __post_init__(self) -> None:
+        self.principals = PrincipalBook(self.settings.rag.access)
         server = self.settings.rag.server
         self.jobs = JobBook(
             Path(server.jobs_dir),

@@ -62,7 +62,10 @@ def _ingest_rebuilding(settings: Settings, paths: list[str]) -> int:
     from app.ingest.tombstones import without_deleted
 
     with opened(settings) as (embedder, store, record):
-        loaded = load_paths(list(paths), follow_symlinks=settings.rag.ingest.follow_symlinks)
+        ingest = settings.rag.ingest
+        loaded = load_paths(
+            list(paths), follow_symlinks=ingest.follow_symlinks, access_defaults=ingest.access_defaults
+        )
         documents, _ = Ingestor(store, embedder, settings.rag.ingest).split_too_long(loaded.documents)
         documents = without_deleted(documents, record)
         record.put(documents)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+from app.access.scope import ACCESS
 from app.ingest.ids import chunk_id, normalise_text, text_sha256
 from app.ingest.spans import NormalisedText, Span, normalise_with_offsets
 from app.ingest.types import Chunk, Document
@@ -213,16 +214,19 @@ def chunk_document(
 
     `markdown=None` decides by `is_markdown(doc)`. Chunks whose stripped text is shorter than
     `min_chunk_chars` are dropped (with the default 1, only empty ones), and positions stay consecutive.
-    Chunk metadata = the document's scalar metadata (None dropped, lists comma-joined, dates as ISO strings)
+    Chunk metadata = the document's scalar metadata (None dropped, lists comma-joined but for the `access`
+    list, kept a list of strings, dates as ISO strings)
     + doc_id, title, position, heading_path (joined with " > "), doc_sha256 (`text_sha256` of the whole
     document text, so copies of a document under another id can be recognised) and char_start/char_end (the
-    chunk's span in the document's normalised text), all scalars as Chroma requires.
+    chunk's span in the document's normalised text), all scalars (and the one list) as Chroma takes them.
     """
     if min_chunk_chars < 1:
         raise ValueError(f"min_chunk_chars must be at least 1, got {min_chunk_chars}")
     use_markdown = is_markdown(doc) if markdown is None else markdown
     sections = split_sections(doc.text) if use_markdown else [_plain_section(doc.text)]
-    base_metadata = {k: v for k, v in ((k, _scalar(v)) for k, v in doc.metadata.items()) if v is not None}
+    base_metadata: dict[str, Any] = {
+        k: v for k, v in ((k, _stored(k, v)) for k, v in doc.metadata.items()) if v is not None
+    }
     base_metadata.update({"doc_id": doc.doc_id, "title": doc.title, DOC_SHA256: text_sha256(doc.text)})
     document = normalise_with_offsets(doc.text)
 
@@ -314,6 +318,14 @@ def embedding_text(chunk: Chunk, title: str | None = None) -> str:
             parts.append(part)
     header = EMBEDDING_SEPARATOR.join(parts)
     return f"{header}\n\n{chunk.text}" if header else chunk.text
+
+
+def _stored(key: str, value: Any) -> Any:
+    """A document's metadata value as its chunks carry it: the `access` list as a list of strings (Chroma
+    matches it with `$contains`; joined, `group:a,group:b` would be one name), every other value `_scalar`."""
+    if key == ACCESS and isinstance(value, list | tuple):
+        return [str(v) for v in value] or None
+    return _scalar(value)
 
 
 def _scalar(value: Any) -> str | int | float | bool | None:

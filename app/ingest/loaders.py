@@ -22,6 +22,10 @@ reached twice (a link to an ancestor) is reported instead of walked again. A lin
 broken link, an unreadable directory and anything that is not a regular file (a FIFO would block the read) are
 reported as bad files.
 
+Access scope (docs/access.md): `tenant` (a string) and `access` (a list of strings, kept as a list, never
+comma-joined; `app.access.scope.checked_access`) in front matter or a JSONL line; a document without its own
+takes the longest matching `rag.ingest.access_defaults` entry for its file (`access_defaults`).
+
 Metadata keys (front matter keys, JSONL fields) must be non-empty and not reserved by the store (see
 `app.store.metadata_key_problem`); every string must be valid Unicode (a JSON "\\ud800" escape is not). A JSON
 line nested too deeply for the parser is a bad line like any other.
@@ -38,14 +42,17 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from app.access.scope import ACCESS, TENANT, AccessFieldError, checked_access, checked_tenant
 from app.ingest.types import Document, LoadError
+from app.settings import AccessDefault
 from app.store import metadata_key_problem, metadata_value_problem, unicode_problem
 
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
@@ -78,10 +85,13 @@ class _Invalid(Exception):
         self.line = line
 
 
-def load_paths(paths: list[str | Path], follow_symlinks: bool = False) -> LoadResult:
+def load_paths(
+    paths: list[str | Path], follow_symlinks: bool = False, access_defaults: Sequence[AccessDefault] = ()
+) -> LoadResult:
     """Load every supported file under `paths` (files or directories) in order; never raises for bad input.
 
-    `follow_symlinks`: follow symbolic links found inside the directories (see the module docstring)."""
+    `follow_symlinks`: follow symbolic links found inside the directories (see the module docstring).
+    `access_defaults`: rag.ingest.access_defaults, for the documents that give no scope of their own."""
     result = LoadResult()
     seen: dict[str, str] = {}  # doc id -> "file:line" where it was first defined
     for given in paths:
@@ -113,7 +123,30 @@ def load_paths(paths: list[str | Path], follow_symlinks: bool = False) -> LoadRe
                 result.errors.append(target)
             else:
                 _load_file(*target, result, seen)
+    if access_defaults:
+        result.documents = [with_default_scope(doc, access_defaults) for doc in result.documents]
     return result
+
+
+def with_default_scope(doc: Document, defaults: Sequence[AccessDefault]) -> Document:
+    """`doc` with the `tenant` and `access` of the longest entry of `defaults` whose path is its file or a
+    folder above it, for each of the two it does not give itself; unchanged when none matches."""
+    if TENANT in doc.metadata and ACCESS in doc.metadata:
+        return doc
+    file = Path(os.path.normpath(doc.origin)).parts
+    best: AccessDefault | None = None
+    for entry in defaults:
+        parts = Path(os.path.normpath(entry.path)).parts
+        if file[: len(parts)] == parts and (best is None or len(parts) > len(Path(best.path).parts)):
+            best = entry
+    if best is None:
+        return doc
+    metadata = dict(doc.metadata)
+    if TENANT not in metadata and best.tenant is not None:
+        metadata[TENANT] = best.tenant
+    if ACCESS not in metadata and best.access:
+        metadata[ACCESS] = list(best.access)
+    return replace(doc, metadata=metadata)
 
 
 def _stat_problem(path: Path, exc: OSError) -> str:
@@ -301,7 +334,7 @@ def _read_text(text: str, origin: str, relative: Path) -> Document:
     )
 
 
-def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
+def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
     """(metadata, body). Lines are 1-based file lines in every message."""
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip() != _FRONT_MATTER_OPEN:
@@ -328,13 +361,13 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar], str]:
         raw = {}
     if not isinstance(raw, dict):
         raise _Invalid(f"front matter must be a mapping of keys to values, got {type(raw).__name__}", 2)
-    metadata: dict[str, Scalar] = {}
+    metadata: dict[str, Scalar | list[str]] = {}
     for key, value in raw.items():
         try:
             problem = metadata_key_problem(str(key))
             if problem:
                 raise _Invalid(problem)
-            scalar = _pop_id({"id": value}, "id") if key == "id" else _metadata_value(value)
+            scalar = _pop_id({"id": value}, "id") if key == "id" else _field_value(str(key), value)
             if problem := metadata_value_problem(scalar):
                 raise _Invalid(problem)
         except _Invalid as exc:
@@ -419,13 +452,13 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
         if isinstance(value, str) and (problem := unicode_problem(value)):
             raise _Invalid(f"field '{name}': {problem}", number)
 
-    metadata: dict[str, Scalar] = {}
+    metadata: dict[str, Scalar | list[str]] = {}
     for name, value in record.items():
         try:
             problem = metadata_key_problem(name)
             if problem:
                 raise _Invalid(problem)
-            scalar = _metadata_value(value)
+            scalar = _field_value(name, value)
             if problem := metadata_value_problem(scalar):
                 raise _Invalid(problem)
         except _Invalid as exc:
@@ -468,6 +501,18 @@ def _pop_id(mapping: dict[str, Any], key: str) -> str | None:
     if not doc_id:
         raise _Invalid(f"'{key}' is empty")
     return doc_id
+
+
+def _field_value(name: str, value: Any) -> Scalar | list[str] | None:
+    """A metadata field's value as stored: the access fields checked as such, the others `_metadata_value`."""
+    try:
+        if name == TENANT:
+            return checked_tenant(value)
+        if name == ACCESS:
+            return checked_access(value)
+    except AccessFieldError as exc:
+        raise _Invalid(str(exc)) from None
+    return _metadata_value(value)
 
 
 def _metadata_value(value: Any) -> Scalar | None:

@@ -125,7 +125,11 @@ class Ingestor:
         """Ingest files and directories; removes what disappeared from them (see the module docstring).
         Documents deleted through the API and unchanged in their files since are left out (app/ingest/
         tombstones.py; `log_tombstones`: say which, and which came back)."""
-        loaded = load_paths(list(paths), follow_symlinks=self.settings.follow_symlinks)
+        loaded = load_paths(
+            list(paths),
+            follow_symlinks=self.settings.follow_symlinks,
+            access_defaults=self.settings.access_defaults,
+        )
         documents, too_long = self.split_too_long(loaded.documents)
         if self.record is not None:
             documents = without_deleted(documents, self.record, say=log_tombstones)

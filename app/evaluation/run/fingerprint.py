@@ -68,6 +68,7 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
         "max_metadata_key_chars",
         "max_metadata_bytes",
         "follow_symlinks",
+        "access_defaults",
     ),
     # exact or approximate search, and the approximate index's parameters (hnsw_m and
     # hnsw_construction_ef apply when a collection is created)
