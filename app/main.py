@@ -227,6 +227,22 @@ def _say_missing_spans(sieve: Sieve) -> None:
         log.warning("%s", spans_missing_line(missing, len(sample)))
 
 
+def _say_unscoped(sieve: Sieve) -> None:
+    """With access scopes on, how many chunks carry no access list (only the admin token reads them)."""
+    if not sieve.settings.rag.access.enabled:
+        return
+    unscoped = sieve.lexical.unscoped_count()
+    if unscoped:
+        log.warning(
+            "access scopes on: %d of %d chunks carry no access list; only the admin token reads them "
+            "(give their documents `access:` in front matter or JSONL, or rag.ingest.access_defaults)",
+            unscoped,
+            len(sieve.lexical),
+        )
+    else:
+        log.info("access scopes on: every one of %d chunks carries an access list", len(sieve.lexical))
+
+
 def startup_sequence(state: AppState) -> None:
     from app.evaluation.session import evaluate
     from app.service import Sieve, freeze_loaded_objects
@@ -251,6 +267,7 @@ def startup_sequence(state: AppState) -> None:
     state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
     _say_missing_spans(sieve)
+    _say_unscoped(sieve)
     if state.freeze_after_load:
         freeze_loaded_objects()
     if rag.evaluate.enabled:

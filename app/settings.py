@@ -127,8 +127,15 @@ class IngestSettings(_Strict):
     # A long ingest in the server logs its progress this often (seconds); the CLI shows a bar instead.
     progress_log_seconds: float = Field(10.0, gt=0.0)
     # Who may read the documents under a path when they do not say so themselves (`tenant`, `access` in
-    # front matter or a JSONL line win): the longest matching `path` counts (app/ingest/access.py).
-    access_defaults: list[AccessDefault] = Field(default_factory=list, max_length=1000)
+    # front matter or a JSONL line win): the longest matching `path` counts (`loaders.with_default_scope`).
+    # The default scopes the sample base, as `paths` names it: a document elsewhere gets no default (only
+    # the admin reads it while access scopes are on).
+    access_defaults: list[AccessDefault] = Field(
+        default_factory=lambda: [
+            AccessDefault(path="golden_set/knowledge-base", tenant="acme", access=["public"])
+        ],
+        max_length=1000,
+    )
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:
@@ -623,7 +630,15 @@ class AccessSettings(_Strict):
 
     enabled: bool = False
     principals: dict[str, PrincipalSettings] = Field(default_factory=dict, max_length=10_000)
-    eval_principals: dict[str, EvalPrincipalSettings] = Field(default_factory=dict, max_length=1000)
+    # the sample golden set's principals (golden_set/golden-set.json names them), as rag.ingest.paths and
+    # rag.evaluate.resource_location name the sample base and golden set
+    eval_principals: dict[str, EvalPrincipalSettings] = Field(
+        default_factory=lambda: {
+            "hr-manager": EvalPrincipalSettings(tenant="acme", groups=["hr"]),
+            "sales-rep": EvalPrincipalSettings(tenant="acme", groups=["sales"]),
+        },
+        max_length=1000,
+    )
 
     @model_validator(mode="after")
     def _distinct_tokens(self) -> AccessSettings:

@@ -127,7 +127,15 @@ def require_admin(request: Request, _: object = Security(bearer)) -> None:
             "this endpoint is off: set rag.server.admin_token (e.g. RAG__SERVER__ADMIN_TOKEN) to a long "
             "random string and send it as 'Authorization: Bearer <token>'",
         )
-    if not token_matches(bearer_token(request), server.admin_token):
+    given = bearer_token(request)
+    if not token_matches(given, server.admin_token):
+        principal = sieve_state(request).principals.find(given) if given is not None else None
+        if principal is not None:
+            raise ApiError(
+                403,
+                f"this token reads as principal {principal.name!r}; this endpoint needs the admin token "
+                "(rag.server.admin_token)",
+            )
         raise ApiError(
             401,
             "missing or wrong admin token: send 'Authorization: Bearer <rag.server.admin_token>'",

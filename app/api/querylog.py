@@ -432,15 +432,19 @@ class QueryLog:
 
     # -- reading -------------------------------------------------------------------------------------
 
-    def newest(self, limit: int) -> list[dict[str, Any]]:
-        """The newest `limit` records on disk, newest first (a line that is not a JSON object is skipped)."""
+    def newest(self, limit: int, principal: str | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` records on disk, newest first (a line that is not a JSON object is skipped);
+        with `principal`, only that principal's records."""
         with self._file_lock:
-            return read_newest(self.path, limit, self.files())
+            return read_newest(self.path, limit, self.files(), principal)
 
 
-def read_newest(path: Path, limit: int, files: list[Path] | None = None) -> list[dict[str, Any]]:
+def read_newest(
+    path: Path, limit: int, files: list[Path] | None = None, principal: str | None = None
+) -> list[dict[str, Any]]:
     """The newest `limit` records of the log at `path` (its current file, then path.1, path.2, ...),
-    newest first. Lines that are not JSON objects (a line cut short by a crash) are skipped."""
+    newest first; with `principal`, only the records whose `principal` is that name. Lines that are not
+    JSON objects (a line cut short by a crash) are skipped."""
     if files is None:
         files = log_files(path)
     out: list[dict[str, Any]] = []
@@ -452,7 +456,7 @@ def read_newest(path: Path, limit: int, files: list[Path] | None = None) -> list
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict):
+            if isinstance(record, dict) and (principal is None or record.get("principal") == principal):
                 out.append(record)
     return out
 

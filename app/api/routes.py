@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -18,6 +18,7 @@ from app.access.scope import Principal
 from app.api.admission import RETRY_AFTER_S
 from app.api.deps import (
     READER_SECURITY,
+    bearer,
     is_admin,
     request_principal,
     require_admin,
@@ -287,27 +288,39 @@ def start_experiment(request: Request, body: ExperimentRequest) -> JSONResponse:
     return JSONResponse(JobAccepted(job=job.id).model_dump(), status_code=202)
 
 
+def _own_entries_only(request: Request) -> str | None:
+    """The principal whose entries alone a query-log read may see, None for all of them (the admin);
+    anyone else gets the admin check's 401/403."""
+    principal = request_principal(request) if sieve_state(request).principals.enabled else None
+    if principal is not None and not principal.admin:
+        return principal.name
+    require_admin(request)
+    return None
+
+
 # how long GET /api/querylog waits for the entries queued before it to be written
 QUERYLOG_READ_WAIT_S = 1.0
 
 
-@router.get(
-    "/api/querylog", tags=["evaluation"], dependencies=admin, responses=error_responses(401, 403, 422, 500)
-)
-def query_log(request: Request, params: Annotated[QueryLogParams, Query()]) -> JSONResponse:
+@router.get("/api/querylog", tags=["evaluation"], responses=error_responses(401, 403, 422, 500))
+def query_log(
+    request: Request, params: Annotated[QueryLogParams, Query()], _: object = Security(bearer)
+) -> JSONResponse:
     """The newest `limit` (1 to 1000, default 100) query-log entries, newest first (admin token: they hold
-    users' query text).
+    users' query text). With access scopes on (rag.access.enabled), a principal's token reads that
+    principal's own entries only (what it asked, and what its scope returned).
 
     `enabled` says whether this server logs queries now (rag.querylog.enabled); entries written before are
     read either way. `dropped`: entries this server did not log, `droppedBy` says why: `queueFull` (the
     writer's queue was full) or `overBudget` (more bytes than rag.querylog.keep_hours allows)."""
     state = sieve_state(request)
+    own = _own_entries_only(request)
     querylog = state.querylog
     if querylog is not None:
         querylog.wait_written(QUERYLOG_READ_WAIT_S)
-        entries = querylog.newest(params.limit)
+        entries = querylog.newest(params.limit, own)
     else:
-        entries = read_newest(Path(state.settings.rag.querylog.path), params.limit)
+        entries = read_newest(Path(state.settings.rag.querylog.path), params.limit, principal=own)
     return JSONResponse(
         {
             "enabled": querylog is not None,

@@ -130,15 +130,17 @@ def load_paths(
 
 def with_default_scope(doc: Document, defaults: Sequence[AccessDefault]) -> Document:
     """`doc` with the `tenant` and `access` of the longest entry of `defaults` whose path is its file or a
-    folder above it, for each of the two it does not give itself; unchanged when none matches."""
+    folder above it (both made absolute from the working directory), for each of the two it does not give
+    itself; unchanged when none matches (the first of two equally long entries counts)."""
     if TENANT in doc.metadata and ACCESS in doc.metadata:
         return doc
-    file = Path(os.path.normpath(doc.origin)).parts
+    file = Path(os.path.abspath(doc.origin)).parts
     best: AccessDefault | None = None
+    depth = -1
     for entry in defaults:
-        parts = Path(os.path.normpath(entry.path)).parts
-        if file[: len(parts)] == parts and (best is None or len(parts) > len(Path(best.path).parts)):
-            best = entry
+        parts = Path(os.path.abspath(entry.path)).parts
+        if file[: len(parts)] == parts and len(parts) > depth:
+            best, depth = entry, len(parts)
     if best is None:
         return doc
     metadata = dict(doc.metadata)

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from app.access.scope import Principal, label_matches
+from app.access.scope import Principal, label_matches, parse_label
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (also bm25s's "en" list).
 ENGLISH_STOP_WORDS = frozenset(
@@ -484,6 +484,14 @@ class Bm25Index:
             counts = self._tag_counts[1]
             mask = self._label_mask(knowledge_tag, principal)[: len(counts)]
             return int(counts[: len(mask)][mask].sum())
+
+    def unscoped_count(self) -> int:
+        """How many live chunks carry no access list: only the admin reads them (`may_read`)."""
+        with self._lock:
+            labels = [parse_label(label).access for label in self._tags]
+            unscoped = np.asarray([not access for access in labels] + [True], dtype=bool)
+            tags = np.frombuffer(self._tag, dtype=np.int32)[self._alive_now()]
+            return int(np.count_nonzero(unscoped[tags]))
 
     def readable(
         self, ids: Sequence[str], knowledge_tag: str | None, principal: Principal | None
