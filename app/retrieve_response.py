@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -64,6 +65,15 @@ class StageReport(BaseModel):
     withheld: list[WithheldCount] | None = None
 
 
+class ScopeView(BaseModel):
+    """The access scope the candidates were taken in (docs/access.md): who read, never what it left out."""
+
+    principal: str
+    admin: bool = False
+    tenant: str | None = None
+    readers: list[str] = Field(default_factory=list)  # the access entries it reads under
+
+
 class RetrieveResponse(BaseModel):
     query: str
     documents: list[RetrievedDocument]
@@ -73,6 +83,8 @@ class RetrieveResponse(BaseModel):
     candidateOrigins: dict[str, int]
     stages: list[StageReport]
     latencyMs: float
+    # with access scopes on (rag.access.enabled): whose scope this answer was made in; null when off
+    scope: ScopeView | None = None
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:
@@ -140,6 +152,18 @@ def retrieve_response(
             for s in result.trace.stages
         ],
         latencyMs=round(result.latency_ms, 3),
+        scope=_scope_view(result.trace.scope),
+    )
+
+
+def _scope_view(scope: dict[str, Any] | None) -> ScopeView | None:
+    if scope is None:
+        return None
+    return ScopeView(
+        principal=str(scope["name"]),
+        admin=bool(scope.get("admin", False)),
+        tenant=scope.get("tenant"),
+        readers=list(scope.get("readers", [])),
     )
 
 

@@ -57,6 +57,7 @@ def test_the_response_lists_the_attached_chunks_under_their_document() -> None:
     class Trace:
         candidate_origins: dict[str, int] = {}
         stages: list = []
+        scope = None
 
     class Result:
         query, documents, original_count, fallback_used, latency_ms = "q", kept, 4, False, 1.0
