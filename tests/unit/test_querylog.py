@@ -3,6 +3,7 @@ admin-only route, without the model or the store (a fake Sieve answers the queri
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -352,7 +353,7 @@ class FakeSieve:
         return RetrievalResult(query, docs, 10, False, RetrievalTrace(), 3.0)
 
 
-def app_settings(tmp_path: Path, enabled: bool, admin: str | None):
+def app_settings(tmp_path: Path, enabled: bool, admin: str | None, *more: dict[str, Any]):
     empty = tmp_path / "application.yml"
     empty.write_text("", encoding="utf-8")
     return load_settings(
@@ -361,6 +362,7 @@ def app_settings(tmp_path: Path, enabled: bool, admin: str | None):
             nested("rag.querylog.path", str(tmp_path / "ql" / "queries.jsonl")),
             nested("rag.server.jobs_dir", str(tmp_path / "jobs")),
             nested("rag.server.admin_token", admin),
+            *more,
         ),
         config_path=empty,
     )
@@ -373,8 +375,10 @@ def fake_start(state: AppState) -> None:
 
 
 @contextmanager
-def client_for(tmp_path: Path, enabled: bool, admin: str | None) -> Iterator[TestClient]:
-    app = create_app(app_settings(tmp_path, enabled, admin), start=fake_start)
+def client_for(
+    tmp_path: Path, enabled: bool, admin: str | None, *more: dict[str, Any]
+) -> Iterator[TestClient]:
+    app = create_app(app_settings(tmp_path, enabled, admin, *more), start=fake_start)
     with TestClient(app) as client:
         deadline = time.monotonic() + 10  # /ready would probe the store, which the fake has not
         while not app.state.sieve_state.ready and time.monotonic() < deadline:
@@ -447,3 +451,46 @@ def test_disabled_nothing_is_written(tmp_path: Path) -> None:
         "entries": [],
     }
     assert not (tmp_path / "ql").exists()
+
+
+HR_TOKEN, SALES_TOKEN = "hr-token-0123456789abcdef", "sales-token-0123456789abcdef"
+
+
+def principal_settings() -> list[dict[str, Any]]:
+    def entry(token: str, group: str) -> dict[str, Any]:
+        return {
+            "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
+            "tenant": "acme",
+            "groups": [group],
+        }
+
+    return [
+        nested("rag.access.enabled", True),
+        nested("rag.access.principals", {"hr": entry(HR_TOKEN, "hr"), "sales": entry(SALES_TOKEN, "sales")}),
+    ]
+
+
+def test_with_access_scopes_a_principal_reads_its_own_entries_and_the_admin_all(tmp_path: Path) -> None:
+    bearer = {
+        name: {"Authorization": f"Bearer {token}"}
+        for name, token in [("hr", HR_TOKEN), ("sales", SALES_TOKEN), ("admin", ADMIN_TOKEN)]
+    }
+    with client_for(tmp_path, True, ADMIN_TOKEN, *principal_settings()) as client:
+        for name, query in [("hr", "payroll"), ("sales", "targets"), ("hr", "leave"), ("admin", "all")]:
+            assert (
+                client.post("/api/retrieve", json={"query": query}, headers=bearer[name]).status_code == 200
+            )
+        assert client.post("/api/retrieve", json={"query": "x"}).status_code == 401  # no token, no scope
+        seen = {
+            name: [
+                (e["query"], e["principal"]) for e in client.get("/api/querylog", headers=h).json()["entries"]
+            ]
+            for name, h in bearer.items()
+        }
+        assert client.get("/api/querylog").status_code == 401
+        assert client.get("/api/jobs", headers=bearer["hr"]).status_code == 403  # the admin's view
+    assert seen == {
+        "hr": [("leave", "hr"), ("payroll", "hr")],
+        "sales": [("targets", "sales")],
+        "admin": [("all", "admin"), ("leave", "hr"), ("targets", "sales"), ("payroll", "hr")],
+    }
