@@ -623,6 +623,38 @@ class EvalPrincipalSettings(_Strict):
         return _access_names(value) or []
 
 
+class JwtSettings(_Strict):
+    """Bearer JWTs as principals (docs/access.md "JSON Web Tokens"): a token signed by the configured key,
+    unexpired, for the configured audience and issuer, reads as the principal its claims name."""
+
+    enabled: bool = False
+    # the verification key: a PEM public key (RS*, PS*, ES*, EdDSA), or a file holding the shared secret
+    # (HS*) ...
+    key_file: str | None = None
+    # ... or a JWKS file (the identity provider's published keys; the token's `kid` picks one)
+    jwks_file: str | None = None
+    algorithms: list[str] = Field(default_factory=lambda: ["RS256"], min_length=1, max_length=16)
+    audience: str | None = None  # required in the token when set (`aud`)
+    issuer: str | None = None  # required in the token when set (`iss`)
+    leeway_seconds: int = Field(30, ge=0, le=3600)  # clock skew allowed on exp / nbf / iat
+    tenant_claim: str = Field("tenant", min_length=1)
+    groups_claim: str = Field("groups", min_length=1)  # a list of group names (a lone string is one group)
+    user_claim: str = Field("sub", min_length=1)  # also the principal's name: jwt:<user>
+
+    @field_validator("algorithms")
+    @classmethod
+    def _signed(cls, value: list[str]) -> list[str]:
+        if any(alg.lower() == "none" for alg in value):
+            raise ValueError("'none' is not an algorithm: an unsigned token proves nothing")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key(self) -> JwtSettings:
+        if self.enabled and (self.key_file is None) == (self.jwks_file is None):
+            raise ValueError("give exactly one of key_file and jwks_file when jwt is enabled")
+        return self
+
+
 class AccessSettings(_Strict):
     """Document access scopes (docs/access.md). Off: every reader token reads every document (as before
     scopes existed). On: every request to a reading endpoint needs a token that is the admin token (reads
@@ -632,6 +664,7 @@ class AccessSettings(_Strict):
     principals: dict[str, PrincipalSettings] = Field(default_factory=dict, max_length=10_000)
     # the sample golden set's principals (golden_set/golden-set.json names them), as rag.ingest.paths and
     # rag.evaluate.resource_location name the sample base and golden set
+    jwt: JwtSettings = JwtSettings()
     eval_principals: dict[str, EvalPrincipalSettings] = Field(
         default_factory=lambda: {
             "hr-manager": EvalPrincipalSettings(tenant="acme", groups=["hr"]),

@@ -24,6 +24,7 @@ from fastapi.security import HTTPBearer
 
 from app.access.scope import ADMIN, Principal
 from app.api.errors import ApiError
+from app.api.principals import TokenRefused
 
 if TYPE_CHECKING:
     from app.api.state import AppState
@@ -101,16 +102,29 @@ def request_principal(request: Request) -> Principal | None:
     given = bearer_token(request)
     if token_matches(given, state.settings.rag.server.admin_token):
         return ADMIN
-    principal = state.principals.find(given) if given is not None else None
-    if principal is None:
-        raise ApiError(
-            401,
-            "access scopes are on (rag.access.enabled): send 'Authorization: Bearer <token>' with the token "
-            "of one of rag.access.principals (or the admin token)"
-            + ("" if given is None else "; this token is not one of them"),
-            headers=UNAUTHORIZED_HEADERS,
-        )
-    return principal
+    why = ""
+    if given is not None:
+        try:
+            return state.principals.resolve(given)
+        except TokenRefused as exc:
+            why = f"; {exc}"
+    raise ApiError(
+        401,
+        "access scopes are on (rag.access.enabled): send 'Authorization: Bearer <token>' with the token "
+        "of one of rag.access.principals, a JWT when rag.access.jwt is on, or the admin token" + why,
+        headers=UNAUTHORIZED_HEADERS,
+    )
+
+
+def _principal_or_none(request: Request, given: bytes | None) -> Principal | None:
+    """The principal `given` reads as, with access scopes on; None for anything else."""
+    state = sieve_state(request)
+    if given is None or not state.principals.enabled:
+        return None
+    try:
+        return state.principals.resolve(given)
+    except TokenRefused:
+        return None
 
 
 def is_admin(request: Request) -> bool:
@@ -129,7 +143,7 @@ def require_admin(request: Request, _: object = Security(bearer)) -> None:
         )
     given = bearer_token(request)
     if not token_matches(given, server.admin_token):
-        principal = sieve_state(request).principals.find(given) if given is not None else None
+        principal = _principal_or_none(request, given)
         if principal is not None:
             raise ApiError(
                 403,
