@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from app import exit_codes
+from app.access.scope import Principal
 from app.cli.client import ServerError, SieveClient, server_token, server_url
 from app.cli.common import fail, open_sieve, settings_with
+from app.settings import EvalPrincipalSettings, SettingsError
 
 # characters of a chunk's text shown after its title in the human table
 SNIPPET_CHARS = 60
@@ -24,6 +27,13 @@ def add_query_command(sub: Any) -> None:
     query.add_argument("--knowledge-tag")
     query.add_argument("--json", action="store_true", help="print the same object as POST /api/retrieve")
     query.add_argument("--debug", action="store_true", help="list every removed chunk with its reason")
+    query.add_argument(
+        "--as",
+        dest="principal",
+        metavar="NAME",
+        help="retrieve in the scope of this evaluation principal (rag.access.eval_principals); with --server "
+        "the token decides whose scope",
+    )
     query.add_argument(
         "--server",
         metavar="URL",
@@ -43,6 +53,10 @@ def query_command(args: argparse.Namespace) -> int:
     try:
         url = server_url(args.server)
         if url is not None:
+            if args.principal is not None:
+                return fail(
+                    "--as runs a query here as an evaluation principal; with --server the token decides"
+                )
             response = RetrieveResponse.model_validate(_ask_server(url, args))
         else:
             response = retrieve_response(_retrieve_here(args), debug=args.debug)
@@ -58,13 +72,25 @@ def query_command(args: argparse.Namespace) -> int:
 def _retrieve_here(args: argparse.Namespace) -> Any:
     settings = settings_with()
     top_k = settings.rag.retrieval.top_k if args.top_k is None else args.top_k
+    principal = _principal(settings.rag.access.eval_principals, args.principal)
     sieve = open_sieve(settings, suggest_server="query")
     try:
         if settings.rag.ingest.on_startup and sieve.store.count() == 0 and settings.rag.ingest.paths:
             sieve.ingest(settings.rag.ingest.paths, progress=True)
-        return sieve.retrieve(args.text, top_k, args.knowledge_tag)
+        return sieve.retrieve(args.text, top_k, args.knowledge_tag, principal)
     finally:
         sieve.close()
+
+
+def _principal(defined: Mapping[str, EvalPrincipalSettings], name: str | None) -> Principal | None:
+    """The evaluation principal `--as NAME` names (None without --as); SettingsError for an unknown name."""
+    if name is None:
+        return None
+    found = defined.get(name)
+    if found is None:
+        known = ", ".join(sorted(defined)) or "none"
+        raise SettingsError(f"--as {name!r}: not one of rag.access.eval_principals (defined: {known})")
+    return Principal(name=name, tenant=found.tenant, groups=tuple(found.groups), user=found.user)
 
 
 def _ask_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -78,6 +104,13 @@ def _ask_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
     return SieveClient(url, token).retrieve(body)
 
 
+def _scope_line(scope: Any) -> str:
+    if scope.admin:
+        return f"scope: {scope.principal} (admin: every document)"
+    tenant = f"tenant {scope.tenant}" if scope.tenant is not None else "no tenant"
+    return f"scope: {scope.principal} ({tenant}; reads as {', '.join(scope.readers)})"
+
+
 def render_result(r: Any) -> str:
     """The human table of a `RetrieveResponse`: one row per document (full doc id and source; only the
     text is cut, to its first `SNIPPET_CHARS` characters), its attached chunks, then every stage."""
@@ -88,6 +121,7 @@ def render_result(r: Any) -> str:
         f"query: {r.query}",
         f"{r.finalCount} of {r.originalCount} candidates ({origins}); fallback used: "
         f"{'yes' if r.fallbackUsed else 'no'}; {r.latencyMs:.0f} ms",
+        *([_scope_line(r.scope)] if getattr(r, "scope", None) is not None else []),
         "",
         f"{'#':>2}  {'docId':<{id_width}} {'source':<{source_width}} {'dense':>6} {'bm25':>7} {'fused':>7} "
         f"{'rerank':>7}  title / text",

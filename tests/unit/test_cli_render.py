@@ -3,8 +3,12 @@ cut (to `SNIPPET_CHARS` characters, whitespace folded)."""
 
 from __future__ import annotations
 
-from app.cli.query import SNIPPET_CHARS, render_result
-from app.retrieve_response import RetrievedDocument, RetrieveResponse, Scores, StageReport
+import pytest
+
+from app.access.scope import Principal
+from app.cli.query import SNIPPET_CHARS, _principal, render_result
+from app.retrieve_response import RetrievedDocument, RetrieveResponse, ScopeView, Scores, StageReport
+from app.settings import EvalPrincipalSettings, SettingsError
 
 LONG_ID = "finance-expense-reimbursement-policy-for-contractors-zh"
 
@@ -59,3 +63,31 @@ def test_doc_ids_are_never_cut_and_only_the_text_is() -> None:
     )
     assert len(snippet) == SNIPPET_CHARS == 60
     assert lines[-1] == f"  {'bm25':<21} {'  9 -> 2   removed 7':<40} {0.25:7.1f} ms"
+
+
+def test_a_scoped_answer_says_whose_scope_it_was_made_in() -> None:
+    response = RetrieveResponse(
+        query="q",
+        documents=[],
+        originalCount=0,
+        finalCount=0,
+        fallbackUsed=False,
+        candidateOrigins={},
+        stages=[],
+        latencyMs=1.0,
+        scope=ScopeView(principal="sales-rep", tenant="acme", readers=["group:sales", "public"]),
+    )
+    assert (
+        render_result(response).splitlines()[2]
+        == "scope: sales-rep (tenant acme; reads as group:sales, public)"
+    )
+
+
+def test_as_names_an_evaluation_principal_or_is_refused_listing_them() -> None:
+    defined = {"hr-manager": EvalPrincipalSettings(tenant="acme", groups=["hr"])}
+    assert _principal(defined, "hr-manager") == Principal("hr-manager", "acme", ("hr",))
+    assert _principal(defined, None) is None
+    with pytest.raises(
+        SettingsError, match=r"--as 'boss': not one of rag.access.eval_principals \(defined: hr-manager\)"
+    ):
+        _principal(defined, "boss")
