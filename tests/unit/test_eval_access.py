@@ -263,3 +263,20 @@ def test_group_stays_the_paraphrase_group_and_principal_is_part_of_the_case_hash
     )
     assert scoped.principal == "hr" and scoped.group == "g"
     assert case_sha256(plain) != case_sha256(scoped)
+
+
+def test_the_markdown_and_html_reports_show_the_principal_the_leaks_and_the_probe() -> None:
+    from app.evaluation.render.html import render_html
+    from app.evaluation.render.markdown import render_markdown
+
+    report, _ = run(ScopedChain(leaky=True), golden(*CASES))
+    markdown = render_markdown(report, case_detail=True)
+    assert "## Access scopes" in markdown
+    assert "| hr | acme | group:hr, public | 2 |" in markdown
+    assert "- Access leaks in the cases' own runs: 7" in markdown
+    assert "- Leak probe: 9 runs" in markdown
+    assert "- Principal: hr" in markdown
+    assert "**Access leaks (3):** case sales-c as sales: chunk c1 (doc A, rank 1)" in markdown
+    page = render_html(report)
+    assert "<h2>Access scopes</h2>" in page and "principal sales" in page
+    assert "access leaks: c1, c5, c4" in page

@@ -1022,7 +1022,8 @@ WORST_CASES = 20
 
 def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseRecord]:
     """The cases to look at first, worst first, at most `limit`: failed ones, then no-answer cases that
-    answered, then by nDCG and recall; a case with a forbidden document in its top K is always listed. A case
+    answered, then by nDCG and recall; a case with a forbidden document in its top K, or an access leak, is
+    always listed. A case
     that found everything at rank 1 (nDCG 1) and no-answer cases that abstained are not listed."""
 
     def badness(c: CaseRecord) -> tuple[float, float, str]:
@@ -1033,7 +1034,7 @@ def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseR
         m = c.scores.metrics or {}
         return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.case.id)
 
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.scores.forbidden_found]
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.scores.forbidden_found or c.scores.access_leaks]
     return sorted(bad, key=badness)[:limit]
 
 
