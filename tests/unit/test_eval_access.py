@@ -280,3 +280,42 @@ def test_the_markdown_and_html_reports_show_the_principal_the_leaks_and_the_prob
     page = render_html(report)
     assert "<h2>Access scopes</h2>" in page and "principal sales" in page
     assert "access leaks: c1, c5, c4" in page
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (
+            {"principal": "hrr"},
+            "case 'q1': field \"principal\": 'hrr' is not an evaluation principal; defined in "
+            "rag.access.eval_principals: hr, sales (or 'admin', who reads everything)",
+        ),
+        ({"tenantId": "acme"}, 'field "tenantId" is not allowed: a golden case carries no identity'),
+    ],
+)
+def test_sieve_eval_exits_2_before_any_model_loads_naming_the_case(
+    tmp_path, monkeypatch, capsys, case: dict[str, Any], expected: str
+) -> None:
+    import os
+
+    from app.cli import main
+
+    config = tmp_path / "application.yml"
+    config.write_text(
+        "rag:\n  access:\n    eval_principals:\n      hr: {tenant: acme, groups: [hr]}\n"
+        "      sales: {tenant: acme, groups: [sales]}\n",
+        encoding="utf-8",
+    )
+    path = tmp_path / "golden.json"
+    path.write_text(
+        json.dumps([{"id": "q1", "query": "q", "expectedDocIds": ["A"], **case}]), encoding="utf-8"
+    )
+    for name in [n for n in os.environ if n.startswith("RAG__")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("SIEVE_SERVER", raising=False)
+    monkeypatch.setenv("SIEVE_CONFIG", str(config))
+    monkeypatch.setattr("app.cli.eval.open_sieve", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["eval", "--golden-set", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: invalid golden set {path} (1 error):" in err
+    assert expected in err
