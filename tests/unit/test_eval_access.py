@@ -319,3 +319,23 @@ def test_sieve_eval_exits_2_before_any_model_loads_naming_the_case(
     err = capsys.readouterr().err
     assert f"error: invalid golden set {path} (1 error):" in err
     assert expected in err
+
+
+def test_the_tune_recording_keeps_each_cases_principal_and_acl_filtered_ids() -> None:
+    from app.evaluation.tune.replay import record
+
+    chain = ScopedChain()
+    chain.stages = []  # type: ignore[attr-defined]
+    settings = EvaluateSettings(top_k=5, latency_sample=0)
+    evaluation = run_evaluation(
+        chain,  # type: ignore[arg-type]
+        golden({"id": "hr-c", "query": "q", "principal": "hr", "expectedDocIds": ["C", "B"]}),
+        KnownIds.from_metadata(ROWS),
+        settings,
+        access=ACCESS,
+        probe=False,
+    )
+    assert evaluation.probe is None
+    (recorded,) = record(evaluation, chain).cases  # type: ignore[arg-type]
+    assert recorded.request.principal == Principal("hr", "acme", ("hr",))
+    assert recorded.acl_filtered == ["C"]
