@@ -339,3 +339,38 @@ def test_the_tune_recording_keeps_each_cases_principal_and_acl_filtered_ids() ->
     (recorded,) = record(evaluation, chain).cases  # type: ignore[arg-type]
     assert recorded.request.principal == Principal("hr", "acme", ("hr",))
     assert recorded.acl_filtered == ["C"]
+
+
+# -- the pure checks -----------------------------------------------------------------------------------------
+
+
+HR = Principal("hr", "acme", ("hr",))
+
+
+def test_access_leaks_reads_the_stored_scope_of_each_ranked_and_attached_chunk() -> None:
+    from app.evaluation.run.access import access_leaks
+
+    known = KnownIds.from_metadata(ROWS)
+    # the candidates' own metadata claims everything is public: the stored scope decides, not the candidate
+    a = Candidate("c1", "A", "t", {"access": ["public"]}).with_attached(
+        (Candidate("c3", "C", "t", {"access": ["public"]}),)
+    )
+    d = Candidate("c4", "D", "t", {"tenant": "acme", "access": ["public"]})
+    leaks = access_leaks("q", HR, [a, d], known.scope_of)
+    assert [(x.chunk_id, x.rank, x.attached) for x in leaks] == [("c3", 1, True), ("c4", 2, False)]
+    assert access_leaks("q", None, [a, d], known.scope_of) == []
+    assert access_leaks("q", ADMIN, [a, d], known.scope_of) == []
+    # a chunk the store did not hold when the run began is judged by its own metadata
+    new = Candidate("c9", "Z", "t", {"tenant": "acme", "access": ["group:hr"]})
+    assert access_leaks("q", HR, [new], known.scope_of) == []
+
+
+def test_acl_filtered_needs_every_chunk_of_an_id_out_of_scope() -> None:
+    from app.evaluation.run.access import acl_filtered
+
+    known = KnownIds.from_metadata([*ROWS, ("c6", {"doc_id": "C", "tenant": "acme", "access": ["public"]})])
+    # C now has a public chunk (c6): hr reads part of it, so it is not filtered; D (globex) is
+    assert acl_filtered(HR, ["A", "C", "D"], lambda i: known.chunks_of(i, "doc"), known.scopes) == ["D"]
+    assert acl_filtered(HR, ["c3", "c6"], lambda i: known.chunks_of(i, "chunk"), known.scopes) == ["c3"]
+    assert acl_filtered(HR, ["C.md"], lambda i: known.chunks_of(i, "source"), known.scopes) == []
+    assert acl_filtered(None, ["D"], lambda i: known.chunks_of(i, "doc"), known.scopes) == []
