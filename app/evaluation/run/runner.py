@@ -348,8 +348,8 @@ def evaluate(
     unscoped; `golden.principals.case_principals`). `today` is the date the hard filter's effective-date
     rules use (None = the real today) for every case without its own `asOf`; `k_values` are extra
     cut-offs scored from the same ranking; `latency_sample` cases are re-run one at a time for the
-    single-query latency;
-    `gain` is nDCG's (`metrics.gain_of`); `coverage` the quotes' coverage rule (`quotes.is_returned`).
+    single-query latency; `gain` is nDCG's (`metrics.gain_of`); `coverage` the quotes' coverage rule
+    (`quotes.is_returned`).
     Raises `GoldenSetError` for a knowledge tag no chunk carries and a quote that does not resolve."""
     started = time.time()
     t0 = time.perf_counter()
