@@ -356,6 +356,7 @@ class Sieve:
             described=ServiceDescription.model_validate(self.describe()),
             chain_settings=self.settings.rag.chain,
             audit=AuditSource(self.store, self.embedder, self.settings.rag.chain.hard_filter),
+            access=self.settings.rag.access,
         )
 
     def describe(self) -> dict[str, object]:

@@ -380,7 +380,8 @@ class MaxDrop(_Strict):
 class SegmentThresholds(_Strict):
     """Levels and drops for one segment of the golden set (`thresholds.segments`, keyed `tag:<name>`,
     `knowledgeTag:<name>`, `risk:<low|medium|high>`, `set:<core|incremental>`, `language:<zh|en>`,
-    `origin:<manual|generated|log>` or `literalness:<low|mid|high>`); null = not checked."""
+    `origin:<manual|generated|log>`, `literalness:<low|mid|high>` or `principal:<name>`, the evaluation
+    principal a case ran as, `(unscoped)` for none); null = not checked."""
 
     min_recall: float | None = Field(None, ge=0.0, le=1.0)
     min_hit_rate: float | None = Field(None, ge=0.0, le=1.0)
@@ -390,7 +391,7 @@ class SegmentThresholds(_Strict):
 
 
 # the kinds of `app.evaluation.golden.segments.SEGMENT_KINDS` (a test keeps the two equal)
-SEGMENT_KEY_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness")
+SEGMENT_KEY_KINDS = ("tag", "knowledgeTag", "risk", "set", "language", "origin", "literalness", "principal")
 
 
 class EvaluateThresholds(_Strict):
@@ -406,6 +407,9 @@ class EvaluateThresholds(_Strict):
     regression_requires_significance: bool = True
     # safety: zero tolerance for forbidden documents by default
     max_forbidden_hits: int | None = Field(0, ge=0)
+    # access scopes: returned or attached chunks that the case's principal may not read (by the stored
+    # metadata, `app.access.scope.may_read`), over every case; null = not checked (docs/access.md)
+    max_access_leaks: int | None = Field(0, ge=0)
     min_correct_abstention: float | None = Field(None, ge=0.0, le=1.0)
     max_false_answer_rate: float | None = Field(None, ge=0.0, le=1.0)
     # the golden set has no-answer cases and none of them abstained (0 of n): warn (the gate still
@@ -609,6 +613,10 @@ class PrincipalSettings(_Strict):
         return _access_names(value) or []
 
 
+# the name a golden case (`principal`) or `eval_default_principal` gives the admin, who reads everything
+EVAL_ADMIN = "admin"
+
+
 class EvalPrincipalSettings(_Strict):
     """A principal a golden case is evaluated as (`principal: NAME`): the identity comes from here, never
     from the golden set."""
@@ -662,9 +670,9 @@ class AccessSettings(_Strict):
 
     enabled: bool = False
     principals: dict[str, PrincipalSettings] = Field(default_factory=dict, max_length=10_000)
+    jwt: JwtSettings = JwtSettings()
     # the sample golden set's principals (golden_set/golden-set.json names them), as rag.ingest.paths and
     # rag.evaluate.resource_location name the sample base and golden set
-    jwt: JwtSettings = JwtSettings()
     eval_principals: dict[str, EvalPrincipalSettings] = Field(
         default_factory=lambda: {
             "hr-manager": EvalPrincipalSettings(tenant="acme", groups=["hr"]),
@@ -672,6 +680,21 @@ class AccessSettings(_Strict):
         },
         max_length=1000,
     )
+    # with `enabled`: whom a golden case that names no `principal` is evaluated as (a name of
+    # `eval_principals`, or "admin"); None: such a case makes the golden set invalid (a missing scope never
+    # silently becomes "everything"). Without `enabled`, such a case runs unscoped and this is not read.
+    eval_default_principal: str | None = Field(None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _default_principal_defined(self) -> AccessSettings:
+        name = self.eval_default_principal
+        if name is not None and name != EVAL_ADMIN and name not in self.eval_principals:
+            defined = ", ".join(sorted(self.eval_principals)) or "none"
+            raise ValueError(
+                f"eval_default_principal {name!r} is not one of eval_principals (defined: {defined}) "
+                f"nor {EVAL_ADMIN!r}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _distinct_tokens(self) -> AccessSettings:

@@ -126,6 +126,7 @@ def _eval_here(args: argparse.Namespace) -> int:
     from app.evaluation.compare.comparison import BaselineError
     from app.evaluation.golden.beir import load_beir_cases
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.golden.principals import check_principals
     from app.evaluation.run.runner import check_golden_against_index
     from app.evaluation.scoring.trec import export_evaluation
     from app.evaluation.session import evaluate, resolve_baseline
@@ -139,6 +140,7 @@ def _eval_here(args: argparse.Namespace) -> int:
         golden = load_beir_cases(Path(args.beir), args.split)
     else:
         golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+        check_principals(golden, settings.rag.access)  # GoldenSetError -> exit 2, before any model loads
     try:
         baseline = resolve_baseline(ev)  # before anything runs: a bad baseline file costs nothing
     except BaselineError as exc:
@@ -243,6 +245,7 @@ def tune_command(args: argparse.Namespace) -> int:
     import time
 
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.golden.principals import check_principals
     from app.evaluation.render.tune import tune_markdown, tune_text, write_tune
     from app.evaluation.session import tune
     from app.evaluation.tune.grid import GridError, parse_grid
@@ -259,6 +262,7 @@ def tune_command(args: argparse.Namespace) -> int:
     try:  # every point is checked before any model loads
         grid = parse_grid(args.grid, settings.rag.chain, args.max_points)
         golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+        check_principals(golden, settings.rag.access)  # GoldenSetError -> exit 2, before any model loads
         split = make_split(golden.cases, args.holdout, args.folds, ev.seed)
     except (GridError, SplitError) as exc:
         print(f"error: {exc}", file=sys.stderr)

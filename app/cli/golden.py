@@ -255,12 +255,14 @@ def _check(args: argparse.Namespace) -> int:
     from app.cli.common import open_sieve, settings_with
     from app.evaluation.golden.audit import source
     from app.evaluation.golden.cases import load_golden_set
+    from app.evaluation.golden.principals import check_principals
     from app.evaluation.render.audit import audit_json, audit_text
     from app.evaluation.run.runner import KnownIds, check_golden_against_index
 
     settings = settings_with()
     ev = settings.rag.evaluate
     golden = load_golden_set(args.golden_set or ev.resource_location)  # GoldenSetError -> exit 2
+    check_principals(golden, settings.rag.access)  # GoldenSetError -> exit 2
     sieve = open_sieve(settings)
     try:
         if settings.rag.ingest.on_startup and settings.rag.ingest.paths:

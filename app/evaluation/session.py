@@ -25,6 +25,7 @@ from app.evaluation.compare.gate import GateResult, check_gate
 from app.evaluation.golden.audit.checks import AuditResult
 from app.evaluation.golden.audit.source import AuditSource, audit_section
 from app.evaluation.golden.cases import GoldenSet, GoldenSetError, load_golden_set
+from app.evaluation.golden.principals import case_principals, eval_principals
 from app.evaluation.render import lines
 from app.evaluation.render.files import report_stamp, write_reports
 from app.evaluation.render.lines import EvaluationGate, EvaluationRunResponse
@@ -32,7 +33,8 @@ from app.evaluation.render.markdown import k_label, render_markdown
 from app.evaluation.report.model import BaselineUpdate, Comparison, Report, ServiceDescription, Sweep
 from app.evaluation.run import runner
 from app.evaluation.run.build import Verdict, build_report, invalid_report, measure_report
-from app.evaluation.run.fingerprint import run_fingerprint
+from app.evaluation.run.fingerprint import access_matters, access_settings, run_fingerprint
+from app.evaluation.run.probe import leak_probe
 from app.evaluation.run.runner import Evaluation, KnownIds, check_golden_against_index
 from app.evaluation.tune.grid import Grid, threshold_sweep
 from app.evaluation.tune.model import Split, TuneReport
@@ -41,7 +43,7 @@ from app.evaluation.tune.run import Recorded, TuneOptions
 from app.evaluation.tune.run import tune as replay_grid
 from app.files import utc_now
 from app.retrieval.chain import RetrievalChain
-from app.settings import ChainSettings, EvaluateSettings
+from app.settings import AccessSettings, ChainSettings, EvaluateSettings
 
 log = logging.getLogger("sieve.evaluation")
 
@@ -107,6 +109,8 @@ class EvaluationTarget:
     chain_settings: ChainSettings
     # what the golden-set audit reads (store, embedder, hard filter settings); None: the audit is not run
     audit: AuditSource | None = None
+    # rag.access: the evaluation principals the cases run as (`golden.principals`) and the leak probe's
+    access: AccessSettings = field(default_factory=AccessSettings)
 
 
 def evaluate(
@@ -125,6 +129,8 @@ def evaluate(
     try:
         if golden is None:
             golden = load_golden_set(settings.resource_location)
+        # a principal not configured, a case without one while access is enabled
+        case_principals(golden, target.access)
         # a tag no chunk carries, a quote found nowhere
         check_golden_against_index(golden, target.known, settings.evidence_coverage)
     except GoldenSetError as exc:
@@ -132,11 +138,13 @@ def evaluate(
     if baseline is None:
         baseline = _configured_baseline(settings)
     log.info("[RetrievalEval] %s", lines.start_line(len(golden.cases), golden.path, settings.top_k))
-    evaluation = run_evaluation(target.chain, golden, target.known, settings, progress)
+    evaluation = run_evaluation(target.chain, golden, target.known, settings, progress, target.access)
     sweep = run_sweep(evaluation, target.chain, target.chain_settings, settings)
     audit = audit_section(golden, target.audit, settings) if target.audit is not None else None
-    run_info = run_description(target.described, evaluation, target.known)
-    return finish_evaluation(evaluation, settings, run_info, baseline, sweep, audit, promote)
+    run_info = run_description(target.described, evaluation, target.known, target.access)
+    return finish_evaluation(
+        evaluation, settings, run_info, baseline, sweep, audit, promote, access=target.access
+    )
 
 
 def tune(
@@ -150,7 +158,9 @@ def tune(
     """Tune on `target`: run `golden` through its chain once for real, record the candidates, and replay
     `grid` (on the parts of `split` when given) against `target.chain_settings`, the current configuration."""
     started = utc_now().isoformat(timespec="seconds")
-    evaluation = run_evaluation(target.chain, golden, target.known, settings)
+    evaluation = run_evaluation(
+        target.chain, golden, target.known, settings, access=target.access, probe=False
+    )
     recorded = Recorded(evaluation, record(evaluation, target.chain), started, target.described)
     return replay_grid(recorded, grid, split, target.chain_settings, settings, options)
 
@@ -197,9 +207,14 @@ def run_evaluation(
     known: KnownIds,
     settings: EvaluateSettings,
     progress: Callable[[int, int], None] | None = None,
+    access: AccessSettings | None = None,
+    probe: bool = True,
 ) -> Evaluation:
-    """`runner.evaluate` with the settings' K, cut-offs, as-of date, latency sample and nDCG gain."""
-    return runner.evaluate(
+    """`runner.evaluate` with the settings' K, cut-offs, as-of date, latency sample and nDCG gain, each case
+    as its principal under `access` (`golden.principals.case_principals`; None: every case unscoped), then,
+    unless not `probe`, the leak probe over the evaluation principals (`probe.leak_probe`)."""
+    access = access or AccessSettings()
+    evaluation = runner.evaluate(
         chain,
         golden,
         settings.top_k,
@@ -210,7 +225,11 @@ def run_evaluation(
         latency_sample=settings.latency_sample,
         coverage=settings.evidence_coverage,
         gain=settings.gain,
+        principals=case_principals(golden, access),
     )
+    if probe:
+        evaluation.probe = leak_probe(chain, evaluation, eval_principals(access), known, settings.as_of)
+    return evaluation
 
 
 def finish_evaluation(
@@ -221,6 +240,7 @@ def finish_evaluation(
     sweep: Sweep | None = None,
     audit: AuditResult | None = None,
     promote: bool = True,
+    access: AccessSettings | None = None,
 ) -> Outcome:
     """Measure the run (segments, the sweep and the audit), judge
     it (comparison, gate, baseline update unless not `promote`), build the report once, write the files
@@ -229,7 +249,7 @@ def finish_evaluation(
     stamp = report_stamp()
     if settings.write_json:
         run_info = {**run_info, "reportFile": f"{settings.report_prefix}-{stamp}.json"}
-    measured = measure_report(evaluation, run_info, sweep, audit)
+    measured = measure_report(evaluation, run_info, sweep, audit, access)
     comparison = _comparison(measured, baseline, settings)
     own = (
         Path(settings.output_dir) / f"{settings.report_prefix}-{stamp}.json" if settings.write_json else None
@@ -313,17 +333,24 @@ def run_header(described: ServiceDescription) -> dict[str, object]:
 
 
 def run_description(
-    described: ServiceDescription, evaluation: Evaluation, known: KnownIds
+    described: ServiceDescription,
+    evaluation: Evaluation,
+    known: KnownIds,
+    access: AccessSettings | None = None,
 ) -> dict[str, object]:
-    """The report's `run`: the header plus the fingerprint (what exactly was run)."""
+    """The report's `run`: the header plus the fingerprint (what exactly was run); with `access`, its
+    evaluation principals are fingerprinted as `run.settings.access` (`fingerprint.access_settings`)."""
     evaluated_at = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
+    settings = dict(described.settings)
+    if access is not None and access_matters(access):
+        settings["access"] = access_settings(access)
     return {
         **run_header(described),
         **run_fingerprint(
             evaluation.golden,
             known.chunk,
             described.embedder,
-            described.settings,
+            settings,
             evaluation.default_k,
             evaluation.as_of or date.today(),
             evaluated_at,

@@ -75,7 +75,7 @@ def test_a_token_without_expiry_signed_by_another_key_or_unsigned_is_refused(tmp
         jwt.encode(no_exp, rsa_key, algorithm="RS256"),
         jwt.encode(claims(), other, algorithm="RS256"),
         jwt.encode(claims(), None, algorithm="none"),
-        jwt.encode(claims(), "a-guessed-secret-of-32-bytes-or-more", algorithm="HS256"),  # the public key as an HMAC secret
+        jwt.encode(claims(), "a-guessed-secret-of-32-bytes-or-more", algorithm="HS256"),  # not RS256
     ]:
         with pytest.raises(TokenRefused, match="JWT is not valid"):
             verifier.resolve(token.encode())

@@ -35,6 +35,11 @@
   removed) stay within the limit warns, and an unverified broken case is left out of `max_broken_cases` and
   named in `unverified_broken_cases`. When the affected cases' mean Judged@K is under `JUDGED_FLOOR` the
   condensed figures cannot tell, and the message says so instead of calling the drop unverified.
+* Access scopes (when the report has `access`: some case ran as a principal, or rag.access is on or defines
+  evaluation principals): `max_access_leaks` (default 0) counts the returned or attached chunks that a
+  case's principal may not read (`app.access.scope.may_read` over the stored metadata), over every case;
+  `leak_probe` (zero tolerance, always fails) counts the leaks of the probe, every case run again as every
+  other evaluation principal, and a probe run that could not retrieve (it checked nothing).
 * Safety: `max_forbidden_hits` (default 0: one forbidden document in any top K fails), and for the
   no-answer cases `min_correct_abstention` and `max_false_answer_rate`; `no_answer_policy` (warn) holds when
   at least one no-answer case abstained (returned nothing): 0 of n is what it catches.
@@ -55,6 +60,7 @@ from app.evaluation.compare.comparison import JUDGED_FLOOR, MIN_TESTED_SEGMENT
 from app.evaluation.compare.pairing import WAY_BACK
 from app.evaluation.golden.segments import case_segments
 from app.evaluation.report.model import (
+    AccessLeak,
     CaseFigures,
     CaseRecord,
     Comparison,
@@ -98,6 +104,8 @@ MEANS: dict[str, str] = {
     "min_correct_abstention": "share of no-answer cases that returned nothing, at least",
     "max_false_answer_rate": "share of no-answer cases that returned documents, at most",
     "max_forbidden_hits": "forbidden documents in any top K (a count), at most",
+    "max_access_leaks": "returned or attached chunks the case's principal may not read (a count), at most",
+    "leak_probe": "chunks a case run as another evaluation principal returned that it may not read, none",
     "no_answer_policy": "no-answer cases that abstained (a count, not a rate), at least",
     "scored_cases": "cases scored (with a relevant document in the index) and no-answer cases, at least",
     "not_checked": "paired cases compared with the baseline, at least (else: not checked, the run fails)",
@@ -250,6 +258,8 @@ def check_gate(
     _scored_cases(result, summary)
     _segment_levels(result, report, thresholds)
     _forbidden(result, summary, report, thresholds)
+    _access_leaks(result, report, thresholds)
+    _leak_probe(result, report)
     _no_answer_policy(result, summary, thresholds)
     _regressions(
         result,
@@ -328,6 +338,63 @@ def _forbidden(result: GateResult, summary: Summary, report: Report, thresholds:
         message += " (" + "; ".join(where) + ")"
     result.checks.append(
         GateCheck("max_forbidden_hits", "forbidden.hits", "<=", float(limit), float(hits), passed, message)
+    )
+
+
+SHOWN_LEAKS = 10
+
+
+def _leak_list(leaks: list[AccessLeak]) -> str:
+    shown = "; ".join(leak.describe() for leak in leaks[:SHOWN_LEAKS])
+    return shown + (f"; … and {len(leaks) - SHOWN_LEAKS} more" if len(leaks) > SHOWN_LEAKS else "")
+
+
+def _access_leaks(result: GateResult, report: Report, thresholds: EvaluateThresholds) -> None:
+    """`max_access_leaks`: the cases' leaks (`report.access.leaks`, one per chunk) against the limit. Not
+    checked without an access section (no case ran scoped) or with the limit unset."""
+    limit = thresholds.max_access_leaks
+    if limit is None or report.access is None:
+        return
+    leaks = report.access.leaks
+    message = f"chunks returned to a principal that may not read them: {len(leaks)}, allowed {limit}"
+    if leaks:
+        message += " (" + _leak_list(leaks) + ")"
+    result.checks.append(
+        GateCheck(
+            "max_access_leaks",
+            "access.leaks",
+            "<=",
+            float(limit),
+            float(len(leaks)),
+            len(leaks) <= limit,
+            message,
+        )
+    )
+
+
+def _leak_probe(result: GateResult, report: Report) -> None:
+    """`leak_probe`: no leak in the probe's runs, and no probe run that failed (it checked nothing). Not
+    checked when the probe did not run (no evaluation principals)."""
+    probe = report.access.probe if report.access is not None else None
+    if probe is None:
+        return
+    found = len(probe.leaks)
+    message = f"{probe.runs} probe run(s) as {len(probe.principals)} principal(s): {found} leak(s)"
+    if probe.leaks:
+        message += " (" + _leak_list(probe.leaks) + ")"
+    if probe.errors:
+        shown = "; ".join(probe.errors[:SHOWN_LEAKS])
+        message += f"; {len(probe.errors)} probe run(s) failed, unchecked: {shown}"
+    result.checks.append(
+        GateCheck(
+            "leak_probe",
+            "access.probe.leaks",
+            "<=",
+            0.0,
+            float(found + len(probe.errors)),
+            found == 0 and not probe.errors,
+            message,
+        )
     )
 
 

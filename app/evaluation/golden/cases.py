@@ -119,6 +119,13 @@ class GoldenCase(BaseModel):
       rationale (str: why the case is in the set, what it guards) → rationale
       asOf (str "YYYY-MM-DD" | null: the date the case is judged as of, for the hard filter's effective
         dates and so its forbidden documents; null means the evaluation's date) → as_of
+      principal (str | null: the evaluation principal whose view the case tests, a name of
+        `rag.access.eval_principals` or "admin"; null: unscoped, or `rag.access.eval_default_principal`
+        when access is enabled) → principal
+
+    Identity never comes from the golden set: a case that carries `tenant`, `groups`, `user`, `access` or
+    the like (`IDENTITY_KEYS`) is refused, with a message that points at `principal` and
+    `rag.access.eval_principals`.
 
     Rules: a case that is not expectNoAnswer names at least one expectation (expectedDocIds, expectedSources,
     expectedChunkIds, or a relevance grade > 0); an expectNoAnswer case names none; a document may not be both
@@ -156,6 +163,7 @@ class GoldenCase(BaseModel):
     owner: str | None = None
     rationale: str = ""
     as_of: date | None = Field(default=None, alias="asOf")
+    principal: str | None = None
 
     @field_validator("as_of", mode="before")
     @classmethod
@@ -181,6 +189,16 @@ class GoldenCase(BaseModel):
     def _group_not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise PydanticCustomError("blank", "must not be empty or blank (leave group out instead)")
+        return value
+
+    @field_validator("principal")
+    @classmethod
+    def _principal_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or value != value.strip()):
+            raise PydanticCustomError(
+                "blank",
+                "must name an evaluation principal (rag.access.eval_principals), without spaces around it",
+            )
         return value
 
     @field_validator("judgments")
@@ -395,15 +413,56 @@ class GoldenSet:
 
 
 _FIELD_NAMES = [field.alias or name for name, field in GoldenCase.model_fields.items()]
+
+# Keys that would say who reads, in any spelling (compared with `_squash`): a case never carries an identity;
+# it names an evaluation principal (`principal`), defined in the evaluation's configuration. (`group` is
+# not one: it is the paraphrase group of a case.)
+IDENTITY_KEYS = frozenset(
+    {
+        "tenant",
+        "tenantid",
+        "tenants",
+        "groups",
+        "groupids",
+        "user",
+        "userid",
+        "username",
+        "users",
+        "subject",
+        "subjectid",
+        "department",
+        "departments",
+        "access",
+        "acl",
+        "role",
+        "roles",
+        "scope",
+        "identity",
+        "readers",
+        "token",
+    }
+)
+
+
+def _squash(text: str) -> str:
+    return text.replace("_", "").replace("-", "").lower()
+
+
+def identity_key_message(name: str) -> str:
+    """Why a case may not carry the identity key `name`, and what to write instead."""
+    return (
+        f'field "{name}" is not allowed: a golden case carries no identity (tenant, groups, user, access); '
+        "whose view it tests comes from the evaluation principal it names (principal: NAME), defined in "
+        "rag.access.eval_principals in the evaluation's configuration, never from the data file"
+    )
+
+
 _TOP_LEVEL_NAMES = ["datasetVersion", "cases", "retired"]
 
 
 def _did_you_mean(name: str, valid: list[str]) -> str:
-    def squash(text: str) -> str:
-        return text.replace("_", "").replace("-", "").lower()
-
     for candidate in valid:
-        if squash(candidate) == squash(name):
+        if _squash(candidate) == _squash(name):
             return f'; did you mean "{candidate}"?'
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     if close:
@@ -445,6 +504,8 @@ def _describe(error: Any) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         name = str(loc[-1])
+        if len(loc) == 1 and _squash(name) in IDENTITY_KEYS:
+            return identity_key_message(name)
         return f'unknown field "{name}"' + _did_you_mean(name, _FIELD_NAMES)
     if kind == "missing":
         return f'field "{_loc_text(loc)}": required field is missing'

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter
 
-from app.evaluation.golden.audit.checks import summary_line
+from app.evaluation.golden.audit.checks import ACL_FILTERED_FINDING, summary_line
 from app.evaluation.report.model import Audit, Coverage
 from app.evaluation.report.text import md_text
 
@@ -17,9 +17,10 @@ def audit_json(audit: Audit) -> dict[str, object]:
 
 
 def finding_lines(audit: Audit) -> list[tuple[str, list[str]]]:
-    """(heading, one line per finding) for each kind of finding, in FINDING_KINDS order."""
+    """(heading, one line per finding) for each kind of finding, in FINDING_KINDS order; then, in an
+    evaluation report whose cases ran scoped (`findings` counts `aclFiltered`), the ACL_FILTERED cases."""
     threshold = audit.near_duplicate_cosine
-    return [
+    lines = [
         (
             "Duplicate queries (same text once normalised)",
             [f"{', '.join(d.cases)}: {d.normalised!r}" for d in audit.duplicate_queries],
@@ -56,6 +57,14 @@ def finding_lines(audit: Audit) -> list[tuple[str, list[str]]]:
             ],
         ),
     ]
+    if ACL_FILTERED_FINDING in audit.findings:
+        lines.append(
+            (
+                "Expected but out of the case principal's scope (ACL_FILTERED)",
+                [f"{a.case} as {a.principal}: {', '.join(a.ids)}" for a in audit.acl_filtered],
+            )
+        )
+    return lines
 
 
 def paraphrase_lines(audit: Audit) -> tuple[str, list[str]]:

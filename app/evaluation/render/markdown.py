@@ -22,6 +22,7 @@ from app.evaluation.render.lines import origin_line
 from app.evaluation.render.tune import sweep_markdown
 from app.evaluation.report.model import (
     WORST_CASES,
+    AccessSection,
     CaseDetail,
     CaseRecord,
     Comparison,
@@ -78,6 +79,7 @@ def render_markdown(report: Report, case_detail: bool = False) -> str:
     lines += _run_markdown(report, s)
     lines += _stages_markdown(report, s, kl)
     lines += _segments_markdown(report.segments)
+    lines += access_markdown(report.access)
     lines += _origin_lines(report)
     lines += _groups_markdown(report.groups)
     lines += sweep_markdown(report.sweep)
@@ -774,6 +776,68 @@ def _segment_row(sg: Segment, with_delta: bool) -> str:
     return row
 
 
+def principal_text(c: CaseRecord) -> str:
+    """Whom the case ran as, and why: its own `principal`, the default principal, or "" when unscoped."""
+    run_as = c.resolved.run_as
+    if run_as is None:
+        return ""
+    if c.case.principal is not None:
+        return run_as
+    return f"{run_as} (rag.access.eval_default_principal)"
+
+
+def access_markdown(access: AccessSection | None) -> list[str]:
+    """The report's "Access scopes" section (nothing without `access`): the evaluation principals and how
+    many cases ran as each, the leaks of the cases' own runs, the leak probe, and the cases whose expected
+    ids their principal may not read (ACL_FILTERED)."""
+    if access is None:
+        return []
+    default = access.default_principal or "none"
+    out = [
+        "## Access scopes",
+        "",
+        f"rag.access.enabled: {'true' if access.enabled else 'false'}; default principal: "
+        f"{md_text(default)}. Every returned or attached chunk is checked with `may_read` against the "
+        "stored metadata, never the filter's own decision (docs/access.md).",
+        "",
+        "| Principal | Tenant | Reads as | Cases |",
+        "|---|---|---|---:|",
+    ]
+    names = list(dict.fromkeys([*access.principals, *access.cases_by_principal]))
+    for name in names:
+        scope = access.principals.get(name, {})
+        readers = scope.get("readers")
+        listed = [str(r) for r in readers] if isinstance(readers, list) else []
+        reads = "everything" if scope.get("admin") else _ids(listed)
+        tenant = scope.get("tenant")
+        out.append(
+            f"| {md_text(name)} | {md_text(str(tenant)) if tenant else ''} | {reads} | "
+            f"{access.cases_by_principal.get(name, 0)} |"
+        )
+    out += ["", f"- Access leaks in the cases' own runs: {len(access.leaks)}"]
+    out += [f"  - {md_text(leak.describe())}" for leak in access.leaks[:20]]
+    probe = access.probe
+    if probe is None:
+        out.append("- Leak probe: not run (no evaluation principals)")
+    else:
+        out.append(
+            f"- Leak probe: {probe.runs} runs (each case as every other evaluation principal: "
+            f"{_ids(probe.principals)}), {len(probe.leaks)} leak(s), {len(probe.errors)} failed run(s), "
+            f"{probe.duration_ms:.0f} ms"
+        )
+        out += [f"  - {md_text(leak.describe())}" for leak in probe.leaks[:20]]
+        out += [f"  - failed: {md_text(error)}" for error in probe.errors[:20]]
+    if access.acl_filtered:
+        out.append(
+            "- Cases with expected ids out of their principal's scope (ACL_FILTERED): "
+            f"{len(access.acl_filtered)}"
+        )
+        out += [
+            f"  - {md_text(a.case)} as {md_text(a.principal)}: {_ids(a.ids)}" for a in access.acl_filtered
+        ]
+    return out + [""]
+
+
 def _origin_lines(report: Report) -> list[str]:
     """Where the cases came from (manual, generated, the query log), as a sentence."""
     origin = origin_line(report.origins)
@@ -835,6 +899,9 @@ def _case_question(c: CaseRecord, run_as_of: str | None) -> list[str]:
     out = [f"### {md_text(spec.id)}", "", f"- Query: {md_text(spec.query)}"]
     if spec.knowledge_tag:
         out.append(f"- Knowledge tag: {md_text(spec.knowledge_tag)}")
+    principal = principal_text(c)
+    if principal:
+        out.append(f"- Principal: {md_text(principal)}")
     out.append(f"- topK: {resolved.top_k}")
     if spec.note:
         out.append(f"- Note: {md_text(spec.note)}")
@@ -872,6 +939,9 @@ def _case_outcome(c: CaseRecord) -> list[str]:
     out.append(f"- Latency: {_ms(outcome.latency_ms)}" + ("; fallback used" if outcome.fallback_used else ""))
     if outcome.trace_id:
         out.append(f"- Trace id: {outcome.trace_id}")
+    leaks = scores.access_leaks or []
+    if leaks:
+        out.append(f"- **Access leaks ({len(leaks)}):** " + "; ".join(md_text(x.describe()) for x in leaks))
     return out + [""]
 
 

@@ -61,15 +61,71 @@ class Ranks(Model):
 
 
 class Loss(Model):
-    """Where one expected id that is not in the top K was lost (`where`: NOT_IN_INDEX, NOT_RETRIEVED,
-    REMOVED_BY_<stage> with `stage` and the removal's `reason`, or RANKED_OUT), and its `ranks` in the
-    candidate lists (all None when it was never a candidate)."""
+    """Where one expected id that is not in the top K was lost (`where`: NOT_IN_INDEX, ACL_FILTERED (the
+    case's principal may read none of its chunks), NOT_RETRIEVED, REMOVED_BY_<stage> with `stage` and the
+    removal's `reason`, or RANKED_OUT), and its `ranks` in the candidate lists (all None when it was never a
+    candidate)."""
 
     id: str
     where: str
     stage: str
     reason: str
     ranks: Ranks = Field(default_factory=Ranks)
+
+
+class AccessLeak(Model):
+    """A chunk a principal may not read (`app.access.scope.may_read` over the chunk's stored metadata) that
+    the chain returned for a case run as that principal: at `rank` of its answer, the ranked chunk itself or
+    (`attached`) one the diversity stage attached to it; `probe` when found by the leak probe (the case run
+    again as another evaluation principal)."""
+
+    case: str
+    principal: str
+    chunk_id: str
+    doc_id: str
+    rank: int
+    attached: bool = False
+    probe: bool = False
+
+    def describe(self) -> str:
+        what = "attached chunk" if self.attached else "chunk"
+        where = f"doc {self.doc_id}, rank {self.rank}"
+        return f"case {self.case} as {self.principal}: {what} {self.chunk_id} ({where})"
+
+
+class AclFiltered(Model):
+    """A case whose expected ids its principal may read none of the chunks of (`where` ACL_FILTERED)."""
+
+    case: str
+    principal: str
+    ids: list[str]
+
+
+class LeakProbe(Model):
+    """The leak probe: every case run again as every other evaluation principal (`runs` = cases x
+    principals, minus its own), each returned or attached chunk checked against the probing principal;
+    `leaks` found (none, normally), `errors` the probe runs whose retrieval failed."""
+
+    principals: list[str] = Field(default_factory=list)
+    runs: int = 0
+    leaks: list[AccessLeak] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    duration_ms: float = 0.0
+
+
+class AccessSection(Model):
+    """The report's `access` (None when no case ran scoped and no evaluation principal is defined): whether
+    access is enabled, the default principal, the evaluation principals' scopes (`Principal.describe()`), how
+    many cases ran as each (`(unscoped)` for none), the leaks of the cases' own runs, the cases whose
+    expected ids their principal may not read (ACL_FILTERED), and the leak probe (None: not run)."""
+
+    enabled: bool = False
+    default_principal: str | None = None
+    principals: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
+    cases_by_principal: dict[str, int] = Field(default_factory=dict)
+    leaks: list[AccessLeak] = Field(default_factory=list)
+    acl_filtered: list[AclFiltered] = Field(default_factory=list)
+    probe: LeakProbe | None = None
 
 
 class StageStat(Model):
@@ -454,6 +510,8 @@ class CaseSpec(Model):
     risk: str | None = None  # low | medium | high
     owner: str | None = None
     rationale: str = ""
+    # the case's own `principal` (left out of the JSON when it names none)
+    principal: str | None = Field(None, exclude_if=_unset)
 
 
 class CaseResolution(Model):
@@ -475,6 +533,9 @@ class CaseResolution(Model):
     unscorable: str | None = None
     # one relevance map per alternative evidence group, when the case has two or more (figures: the best)
     alternatives: list[dict[str, float]] = Field(default_factory=list)
+    # the evaluation principal the case ran as: its own `principal`, else rag.access.eval_default_principal
+    # with access enabled; None (left out of the JSON): unscoped, everything readable
+    run_as: str | None = Field(None, exclude_if=_unset)
 
 
 class CaseOutcome(Model):
@@ -512,6 +573,8 @@ class CaseMeasures(Model):
     unjudged: list[str] = Field(default_factory=list)  # the top K's ids that carry no judgment
     condensed: dict[str, float] | None = None  # metrics at K of the condensed (judged-only) list
     evidence: dict[str, float] | None = None  # evidenceRecall, evidenceHit at K
+    # returned or attached chunks the case's principal may not read (left out of the JSON when none)
+    access_leaks: list[AccessLeak] | None = Field(None, exclude_if=_unset)
 
 
 class CaseAnalysis(Model):
@@ -866,6 +929,9 @@ class Audit:
     relevant_and_forbidden: list[RelevantAndForbidden] = dataclass_field(default_factory=list)
     coverage: Coverage | None = None
     summary: str = ""
+    # the cases whose expected ids their principal may read no chunk of (ACL_FILTERED), from the run:
+    # only in an evaluation report whose cases ran scoped (`findings["aclFiltered"]` then counts them)
+    acl_filtered: list[AclFiltered] = dataclass_field(default_factory=list)
 
     @property
     def total_findings(self) -> int:
@@ -956,7 +1022,8 @@ WORST_CASES = 20
 
 def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseRecord]:
     """The cases to look at first, worst first, at most `limit`: failed ones, then no-answer cases that
-    answered, then by nDCG and recall; a case with a forbidden document in its top K is always listed. A case
+    answered, then by nDCG and recall; a case with a forbidden document in its top K, or an access leak, is
+    always listed. A case
     that found everything at rank 1 (nDCG 1) and no-answer cases that abstained are not listed."""
 
     def badness(c: CaseRecord) -> tuple[float, float, str]:
@@ -967,7 +1034,7 @@ def worst_cases(cases: list[CaseRecord], limit: int = WORST_CASES) -> list[CaseR
         m = c.scores.metrics or {}
         return (m.get("ndcg", 0.0), m.get("recall", 0.0), c.case.id)
 
-    bad = [c for c in cases if badness(c)[0] < 1.0 or c.scores.forbidden_found]
+    bad = [c for c in cases if badness(c)[0] < 1.0 or c.scores.forbidden_found or c.scores.access_leaks]
     return sorted(bad, key=badness)[:limit]
 
 
@@ -1015,7 +1082,8 @@ class Report(Model):
     says why, `summary` is None). `comparison` is None without a usable baseline (`baselineNote` says why);
     `sweep` is the threshold sweep (`tune.grid.threshold_sweep`), `audit` the golden-set audit without
     its per-case content hashes (`golden.audit.attach_audit` moves them into the cases' `expectedContent`),
-    both None when not run; `cases` always holds every case."""
+    both None when not run; `access` the access-scope checks (leaks, the leak probe), None when no case ran
+    scoped; `cases` always holds every case."""
 
     schema_version: int = SCHEMA_VERSION
     status: Literal["ok", "invalid"] = "ok"
@@ -1028,6 +1096,7 @@ class Report(Model):
     baseline_update: BaselineUpdate | None = None
     sweep: Sweep | None = None
     audit: Audit | None = None
+    access: AccessSection | None = None
     stages: list[StageRow] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)
     origins: Origins | None = None

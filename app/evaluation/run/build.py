@@ -10,10 +10,14 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from statistics import fmean
 
-from app.evaluation.golden.audit.checks import AuditResult
+from app.access.scope import ADMIN
+from app.evaluation.golden.audit.checks import ACL_FILTERED_FINDING, AuditResult, summary_line
 from app.evaluation.golden.cases import GoldenCase
 from app.evaluation.golden.language import query_language
+from app.evaluation.golden.principals import eval_principals, principal_label
 from app.evaluation.report.model import (
+    AccessSection,
+    AclFiltered,
     Audit,
     BaselineUpdate,
     CaseAnalysis,
@@ -37,8 +41,9 @@ from app.evaluation.report.model import (
     Sweep,
 )
 from app.evaluation.run.evidence import STAGE_CHAR_KEYS
-from app.evaluation.run.fingerprint import case_sha256
+from app.evaluation.run.fingerprint import access_matters, case_sha256
 from app.evaluation.run.runner import (
+    ACL_FILTERED,
     NOT_IN_INDEX,
     NOT_RETRIEVED,
     RANKED_OUT,
@@ -51,6 +56,7 @@ from app.evaluation.run.runner import (
 from app.evaluation.run.segments import groups, origin_comparison, segments, with_deltas
 from app.evaluation.scoring import measures, metrics
 from app.evaluation.scoring.metrics import rank_ids
+from app.settings import AccessSettings
 
 SNIPPET_CHARS = 200
 
@@ -250,12 +256,14 @@ def measure_report(
     run_info: Mapping[str, object],
     sweep: Sweep | None = None,
     audit: AuditResult | None = None,
+    access: AccessSettings | None = None,
 ) -> Report:
     """The measured report of `evaluation`, without I/O or clock (its times come from `evaluation` and
     `run_info`): what the comparison, the gate and the baseline update read, before `build_report` adds
     them. `run_info` is the run description (`session.run_description`); the segments carry no delta yet
     (`build_report` adds them from the comparison); `sweep` and `audit` are the run's (None: not run),
-    the audit's per-case content hashes put into the case records' `expectedContent`."""
+    the audit's per-case content hashes put into the case records' `expectedContent`; `access` the
+    rag.access the cases ran under (`access_section`; None: read as the default, access off)."""
     origins: dict[str, int] = {}
     for c in evaluation.cases:
         if c.result is not None:
@@ -279,12 +287,14 @@ def measure_report(
             "retired": [{"id": r.id, "reason": r.reason} for r in evaluation.golden.retired],
         }
     )
+    section = access_section(evaluation, records, access or AccessSettings())
     return Report(
         status="ok",
         run=run,
         summary=summary_record(evaluation),
         sweep=sweep,
-        audit=_audit_record(audit) if audit is not None else None,
+        audit=_with_acl_filtered(_audit_record(audit), section) if audit is not None else None,
+        access=section,
         stages=stage_table(evaluation),
         segments=segments(records),
         origins=origin_comparison(records),
@@ -293,6 +303,48 @@ def measure_report(
         warnings=list(evaluation.warnings),
         cases=records,
     )
+
+
+def access_section(
+    evaluation: Evaluation, records: list[CaseRecord], access: AccessSettings
+) -> AccessSection | None:
+    """The report's `access`: None when rag.access cannot move a result (`fingerprint.access_matters`)
+    and no case ran as a principal; else the settings' scopes, the number of cases run as each principal
+    (`(unscoped)` for none), every case's leaks, the cases with ACL_FILTERED losses and the leak probe."""
+    ran_as = [c.principal for c in evaluation.cases]
+    if not access_matters(access) and all(p is None for p in ran_as):
+        return None
+    by_principal: dict[str, int] = {}
+    for principal in ran_as:
+        label = principal_label(principal)
+        by_principal[label] = by_principal.get(label, 0) + 1
+    scopes = {name: p.describe() for name, p in eval_principals(access).items()}
+    if any(p is not None and p.admin for p in ran_as):
+        scopes.setdefault(ADMIN.name, ADMIN.describe())
+    filtered = [
+        AclFiltered(case=r.case.id, principal=r.resolved.run_as or "", ids=ids)
+        for r in records
+        if (ids := [loss.id for loss in r.analysis.lost if loss.where == ACL_FILTERED])
+    ]
+    return AccessSection(
+        enabled=access.enabled,
+        default_principal=access.eval_default_principal if access.enabled else None,
+        principals=scopes,
+        cases_by_principal=dict(sorted(by_principal.items())),
+        leaks=[leak for c in evaluation.cases for leak in c.leaks],
+        acl_filtered=filtered,
+        probe=evaluation.probe,
+    )
+
+
+def _with_acl_filtered(audit: Audit, section: AccessSection | None) -> Audit:
+    """`audit` with the run's ACL_FILTERED cases as a finding, when the cases ran scoped (`section`)."""
+    if section is None or not audit.ran:
+        return audit
+    audit.acl_filtered = list(section.acl_filtered)
+    audit.findings = {**audit.findings, ACL_FILTERED_FINDING: len(section.acl_filtered)}
+    audit.summary = summary_line(audit)
+    return audit
 
 
 def _audit_record(audit: AuditResult) -> Audit:
@@ -335,6 +387,7 @@ def build_report(measured: Report, verdict: Verdict) -> Report:
         baseline_update=verdict.baseline_update,
         sweep=measured.sweep,
         audit=measured.audit,
+        access=measured.access,
         stages=measured.stages,
         segments=with_deltas(measured.segments, verdict.comparison),
         origins=measured.origins,
@@ -426,6 +479,7 @@ def case_spec(case: GoldenCase) -> CaseSpec:
         risk=case.risk,
         owner=case.owner,
         rationale=case.rationale,
+        principal=case.principal,
     )
 
 
@@ -441,6 +495,7 @@ def case_resolution(c: CaseResult) -> CaseResolution:
         as_of=c.as_of.isoformat() if c.as_of else None,
         unscorable=c.unscorable,
         alternatives=[dict(a) for a in c.alternatives],
+        run_as=c.principal.name if c.principal is not None else None,
     )
 
 
@@ -475,6 +530,7 @@ def case_measures(c: CaseResult) -> CaseMeasures:
         unjudged=list(c.unjudged),
         condensed=c.condensed,
         evidence=c.evidence,
+        access_leaks=list(c.leaks) if c.principal is not None else None,
     )
 
 
@@ -501,6 +557,7 @@ def case_record(c: CaseResult) -> CaseRecord:
 
 
 __all__ = [
+    "ACL_FILTERED",
     "NOT_IN_INDEX",
     "NOT_RETRIEVED",
     "RANKED_OUT",

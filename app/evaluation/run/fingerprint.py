@@ -14,7 +14,7 @@ from pydantic import JsonValue
 
 from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import CorpusFingerprint, EmbedderIdentity, RunFingerprint, RunSettings
-from app.settings import RagSettings
+from app.settings import AccessSettings, RagSettings
 
 
 def canonical_json(value: object) -> str:
@@ -105,6 +105,21 @@ def result_settings(rag: RagSettings) -> RunSettings:
     out["retrieval"] = rag.retrieval.model_dump(mode="json")
     out["chain"] = rag.chain.model_dump(mode="json")
     return out
+
+
+def access_settings(access: AccessSettings) -> dict[str, JsonValue]:
+    """The part of rag.access that moves an evaluation's results, as `run.settings.access`: `enabled` (a case
+    without `principal` then runs as the default), `eval_principals` (the scopes the cases run as) and
+    `eval_default_principal`. The API's token principals are left out: no evaluation reads them."""
+    dumped = access.model_dump(mode="json")
+    return {key: dumped[key] for key in ("enabled", "eval_principals", "eval_default_principal")}
+
+
+def access_matters(access: AccessSettings) -> bool:
+    """Whether rag.access can move an evaluation's results: access enabled or evaluation principals
+    defined. Without either every case runs unscoped (or as the admin, the same), and `run.settings`
+    carries no `access` section, as before scopes existed."""
+    return access.enabled or bool(access.eval_principals)
 
 
 def chain_settings(settings: RunSettings) -> RunSettings:

@@ -13,6 +13,11 @@ A case is judged as of its own `asOf` when it has one, else as of the run's date
 effective dates (and so which forbidden documents can reach the top K) are those of that day. Queries are
 batched per date.
 
+A case runs as the principal `principals` gives it (`golden.principals.case_principals`; none: unscoped).
+Every chunk it returns (attached ones included) is checked against that principal with the independent rule
+over the stored metadata (`run.access.access_leaks`), and an expected id the principal may read no chunk of
+is lost as ACL_FILTERED.
+
 Chunk ids the index does not hold (re-chunked or re-ingested since the case was written) are left out of
 every figure and listed (`resolve_case`); a case left with no relevant id is unscorable, not a 0.
 
@@ -27,12 +32,13 @@ import difflib
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
+from app.access.scope import ACCESS, TENANT, Principal
 from app.evaluation.golden.cases import (
     EvidenceItem,
     EvidenceQuote,
@@ -42,7 +48,8 @@ from app.evaluation.golden.cases import (
     case_expected_relevance,
     case_relevance_key,
 )
-from app.evaluation.report.model import Loss, Ranks, StageStat
+from app.evaluation.report.model import AccessLeak, LeakProbe, Loss, Ranks, StageStat
+from app.evaluation.run.access import ACL_FILTERED, access_leaks, acl_filtered
 from app.evaluation.run.evidence import (
     CaseEvidence,
     EvidenceIndex,
@@ -76,6 +83,7 @@ from app.store.types import ChunkMetadata
 log = logging.getLogger("sieve.evaluation")
 
 BATCH_SIZE = 32
+_NO_SCOPE: Mapping[str, Any] = {}
 NOT_IN_INDEX = "NOT_IN_INDEX"
 NOT_RETRIEVED = "NOT_RETRIEVED"
 RANKED_OUT = "RANKED_OUT"
@@ -97,6 +105,25 @@ class KnownIds:
     evidence: EvidenceIndex = field(default_factory=EvidenceIndex)
     # the normalised texts of documents, to resolve quotes in (None: quotes cannot be resolved)
     texts: TextSource | None = None
+    # the stored `tenant` and `access` of each chunk that has either (the leak checks read these, never
+    # the filter's decision); a chunk without an entry has no scope
+    scopes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the chunks of each document (for ACL_FILTERED)
+    doc_chunks: dict[str, list[str]] = field(default_factory=dict)
+
+    def scope_of(self, candidate: Candidate) -> Mapping[str, Any]:
+        """The stored scope of a returned chunk: as read from the store before the run, or the candidate's
+        own metadata for a chunk the store did not hold then."""
+        if candidate.chunk_id in self.chunk:
+            return self.scopes.get(candidate.chunk_id, _NO_SCOPE)
+        return candidate.metadata
+
+    def chunks_of(self, key: str, level: str) -> list[str]:
+        """The chunks of the index that an id at matching `level` ("doc", "chunk", "source") stands for."""
+        if level == "chunk":
+            return [key] if key in self.chunk else []
+        docs = sorted(self.source_docs.get(key, ())) if level == "source" else [key]
+        return [c for d in docs for c in self.doc_chunks.get(d, [])]
 
     @classmethod
     def from_store(cls, store: Any, record: Any = None) -> KnownIds:
@@ -115,6 +142,10 @@ class KnownIds:
             known.doc.add(doc_id)
             known.chunk_doc[chunk_id] = doc_id
             known.evidence.add(chunk_id, doc_id, meta)
+            known.doc_chunks.setdefault(doc_id, []).append(chunk_id)
+            scope = {key: meta[key] for key in (TENANT, ACCESS) if key in meta}
+            if scope:
+                known.scopes[chunk_id] = scope
             if meta.get("source"):
                 source = str(meta["source"])
                 known.source.add(source)
@@ -194,6 +225,12 @@ class CaseResult:
     placed: CaseEvidence = field(default_factory=CaseEvidence)
     # the share of a quote's characters the returned chunks must cover (`quotes.is_returned`)
     coverage: float = 1.0
+    # the principal the case runs as (None: unscoped, everything readable)
+    principal: Principal | None = None
+    # its expected ids (at its level) of which the principal may read no chunk: lost as ACL_FILTERED
+    acl_filtered: list[str] = field(default_factory=list)
+    # the returned or attached chunks the principal may not read (`access.access_leaks`)
+    leaks: list[AccessLeak] = field(default_factory=list)
 
     @property
     def metrics(self) -> dict[str, float] | None:
@@ -283,6 +320,10 @@ class Evaluation:
     as_of: date | None = None
     k_values: tuple[int, ...] = ()
     gain: Gain = "linear"
+    # the cases' principals, by case id, as the run was given them (empty: every case unscoped)
+    principals: Mapping[str, Principal | None] = field(default_factory=dict)
+    # the leak probe's result (`probe.leak_probe`), set by the session; None: not run
+    probe: LeakProbe | None = None
 
     @property
     def k_mixed(self) -> bool:
@@ -301,25 +342,29 @@ def evaluate(
     latency_sample: int = 0,
     gain: Gain = "linear",
     coverage: float = 1.0,
+    principals: Mapping[str, Principal | None] | None = None,
 ) -> Evaluation:
-    """Run `golden` through `chain`. `today` is the date the hard filter's effective-date rules use
-    (None = the real today) for every case without its own `asOf`; `k_values` are extra cut-offs scored
-    from the same ranking; `latency_sample` cases are re-run one at a time for the single-query latency;
-    `gain` is nDCG's (`metrics.gain_of`); `coverage` the quotes' coverage rule (`quotes.is_returned`).
+    """Run `golden` through `chain`, each case as its principal in `principals` (by case id; absent:
+    unscoped; `golden.principals.case_principals`). `today` is the date the hard filter's effective-date
+    rules use (None = the real today) for every case without its own `asOf`; `k_values` are extra
+    cut-offs scored from the same ranking; `latency_sample` cases are re-run one at a time for the
+    single-query latency; `gain` is nDCG's (`metrics.gain_of`); `coverage` the quotes' coverage rule
+    (`quotes.is_returned`).
     Raises `GoldenSetError` for a knowledge tag no chunk carries and a quote that does not resolve."""
     started = time.time()
     t0 = time.perf_counter()
     as_of = today or date.today()
     ks = tuple(sorted(set(k_values)))
     check_golden_against_index(golden, known, coverage)
+    principals = dict(principals or {})
     cases = [
-        _prepare(case, default_k, known, case.as_of or as_of, coverage)
+        _prepare(case, default_k, known, case.as_of or as_of, coverage, principals.get(case.id))
         for case in golden.cases
         if not case.draft
     ]
     warnings = _run_warnings(golden, cases)
     with cyclic_gc_paused():
-        _run_batches(chain, cases, as_of, ks, gain, progress)
+        _run_batches(chain, cases, as_of, ks, gain, progress, known)
     duration_ms = (time.perf_counter() - t0) * 1000
     _time_single_queries(chain, cases, latency_sample)
     return Evaluation(
@@ -333,6 +378,7 @@ def evaluate(
         as_of=as_of,
         k_values=ks,
         gain=gain,
+        principals=principals,
     )
 
 
@@ -369,16 +415,21 @@ def _run_batches(
     ks: tuple[int, ...],
     gain: Gain,
     progress: Callable[[int, int], None] | None,
+    known: KnownIds | None = None,
 ) -> None:
-    """Retrieve and score every case, batch by batch (`_batches`), logging each as it finishes."""
+    """Retrieve and score every case, batch by batch (`_batches`), each as its principal, logging each as
+    it finishes; with `known`, each answer's chunks are checked for leaks against their stored scope."""
     total = len(cases)
     done = 0
     for day, batch in _batches(cases, as_of):
-        requests = [RetrievalRequest(c.case.query, c.k, c.case.knowledge_tag) for c in batch]
+        requests = [case_request(c) for c in batch]
 
         def finish(i: int, outcome: RetrievalResult | Exception, batch: list[CaseResult] = batch) -> None:
             nonlocal done
             _score(batch[i], outcome, ks, gain)
+            if known is not None and not isinstance(outcome, Exception):
+                item = batch[i]
+                item.leaks = access_leaks(item.case.id, item.principal, outcome.documents, known.scope_of)
             done += 1
             _log_case(batch[i], done, total)
             if progress:
@@ -392,6 +443,11 @@ def _run_batches(
                     _score(item, exc, ks, gain)
                     done += 1
                     _log_case(item, done, total)
+
+
+def case_request(item: CaseResult) -> RetrievalRequest:
+    """The chain request of a case: its query, K, knowledge tag and principal."""
+    return RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag, item.principal)
 
 
 def _batches(cases: list[CaseResult], as_of: date) -> list[tuple[date, list[CaseResult]]]:
@@ -422,7 +478,7 @@ def _time_single_queries(chain: Any, cases: list[CaseResult], sample: int) -> No
         item = cases[i]
         if item.error is not None:
             continue
-        request = RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag)
+        request = case_request(item)
         t0 = time.perf_counter()
         outcome = chain.retrieve_many([request], today=item.as_of)
         elapsed = (time.perf_counter() - t0) * 1000
@@ -562,7 +618,12 @@ def case_alternatives(case: GoldenCase, known: KnownIds) -> list[dict[str, float
 
 
 def _prepare(
-    case: GoldenCase, default_k: int, known: KnownIds, as_of: date, coverage: float = 1.0
+    case: GoldenCase,
+    default_k: int,
+    known: KnownIds,
+    as_of: date,
+    coverage: float = 1.0,
+    principal: Principal | None = None,
 ) -> CaseResult:
     key = case_relevance_key(case)
     relevance, judged, expanded = resolve_case(case, known)
@@ -573,6 +634,8 @@ def _prepare(
     missing = sorted(i for i, grade in relevance.items() if grade > 0 and i not in pool)
     missing += [s for s, docs in expanded.items() if not docs]
     missing += [c for c in [*stale, *placed.unplaced] if c not in missing]
+    wanted = {i for grades in [relevance, *alternatives] for i in metrics.relevant_ids(grades) if i in pool}
+    hidden = acl_filtered(principal, wanted, lambda i: known.chunks_of(i, key), known.scopes)
     unscorable = None
     if not case.expect_no_answer and not metrics.has_relevant_alternative(alternatives):
         unscorable = "every expectation it names is a chunk id not in the index: " + ", ".join(stale)
@@ -591,6 +654,8 @@ def _prepare(
         as_of=as_of,
         placed=placed,
         coverage=coverage,
+        principal=principal,
+        acl_filtered=hidden,
     )
 
 
@@ -961,8 +1026,9 @@ def _where_lost(
     top_k: list[str],
     present_after: dict[str, set[str]],
 ) -> list[Loss]:
-    """For each relevant id not in the top K: NOT_IN_INDEX, NOT_RETRIEVED, REMOVED_BY_<stage> (with the
-    reason of the removal that made it vanish for good), or RANKED_OUT (it survived every stage, below K).
+    """For each relevant id not in the top K: NOT_IN_INDEX, ACL_FILTERED (the case's principal may read
+    none of its chunks), NOT_RETRIEVED, REMOVED_BY_<stage> (with the reason of the removal that made it
+    vanish for good), or RANKED_OUT (it survived every stage, below K).
     `present_after`: the matching keys in the list after each stage, by stage name."""
     trace = outcome.trace
     stage_order = [s.name for s in trace.stages]
@@ -973,6 +1039,10 @@ def _where_lost(
     for wanted in sorted(relevant - set(top_k)):
         if wanted in item.missing_from_index:
             lost.append(Loss(id=wanted, where=NOT_IN_INDEX, stage="", reason="not in the index"))
+        elif wanted in item.acl_filtered:
+            name = item.principal.name if item.principal is not None else ""
+            reason = f"principal {name} may read none of its chunks (their tenant and access)"
+            lost.append(Loss(id=wanted, where=ACL_FILTERED, stage="", reason=reason))
         elif wanted not in raw:
             lost.append(
                 Loss(

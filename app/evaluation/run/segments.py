@@ -37,10 +37,11 @@ def segment_means(cases: list[CaseRecord]) -> dict[str, float | None]:
 def segments(cases: list[CaseRecord]) -> list[Segment]:
     """One segment per tag value, knowledge tag, risk (high, medium, low; a case without one is in none),
     golden-set part (core, incremental; only when the set has both), query language, origin (manual,
-    generated, log; a case without one is manual) and literalness band (low < 1/3 <= mid < 2/3 <= high,
-    `golden.authoring.literalness.band`; a case without literalness is in none), sorted by kind in
-    that order, then by name (origins and bands in the order just given). `cases` is the number of cases
-    in it (scored or not); `small` when under 10. The deltas against a baseline come from the comparison
+    generated, log; a case without one is manual), literalness band (low < 1/3 <= mid < 2/3 <= high,
+    `golden.authoring.literalness.band`; a case without literalness is in none) and the principal a case
+    ran as (`(unscoped)` for none; only when some case ran as one), sorted by kind in that order, then by
+    name (origins and bands in the order just given). `cases` is the number of cases in it (scored or
+    not); `small` when under 10. The deltas against a baseline come from the comparison
     (`with_deltas`)."""
     return [
         Segment(

@@ -41,7 +41,7 @@ from app.evaluation.golden.cases import GoldenCase, GoldenSet
 from app.evaluation.report.model import PointFigures, Report, RunInfo, Summary
 from app.evaluation.run.build import summary_record
 from app.evaluation.run.evidence import CaseEvidence
-from app.evaluation.run.runner import CaseResult, Evaluation, score_case
+from app.evaluation.run.runner import CaseResult, Evaluation, case_request, score_case
 from app.evaluation.scoring import measures
 from app.evaluation.scoring.metrics import Gain
 from app.retrieval.candidates import CandidateSet
@@ -86,6 +86,8 @@ class RecordedCase:
     as_of: date | None = None  # the date the case is judged as of (its own asOf, else the run's)
     placed: CaseEvidence = field(default_factory=CaseEvidence)  # its evidence as keys, with their spans
     coverage: float = 1.0  # the quotes' coverage rule
+    # its expected ids its principal (`request.principal`) may read no chunk of: lost as ACL_FILTERED
+    acl_filtered: list[str] = field(default_factory=list)
 
 
 class RecordedLexical:
@@ -168,6 +170,7 @@ def _recorded_case(item: CaseResult, request: RetrievalRequest, cset: CandidateS
         as_of=item.as_of,
         placed=item.placed,
         coverage=item.coverage,
+        acl_filtered=list(item.acl_filtered),
     )
 
 
@@ -197,7 +200,7 @@ def record(evaluation: Evaluation, chain: RetrievalChain) -> Recording:
     cases: list[RecordedCase] = []
     dense: list[float] = []
     for item in evaluation.cases:
-        request = RetrievalRequest(item.case.query, item.k, item.case.knowledge_tag)
+        request = case_request(item)  # its principal too: the recorded candidates are of its scope
         result = item.result
         cset = None
         if result is not None:
@@ -476,6 +479,8 @@ def replay(recording: Recording, chain_settings: ChainSettings, trace: bool = Tr
             as_of=rc.as_of or recording.as_of,
             placed=rc.placed,
             coverage=rc.coverage,
+            principal=rc.request.principal,
+            acl_filtered=list(rc.acl_filtered),
         )
         if rc.candidates is None:
             item.error = rc.error or "failed before its stages ran"

@@ -89,6 +89,10 @@ FINDING_KINDS = {
     "contentCopies": "content copies",
     "relevantAndForbidden": "relevant and forbidden in one group",
 }
+# a finding of the evaluation's run, not of `run_audit`: cases whose principal may read none of the chunks
+# of an expected id (their losses say ACL_FILTERED); counted when the cases ran scoped
+ACL_FILTERED_FINDING = "aclFiltered"
+FINDING_LABELS = {**FINDING_KINDS, ACL_FILTERED_FINDING: "expected but out of the principal's scope"}
 
 
 @pydantic_dataclass(config=RECORD_CONFIG)
@@ -358,7 +362,7 @@ def summary_line(audit: Audit) -> str:
         return audit.error or "not run"
     counts = audit.findings
     total = sum(counts.values())
-    parts = [f"{FINDING_KINDS[k]} {n}" for k, n in counts.items() if n]
+    parts = [f"{FINDING_LABELS.get(k, k)} {n}" for k, n in counts.items() if n]
     head = f"{total} finding{'s' if total != 1 else ''}" + (f" ({', '.join(parts)})" if parts else "")
     cov = audit.coverage
     tail = (
