@@ -355,5 +355,6 @@ def run_description(
             evaluation.as_of or date.today(),
             evaluated_at,
             evaluation.gain,
+            known.scopes,
         ).to_json(),
     }

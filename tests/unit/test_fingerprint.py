@@ -52,6 +52,22 @@ def test_corpus_fingerprint_is_over_the_sorted_chunk_ids() -> None:
     assert corpus_fingerprint(["c1", "c2"]) == corpus_fingerprint(["c2", "c1"])
 
 
+def test_who_may_read_what_is_fingerprinted_apart_and_a_change_is_named() -> None:
+    hr = {"c2": {"tenant": "acme", "access": ["group:hr"]}}
+    scoped = corpus_fingerprint(["c2", "c1"], hr)
+    assert scoped == CorpusFingerprint(
+        chunks=2,
+        sha256=sha256_text("c1\nc2"),  # the ids' fingerprint is unchanged by scopes
+        scopes_sha256=sha256_text('c2\t{"access":["group:hr"],"tenant":"acme"}'),
+    )
+    assert corpus_fingerprint(["c1", "c2"], {}).scopes_sha256 is None  # no scope: as before scopes existed
+    before = fingerprint()
+    after = {**before, "corpusFingerprint": scoped.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    assert differences(before, after) == [
+        "corpus scopes: the tenant or access of some chunks changed (who may read what)"
+    ]
+
+
 def test_chain_hash_is_canonical_json() -> None:
     settings = {"retrieval": {"top_k": 5}, "chain": {"bm25": {"enabled": True, "b": 0.75}}}
     reordered = {"chain": {"bm25": {"b": 0.75, "enabled": True}}, "retrieval": {"top_k": 5}}

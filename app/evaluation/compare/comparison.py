@@ -737,12 +737,14 @@ def describe_differences(
     if b_run.embedder is not None and b_run.embedder != c_run.embedder:
         out.append(f"embedder: {_embedder(b_run.embedder)} -> {_embedder(c_run.embedder)}")
     b_corpus, c_corpus = b_run.corpus_fingerprint, c_run.corpus_fingerprint
-    if b_corpus is not None and c_corpus is not None and b_corpus != c_corpus:
+    if b_corpus is not None and c_corpus is not None and b_corpus.sha256 != c_corpus.sha256:
         nb, nc = b_corpus.chunks, c_corpus.chunks
         out.append(
             f"corpus: {nb} -> {nc} chunks ({nc - nb:+d} net; the chunk ids differ, so chunks were added, "
             f"removed or re-chunked)"
         )
+    if b_corpus is not None and c_corpus is not None and b_corpus.scopes_sha256 != c_corpus.scopes_sha256:
+        out.append("corpus scopes: the tenant or access of some chunks changed (who may read what)")
     if b_run.golden_set_sha256 and b_run.golden_set_sha256 != c_run.golden_set_sha256:
         out.append("golden set: " + _golden_changes(b_cases or {}, c_cases or {}))
     for label, before, after in (

@@ -272,10 +272,14 @@ def _unset(value: object) -> bool:
 
 
 class CorpusFingerprint(Model):
-    """The chunks the store held: how many, and the SHA-256 of their sorted ids joined by newlines."""
+    """The chunks the store held: how many, and the SHA-256 of their sorted ids joined by newlines; and,
+    when some chunk carries an access scope, `scopesSha256`: the SHA-256 of the sorted lines "<chunk id>
+    <tab> <its tenant and access as canonical JSON>" of the scoped chunks (who may read what; a chunk id
+    does not change with it)."""
 
     chunks: int
     sha256: str
+    scopes_sha256: str | None = Field(None, exclude_if=_unset)
 
 
 class EmbedderIdentity(Model):

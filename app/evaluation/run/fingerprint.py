@@ -45,11 +45,20 @@ def golden_set_sha256(golden: GoldenSet) -> str:
     return sha256_text(canonical_json([case_json(case) for case in golden.cases]))
 
 
-def corpus_fingerprint(chunk_ids: Iterable[str]) -> CorpusFingerprint:
+def corpus_fingerprint(
+    chunk_ids: Iterable[str], scopes: Mapping[str, Mapping[str, object]] | None = None
+) -> CorpusFingerprint:
     """The chunks: how many, and the SHA-256 of the sorted chunk ids joined by newlines. Chunk ids are
-    derived from the chunk's content, so a changed text changes the fingerprint."""
+    derived from the chunk's content, so a changed text changes the fingerprint. `scopes`: the stored
+    `tenant` / `access` of each scoped chunk (`KnownIds.scopes`), fingerprinted apart (`scopesSha256`), so
+    that a change of who may read what shows although no chunk id changes."""
     ids = sorted(chunk_ids)
-    return CorpusFingerprint(chunks=len(ids), sha256=sha256_text("\n".join(ids)))
+    scoped = sorted(f"{chunk_id}\t{canonical_json(scope)}" for chunk_id, scope in (scopes or {}).items())
+    return CorpusFingerprint(
+        chunks=len(ids),
+        sha256=sha256_text("\n".join(ids)),
+        scopes_sha256=sha256_text("\n".join(scoped)) if scoped else None,
+    )
 
 
 # The keys of rag.models, rag.ingest and rag.store that can move a result, and those that only move speed,
@@ -170,14 +179,15 @@ def run_fingerprint(
     as_of: date,
     evaluated_at: str,
     gain: str = "linear",
+    scopes: Mapping[str, Mapping[str, object]] | None = None,
 ) -> RunFingerprint:
     """What exactly was run. `embedder` is `Embedder.identity()`, `settings` `result_settings(rag)`;
     `chainSha256` covers its retrieval and chain parts (as in reports before models, ingest and store were
     fingerprinted), `settingsSha256` all of it. K, asOf and nDCG's gain (`rag.evaluate.gain`) have their
-    own fields."""
+    own fields. `scopes`: the scoped chunks' tenant and access (`corpus_fingerprint`)."""
     return RunFingerprint(
         golden_set_sha256=golden_set_sha256(golden),
-        corpus_fingerprint=corpus_fingerprint(chunk_ids),
+        corpus_fingerprint=corpus_fingerprint(chunk_ids, scopes),
         embedder=EmbedderIdentity.model_validate(embedder),
         chain_sha256=chain_sha256(chain_settings(settings)),
         settings_sha256=settings_sha256(settings),
