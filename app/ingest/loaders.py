@@ -135,10 +135,11 @@ def with_default_scope(doc: Document, defaults: Sequence[AccessDefault]) -> Docu
         return doc
     file = Path(os.path.normpath(doc.origin)).parts
     best: AccessDefault | None = None
+    best_parts = -1  # the normalised length of best's path: `a/b/../..` is one part, not four
     for entry in defaults:
         parts = Path(os.path.normpath(entry.path)).parts
-        if file[: len(parts)] == parts and (best is None or len(parts) > len(Path(best.path).parts)):
-            best = entry
+        if file[: len(parts)] == parts and len(parts) > best_parts:
+            best, best_parts = entry, len(parts)
     if best is None:
         return doc
     metadata = dict(doc.metadata)
