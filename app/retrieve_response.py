@@ -64,6 +64,17 @@ class StageReport(BaseModel):
     withheld: list[WithheldCount] | None = None
 
 
+class ScopeView(BaseModel):
+    """Whose scope the candidates were taken in (`Principal.describe()`): who, never what it left out."""
+
+    name: str
+    admin: bool = Field(False, description="the admin token: every document")
+    tenant: str | None = None
+    readers: list[str] = Field(
+        default_factory=list, description="the `access` entries it reads under: public, group:g, user:u"
+    )
+
+
 class RetrieveResponse(BaseModel):
     query: str
     documents: list[RetrievedDocument]
@@ -73,6 +84,13 @@ class RetrieveResponse(BaseModel):
     candidateOrigins: dict[str, int]
     stages: list[StageReport]
     latencyMs: float
+    # only with debug and access scopes on (rag.access.enabled); absent otherwise, so an unscoped answer
+    # keeps the keys it had before scopes existed
+    scope: ScopeView | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="with debug and rag.access.enabled: whose scope the candidates were taken in",
+    )
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:
@@ -106,7 +124,8 @@ def _scores(c: Candidate) -> Scores:
 def retrieve_response(
     result: RetrievalResult, debug: bool = False, withhold: bool = False
 ) -> RetrieveResponse:
-    """The answer to a retrieval. `debug`: each stage's removed items with their reasons; `withhold` (a
+    """The answer to a retrieval. `debug`: each stage's removed items with their reasons, and the scope the
+    candidates were taken in (`scope`, when there was one); `withhold` (a
     reader's view): removed items of documents hidden from readers (`RetrievalTrace.withheld`) are left out
     of `removedItems` and only counted, by reason, in `withheld`."""
     hidden = result.trace.withheld if withhold else {}
@@ -140,6 +159,7 @@ def retrieve_response(
             for s in result.trace.stages
         ],
         latencyMs=round(result.latency_ms, 3),
+        scope=ScopeView(**result.trace.scope) if debug and result.trace.scope is not None else None,
     )
 
 

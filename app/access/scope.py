@@ -216,7 +216,7 @@ def chunk_label(knowledge: str | None, metadata: Mapping[str, Any]) -> str | Non
     access = metadata.get(ACCESS)
     if tenant is None and access is None:
         return knowledge
-    scoped = [
+    scoped: list[Any] = [
         knowledge,
         tenant if isinstance(tenant, str) else None,
         sorted(a for a in access if isinstance(a, str)) if isinstance(access, list | tuple) else None,

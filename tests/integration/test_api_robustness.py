@@ -190,7 +190,9 @@ class ExplodingSieve:
         self.store = store
         self.record = None  # the Sieve's document record: none here, as for an index alone
 
-    def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> Any:
+    def retrieve(
+        self, query: str, top_k: int, knowledge_tag: str | None = None, principal: Any = None
+    ) -> Any:
         raise RuntimeError(f"chain exploded on {query!r}")
 
     def chunk_count(self, documents: Any) -> int:

@@ -4,6 +4,7 @@ answers for a principal exactly as `may_read` does over the metadata it was made
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -26,6 +27,8 @@ from app.access.scope import (
     scope_fields,
     scope_where,
 )
+from app.retrieval.types import RetrievalResult, RetrievalTrace
+from app.retrieve_response import retrieve_response
 
 HR_ACME = Principal("hr-acme", tenant="acme", groups=("hr",))
 SALES_ACME = Principal("sales-acme", tenant="acme", groups=("sales",))
@@ -280,3 +283,29 @@ def test_a_label_matches_exactly_when_may_read_does_and_the_tag_is_the_chunks(
         (asked is None or asked == knowledge) and may_read(principal, meta)
     )
     assert label_matches(label, asked, None) == (asked is None or asked == knowledge)
+
+
+# -- the answer's debug view ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("principal", "debug", "shown"),
+    [
+        (
+            HR_ACME,
+            True,
+            {"name": "hr-acme", "admin": False, "tenant": "acme", "readers": ["group:hr", "public"]},
+        ),
+        (ADMIN, True, {"name": "admin", "admin": True, "tenant": None, "readers": []}),
+        (HR_ACME, False, None),
+        (None, True, None),
+    ],
+)
+def test_the_debug_answer_names_the_scope_and_an_unscoped_answer_has_no_scope_key(
+    principal: Principal | None, debug: bool, shown: dict[str, Any] | None
+) -> None:
+    trace = RetrievalTrace(scope=None if principal is None else principal.describe())
+    result = RetrievalResult("q", [], 0, False, trace, 1.0)
+    body = json.loads(retrieve_response(result, debug=debug).model_dump_json())
+    assert body.get("scope") == shown
+    assert ("scope" in body) is (shown is not None)

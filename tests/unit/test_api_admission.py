@@ -37,7 +37,9 @@ class FakeSieve:
         self.gate: threading.Event | None = None
         self.entered = threading.Semaphore(0)
 
-    def retrieve(self, query: str, top_k: int, knowledge_tag: str | None = None) -> RetrievalResult:
+    def retrieve(
+        self, query: str, top_k: int, knowledge_tag: str | None = None, principal: object = None
+    ) -> RetrievalResult:
         self.entered.release()
         if self.gate is not None:
             self.gate.wait(10)

@@ -347,7 +347,7 @@ class FakeSieve:
             rag=SimpleNamespace(retrieval=SimpleNamespace(max_query_chars=1000, top_k=top_k))
         )
 
-    def retrieve(self, query: str, top_k: int, tag: str | None) -> RetrievalResult:
+    def retrieve(self, query: str, top_k: int, tag: str | None, principal: object = None) -> RetrievalResult:
         docs = [] if query == "nothing" else [candidate("c1", "d1", dense=0.8, fused=0.75)]
         return RetrievalResult(query, docs, 10, False, RetrievalTrace(), 3.0)
 
