@@ -110,6 +110,7 @@ def test_run_settings_are_the_result_moving_keys_and_retrieval_and_chain_whole()
         "max_metadata_key_chars": 128,
         "max_metadata_bytes": 65_536,
         "follow_symlinks": False,
+        "access_defaults": [],  # who may read a document moves what a principal retrieves
     }
     assert settings["retrieval"] == rag.retrieval.model_dump(mode="json")
     assert settings["chain"] == rag.chain.model_dump(mode="json")
