@@ -97,6 +97,7 @@ class Server:
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the chunk ids of every document written, to the id of their document
     chunk_doc: dict[str, str] = field(default_factory=dict)
+    sent: dict[str, dict[str, Any]] = field(default_factory=dict)  # the last body written, by id
 
     def write(self, docs: list[dict[str, Any]], token: str = ADMIN_TOKEN) -> httpx.Response:
         answer = self.client.post(
@@ -111,6 +112,7 @@ class Server:
                     "access": ([access] if isinstance(access, str) else access) or None,
                 }
                 self.chunk_doc.update(dict.fromkeys(chunk_ids(doc), doc["id"]))
+                self.sent[doc["id"]] = doc
         return answer
 
     def retrieve(self, query: str, token: str | None, top_k: int = 10, **body: Any) -> httpx.Response:
@@ -291,6 +293,23 @@ def test_the_debug_answer_and_the_query_log_name_the_principal(server: Server) -
     assert sorted(mine) == sorted([hr, hr, "admin"])
 
 
+def test_a_document_written_again_with_a_narrower_scope_is_no_longer_read_by_those_it_left_out(
+    server: Server,
+) -> None:
+    text = "The lighthouse tour leaves the harbour at nine every Saturday."
+    query = "When does the lighthouse tour leave?"
+    sales, hr = named("acme", ("sales",)), named("acme", ("hr",))
+    assert server.write([doc("lighthouse", text, tenant="acme", access=["public"])]).status_code == 200
+    assert "lighthouse" in server.doc_ids(query, sales) & server.doc_ids(query, hr)
+    # the same text: only the metadata changes (the store's chunks, the BM25 labels, the chunk cache)
+    assert server.write([doc("lighthouse", text, tenant="acme", access=["group:hr"])]).status_code == 200
+    assert "lighthouse" not in server.doc_ids(query, sales)
+    assert "lighthouse" in server.doc_ids(query, hr)
+    assert server.write([doc("lighthouse", text, tenant="globex", access=["group:hr"])]).status_code == 200
+    assert "lighthouse" not in server.doc_ids(query, hr)
+    assert "lighthouse" in server.doc_ids(query, named("globex", ("hr",)))
+
+
 # -- the property: nothing out of scope, ever -------------------------------------------------------------
 
 WORDS = "salary bonus parking canteen holiday travel expense laptop password vpn".split()
@@ -298,14 +317,17 @@ ENTRIES = ["public", "group:hr", "group:sales", "user:ann", "user:bob", "group:h
 INGEST = IngestSettings()  # the server's chunking: its chunk ids are computed here from the text alone
 numbers = itertools.count()
 
-documents = st.fixed_dictionaries(
-    # up to ~1,100 characters: some documents have two or three chunks, which the diversity stage attaches
-    {"words": st.lists(st.sampled_from(WORDS), min_size=3, max_size=160)},
+scopes = st.fixed_dictionaries(
+    {},
     optional={
         "tenant": st.sampled_from(["acme", "globex"]),
         "access": st.one_of(st.sampled_from(ENTRIES), st.lists(st.sampled_from(ENTRIES), max_size=3)),
     },
 )
+# up to ~1,100 characters: some documents have two or three chunks, which the diversity stage attaches
+documents = st.tuples(st.lists(st.sampled_from(WORDS), min_size=3, max_size=160), scopes)
+# an earlier document (by its position among them) written again with the same text and another scope
+rescoped = st.lists(st.tuples(st.integers(0, 10_000), scopes), max_size=2)
 queries = st.tuples(
     st.sampled_from(sorted(PRINCIPALS)), st.lists(st.sampled_from(WORDS), min_size=1, max_size=3)
 )
@@ -330,17 +352,26 @@ def scope_of(written: dict[str, Any]) -> dict[str, Any]:
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(documents, min_size=1, max_size=4), st.lists(queries, min_size=1, max_size=3))
+@given(
+    st.lists(documents, min_size=1, max_size=4),
+    rescoped,
+    st.lists(queries, min_size=1, max_size=3),
+)
 def test_nothing_out_of_scope_is_ever_returned_or_attached(
-    server: Server, new_docs: list[dict[str, Any]], asked: list[tuple[str, list[str]]]
+    server: Server,
+    new_docs: list[tuple[list[str], dict[str, Any]]],
+    again: list[tuple[int, dict[str, Any]]],
+    asked: list[tuple[str, list[str]]],
 ) -> None:
-    batch = []
-    for drawn in new_docs:
+    earlier = sorted(i for i in server.sent if i.startswith("prop-"))
+    batch = {}
+    for position, fields in again if earlier else []:
+        before = server.sent[earlier[position % len(earlier)]]
+        batch[before["id"]] = doc(before["id"], before["text"], **fields)
+    for words, fields in new_docs:
         number = next(numbers)
-        text = " ".join(drawn["words"]) + f" (document {number})"
-        fields = {k: v for k, v in drawn.items() if k in ("tenant", "access")}
-        batch.append(doc(f"prop-{number}", text, **fields))
-    written = server.write(batch)
+        batch[f"prop-{number}"] = doc(f"prop-{number}", " ".join(words) + f" (document {number})", **fields)
+    written = server.write(list(batch.values()))
     assert written.status_code == 200, written.text
     for name, words in asked:
         principal = PRINCIPALS[name]
