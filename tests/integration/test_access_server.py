@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ def config(tmp: Path, chroma: tuple[str, int]) -> dict[str, Any]:
 class Server:
     url: str
     client: httpx.Client
+    start: Callable[[], subprocess.Popen]  # starts the server process on its port, once ready
+    proc: subprocess.Popen
     # every document written, by id: its tenant and access as sent (None: not sent)
     written: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the chunk ids of every document written, to the id of their document
@@ -121,6 +124,11 @@ class Server:
             "/api/retrieve", json={"query": query, "topK": top_k, **body}, headers=headers
         )
 
+    def restart(self) -> None:
+        stop_process(self.proc, EXIT_TIMEOUT_S)
+        assert self.proc.returncode == 0, self.proc.returncode
+        self.proc = self.start()
+
     def doc_ids(self, query: str, principal: str, top_k: int = 10) -> set[str]:
         answer = self.retrieve(query, token_of(principal), top_k)
         assert answer.status_code == 200, answer.text
@@ -134,14 +142,23 @@ def server(tmp_path_factory: pytest.TempPathFactory, chroma_server: tuple[str, i
     config_path.write_text(yaml.safe_dump(config(tmp, chroma_server)), encoding="utf-8")
     port = find_free_port()
     log_path = tmp / "serve.log"
-    proc = spawn_serve(clean_env(SIEVE_CONFIG=str(config_path)), port, log_path)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, log_path)
-        with httpx.Client(base_url=url, timeout=60) as client:
-            yield Server(url, client)
-    finally:
-        stop_process(proc, EXIT_TIMEOUT_S)
+
+    def start() -> subprocess.Popen:
+        proc = spawn_serve(clean_env(SIEVE_CONFIG=str(config_path)), port, log_path)
+        try:
+            wait_ready(proc, url, log_path)
+        except BaseException:
+            stop_process(proc, EXIT_TIMEOUT_S)
+            raise
+        return proc
+
+    with httpx.Client(base_url=url, timeout=60) as client:
+        server = Server(url, client, start, start())
+        try:
+            yield server
+        finally:
+            stop_process(server.proc, EXIT_TIMEOUT_S)
 
 
 def doc(doc_id: str, text: str, **fields: Any) -> dict[str, Any]:
@@ -383,3 +400,18 @@ def test_nothing_out_of_scope_is_ever_returned_or_attached(
             assert may_read(principal, scope_of(server.written[doc_id])), (name, doc_id)
         readable = [i for i, m in server.written.items() if may_read(principal, scope_of(m))]
         assert bool(body["documents"]) == bool(readable), (name, readable)
+
+
+def test_after_a_restart_every_scope_still_holds(server: Server) -> None:
+    """Last: the server restarts on its store, its document record and its persisted BM25 index (the labels),
+    and every principal still reads exactly in its scope."""
+    server.restart()
+    query = "When does the lighthouse tour leave?"
+    assert "lighthouse" not in server.doc_ids(query, named("acme", ("hr",)))  # its last scope: globex hr
+    assert "lighthouse" in server.doc_ids(query, named("globex", ("hr",)))
+    for name, principal in PRINCIPALS.items():
+        for words in (["salary", "bonus"], ["parking", "garage"], ["zeppelin", "hangar", "keys"]):
+            answer = server.retrieve(" ".join(words), token_of(name), top_k=5, debug=True)
+            assert answer.status_code == 200, answer.text
+            for chunk in named_chunks(answer.json()):
+                assert may_read(principal, scope_of(server.written[server.chunk_doc[chunk]])), (name, chunk)
