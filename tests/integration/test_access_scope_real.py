@@ -204,6 +204,9 @@ def test_hr_reads_the_salary_document_and_sales_sees_nothing_of_it(
 
     as_hr = chain_sieve.retrieve(SALARY_QUERY, 5, principal=HR)
     assert as_hr.documents[0].doc_id == "hr-salary"
+    if chain == "default":  # its further chunks come attached (the fallback's refills carry none)
+        assert as_hr.documents[0].attached
+        assert {a.doc_id for a in as_hr.documents[0].attached} == {"hr-salary"}
     assert as_hr.trace.scope == {"name": "hr", "tenant": "acme", "readers": ["group:hr", "public"]}
 
     as_sales = chain_sieve.retrieve(SALARY_QUERY, 5, principal=SALES)
