@@ -128,6 +128,11 @@ def load_paths(
     return result
 
 
+# _EMPTY_ACCESS_KEPT: a document that gives `access: []` (or null) keeps the key, its value None, so that
+# `with_default_scope` does not fill it from rag.ingest.access_defaults: an empty scope reads as "the admin
+# only", and a folder's default (say `public`) must not widen it. The chunker drops the None.
+
+
 def with_default_scope(doc: Document, defaults: Sequence[AccessDefault]) -> Document:
     """`doc` with the `tenant` and `access` of the longest entry of `defaults` whose path is its file or a
     folder above it, for each of the two it does not give itself; unchanged when none matches."""
@@ -375,7 +380,7 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
             raise _Invalid(
                 f"front matter key {str(key)!r}: {exc.message}", _key_line(lines, close, key)
             ) from None
-        if scalar is not None:
+        if scalar is not None or key == ACCESS:  # an empty access is kept: see _EMPTY_ACCESS_KEPT
             metadata[str(key)] = scalar
     return metadata, "".join(lines[close + 1 :])
 
@@ -464,7 +469,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
                 raise _Invalid(problem)
         except _Invalid as exc:
             raise _Invalid(f"field {name!r}: {exc.message}", number) from None
-        if scalar is not None:
+        if scalar is not None or name == ACCESS:  # an empty access is kept: see _EMPTY_ACCESS_KEPT
             metadata[name] = scalar
     return Document(
         doc_id=doc_id,

@@ -172,6 +172,23 @@ def test_the_longest_default_wins_whatever_the_order_or_spelling_of_the_paths(tm
         assert scope_of(with_default_scope(doc, defaults)) == (None, ["group:hr"])
 
 
+@pytest.mark.parametrize("front", ["access: []\n", "access: null\n", "tenant: globex\naccess: []\n"])
+def test_an_empty_access_of_its_own_is_not_filled_from_the_defaults(tmp_path: Path, front: str) -> None:
+    """`access: []` says "nobody but the admin": a folder's default must not widen it."""
+    kb = tmp_path / "kb"
+    write(kb / "secret.md", markdown("secret", front))
+    write(kb / "lines.jsonl", json.dumps({"id": "line", "text": "x", "access": []}) + "\n")
+    defaults = [AccessDefault(path=str(kb), tenant="acme", access=["public"])]
+    result = load_paths([kb], access_defaults=defaults)
+    assert result.errors == []
+    scopes = {d.doc_id: scope_of(d) for d in result.documents}
+    assert scopes["secret"] == ("globex" if "globex" in front else "acme", None)
+    assert scopes["line"] == ("acme", None)
+    for document in result.documents:
+        (chunk,) = chunk_document(document, chunk_size=200, overlap=0)
+        assert "access" not in chunk.metadata  # stored without access: the admin only
+
+
 def test_a_document_no_default_matches_keeps_no_scope(tmp_path: Path) -> None:
     write(tmp_path / "kb" / "pay.md", markdown("pay"))
     result = load_paths([tmp_path / "kb"], access_defaults=[AccessDefault(path=str(tmp_path / "other"))])
