@@ -340,7 +340,7 @@ def _read_text(text: str, origin: str, relative: Path) -> Document:
     )
 
 
-def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
+def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str] | None], str]:
     """(metadata, body). Lines are 1-based file lines in every message."""
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip() != _FRONT_MATTER_OPEN:
@@ -367,7 +367,7 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
         raw = {}
     if not isinstance(raw, dict):
         raise _Invalid(f"front matter must be a mapping of keys to values, got {type(raw).__name__}", 2)
-    metadata: dict[str, Scalar | list[str]] = {}
+    metadata: dict[str, Scalar | list[str] | None] = {}
     for key, value in raw.items():
         try:
             problem = metadata_key_problem(str(key))
@@ -458,7 +458,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
         if isinstance(value, str) and (problem := unicode_problem(value)):
             raise _Invalid(f"field '{name}': {problem}", number)
 
-    metadata: dict[str, Scalar | list[str]] = {}
+    metadata: dict[str, Scalar | list[str] | None] = {}
     for name, value in record.items():
         try:
             problem = metadata_key_problem(name)
