@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -66,12 +65,14 @@ class StageReport(BaseModel):
 
 
 class ScopeView(BaseModel):
-    """The access scope the candidates were taken in (docs/access.md): who read, never what it left out."""
+    """Whose scope the candidates were taken in (`Principal.describe()`): who, never what it left out."""
 
-    principal: str
-    admin: bool = False
+    name: str
+    admin: bool = Field(False, description="the admin token: every document")
     tenant: str | None = None
-    readers: list[str] = Field(default_factory=list)  # the access entries it reads under
+    readers: list[str] = Field(
+        default_factory=list, description="the `access` entries it reads under: public, group:g, user:u"
+    )
 
 
 class RetrieveResponse(BaseModel):
@@ -83,8 +84,13 @@ class RetrieveResponse(BaseModel):
     candidateOrigins: dict[str, int]
     stages: list[StageReport]
     latencyMs: float
-    # with access scopes on (rag.access.enabled): whose scope this answer was made in; null when off
-    scope: ScopeView | None = None
+    # only with debug and access scopes on (rag.access.enabled); absent otherwise, so an unscoped answer
+    # keeps the keys it had before scopes existed
+    scope: ScopeView | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="with debug and rag.access.enabled: whose scope the candidates were taken in",
+    )
 
 
 def document_view(rank: int, c: Candidate) -> RetrievedDocument:
@@ -118,7 +124,8 @@ def _scores(c: Candidate) -> Scores:
 def retrieve_response(
     result: RetrievalResult, debug: bool = False, withhold: bool = False
 ) -> RetrieveResponse:
-    """The answer to a retrieval. `debug`: each stage's removed items with their reasons; `withhold` (a
+    """The answer to a retrieval. `debug`: each stage's removed items with their reasons, and the scope the
+    candidates were taken in (`scope`, when there was one); `withhold` (a
     reader's view): removed items of documents hidden from readers (`RetrievalTrace.withheld`) are left out
     of `removedItems` and only counted, by reason, in `withheld`."""
     hidden = result.trace.withheld if withhold else {}
@@ -152,18 +159,7 @@ def retrieve_response(
             for s in result.trace.stages
         ],
         latencyMs=round(result.latency_ms, 3),
-        scope=_scope_view(result.trace.scope),
-    )
-
-
-def _scope_view(scope: dict[str, Any] | None) -> ScopeView | None:
-    if scope is None:
-        return None
-    return ScopeView(
-        principal=str(scope["name"]),
-        admin=bool(scope.get("admin", False)),
-        tenant=scope.get("tenant"),
-        readers=list(scope.get("readers", [])),
+        scope=ScopeView(**result.trace.scope) if debug and result.trace.scope is not None else None,
     )
 
 

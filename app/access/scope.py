@@ -216,13 +216,15 @@ def chunk_label(knowledge: str | None, metadata: Mapping[str, Any]) -> str | Non
     access = metadata.get(ACCESS)
     if tenant is None and access is None:
         return knowledge
-    scoped = [
+    scoped: list[Any] = [
         knowledge,
         tenant if isinstance(tenant, str) else None,
         sorted(a for a in access if isinstance(a, str)) if isinstance(access, list | tuple) else None,
     ]
     if tenant is not None and not isinstance(tenant, str):
-        scoped[1] = "\x00unusable"  # a tenant of another type: no principal's tenant matches it
+        # a tenant of another type: JSON false, which no principal's tenant (a string) equals and which
+        # `may_read` refuses as it refuses the original (a marker string could be some principal's tenant)
+        scoped[1] = False
     return LABEL_MARK + json.dumps(scoped, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from app import exit_codes
 from app.access.scope import Principal
 from app.cli.client import ServerError, SieveClient, server_token, server_url
 from app.cli.common import fail, open_sieve, settings_with
-from app.settings import EvalPrincipalSettings, SettingsError
+from app.settings import AccessSettings, SettingsError
 
 # characters of a chunk's text shown after its title in the human table
 SNIPPET_CHARS = 60
@@ -72,7 +71,7 @@ def query_command(args: argparse.Namespace) -> int:
 def _retrieve_here(args: argparse.Namespace) -> Any:
     settings = settings_with()
     top_k = settings.rag.retrieval.top_k if args.top_k is None else args.top_k
-    principal = _principal(settings.rag.access.eval_principals, args.principal)
+    principal = _principal(settings.rag.access, args.principal)
     sieve = open_sieve(settings, suggest_server="query")
     try:
         if settings.rag.ingest.on_startup and sieve.store.count() == 0 and settings.rag.ingest.paths:
@@ -82,15 +81,17 @@ def _retrieve_here(args: argparse.Namespace) -> Any:
         sieve.close()
 
 
-def _principal(defined: Mapping[str, EvalPrincipalSettings], name: str | None) -> Principal | None:
+def _principal(access: AccessSettings, name: str | None) -> Principal | None:
     """The evaluation principal `--as NAME` names (None without --as); SettingsError for an unknown name."""
     if name is None:
         return None
-    found = defined.get(name)
+    from app.evaluation.golden.principals import principal_named
+
+    found = principal_named(name, access)
     if found is None:
-        known = ", ".join(sorted(defined)) or "none"
+        known = ", ".join(sorted(access.eval_principals)) or "none"
         raise SettingsError(f"--as {name!r}: not one of rag.access.eval_principals (defined: {known})")
-    return Principal(name=name, tenant=found.tenant, groups=tuple(found.groups), user=found.user)
+    return found
 
 
 def _ask_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -106,9 +107,9 @@ def _ask_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _scope_line(scope: Any) -> str:
     if scope.admin:
-        return f"scope: {scope.principal} (admin: every document)"
+        return f"scope: {scope.name} (admin: every document)"
     tenant = f"tenant {scope.tenant}" if scope.tenant is not None else "no tenant"
-    return f"scope: {scope.principal} ({tenant}; reads as {', '.join(scope.readers)})"
+    return f"scope: {scope.name} ({tenant}; reads as {', '.join(scope.readers)})"
 
 
 def render_result(r: Any) -> str:

@@ -128,6 +128,11 @@ def load_paths(
     return result
 
 
+# _EMPTY_ACCESS_KEPT: a document that gives `access: []` (or null) keeps the key, its value None, so that
+# `with_default_scope` does not fill it from rag.ingest.access_defaults: an empty scope reads as "the admin
+# only", and a folder's default (say `public`) must not widen it. The chunker drops the None.
+
+
 def with_default_scope(doc: Document, defaults: Sequence[AccessDefault]) -> Document:
     """`doc` with the `tenant` and `access` of the longest entry of `defaults` whose path is its file or a
     folder above it (both made absolute from the working directory), for each of the two it does not give
@@ -336,7 +341,7 @@ def _read_text(text: str, origin: str, relative: Path) -> Document:
     )
 
 
-def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
+def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str] | None], str]:
     """(metadata, body). Lines are 1-based file lines in every message."""
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip() != _FRONT_MATTER_OPEN:
@@ -363,7 +368,7 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
         raw = {}
     if not isinstance(raw, dict):
         raise _Invalid(f"front matter must be a mapping of keys to values, got {type(raw).__name__}", 2)
-    metadata: dict[str, Scalar | list[str]] = {}
+    metadata: dict[str, Scalar | list[str] | None] = {}
     for key, value in raw.items():
         try:
             problem = metadata_key_problem(str(key))
@@ -376,7 +381,7 @@ def _split_front_matter(text: str) -> tuple[dict[str, Scalar | list[str]], str]:
             raise _Invalid(
                 f"front matter key {str(key)!r}: {exc.message}", _key_line(lines, close, key)
             ) from None
-        if scalar is not None:
+        if scalar is not None or key == ACCESS:  # an empty access is kept: see _EMPTY_ACCESS_KEPT
             metadata[str(key)] = scalar
     return metadata, "".join(lines[close + 1 :])
 
@@ -454,7 +459,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
         if isinstance(value, str) and (problem := unicode_problem(value)):
             raise _Invalid(f"field '{name}': {problem}", number)
 
-    metadata: dict[str, Scalar | list[str]] = {}
+    metadata: dict[str, Scalar | list[str] | None] = {}
     for name, value in record.items():
         try:
             problem = metadata_key_problem(name)
@@ -465,7 +470,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
                 raise _Invalid(problem)
         except _Invalid as exc:
             raise _Invalid(f"field {name!r}: {exc.message}", number) from None
-        if scalar is not None:
+        if scalar is not None or name == ACCESS:  # an empty access is kept: see _EMPTY_ACCESS_KEPT
             metadata[name] = scalar
     return Document(
         doc_id=doc_id,

@@ -8,7 +8,7 @@ import pytest
 from app.access.scope import Principal
 from app.cli.query import SNIPPET_CHARS, _principal, render_result
 from app.retrieve_response import RetrievedDocument, RetrieveResponse, ScopeView, Scores, StageReport
-from app.settings import EvalPrincipalSettings, SettingsError
+from app.settings import AccessSettings, SettingsError
 
 LONG_ID = "finance-expense-reimbursement-policy-for-contractors-zh"
 
@@ -75,7 +75,7 @@ def test_a_scoped_answer_says_whose_scope_it_was_made_in() -> None:
         candidateOrigins={},
         stages=[],
         latencyMs=1.0,
-        scope=ScopeView(principal="sales-rep", tenant="acme", readers=["group:sales", "public"]),
+        scope=ScopeView(name="sales-rep", tenant="acme", readers=["group:sales", "public"]),
     )
     assert (
         render_result(response).splitlines()[2]
@@ -84,7 +84,7 @@ def test_a_scoped_answer_says_whose_scope_it_was_made_in() -> None:
 
 
 def test_as_names_an_evaluation_principal_or_is_refused_listing_them() -> None:
-    defined = {"hr-manager": EvalPrincipalSettings(tenant="acme", groups=["hr"])}
+    defined = AccessSettings(eval_principals={"hr-manager": {"tenant": "acme", "groups": ["hr"]}})
     assert _principal(defined, "hr-manager") == Principal("hr-manager", "acme", ("hr",))
     assert _principal(defined, None) is None
     with pytest.raises(
