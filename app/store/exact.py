@@ -47,6 +47,7 @@ crosses it; one that shrinks back keeps that layout until it is read again (`loa
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
@@ -76,6 +77,8 @@ class ExactSearch:
         self._matrix: np.ndarray | None = None
         self._by_rows = False
         self._matching: dict[tuple[Any, ...], np.ndarray | None] = {}  # see _matching_rows
+        self._gathered: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()  # see _matching_vectors
+        self._gathered_rows = 0
         self._tags = np.empty(0, dtype=np.int32)  # label number per row, NO_TAG or DEAD
         self._ids: list[str | None] = []  # per row; None for a free row
         self._row_of: dict[str, int] = {}
@@ -205,7 +208,7 @@ class ExactSearch:
                 rows = self._matching_rows(tag, principal) if filtered else None
                 if rows is None:
                     return None
-                matching = columns[rows]  # chunks as rows (`_fit_layout`): whole vectors gathered
+                matching = self._matching_vectors(tag, principal, rows)
                 return [_top(matching @ unit, None, n, self._ids, rows) for unit in units]
             if filtered:
                 usable: np.ndarray | None = self._label_mask(tag, principal)[self._tags[:used]]
@@ -227,7 +230,7 @@ class ExactSearch:
     # -- internals (with `_lock` held) --------------------------------------------------------------
 
     def _put(self, chunks: Sequence[StoredChunk]) -> None:
-        self._matching.clear()
+        self._forget_matching()
         for chunk in chunks:
             vector = (
                 None if chunk.embedding is None else np.asarray(chunk.embedding, dtype=np.float32).ravel()
@@ -251,7 +254,7 @@ class ExactSearch:
             self._tags[row] = self._tag(chunk.metadata)
 
     def _drop(self, ids: Sequence[str]) -> None:
-        self._matching.clear()
+        self._forget_matching()
         for chunk_id in ids:
             row = self._row_of.pop(chunk_id, None)
             if row is not None:
@@ -302,6 +305,29 @@ class ExactSearch:
         self._matching[key] = rows
         return rows
 
+    def _matching_vectors(self, tag: str | None, principal: Principal | None, rows: np.ndarray) -> np.ndarray:
+        """The unit vectors of `rows` (this filter's), as one matrix, kept until the next change: gathering
+        them costs far more than the product (a copy of 1.5 KB a chunk at 384 dimensions,
+        docs/benchmarks.md#access-scopes). At most 2 x `max_chunks` rows are kept over all filters (twice
+        the memory of a full exact search at the limit), the least recently used filter's dropped first."""
+        key = (tag, None if principal is None else principal.key)
+        kept = self._gathered.get(key)
+        if kept is not None:
+            self._gathered.move_to_end(key)
+            return kept
+        matrix = cast("np.ndarray", self._matrix)[rows]  # chunks as rows (`_fit_layout`): whole vectors
+        while self._gathered and self._gathered_rows + len(rows) > 2 * self.max_chunks:
+            _, dropped = self._gathered.popitem(last=False)
+            self._gathered_rows -= len(dropped)
+        self._gathered[key] = matrix
+        self._gathered_rows += len(rows)
+        return matrix
+
+    def _forget_matching(self) -> None:
+        self._matching.clear()
+        self._gathered.clear()
+        self._gathered_rows = 0
+
     def _limit(self) -> str:
         if self.filtered_max_chunks > self.max_chunks:
             return f"rag.store.exact_filtered_max_chunks {self.filtered_max_chunks}"
@@ -348,7 +374,7 @@ class ExactSearch:
         self.active = False
         self._matrix = None
         self._by_rows = False
-        self._matching = {}
+        self._matching, self._gathered, self._gathered_rows = {}, OrderedDict(), 0
         self._tags = np.empty(0, dtype=np.int32)
         self._ids, self._row_of, self._free, self._tag_number = [], {}, [], {}
         self._labels, self._masks = [], {}

@@ -275,3 +275,20 @@ def test_more_than_filtered_max_chunks_is_not_held() -> None:
     exact = ExactSearch(max_chunks=10, filtered_max_chunks=20)
     assert not exact.load(scoped_chunks(21, seed=1), 21)
     assert "exact_filtered_max_chunks 20" in exact.why_not
+
+
+def test_filters_in_rotation_past_the_kept_vectors_budget_still_answer_as_the_definition() -> None:
+    chunks = scoped_chunks(300, seed=12)
+    exact = ExactSearch(max_chunks=60, filtered_max_chunks=1000)  # keeps at most 120 gathered rows
+    assert exact.load(chunks, len(chunks))
+    filters = [
+        (None, Principal("p", tenant=t, groups=(g,))) for t in ("t0", "t1", "t2") for g in ("g0", "g1")
+    ]
+    assert all(exact.covers(tag, principal) for tag, principal in filters)
+    queries = np.random.default_rng(13).standard_normal((3, 8)).astype(np.float32)
+    for _ in range(2):  # the second round finds some filters' vectors dropped, some kept
+        for tag, principal in filters:
+            got = exact.search(queries, 5, tag, principal)
+            assert got is not None
+            for query, hits in zip(queries, got, strict=True):
+                assert [cid for cid, _ in hits] == brute_force(chunks, query, 5, tag, principal)
