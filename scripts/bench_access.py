@@ -428,7 +428,8 @@ def parts(args: argparse.Namespace) -> int:
     print("BENCH-JSON " + json.dumps(out), flush=True)
     print(f"\n**The parts that scale, in process at {args.size:,} chunks** (load at the end {out['load']})\n")
     print(
-        "| Query | matching chunks | BM25 masked top-50 p50 / p95 ms | matching rows found (ms) "
+        "| Query | matching chunks | BM25 masked top-50 p50 / p95 ms "
+        "| first sight of the filter: label mask and rows (ms) "
         "| exact, first query after a change (ms) | exact over the matching vectors p50 / p95 ms |"
     )
     print("|---|---|---|---|---|---|")
