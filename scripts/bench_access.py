@@ -2,6 +2,7 @@
 
     python scripts/bench_access.py [--size 100000] [--workdir target/bench-access] [--queries 200]
     python scripts/bench_access.py parts --size 1000000   # the parts that scale, in process, no store
+    python scripts/bench_access.py unscoped               # Chroma's unscoped search, vectors held or not
 
 Main run, one process, one collection of `--size` chunks (built once under `--workdir`/n<N>/, kept):
 - texts from scripts/scale_corpus.py's `Corpus` (so BM25 has real postings), vectors random unit vectors
@@ -446,11 +447,53 @@ def parts(args: argparse.Namespace) -> int:
     return 0
 
 
+def unscoped(args: argparse.Namespace) -> int:
+    """Chroma's unscoped search alone (`query_ids`, 200 queries): before the vectors are held, held, and
+    held with a scoped exact search before each query (the main run interleaves them so)."""
+    from app.retrieval.blas import one_thread
+
+    store = open_store(args.workdir / f"n{args.size}" / "chroma")
+    store.warm_up(DIM)
+    vectors = unit_vectors(np.random.default_rng(8), args.queries + 5)
+    small = principals()["small"]
+
+    def run(label: str, before: Any = None) -> None:
+        times = []
+        for v in vectors:
+            if before is not None:
+                before(v)
+            t = time.perf_counter()
+            store.query_ids(v[None, :], 50)
+            times.append(time.perf_counter() - t)
+        print(
+            f"| {label} | {percentile(times[5:], 50) * 1000:.1f} | {percentile(times[5:], 95) * 1000:.1f} |"
+        )
+
+    def scoped(v: np.ndarray) -> None:
+        store.query_ids(v[None, :], 50, None, small)
+
+    def scoped_one_thread(v: np.ndarray) -> None:
+        with one_thread():
+            scoped(v)
+
+    print("| Unscoped `query_ids` | p50 ms | p95 ms |\n|---|---|---|")
+    run("before the vectors are held")
+    run("before the vectors are held, again")
+    store.load_exact(args.exact_max, args.filtered_max)
+    run("held")
+    run("held, a scoped exact search before each", scoped)
+    run("held, a scoped exact search on one BLAS thread before each", scoped_one_thread)
+    run("held, again")
+    print(f"\nload average at the end {load()}")
+    store.close()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", nargs="?", default="run", choices=["run", "parts"])
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "parts", "unscoped"])
     parser.add_argument("--size", type=int, default=None, help="chunks (run: 100,000; parts: 1,000,000)")
     parser.add_argument("--workdir", type=Path, default=Path("target/bench-access"))
     parser.add_argument("--queries", type=int, default=200)
@@ -464,7 +507,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.size is None:
         args.size = 1_000_000 if args.command == "parts" else 100_000
-    return parts(args) if args.command == "parts" else main_run(args)
+    return {"parts": parts, "unscoped": unscoped}.get(args.command, main_run)(args)
 
 
 if __name__ == "__main__":
