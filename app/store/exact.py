@@ -36,12 +36,12 @@ collection of more than `max_chunks` chunks, up to `filtered_max_chunks`, has ev
 its filtered queries only: a knowledge tag or a principal's scope that at most `max_chunks` chunks match is
 searched exactly over the matching chunks alone (their rows gathered, then one product), a search no costlier
 than the whole search of a collection at the limit; every other query gets None (Chroma's HNSW serves). The
-matching rows of each filter are kept until the next change. Chroma's filtered HNSW search costs far more
-than this at scale, and the unfiltered search post-filtered must fetch ~2 * n / share chunks
-(docs/benchmarks.md#access-scopes). Held so, the matrix is laid out with chunks as rows: a gather of rows
-reads whole vectors, a gather of columns reads 4 bytes of every column's cache line (hundreds of ms for
-10,000 of 1,000,000 chunks). A collection that grows past `max_chunks` is turned to rows on the write that
-crosses it; one that shrinks back keeps that layout until it is read again (`load`).
+matching rows of each filter, and their gathered vectors, are kept until the next change. Chroma's
+filtered HNSW search costs far more than this at scale, and the unfiltered search post-filtered must fetch
+~2 * n / share chunks (docs/benchmarks.md#access-scopes). Held so, the matrix is laid out with chunks as
+rows: a gather of rows reads whole vectors, a gather of columns reads 4 bytes of every column's cache line
+(hundreds of ms for 10,000 of 1,000,000 chunks). A collection that grows past `max_chunks` is turned to
+rows on the write that crosses it; one that shrinks back keeps that layout until it is read again (`load`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ DEAD = -2  # a free row
 
 
 class ExactSearch:
-    """A growable float32 matrix of unit vectors (columns), with each one's chunk id and knowledge tag."""
+    """A growable float32 matrix of unit vectors (columns; rows when held for filtered queries only), with
+    each one's chunk id and label."""
 
     def __init__(self, max_chunks: int, filtered_max_chunks: int = 0):
         if max_chunks < 0 or filtered_max_chunks < 0:
@@ -99,7 +100,8 @@ class ExactSearch:
 
     def load(self, chunks: Iterable[StoredChunk], count: int) -> bool:
         """Hold exactly `chunks` (the whole collection, which has `count` chunks); False, holding nothing,
-        when `count` is over `max_chunks` or a vector is missing or of another length. The caller takes
+        when `count` is over `hold_max` (the larger of `max_chunks` and `filtered_max_chunks`) or a vector is
+        missing or of another length. The caller takes
         the stale ids (`take_stale`) before it reads the collection, so what is marked during the read
         stays stale; a read that fails leaves this index as it was."""
         if count > self.hold_max:
