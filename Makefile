@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # Every transitive dependency of `.[test]`, pinned for Python 3.11 on this platform (`make lock` writes it).
 LOCK   := constraints.txt
 
-.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-admission bench-embed bench-scale bench-chain bench-change-log bench-record clean
+.PHONY: install lock run test test-unit lint bench-eval bench-quality bench-tune bench-load bench-admission bench-embed bench-scale bench-access bench-chain bench-change-log bench-record clean
 
 install: $(STAMP)
 
@@ -83,6 +83,12 @@ bench-embed: install
 # time, dense recall, replicas -> docs/benchmarks.md. The first run builds the stores (hours for 1M on 2 cores).
 bench-scale: install
 	$(BIN)/python scripts/bench_scale.py
+
+# Access scopes: candidate generation unscoped, scoped (a big tenant, the 1% tenant) and tagged, on a
+# synthetic 100k-chunk collection (kept in target/bench-access; the first run builds it, minutes on 2 cores),
+# HNSW against the vectors held for filtered queries -> docs/benchmarks.md. `parts` times the parts at 1M.
+bench-access: install
+	$(BIN)/python scripts/bench_access.py
 
 # Chain-only time per query (query vectors given) over the SciFact collection, per part, with a profile.
 # An embedded store opens in one process only: RAG__STORE__PATH=<a copy> while a server holds the original.

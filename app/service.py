@@ -97,7 +97,9 @@ class Sieve:
             store.close()
             raise
         log.info("vector index loaded in %.1fs", store.warm_up(embedder.dimension))
-        log.info("%s", store.load_exact(rag.store.exact_search_max_chunks))
+        log.info(
+            "%s", store.load_exact(rag.store.exact_search_max_chunks, rag.store.exact_filtered_max_chunks)
+        )
         if record.damage is None:
             log.info("%s: %d documents kept", record.description, record.count())
         else:  # retrieval serves the index; the record refuses writes, and /ready says why

@@ -170,6 +170,16 @@ class StoreSettings(_Strict):
         "memory (read at start, 4 bytes per dimension per chunk), instead of through Chroma's HNSW index; "
         "0 = always HNSW. Kept as current as the BM25 index.",
     )
+    exact_filtered_max_chunks: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="a larger collection of at most this many chunks also has every vector held in memory "
+        "(read at start, 4 bytes per dimension per chunk: 1.5 GB at 1M chunks of 384 dimensions), for its "
+        "filtered queries only: a knowledge tag or access scope that at most exact_search_max_chunks chunks "
+        "match is searched exactly over those chunks instead of through Chroma's filtered HNSW search "
+        "(docs/benchmarks.md#access-scopes); 0 = off.",
+    )
     min_free_mb: float = Field(
         64.0,
         ge=0.0,

@@ -194,6 +194,9 @@ class Bm25Index:
         # (knowledge tag, principal's key) -> (labels known when made, per label number whether it matches,
         # the untagged chunks' answer last): labels are only ever added, so a mask grows, never changes
         self._label_masks: dict[tuple[Any, ...], np.ndarray] = {}
+        # (knowledge tag, principal's key) -> (version, per slot whether it matches): `_slot_mask`'s answer
+        # until the next change (gathering the label mask over every slot is a pass over the index per query)
+        self._slot_masks: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
         # term number -> (postings length when converted, slots as int64, each posting's term weight, the
         # version the weights are for): postings only grow between compactions, so the slots are valid
         # while the length is unchanged, the weights while the version is (N, avgdl and the idf change with
@@ -526,9 +529,19 @@ class Bm25Index:
 
     def _slot_mask(self, knowledge_tag: str | None, principal: Principal | None) -> np.ndarray | None:
         """Per slot, whether it matches (None: every slot does)."""
-        if knowledge_tag is None and (principal is None or principal.admin):
+        if principal is not None and principal.admin:
+            principal = None
+        if knowledge_tag is None and principal is None:
             return None
-        return self._label_mask(knowledge_tag, principal)[np.frombuffer(self._tag, dtype=np.int32)]
+        key = (knowledge_tag, None if principal is None else principal.key)
+        kept = self._slot_masks.get(key)
+        if kept is not None and kept[0] == self._version:
+            return kept[1]
+        mask = self._label_mask(knowledge_tag, principal)[np.frombuffer(self._tag, dtype=np.int32)]
+        if len(self._slot_masks) >= 32:  # bounded: a byte per slot each
+            self._slot_masks.clear()
+        self._slot_masks[key] = (self._version, mask)
+        return mask
 
     def _query_terms(self, query: str) -> list[int]:
         """The query's term numbers, reused while the index is unchanged: a query's `top` and the bm25

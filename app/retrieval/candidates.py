@@ -150,14 +150,18 @@ class CandidateGenerator:
         never returns fewer candidates than `where` would. When n reaches the whole collection, one more
         than `live` is asked for: every chunk comes back and nothing is left to ask for.
 
-        A store that searches exactly (`ChromaStore.exact_search_active`, app/store/exact.py) filters by
-        tag and scope exactly and cheaply itself: it gets the `where` and the principal.
+        A store that searches exactly (`ChromaStore.exact_search_active`, app/store/exact.py), or that holds
+        the vectors of the few chunks this filter matches (`exact_search_covers`), filters by tag and scope
+        exactly and cheaply itself: it gets the `where` and the principal.
 
         The labels are the index's, which follows other processes' writes at most
         `rag.lexical.refresh_seconds` late, as BM25 does; `_merge` checks each kept chunk's stored tag and
         scope."""
         k = self.settings.candidate_k
-        exact = getattr(self.store, "exact_search_active", False)
+        covers = getattr(self.store, "exact_search_covers", None)
+        exact = getattr(self.store, "exact_search_active", False) or (
+            covers is not None and covers(tag, scope)
+        )
         if (tag is None and scope is None) or exact or (n := self._post_filter_n(tag, scope)) is None:
             return self._query(embeddings, k, tag, scope)
         index = cast("TaggedIndex", self.lexical)

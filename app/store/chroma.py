@@ -340,19 +340,27 @@ class ChromaStore:
             self._call(self._collection.query, query_embeddings=probe, n_results=1, include=[])
         return time.perf_counter() - started
 
-    def load_exact(self, max_chunks: int) -> str:
+    def load_exact(self, max_chunks: int, filtered_max_chunks: int = 0) -> str:
         """Read every chunk's vector into an exact search (app/store/exact.py) when the collection holds at
-        most `max_chunks` (0: never); `query_ids` uses it from then on. Returns the sentence for the log."""
+        most `max_chunks` (0: never), or, for its filtered queries only, at most `filtered_max_chunks`;
+        `query_ids` uses it from then on. Returns the sentence for the log."""
         if max_chunks <= 0:
             return "dense search: the store's HNSW index (rag.store.exact_search_max_chunks is 0)"
         started = time.perf_counter()
-        exact = ExactSearch(max_chunks)
+        exact = ExactSearch(max_chunks, filtered_max_chunks)
         self.exact = exact  # from here on, writes mark their ids stale
         with exact.refreshing:
             exact.take_stale()
             self._load_all(exact)
         if not exact.active:
             return f"dense search: the store's HNSW index ({exact.why_not})"
+        if not exact.serves_all:
+            return (
+                f"dense search: the store's HNSW index, and exact for a filter that at most {max_chunks} "
+                f"chunks match, over {len(exact)} vectors held in memory (read in "
+                f"{time.perf_counter() - started:.1f}s; rag.store.exact_filtered_max_chunks "
+                f"{filtered_max_chunks})"
+            )
         return (
             f"dense search: exact, over {len(exact)} vectors held in memory "
             f"(read in {time.perf_counter() - started:.1f}s; rag.store.exact_search_max_chunks {max_chunks})"
@@ -372,7 +380,13 @@ class ChromaStore:
     @property
     def exact_search_active(self) -> bool:
         """True when `query_ids` answers from the exact search (without `where`, or with a knowledge tag)."""
-        return self.exact is not None and self.exact.active
+        return self.exact is not None and self.exact.serves_all
+
+    def exact_search_covers(self, tag: str | None, principal: Principal | None = None) -> bool:
+        """True when `query_ids` answers a query with this knowledge tag and principal from the exact search:
+        always while `exact_search_active`; for a larger collection held for filtered queries, when at most
+        rag.store.exact_search_max_chunks chunks match (`ExactSearch.covers`)."""
+        return self.exact is not None and self.exact.covers(tag, principal)
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -104,3 +104,42 @@ def test_past_the_limit_the_hnsw_index_answers(store, caplog) -> None:
     assert not store.exact_search_active
     assert f"the collection grew to {N + 2} chunks > rag.store.exact_search_max_chunks {N + 1}" in caplog.text
     assert {cid for cid, _ in store.query_ids(vectors[:1], 2)[0]} == {"c000", "x0"}  # Chroma's answer
+
+
+def test_held_for_filtered_queries_a_selective_scope_or_tag_is_exact_and_the_rest_is_hnsw(store) -> None:
+    from app.access.scope import Principal
+
+    rng = np.random.default_rng(4)
+    vectors = rng.standard_normal((N, DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    tenants = [("t0" if i % 10 == 0 else "t1") for i in range(N)]  # t0: 40 chunks
+    chunks = [
+        StoredChunk(
+            f"c{i:03d}", f"text {i}", {"knowledge": TAGS[i % 3], "tenant": tenants[i], "access": ["public"]}
+        )
+        for i in range(N)
+    ]
+    store.upsert(chunks, vectors)
+    said = store.load_exact(100, 1000)  # 400 chunks: held, but only a filter matching <= 100 is exact
+    assert said.startswith("dense search: the store's HNSW index, and exact for a filter that at most 100")
+    assert not store.exact_search_active
+    small = Principal("p", tenant="t0")
+    assert store.exact_search_covers(None, small) and not store.exact_search_covers(
+        None, Principal("q", tenant="t1")
+    )
+    assert not store.exact_search_covers(None, None) and not store.exact_search_covers(
+        "it", None
+    )  # ~133 match
+    query = np.random.default_rng(12).standard_normal((1, DIM)).astype(np.float32)
+    cosines = vectors.astype(float) @ (query[0] / np.linalg.norm(query[0])).astype(float)
+    readable = [i for i in range(N) if tenants[i] == "t0"]
+    expected = [f"c{i:03d}" for i in sorted(readable, key=lambda i: (-cosines[i], i))[:10]]
+    assert [cid for cid, _ in store.query_ids(query, 10, None, small)[0]] == expected
+    # a write that moves a chunk into the scope is seen by the next query
+    store.upsert(
+        [StoredChunk("c001", "text 1", {"knowledge": "it", "tenant": "t0", "access": ["public"]})],
+        vectors[[1]],
+    )
+    readable.append(1)
+    expected = [f"c{i:03d}" for i in sorted(readable, key=lambda i: (-cosines[i], i))[:10]]
+    assert [cid for cid, _ in store.query_ids(query, 10, None, small)[0]] == expected

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from app.access.scope import Principal, may_read
 from app.store import StoredChunk
 from app.store.exact import ExactSearch
 
@@ -178,3 +179,116 @@ def test_a_failed_read_leaves_the_loaded_search_as_it_was() -> None:
     with pytest.raises(ConnectionError):
         exact.load(failing(), 2)
     assert exact.search(np.array([[1.0, 0.0]]), 5, None) == [[("a", pytest.approx(1.0, abs=1e-7))]]
+
+
+# -- held for filtered queries only (filtered_max_chunks) -----------------------------------------------
+
+
+def scoped_chunks(count: int, seed: int) -> list[StoredChunk]:
+    """Random 8-dimensional chunks over 3 tenants, each with 1-2 of 4 groups, some public, 3 tags."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        tenant = ["t0", "t1", "t2"][int(rng.integers(3))]
+        access = [f"group:g{g}" for g in sorted(set(rng.integers(4, size=int(rng.integers(1, 3))).tolist()))]
+        if rng.random() < 0.2:
+            access.append("public")
+        meta = {"tenant": tenant, "access": access, "knowledge": ["hr", "it", "ops"][int(rng.integers(3))]}
+        out.append(StoredChunk(f"c{i:03d}", "", meta, rng.standard_normal(8).astype(np.float32)))
+    return out
+
+
+def brute_force(
+    chunks: list[StoredChunk], query: np.ndarray, n: int, tag: str | None, principal: Principal | None
+) -> list[str]:
+    """The definition: the n of largest float64 cosine among the chunks with the tag that `may_read`
+    allows, ties by id."""
+    q = query / np.linalg.norm(query)
+    scored = [
+        (-float(np.dot(q, c.embedding / np.linalg.norm(c.embedding))), c.chunk_id)
+        for c in chunks
+        if (tag is None or c.metadata["knowledge"] == tag)
+        and (principal is None or may_read(principal, c.metadata))
+    ]
+    return [cid for _, cid in sorted(scored)[:n]]
+
+
+FILTERS = [
+    ("hr", None),
+    (None, Principal("p", tenant="t1", groups=("g0",))),
+    ("it", Principal("p", tenant="t2", groups=("g1", "g3"))),
+    (None, Principal("nobody", tenant="t9", groups=("g0",))),
+]
+
+
+@pytest.mark.parametrize(("tag", "principal"), FILTERS)
+def test_a_held_collection_answers_a_selective_filter_as_the_definition(tag, principal) -> None:
+    chunks = scoped_chunks(300, seed=5)
+    exact = ExactSearch(max_chunks=120, filtered_max_chunks=1000)  # each filter matches fewer than 120
+    assert exact.load(chunks, len(chunks)) and not exact.serves_all
+    assert exact.covers(tag, principal)
+    queries = np.random.default_rng(6).standard_normal((20, 8)).astype(np.float32)
+    got = exact.search(queries, 10, tag, principal)
+    assert got is not None
+    for query, hits in zip(queries, got, strict=True):
+        assert [cid for cid, _ in hits] == brute_force(chunks, query, 10, tag, principal)
+
+
+def test_a_held_collection_leaves_unfiltered_and_broad_filters_to_the_store() -> None:
+    chunks = scoped_chunks(300, seed=5)
+    exact = ExactSearch(max_chunks=50, filtered_max_chunks=1000)
+    assert exact.load(chunks, len(chunks))
+    query = np.ones((1, 8), dtype=np.float32)
+    assert not exact.covers(None, None) and exact.search(query, 5, None) is None
+    assert not exact.covers("hr", None) and exact.search(query, 5, "hr") is None  # ~100 match, over 50
+    admin = Principal("admin", admin=True)
+    assert not exact.covers(None, admin) and exact.search(query, 5, None, admin) is None
+
+
+def test_a_held_collection_follows_writes_and_turns_to_rows_when_it_crosses_the_limit() -> None:
+    chunks = scoped_chunks(300, seed=8)
+    exact = ExactSearch(max_chunks=150, filtered_max_chunks=1000)
+    assert exact.load(chunks[:100], 100) and exact.serves_all  # within max_chunks: every query
+    exact.apply(chunks[100:], [])  # crosses 150: filtered queries only, over the matching rows
+    assert not exact.serves_all
+    principal = Principal("p", tenant="t0", groups=("g2",))
+    query = np.random.default_rng(9).standard_normal((1, 8)).astype(np.float32)
+    assert [c for c, _ in exact.search(query, 10, "ops", principal)[0]] == brute_force(
+        chunks, query[0], 10, "ops", principal
+    )
+    # a retag and a delete are seen by the next search (the matching rows are not kept past a change)
+    moved = StoredChunk(
+        chunks[0].chunk_id,
+        "",
+        {**chunks[0].metadata, "tenant": "t0", "knowledge": "ops", "access": ["group:g2"]},
+        chunks[0].embedding,
+    )
+    gone = brute_force(chunks, query[0], 1, "ops", principal)[0]
+    exact.apply([moved], [gone])
+    now = [moved if c.chunk_id == moved.chunk_id else c for c in chunks if c.chunk_id != gone]
+    assert [c for c, _ in exact.search(query, 10, "ops", principal)[0]] == brute_force(
+        now, query[0], 10, "ops", principal
+    )
+
+
+def test_more_than_filtered_max_chunks_is_not_held() -> None:
+    exact = ExactSearch(max_chunks=10, filtered_max_chunks=20)
+    assert not exact.load(scoped_chunks(21, seed=1), 21)
+    assert "exact_filtered_max_chunks 20" in exact.why_not
+
+
+def test_filters_in_rotation_past_the_kept_vectors_budget_still_answer_as_the_definition() -> None:
+    chunks = scoped_chunks(300, seed=12)
+    exact = ExactSearch(max_chunks=60, filtered_max_chunks=1000)  # keeps at most 120 gathered rows
+    assert exact.load(chunks, len(chunks))
+    filters = [
+        (None, Principal("p", tenant=t, groups=(g,))) for t in ("t0", "t1", "t2") for g in ("g0", "g1")
+    ]
+    assert all(exact.covers(tag, principal) for tag, principal in filters)
+    queries = np.random.default_rng(13).standard_normal((3, 8)).astype(np.float32)
+    for _ in range(2):  # the second round finds some filters' vectors dropped, some kept
+        for tag, principal in filters:
+            got = exact.search(queries, 5, tag, principal)
+            assert got is not None
+            for query, hits in zip(queries, got, strict=True):
+                assert [cid for cid, _ in hits] == brute_force(chunks, query, 5, tag, principal)
