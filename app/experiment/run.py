@@ -341,7 +341,8 @@ def evaluate_all(
         log.info("experiment: evaluating variant '%s' (%d/%d)", planned.variant.name, i, len(plans))
         store = planned.built.store if planned.built is not None else sieve.store
         if store is not sieve.store:
-            log.info("%s", store.load_exact(planned.variant.settings.rag.store.exact_search_max_chunks))
+            held = planned.variant.settings.rag.store
+            log.info("%s", store.load_exact(held.exact_search_max_chunks, held.exact_filtered_max_chunks))
         variant = sieve.with_settings(planned.variant.settings, planned.embedder, store, planned.reranker)
         built = planned.built
         cost: dict[str, float | int | None] = (

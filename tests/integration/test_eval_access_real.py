@@ -83,7 +83,7 @@ def sieve(tmp_path_factory: pytest.TempPathFactory, real_embedder) -> Iterator[S
 
 
 def settings_for(base: Path, kb: Path) -> Settings:
-    return make_settings(
+    settings = make_settings(
         base / "store",
         base / "eval",
         nested("rag.ingest.paths", [str(kb)]),
@@ -95,6 +95,12 @@ def settings_for(base: Path, kb: Path) -> Settings:
             nested("rag.evaluate.top_k", 3),
         ),
     )
+    # exactly these principals: a mapping given here is merged into config/application.yml's (the sample's
+    # hr-manager and sales-rep), and the leak probe runs every case as every evaluation principal
+    settings.rag.access.eval_principals = settings.rag.access.model_validate(
+        {"eval_principals": PRINCIPALS}
+    ).eval_principals
+    return settings
 
 
 def run(sieve: Sieve) -> Outcome:

@@ -81,7 +81,13 @@ RESULT_KEYS: dict[str, tuple[str, ...]] = {
     ),
     # exact or approximate search, and the approximate index's parameters (hnsw_m and
     # hnsw_construction_ef apply when a collection is created)
-    "store": ("exact_search_max_chunks", "hnsw_search_ef", "hnsw_m", "hnsw_construction_ef"),
+    "store": (
+        "exact_search_max_chunks",
+        "exact_filtered_max_chunks",
+        "hnsw_search_ef",
+        "hnsw_m",
+        "hnsw_construction_ef",
+    ),
 }
 SPEED_KEYS: dict[str, tuple[str, ...]] = {
     # float-level noise at most (batch padding, thread count, device kernels, the traced query model is
