@@ -96,7 +96,9 @@ def test_ingest_loads_the_query_model_untraced_and_no_exact_search(
     limits = []
     load_exact = ChromaStore.load_exact
     monkeypatch.setattr(
-        ChromaStore, "load_exact", lambda self, limit: limits.append(limit) or load_exact(self, limit)
+        ChromaStore,
+        "load_exact",
+        lambda self, limit, *held: limits.append(limit) or load_exact(self, limit, *held),
     )
     (tmp_path / "one.md").write_text("---\nid: cli-untraced\n---\n# One\n\nA document.\n", encoding="utf-8")
 

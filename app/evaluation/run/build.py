@@ -338,13 +338,18 @@ def access_section(
 
 
 def _with_acl_filtered(audit: Audit, section: AccessSection | None) -> Audit:
-    """`audit` with the run's ACL_FILTERED cases as a finding, when the cases ran scoped (`section`)."""
-    if section is None or not audit.ran:
+    """`audit` with the run's ACL_FILTERED cases as a finding, when some case ran as a principal (without
+    one, the audit is the golden set's alone, as `sieve golden check` reports it)."""
+    if section is None or not audit.ran or not _some_case_scoped(section):
         return audit
     audit.acl_filtered = list(section.acl_filtered)
     audit.findings = {**audit.findings, ACL_FILTERED_FINDING: len(section.acl_filtered)}
     audit.summary = summary_line(audit)
     return audit
+
+
+def _some_case_scoped(section: AccessSection) -> bool:
+    return any(name != principal_label(None) for name in section.cases_by_principal)
 
 
 def _audit_record(audit: AuditResult) -> Audit:
