@@ -515,6 +515,10 @@ class EvaluateSettings(_Strict):
     # the date the hard filter's effective-date rules use; None = today
     as_of: date | None = None
     latency_sample: int = Field(20, ge=0)
+    # every case re-run as every other evaluation principal (rag.access.eval_principals), any chunk out of
+    # that principal's scope a gate failure (`leak_probe`, docs/access.md); it costs cases x principals
+    # retrievals. Off: the gate says the probe did not run
+    leak_probe: bool = True
     # a quote of a golden case is returned when the returned chunks' spans cover this share of its
     # characters (1.0: every character; app/evaluation/golden/quotes.py)
     evidence_coverage: float = Field(1.0, gt=0.0, le=1.0)

@@ -227,7 +227,7 @@ def run_evaluation(
         gain=settings.gain,
         principals=case_principals(golden, access),
     )
-    if probe:
+    if probe and settings.leak_probe:
         evaluation.probe = leak_probe(chain, evaluation, eval_principals(access), known, settings.as_of)
     return evaluation
 

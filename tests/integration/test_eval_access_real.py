@@ -90,6 +90,7 @@ def settings_for(base: Path, kb: Path) -> Settings:
         merge(
             nested("rag.access.eval_principals", PRINCIPALS),
             nested("rag.evaluate.baseline", "none"),
+            nested("rag.evaluate.leak_probe", True),
             nested("rag.evaluate.sweep.enabled", False),
             nested("rag.evaluate.latency_sample", 0),
             nested("rag.evaluate.top_k", 3),

@@ -80,9 +80,13 @@ def golden(*cases: dict[str, Any]) -> GoldenSet:
 
 
 def run(
-    chain: ScopedChain, golden_set: GoldenSet, access: AccessSettings = ACCESS, k: int = 5
+    chain: ScopedChain,
+    golden_set: GoldenSet,
+    access: AccessSettings = ACCESS,
+    k: int = 5,
+    leak_probe: bool = True,
 ) -> tuple[Report, Any]:
-    settings = EvaluateSettings(top_k=k, latency_sample=0)
+    settings = EvaluateSettings(top_k=k, latency_sample=0, leak_probe=leak_probe)
     evaluation = run_evaluation(chain, golden_set, KnownIds.from_metadata(ROWS), settings, access=access)  # type: ignore[arg-type]
     report = measure_report(evaluation, {}, access=access)
     return report, check_gate(report, NO_THRESHOLDS)
@@ -374,3 +378,14 @@ def test_acl_filtered_needs_every_chunk_of_an_id_out_of_scope() -> None:
     assert acl_filtered(HR, ["c3", "c6"], lambda i: known.chunks_of(i, "chunk"), known.scopes) == ["c3"]
     assert acl_filtered(HR, ["C.md"], lambda i: known.chunks_of(i, "source"), known.scopes) == []
     assert acl_filtered(None, ["D"], lambda i: known.chunks_of(i, "doc"), known.scopes) == []
+
+
+def test_with_the_probe_off_a_leaky_filter_still_fails_the_cases_own_check_and_a_note_says_so() -> None:
+    report, gate = run(ScopedChain(leaky=True), golden(*CASES), leak_probe=False)
+    assert report.access is not None and report.access.probe is None
+    assert not [c for c in gate.checks if c.name == "leak_probe"]
+    assert not check(gate, "max_access_leaks").passed  # the cases' own runs are checked all the same
+    assert (
+        "leak probe not run (rag.evaluate.leak_probe is false): no case was re-run as the other evaluation "
+        "principals"
+    ) in gate.notes

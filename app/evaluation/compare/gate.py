@@ -374,9 +374,15 @@ def _access_leaks(result: GateResult, report: Report, thresholds: EvaluateThresh
 
 def _leak_probe(result: GateResult, report: Report) -> None:
     """`leak_probe`: no leak in the probe's runs, and no probe run that failed (it checked nothing). Not
-    checked when the probe did not run (no evaluation principals)."""
+    checked when the probe did not run (no evaluation principals; or rag.evaluate.leak_probe off, which a
+    note says)."""
     probe = report.access.probe if report.access is not None else None
     if probe is None:
+        if report.access is not None and report.access.principals:
+            result.notes.append(
+                "leak probe not run (rag.evaluate.leak_probe is false): no case was re-run as the other "
+                "evaluation principals"
+            )
         return
     found = len(probe.leaks)
     message = f"{probe.runs} probe run(s) as {len(probe.principals)} principal(s): {found} leak(s)"
