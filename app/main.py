@@ -227,6 +227,12 @@ def _say_missing_spans(sieve: Sieve) -> None:
         log.warning("%s", spans_missing_line(missing, len(sample)))
 
 
+def _say_index_notes(sieve: Sieve) -> None:
+    """What the log says of the index once it is ready: chunks without spans, chunks without scope."""
+    _say_missing_spans(sieve)
+    _say_unscoped(sieve)
+
+
 def _say_unscoped(sieve: Sieve) -> None:
     """With access scopes on, how many chunks carry no access list (only the admin token reads them)."""
     if not sieve.settings.rag.access.enabled:
@@ -266,8 +272,7 @@ def startup_sequence(state: AppState) -> None:
     reconcile_index(state, sieve, full=True)
     state.job_runner.after_jobs = lambda: reconcile_after_jobs(state, sieve)
     log.info("index ready: %d chunks in %s", sieve.store.count(), sieve.store.description)
-    _say_missing_spans(sieve)
-    _say_unscoped(sieve)
+    _say_index_notes(sieve)
     if state.freeze_after_load:
         freeze_loaded_objects()
     if rag.evaluate.enabled:

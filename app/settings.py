@@ -611,7 +611,20 @@ class ServerSettings(_Strict):
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
 
-class PrincipalSettings(_Strict):
+class _PrincipalScope(_Strict):
+    """What a principal reads as: its tenant, groups and user (docs/access.md)."""
+
+    tenant: str | None = Field(None, min_length=1, max_length=200)
+    groups: list[str] = Field(default_factory=list, max_length=1000)
+    user: str | None = Field(None, min_length=1, max_length=200)
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        return _access_names(value) or []
+
+
+class PrincipalSettings(_PrincipalScope):
     """One API token's principal: who the bearer of the token whose SHA-256 is `token_sha256` reads as."""
 
     token_sha256: str = Field(
@@ -619,32 +632,15 @@ class PrincipalSettings(_Strict):
         description="SHA-256 of the token, 64 lowercase hex digits (`printf %s TOKEN | sha256sum`); the "
         "token itself is never configured",
     )
-    tenant: str | None = Field(None, min_length=1, max_length=200)
-    groups: list[str] = Field(default_factory=list, max_length=1000)
-    user: str | None = Field(None, min_length=1, max_length=200)
-
-    @field_validator("groups")
-    @classmethod
-    def _group_names(cls, value: list[str]) -> list[str]:
-        return _access_names(value) or []
 
 
 # the name a golden case (`principal`) or `eval_default_principal` gives the admin, who reads everything
 EVAL_ADMIN = "admin"
 
 
-class EvalPrincipalSettings(_Strict):
+class EvalPrincipalSettings(_PrincipalScope):
     """A principal a golden case is evaluated as (`principal: NAME`): the identity comes from here, never
     from the golden set."""
-
-    tenant: str | None = Field(None, min_length=1, max_length=200)
-    groups: list[str] = Field(default_factory=list, max_length=1000)
-    user: str | None = Field(None, min_length=1, max_length=200)
-
-    @field_validator("groups")
-    @classmethod
-    def _group_names(cls, value: list[str]) -> list[str]:
-        return _access_names(value) or []
 
 
 class JwtSettings(_Strict):

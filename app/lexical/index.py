@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.access.scope import Principal, label_matches, parse_label
+from app.store.types import label_mask
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (also bm25s's "en" list).
 ENGLISH_STOP_WORDS = frozenset(
@@ -512,20 +513,8 @@ class Bm25Index:
         chunks, so that indexing it with a slot's label number (-1: none) answers for every slot."""
         if principal is not None and principal.admin:
             principal = None
-        key = (knowledge_tag, None if principal is None else principal.key)
-        known = self._label_masks.get(key)
-        count = len(self._tags)
-        if known is not None and len(known) == count + 1:
-            return known
-        done = 0 if known is None else len(known) - 1
-        fresh = [label_matches(label, knowledge_tag, principal) for label in self._tags[done:count]]
         untagged = label_matches(None, knowledge_tag, principal)
-        head = known[:done] if known is not None else np.zeros(0, dtype=bool)
-        mask = np.concatenate([head, np.asarray(fresh, dtype=bool), [untagged]])
-        if len(self._label_masks) > 4096:  # bounded: a principal's key per entry
-            self._label_masks.clear()
-        self._label_masks[key] = mask
-        return mask
+        return label_mask(self._label_masks, self._tags, knowledge_tag, principal, [untagged])
 
     def _slot_mask(self, knowledge_tag: str | None, principal: Principal | None) -> np.ndarray | None:
         """Per slot, whether it matches (None: every slot does)."""

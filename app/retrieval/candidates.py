@@ -228,9 +228,7 @@ class CandidateGenerator:
         get = chunks.get
         for chunk_id, similarity in dense_hits:
             hit = get(chunk_id)
-            if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
-                continue
-            if scope is not None and not may_read(scope, hit.metadata):
+            if hit is None or not _admitted(hit, tag, scope):
                 continue
             if chunk_id in position:  # a store never repeats a hit; if one did, its last score counts
                 dense[position[chunk_id]] = float(similarity or 0.0)
@@ -249,9 +247,7 @@ class CandidateGenerator:
                 lexical_hits.append(chunk_id)
                 continue
             hit = get(chunk_id)
-            if hit is None or (tag is not None and knowledge_tag_of(hit.metadata) != tag):
-                continue
-            if scope is not None and not may_read(scope, hit.metadata):
+            if hit is None or not _admitted(hit, tag, scope):
                 continue
             vector = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
             position[chunk_id] = len(picked)
@@ -269,6 +265,13 @@ class CandidateGenerator:
 
 
 DENSE, LEXICAL, BOTH = frozenset({"dense"}), frozenset({"bm25"}), frozenset({"dense", "bm25"})
+
+
+def _admitted(hit: StoredChunk, tag: str | None, scope: Principal | None) -> bool:
+    """The stored chunk carries the query's tag (when it has one) and `scope` may read it (`may_read`)."""
+    if tag is not None and knowledge_tag_of(hit.metadata) != tag:
+        return False
+    return scope is None or may_read(scope, hit.metadata)
 
 
 def _geometry(

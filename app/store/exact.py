@@ -54,7 +54,7 @@ from typing import Any, cast
 import numpy as np
 
 from app.access.scope import Principal, chunk_label, label_matches
-from app.store.types import StoredChunk, vector_norm
+from app.store.types import StoredChunk, label_mask, vector_norm
 
 NO_TAG = -1  # a live row without a (string) knowledge tag
 DEAD = -2  # a free row
@@ -349,22 +349,9 @@ class ExactSearch:
     def _label_mask(self, tag: str | None, principal: Principal | None) -> np.ndarray:
         """Per label number whether its chunks match, then DEAD's answer (False) and NO_TAG's, so that
         indexing it with a row's label number (DEAD -2, NO_TAG -1 count from the end) answers for every
-        row. Labels are only added: a mask made before is extended."""
-        key = (tag, None if principal is None else principal.key)
-        known = self._masks.get(key)
-        count = len(self._labels)
-        if known is not None and len(known) == count + 2:
-            return known
-        done = 0 if known is None else len(known) - 2
-        head = known[:done] if known is not None else np.zeros(0, dtype=bool)
-        fresh = [label_matches(label, tag, principal) for label in self._labels[done:count]]
-        mask = np.concatenate(
-            [head, np.asarray(fresh, dtype=bool), [False, label_matches(None, tag, principal)]]
-        )
-        if len(self._masks) > 4096:  # bounded: one entry per (tag, principal's scope)
-            self._masks.clear()
-        self._masks[key] = mask
-        return mask
+        row (`label_mask`)."""
+        tail = [False, label_matches(None, tag, principal)]  # DEAD, NO_TAG
+        return label_mask(self._masks, self._labels, tag, principal, tail)
 
     def _off(self, why: str) -> None:
         self._clear()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from app.access.scope import chunk_label
+from app.access.scope import Principal, chunk_label, label_matches
 
 # A chunk's metadata as the store holds it: scalar values by key.
 ChunkMetadata = dict[str, str | int | float | bool | None]
@@ -51,6 +52,37 @@ def index_label_of(metadata: dict[str, Any]) -> str | None:
     """What the lexical index and the exact search keep of a chunk to filter by: its knowledge tag, with
     its tenant and access list when it has them (`app.access.scope.chunk_label`)."""
     return chunk_label(knowledge_tag_of(metadata), metadata)
+
+
+# the most (tag, scope) masks a label index keeps; past it they are all dropped and made again as asked
+MAX_LABEL_MASKS = 4096
+
+
+def label_mask(
+    cache: dict[tuple[object, ...], np.ndarray],
+    labels: Sequence[str],
+    tag: str | None,
+    principal: Principal | None,
+    tail: Sequence[bool],
+) -> np.ndarray:
+    """Per label number of `labels`, whether a chunk so labelled has `tag` (any, for None) and `principal`
+    may read it (`label_matches`), then `tail`'s answers, for the label numbers counted from the end (no
+    label, a free row), so that indexing the mask with any row's label number answers for that row.
+
+    Kept in `cache` by (tag, the principal's key): labels are only ever added, so a mask made before is
+    extended by the new labels, never recomputed."""
+    key = (tag, None if principal is None else principal.key)
+    known = cache.get(key)
+    if known is not None and len(known) == len(labels) + len(tail):
+        return known
+    done = 0 if known is None else len(known) - len(tail)
+    head = known[:done] if known is not None else np.zeros(0, dtype=bool)
+    fresh = [label_matches(label, tag, principal) for label in labels[done:]]
+    mask = np.concatenate([head, np.asarray(fresh, dtype=bool), np.asarray(tail, dtype=bool)])
+    if len(cache) >= MAX_LABEL_MASKS:
+        cache.clear()
+    cache[key] = mask
+    return mask
 
 
 def unit_of(vector: np.ndarray) -> np.ndarray | None:
