@@ -459,6 +459,20 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
         if isinstance(value, str) and (problem := unicode_problem(value)):
             raise _Invalid(f"field '{name}': {problem}", number)
 
+    metadata = _jsonl_metadata(record, number)
+    return Document(
+        doc_id=doc_id,
+        text=text,
+        title="" if title is None else str(title),
+        metadata=metadata,
+        origin=origin,
+        line=number,
+    )
+
+
+def _jsonl_metadata(record: dict[str, Any], number: int) -> dict[str, Scalar | list[str] | None]:
+    """A JSONL line's fields other than id, text and title, as the document's metadata; an _Invalid
+    naming the field and the line for the first one that cannot be stored."""
     metadata: dict[str, Scalar | list[str] | None] = {}
     for name, value in record.items():
         try:
@@ -472,14 +486,7 @@ def _jsonl_document(line: str, origin: str, number: int) -> Document:
             raise _Invalid(f"field {name!r}: {exc.message}", number) from None
         if scalar is not None or name == ACCESS:  # an empty access is kept: see _EMPTY_ACCESS_KEPT
             metadata[name] = scalar
-    return Document(
-        doc_id=doc_id,
-        text=text,
-        title="" if title is None else str(title),
-        metadata=metadata,
-        origin=origin,
-        line=number,
-    )
+    return metadata
 
 
 def _json_type(value: Any) -> str:
