@@ -264,11 +264,6 @@ def measure_report(
     (`build_report` adds them from the comparison); `sweep` and `audit` are the run's (None: not run),
     the audit's per-case content hashes put into the case records' `expectedContent`; `access` the
     rag.access the cases ran under (`access_section`; None: read as the default, access off)."""
-    origins: dict[str, int] = {}
-    for c in evaluation.cases:
-        if c.result is not None:
-            for k, v in c.result.trace.candidate_origins.items():
-                origins[k] = origins.get(k, 0) + v
     started = datetime.fromtimestamp(evaluation.started_at, UTC).isoformat(timespec="seconds")
     records = [_with_content(case_record(c), audit) for c in evaluation.cases]
     run = RunInfo.model_validate(
@@ -299,10 +294,20 @@ def measure_report(
         segments=segments(records),
         origins=origin_comparison(records),
         groups=groups(records),
-        candidate_origins=origins,
+        candidate_origins=_candidate_origins(evaluation),
         warnings=list(evaluation.warnings),
         cases=records,
     )
+
+
+def _candidate_origins(evaluation: Evaluation) -> dict[str, int]:
+    """How many candidates each search found over the run's cases (dense, bm25, both), summed."""
+    origins: dict[str, int] = {}
+    for c in evaluation.cases:
+        if c.result is not None:
+            for k, v in c.result.trace.candidate_origins.items():
+                origins[k] = origins.get(k, 0) + v
+    return origins
 
 
 def access_section(
