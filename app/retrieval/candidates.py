@@ -219,52 +219,82 @@ class CandidateGenerator:
 
         Its `search_hits` are the dense hits and the lexical ids that became candidates, each in the order
         its search gave them."""
-        searched_dense = self.settings.candidate_k > 0
-        searched_lexical = self.settings.hybrid and self.lexical is not None
-        picked: list[StoredChunk] = []
-        dense: list[float] = []
-        origins: list[frozenset[str]] = []
-        position: dict[str, int] = {}
-        get = chunks.get
-        for chunk_id, similarity in dense_hits:
-            hit = get(chunk_id)
-            if hit is None or not _admitted(hit, tag, scope):
-                continue
-            if chunk_id in position:  # a store never repeats a hit; if one did, its last score counts
-                dense[position[chunk_id]] = float(similarity or 0.0)
-                continue
-            position[chunk_id] = len(picked)
-            picked.append(hit)
-            dense.append(float(similarity or 0.0))
-            origins.append(DENSE)
-        searched = {"dense": [h.chunk_id for h in picked]} if searched_dense else {}
-        lexical_hits: list[str] = []
-        for chunk_id in lexical_ids:
-            at = position.get(chunk_id)
-            if at is not None:
-                if origins[at] is DENSE:
-                    origins[at] = BOTH
-                lexical_hits.append(chunk_id)
-                continue
-            hit = get(chunk_id)
-            if hit is None or not _admitted(hit, tag, scope):
-                continue
-            vector = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
-            position[chunk_id] = len(picked)
-            picked.append(hit)
-            dense.append(float(np.dot(vector, embedding)))
-            origins.append(LEXICAL)
-            lexical_hits.append(chunk_id)
-        if searched_lexical:
+        got = _Gathered()
+        got.add_dense(dense_hits, chunks, tag, scope)
+        searched = {"dense": [h.chunk_id for h in got.picked]} if self.settings.candidate_k > 0 else {}
+        lexical_hits = got.add_lexical(lexical_ids, chunks, tag, scope, embedding)
+        if self.settings.hybrid and self.lexical is not None:
             searched["bm25"] = lexical_hits
+        picked, origins = got.picked, got.origins
         units, nearest = _geometry([h.embedding for h in picked], [h.unit for h in picked], self.nearest)
-        made = list(map(_candidate, picked, dense, origins, units, nearest))
+        made = list(map(_candidate, picked, got.dense, origins, units, nearest))
         made.sort(key=lambda c: (-c.scores[SCORE_DENSE], c.doc_id, c.chunk_id))
         counts = {"dense": origins.count(DENSE), "bm25": origins.count(LEXICAL), "both": origins.count(BOTH)}
         return CandidateSet(made, counts, searched)
 
 
 DENSE, LEXICAL, BOTH = frozenset({"dense"}), frozenset({"bm25"}), frozenset({"dense", "bm25"})
+
+
+@dataclass
+class _Gathered:
+    """One query's candidates as `_merge` gathers them, in parallel lists (a hot path): each stored chunk,
+    its dense score and which searches found it, and each chunk id's place in the lists."""
+
+    picked: list[StoredChunk] = field(default_factory=list)
+    dense: list[float] = field(default_factory=list)
+    origins: list[frozenset[str]] = field(default_factory=list)
+    position: dict[str, int] = field(default_factory=dict)
+
+    def add_dense(
+        self,
+        hits: list[tuple[str, float]],
+        chunks: dict[str, StoredChunk],
+        tag: str | None,
+        scope: Principal | None,
+    ) -> None:
+        get, position = chunks.get, self.position
+        for chunk_id, similarity in hits:
+            hit = get(chunk_id)
+            if hit is None or not _admitted(hit, tag, scope):
+                continue
+            if chunk_id in position:  # a store never repeats a hit; if one did, its last score counts
+                self.dense[position[chunk_id]] = float(similarity or 0.0)
+                continue
+            position[chunk_id] = len(self.picked)
+            self.picked.append(hit)
+            self.dense.append(float(similarity or 0.0))
+            self.origins.append(DENSE)
+
+    def add_lexical(
+        self,
+        ids: list[str],
+        chunks: dict[str, StoredChunk],
+        tag: str | None,
+        scope: Principal | None,
+        embedding: np.ndarray,
+    ) -> list[str]:
+        """Add the lexical hits not found by the dense search, scored by their stored vector's cosine;
+        returns the lexical ids that became (or already were) candidates, in the search's order."""
+        get, position, origins = chunks.get, self.position, self.origins
+        found: list[str] = []
+        for chunk_id in ids:
+            at = position.get(chunk_id)
+            if at is not None:
+                if origins[at] is DENSE:
+                    origins[at] = BOTH
+                found.append(chunk_id)
+                continue
+            hit = get(chunk_id)
+            if hit is None or not _admitted(hit, tag, scope):
+                continue
+            vector = hit.embedding if hit.embedding is not None else np.zeros_like(embedding)
+            position[chunk_id] = len(self.picked)
+            self.picked.append(hit)
+            self.dense.append(float(np.dot(vector, embedding)))
+            origins.append(LEXICAL)
+            found.append(chunk_id)
+        return found
 
 
 def _admitted(hit: StoredChunk, tag: str | None, scope: Principal | None) -> bool:
