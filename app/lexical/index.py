@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from app.access.scope import Principal, label_matches, parse_label
-from app.store.types import label_mask
+from app.store.types import LabelMasks
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET (also bm25s's "en" list).
 ENGLISH_STOP_WORDS = frozenset(
@@ -192,9 +192,9 @@ class Bm25Index:
         self._mean_idf: tuple[int, float] | None = None
         self._alive_mask: tuple[int, np.ndarray] | None = None
         self._tag_counts: tuple[int, np.ndarray] | None = None  # live chunks per tag number
-        # (knowledge tag, principal's key) -> (labels known when made, per label number whether it matches,
-        # the untagged chunks' answer last): labels are only ever added, so a mask grows, never changes
-        self._label_masks: dict[tuple[Any, ...], np.ndarray] = {}
+        # per (knowledge tag, principal's key): per label number whether it matches, the untagged chunks'
+        # answer last (labels are only ever added, so a mask grows, never changes)
+        self._label_masks = LabelMasks()
         # (knowledge tag, principal's key) -> (version, per slot whether it matches): `_slot_mask`'s answer
         # until the next change (gathering the label mask over every slot is a pass over the index per query)
         self._slot_masks: dict[tuple[Any, ...], tuple[int, np.ndarray]] = {}
@@ -297,6 +297,7 @@ class Bm25Index:
         if number is None:
             number = self._tag_no[tag] = len(self._tags)
             self._tags.append(tag)
+            self._label_masks.parse(self._tags)
         return number
 
     def _append_counts(
@@ -411,6 +412,7 @@ class Bm25Index:
             self._post_tf.append(f)
         self._tags = list(tags)
         self._tag_no = {tag: i for i, tag in enumerate(self._tags)}
+        self._label_masks.parse(self._tags)  # at load, not at the first filtered query
         self._live = len(ids)
         self._total_len = int(np.asarray(state["doc_len"], dtype=np.int64).sum())
         self._version += 1
@@ -514,7 +516,7 @@ class Bm25Index:
         if principal is not None and principal.admin:
             principal = None
         untagged = label_matches(None, knowledge_tag, principal)
-        return label_mask(self._label_masks, self._tags, knowledge_tag, principal, [untagged])
+        return self._label_masks(self._tags, knowledge_tag, principal, [untagged])
 
     def _slot_mask(self, knowledge_tag: str | None, principal: Principal | None) -> np.ndarray | None:
         """Per slot, whether it matches (None: every slot does)."""

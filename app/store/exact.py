@@ -54,7 +54,7 @@ from typing import Any, cast
 import numpy as np
 
 from app.access.scope import Principal, chunk_label, label_matches
-from app.store.types import StoredChunk, label_mask, vector_norm
+from app.store.types import LabelMasks, StoredChunk, vector_norm
 
 NO_TAG = -1  # a live row without a (string) knowledge tag
 DEAD = -2  # a free row
@@ -86,7 +86,7 @@ class ExactSearch:
         self._free: list[int] = []
         self._tag_number: dict[str, int] = {}  # label -> label number (`index_label_of`)
         self._labels: list[str] = []  # label number -> label
-        self._masks: dict[tuple[Any, ...], np.ndarray] = {}  # see _label_mask
+        self._masks = LabelMasks()  # see _label_mask
         self._stale: set[str] = set()
         self._stale_all = False
         self.active = False
@@ -344,14 +344,15 @@ class ExactSearch:
         number = self._tag_number.setdefault(label, len(self._tag_number))
         if number == len(self._labels):
             self._labels.append(label)
+            self._masks.parse(self._labels)
         return number
 
     def _label_mask(self, tag: str | None, principal: Principal | None) -> np.ndarray:
         """Per label number whether its chunks match, then DEAD's answer (False) and NO_TAG's, so that
         indexing it with a row's label number (DEAD -2, NO_TAG -1 count from the end) answers for every
-        row (`label_mask`)."""
+        row (`LabelMasks`)."""
         tail = [False, label_matches(None, tag, principal)]  # DEAD, NO_TAG
-        return label_mask(self._masks, self._labels, tag, principal, tail)
+        return self._masks(self._labels, tag, principal, tail)
 
     def _off(self, why: str) -> None:
         self._clear()
@@ -366,7 +367,7 @@ class ExactSearch:
         self._matching, self._gathered, self._gathered_rows = {}, OrderedDict(), 0
         self._tags = np.empty(0, dtype=np.int32)
         self._ids, self._row_of, self._free, self._tag_number = [], {}, [], {}
-        self._labels, self._masks = [], {}
+        self._labels, self._masks = [], LabelMasks()
 
 
 def _top(
