@@ -3,6 +3,7 @@
     python scripts/bench_access.py [--size 100000] [--workdir target/bench-access] [--queries 200]
     python scripts/bench_access.py parts --size 1000000   # the parts that scale, in process, no store
     python scripts/bench_access.py unscoped               # Chroma's unscoped search, vectors held or not
+    python scripts/bench_access.py labels --size 300000   # a new principal's label mask, label by label or not
 
 Main run, one process, one collection of `--size` chunks (built once under `--workdir`/n<N>/, kept):
 - texts from scripts/scale_corpus.py's `Corpus` (so BM25 has real postings), vectors random unit vectors
@@ -28,6 +29,11 @@ filtered queries: `ChromaStore.load_exact(..., filtered_max_chunks)`), in the sa
 top-50 per case; the label mask of a scope; the exact search over a filter's matching vectors
 (`ExactSearch` holding `--size` random vectors). Prints a Markdown table; the machine is shared, so the load
 average is printed beside the figures.
+
+`labels`: the distinct index labels of `--size` documents (scopes as above, the corpus's five tags in turn,
+`audit` for 1%), and what a principal's first mask over them costs: asked of `label_matches` label by label
+(the rule, one JSON parse each) against `LabelMasks` (labels parsed once, then array passes), for each
+principal and a second principal of the same tenant; both answers compared.
 """
 
 from __future__ import annotations
@@ -489,11 +495,44 @@ def unscoped(args: argparse.Namespace) -> int:
     return 0
 
 
+def labels(args: argparse.Namespace) -> int:
+    """A principal's first label mask at `--size` documents (module docstring)."""
+    from app.access.scope import Principal, chunk_label, label_matches
+    from app.store.types import LabelMasks
+
+    scopes, tags = Scopes(), [None, "finance", "legal", "hr", "ops"]
+    distinct: dict[str, None] = {}
+    for doc_no in range(args.size):
+        tenant, access, rare = scopes.of(doc_no)
+        label = chunk_label(RARE_TAG if rare else tags[doc_no % 5], {"tenant": tenant, "access": access})
+        distinct.setdefault(str(label))
+    names = list(distinct)
+    masks = LabelMasks()
+    t = time.perf_counter()
+    masks.parse(names)
+    print(
+        f"{len(names):,} distinct labels of {args.size:,} documents; parsed once in "
+        f"{time.perf_counter() - t:.2f}s; load {load()}"
+    )
+    print("\n| principal | label by label (ms) | LabelMasks (ms) |\n|---|---|---|")
+    for name, first in principals().items():
+        for who in (first, Principal(f"{name}, 2 groups", tenant=first.tenant, groups=first.groups[:2])):
+            t = time.perf_counter()
+            slow = [label_matches(label, None, who) for label in names]
+            t_slow = time.perf_counter() - t
+            t = time.perf_counter()
+            fast = masks(names, None, who, [])
+            t_fast = time.perf_counter() - t
+            assert fast.tolist() == slow, who
+            print(f"| {who.name} | {t_slow * 1000:.0f} | {t_fast * 1000:.1f} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", nargs="?", default="run", choices=["run", "parts", "unscoped"])
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "parts", "unscoped", "labels"])
     parser.add_argument("--size", type=int, default=None, help="chunks (run: 100,000; parts: 1,000,000)")
     parser.add_argument("--workdir", type=Path, default=Path("target/bench-access"))
     parser.add_argument("--queries", type=int, default=200)
@@ -507,7 +546,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.size is None:
         args.size = 1_000_000 if args.command == "parts" else 100_000
-    return {"parts": parts, "unscoped": unscoped}.get(args.command, main_run)(args)
+    return {"parts": parts, "unscoped": unscoped, "labels": labels}.get(args.command, main_run)(args)
 
 
 if __name__ == "__main__":
