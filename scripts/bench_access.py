@@ -3,7 +3,7 @@
     python scripts/bench_access.py [--size 100000] [--workdir target/bench-access] [--queries 200]
     python scripts/bench_access.py parts --size 1000000   # the parts that scale, in process, no store
     python scripts/bench_access.py unscoped               # Chroma's unscoped search, vectors held or not
-    python scripts/bench_access.py labels --size 300000   # a new principal's label mask, label by label or not
+    python scripts/bench_access.py labels --size 300000   # a new principal's label mask, two ways
 
 Main run, one process, one collection of `--size` chunks (built once under `--workdir`/n<N>/, kept):
 - texts from scripts/scale_corpus.py's `Corpus` (so BM25 has real postings), vectors random unit vectors
