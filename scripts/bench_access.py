@@ -362,9 +362,6 @@ def corpus_tag(corpus: Corpus, doc_no: int) -> str | None:
 
 def parts(args: argparse.Namespace) -> int:
     """The parts that scale, measured in process at `--size` without a store (module docstring)."""
-    from app.store import StoredChunk
-    from app.store.exact import ExactSearch
-
     out: dict[str, Any] = {"size": args.size}
     index = None
     if not args.no_bm25:
@@ -378,10 +375,26 @@ def parts(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(7)
     queries = [corpus.query(rng)[0] for _ in range(args.queries + 5)]
     qvec = unit_vectors(np.random.default_rng(8), len(queries))
-    exact = ExactSearch(args.exact_max, args.size)
-    exact.load([], args.size)  # then filled as the store's writes fill it, a batch at a time
-    scopes = Scopes()
     t = time.perf_counter()
+    exact, written = filled_exact(args, corpus)
+    out["exact_fill_s"] = time.perf_counter() - t
+    print(f"exact search: {len(exact)} vectors in {out['exact_fill_s']:.1f}s, load {load()}", file=sys.stderr)
+    out["rows"] = {case: measure_part(case, exact, index, queries, qvec, written) for case in CASES}
+    out["load"] = load()
+    print("BENCH-JSON " + json.dumps(out), flush=True)
+    print(parts_table(out))
+    return 0
+
+
+def filled_exact(args: argparse.Namespace, corpus: Corpus) -> tuple[Any, list[Any]]:
+    """An `ExactSearch` holding `--size` random vectors with the scopes and tags, filled as the store's
+    writes fill it (a batch at a time); and the last batch's chunks, to write again."""
+    from app.store import StoredChunk
+    from app.store.exact import ExactSearch
+
+    exact = ExactSearch(args.exact_max, args.size)
+    exact.load([], args.size)
+    scopes = Scopes()
     batch: list[StoredChunk] = []
     for chunk_id in corpus.chunk_ids(args.size):
         doc_no = int(chunk_id[1:8])
@@ -396,61 +409,77 @@ def parts(args: argparse.Namespace) -> int:
             for c, v in zip(batch, vectors, strict=True):
                 c.embedding = v
             exact.apply(batch, [])
-            batch = []
-    out["exact_fill_s"] = time.perf_counter() - t
-    print(f"exact search: {len(exact)} vectors in {out['exact_fill_s']:.1f}s, load {load()}", file=sys.stderr)
-    rows: dict[str, Any] = {}
-    for case in CASES:
-        tag, principal = case_filter(case)
-        bm25, dense = [], []
-        exact.apply([], ["no-such-id"])  # a change: the first search computes the rows and gathers
-        t0 = time.perf_counter()
-        covered = exact.covers(tag, principal)
-        mask_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        exact.search(qvec[:1], 50, tag, principal)
-        first_s = time.perf_counter() - t0
-        for i, (text, vector) in enumerate(zip(queries, qvec, strict=True)):
-            t0 = time.perf_counter()
-            if index is not None:
-                index.top(text, 50, tag, principal)
-            t1 = time.perf_counter()
-            exact.search(vector[None, :], 50, tag, principal)
-            t2 = time.perf_counter()
-            if i >= 5:
-                bm25.append(t1 - t0)
-                dense.append(t2 - t1)
-        matching = exact._matching_rows(tag, principal) if tag is not None or principal is not None else None
-        rows[case] = {
-            "matching": None if matching is None else len(matching),
-            "bm25_p50_ms": percentile(bm25, 50) * 1000 if index is not None else None,
-            "bm25_p95_ms": percentile(bm25, 95) * 1000 if index is not None else None,
-            "rows_mask_ms": mask_s * 1000,
-            "first_ms": first_s * 1000 if covered else None,
-            "exact_p50_ms": percentile(dense, 50) * 1000 if covered else None,
-            "exact_p95_ms": percentile(dense, 95) * 1000 if covered else None,
-        }
-    out["rows"] = rows
-    out["load"] = load()
-    print("BENCH-JSON " + json.dumps(out), flush=True)
-    print(f"\n**The parts that scale, in process at {args.size:,} chunks** (load at the end {out['load']})\n")
-    print(
-        "| Query | matching chunks | BM25 masked top-50 p50 / p95 ms "
-        "| first sight of the filter: label mask and rows (ms) "
-        "| exact, first query after a change (ms) | exact over the matching vectors p50 / p95 ms |"
-    )
-    print("|---|---|---|---|---|---|")
+            last, batch = batch, []
+    return exact, last
 
+
+def measure_part(
+    case: str, exact: Any, index: Any, queries: list[str], qvec: np.ndarray, written: list[Any]
+) -> dict[str, Any]:
+    """One case's figures: the first sight of its filter, its first search after a change, its BM25 and
+    exact searches in the steady state, and its exact search with a one-chunk write before each query (a
+    chunk of the last batch written again with a new vector: every write is a change to every filter)."""
+    tag, principal = case_filter(case)
+    bm25, dense, under_writes = [], [], []
+    exact.apply([], ["no-such-id"])  # a change: the first search computes the rows and gathers
+    t0 = time.perf_counter()
+    covered = exact.covers(tag, principal)
+    mask_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    exact.search(qvec[:1], 50, tag, principal)
+    first_s = time.perf_counter() - t0
+    fresh = unit_vectors(np.random.default_rng([SEED, 1]), len(queries))
+    for i, (text, vector) in enumerate(zip(queries, qvec, strict=True)):
+        t0 = time.perf_counter()
+        if index is not None:
+            index.top(text, 50, tag, principal)
+        t1 = time.perf_counter()
+        exact.search(vector[None, :], 50, tag, principal)
+        t2 = time.perf_counter()
+        chunk = written[i % len(written)]
+        chunk.embedding = fresh[i]
+        exact.apply([chunk], [])
+        t3 = time.perf_counter()
+        exact.search(vector[None, :], 50, tag, principal)
+        t4 = time.perf_counter()
+        if i >= 5:
+            bm25.append(t1 - t0)
+            dense.append(t2 - t1)
+            under_writes.append(t4 - t3)
+    matching = exact._matching_rows(tag, principal) if tag is not None or principal is not None else None
+    return {
+        "matching": None if matching is None else len(matching),
+        "bm25_p50_ms": percentile(bm25, 50) * 1000 if index is not None else None,
+        "bm25_p95_ms": percentile(bm25, 95) * 1000 if index is not None else None,
+        "rows_mask_ms": mask_s * 1000,
+        "first_ms": first_s * 1000 if covered else None,
+        "exact_p50_ms": percentile(dense, 50) * 1000 if covered else None,
+        "exact_p95_ms": percentile(dense, 95) * 1000 if covered else None,
+        "writes_p50_ms": percentile(under_writes, 50) * 1000 if covered else None,
+        "writes_p95_ms": percentile(under_writes, 95) * 1000 if covered else None,
+    }
+
+
+def parts_table(out: dict[str, Any]) -> str:
     def ms(*values: float | None) -> str:
         return " / ".join("-" if v is None else f"{v:.1f}" for v in values)
 
-    for case, r in rows.items():
+    lines = [
+        f"\n**The parts that scale, in process at {out['size']:,} chunks** (load at the end {out['load']})\n",
+        "| Query | matching chunks | BM25 masked top-50 p50 / p95 ms "
+        "| first sight of the filter: label mask and rows (ms) "
+        "| exact, first query after a change (ms) | exact over the matching vectors p50 / p95 ms "
+        "| exact, a write before each query p50 / p95 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case, r in out["rows"].items():
         matching = "all" if r["matching"] is None else f"{r['matching']:,}"
-        print(
+        lines.append(
             f"| {case} | {matching} | {ms(r['bm25_p50_ms'], r['bm25_p95_ms'])} | {ms(r['rows_mask_ms'])} "
-            f"| {ms(r['first_ms'])} | {ms(r['exact_p50_ms'], r['exact_p95_ms'])} |"
+            f"| {ms(r['first_ms'])} | {ms(r['exact_p50_ms'], r['exact_p95_ms'])} "
+            f"| {ms(r['writes_p50_ms'], r['writes_p95_ms'])} |"
         )
-    return 0
+    return "\n".join(lines)
 
 
 def unscoped(args: argparse.Namespace) -> int:
